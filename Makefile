@@ -1,0 +1,34 @@
+# Two commands on a fresh machine: `make demo` and `make test` (README.md).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# Pinned: a bare `torch` pulls a multi-GB CUDA build; 2.13.0 is the CPU wheel.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/orch plan --model llava-1b-70b --cluster h100-80g --nodes 8
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; fi; exit $$rc
+
+lint: $(STAMP)
+	$(BIN)/ruff check planner runtime cli tests bench
+	$(BIN)/ruff format --check planner runtime cli tests bench
+	$(BIN)/mypy planner
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_plan.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,40 @@
+"""The `orch` command: typer app, one thin function per verb."""
+
+from __future__ import annotations
+
+import typer
+
+from orch.cli import balance_cmd, plan_cmd, specs_cmd
+from orch.cli.errors import OrchGroup
+
+app = typer.Typer(
+    cls=OrchGroup,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Plan, launch and profile multimodal LLM training jobs.",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"orch {version('orch')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """Plan, launch and profile multimodal LLM training jobs."""
+
+
+specs_cmd.register(app)
+plan_cmd.register(app)
+balance_cmd.register(app)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,107 @@
+"""Per-sample token lengths drawn from a DataSpec, deterministic per seed.
+
+The planner takes length moments from here, `orch analyze` and the runtime's synthetic
+data source take whole batches; all three see the same distribution.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from orch.planner.errors import SpecError
+from orch.planner.specs import DataSpec, TaskSpec
+
+Lengths = dict[str, int]
+
+
+class TokenStats(BaseModel):
+    """Moments of one module's tokens per sample (0 where the modality is absent)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mean: float
+    mean_sq: float
+    max: int
+    present: float  # fraction of samples with tokens for this module
+
+
+@lru_cache(maxsize=16)
+def read_manifest(path: str) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """Rows of a JSONL manifest: one object of module -> token count per line."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(path, "", "manifest file not found")
+    rows = []
+    for lineno, line in enumerate(p.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SpecError(path, f"line {lineno}", f"not valid JSON: {exc.msg}") from None
+        if not isinstance(obj, dict):
+            raise SpecError(path, f"line {lineno}", "expected an object of module -> token count")
+        lengths = obj.get("lengths", obj)
+        row = []
+        for key, value in lengths.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise SpecError(path, f"line {lineno}: {key}", f"expected a token count >= 0, got {value!r}")
+            row.append((str(key), value))
+        rows.append(tuple(sorted(row)))
+    if not rows:
+        raise SpecError(path, "", "manifest has no samples")
+    return tuple(rows)
+
+
+def _draw_task_lengths(task: TaskSpec, rng: random.Random) -> Lengths:
+    out: Lengths = {}
+    sigma = task.sigma
+    for module, mean in task.tokens.items():
+        if mean == 0:
+            out[module] = 0
+            continue
+        if sigma > 0:
+            # log-normal with the task's mean: long tails, as real video/ASR lengths have
+            n = round(mean * math.exp(rng.gauss(-sigma * sigma / 2, sigma)))
+        else:
+            n = mean
+        cap = task.max.get(module)
+        out[module] = max(1, min(n, cap) if cap is not None else n)
+    return out
+
+
+def sample_lengths(data: DataSpec, n: int, seed: int) -> list[Lengths]:
+    """n samples' lengths per module; the LLM cap (seq_len) is applied by the caller's model."""
+    rng = random.Random(seed)
+    if data.manifest is not None:
+        rows = read_manifest(data.manifest)
+        return [dict(rows[rng.randrange(len(rows))]) for _ in range(n)]
+    weights = [t.weight for t in data.tasks]
+    tasks = rng.choices(data.tasks, weights=weights, k=n)
+    return [_draw_task_lengths(t, rng) for t in tasks]
+
+
+def token_stats(data: DataSpec, module: str, llm: str, samples: int = 8192, seed: int = 0) -> TokenStats:
+    """Moments of `module`'s tokens per sample; the LLM's are capped at seq_len."""
+    return _token_stats(data.model_dump_json(), module, llm, samples, seed)
+
+
+@lru_cache(maxsize=64)
+def _token_stats(data_json: str, module: str, llm: str, samples: int, seed: int) -> TokenStats:
+    data = DataSpec.model_validate_json(data_json)
+    values = []
+    for lengths in sample_lengths(data, samples, seed):
+        v = lengths.get(module, 0)
+        values.append(min(v, data.seq_len) if module == llm else v)
+    return TokenStats(
+        mean=sum(values) / len(values),
+        mean_sq=sum(v * v for v in values) / len(values),
+        max=max(values),
+        present=sum(1 for v in values if v > 0) / len(values),
+    )

@@ -1,0 +1,130 @@
+"""Read spec files and presets into validated models, with errors that name file and field."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from orch.planner.errors import SpecError, SpecErrors
+from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec
+
+SpecT = TypeVar("SpecT", bound=BaseModel)
+
+PRESET_KINDS = {"model": "models", "cluster": "clusters", "data": "data"}
+
+
+def preset_dir(kind: str) -> Any:
+    return resources.files("orch.templates") / PRESET_KINDS[kind]
+
+
+def preset_names(kind: str) -> list[str]:
+    return sorted(p.name[: -len(".yaml")] for p in preset_dir(kind).iterdir() if p.name.endswith(".yaml"))
+
+
+def resolve(kind: str, ref: str) -> tuple[str, str]:
+    """Return (source label, YAML text) for a file path or a preset name."""
+    path = Path(ref)
+    if path.is_file():
+        try:
+            return str(path), path.read_text()
+        except OSError as exc:
+            raise SpecError(str(path), "", f"cannot read: {exc.strerror}") from None
+    preset = preset_dir(kind) / f"{ref}.yaml"
+    if preset.is_file():
+        return f"preset {ref}", preset.read_text()
+    names = ", ".join(preset_names(kind))
+    raise SpecError(ref, "", f"no such {kind} file or preset; presets: {names}")
+
+
+def _field_message(err: Any, model: type[BaseModel]) -> tuple[str, str]:
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = str(err["msg"])
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field"
+    elif err["type"] == "missing":
+        msg = "required field is missing"
+    elif "input" in err and err["type"] not in ("value_error", "assertion_error"):
+        msg = f"{msg} (got {err['input']!r})"
+    return loc, msg
+
+
+def validation_errors(source: str, exc: ValidationError, model: type[BaseModel]) -> SpecErrors:
+    return SpecErrors([SpecError(source, *_field_message(e, model)) for e in exc.errors()])
+
+
+def parse(model: type[SpecT], source: str, data: Any) -> SpecT:
+    """Validate already-parsed data, turning pydantic errors into one line per field."""
+    if not isinstance(data, dict):
+        raise SpecError(source, "", f"expected a mapping of {model.__name__} fields, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_errors(source, exc, model) from None
+
+
+def parse_text(model: type[SpecT], source: str, text: str) -> SpecT:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else ""
+        raise SpecError(source, where, f"not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    return parse(model, source, data)
+
+
+def load_model(ref: str) -> ModelSpec:
+    source, text = resolve("model", ref)
+    return parse_text(ModelSpec, source, text)
+
+
+def load_cluster(ref: str, nodes: int | None = None) -> ClusterSpec:
+    source, text = resolve("cluster", ref)
+    spec = parse_text(ClusterSpec, source, text)
+    if nodes is not None:
+        if nodes <= 0:
+            raise SpecError("--nodes", "", f"expected a positive node count, got {nodes}")
+        spec = spec.model_copy(update={"nodes": nodes})
+    return spec
+
+
+def load_data(ref: str) -> DataSpec:
+    source, text = resolve("data", ref)
+    spec = parse_text(DataSpec, source, text)
+    if spec.manifest is not None and not Path(spec.manifest).is_absolute():
+        base = Path(ref).parent if Path(ref).is_file() else Path(str(preset_dir("data")))
+        spec = spec.model_copy(update={"manifest": str((base / spec.manifest).resolve())})
+    return spec
+
+
+def load_json_file(model: type[SpecT], path: str) -> SpecT:
+    """Read a JSON or YAML file of `model` (plans, profiles)."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(path, "", "no such file")
+    text = p.read_text()
+    if p.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError(path, f"line {exc.lineno}", f"not valid JSON: {exc.msg}") from None
+        return parse(model, path, data)
+    return parse_text(model, path, text)
+
+
+def check_data_against_model(data: DataSpec, model: ModelSpec, source: str = "data") -> None:
+    """Every module a task names must exist in the model."""
+    for i, task in enumerate(data.tasks):
+        for key in (*task.tokens, *task.max):
+            if key not in model.modules:
+                raise SpecError(
+                    source,
+                    f"tasks.{i}.tokens.{key}",
+                    f"model '{model.name}' has no module '{key}'; expected one of {sorted(model.modules)}",
+                )

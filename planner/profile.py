@@ -1,0 +1,64 @@
+"""The profile file `orch profile` writes and `orch plan --profile` reads (measured costs)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PROFILE_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ComputeFit(_Model):
+    """Forward+backward seconds of one block (one TP shard) for a sample of `len` tokens:
+    t(len) = c0 + c1·len + c2·len²."""
+
+    c0: float
+    c1: float
+    c2: float = 0.0
+    rel_error: float = Field(default=0.0, ge=0, description="max relative error of the fit on the measured points")
+    memory_bytes_per_token: float = Field(default=0.0, ge=0, description="peak activation bytes per token per block")
+
+    def seconds(self, tokens: float, tokens_sq: float = 0.0) -> float:
+        """Time for a batch with `tokens` total and Σlen² = `tokens_sq`, one call per sample."""
+        return self.c1 * tokens + self.c2 * tokens_sq
+
+
+class ModuleProfile(_Model):
+    block: dict[int, ComputeFit] = Field(description="fits per TP degree")
+    stem: ComputeFit | None = Field(default=None, description="patch embedding / conv subsampling, per input token")
+
+
+class LinkFit(_Model):
+    """Alpha-beta model of one link kind: t(bytes) = alpha_s + bytes / (gbps·1e9)."""
+
+    alpha_s: float = Field(ge=0)
+    gbps: float = Field(gt=0)
+
+
+class CollectiveRow(_Model):
+    op: str
+    link: Literal["intra_node", "inter_node"]
+    ranks: int
+    bytes: int
+    time_s: float
+    algbw_gbps: float
+    busbw_gbps: float
+
+
+class Profile(_Model):
+    version: Literal[1] = PROFILE_VERSION
+    cluster: str = ""
+    device: str = Field(description="device name, e.g. 'NVIDIA H100 80GB HBM3' or 'cpu'")
+    backend: str = Field(description="nccl or gloo")
+    torch_version: str = ""
+    date: str = ""
+    dtype: str = "bfloat16"
+    model: str = ""
+    modules: dict[str, ModuleProfile] = Field(default_factory=dict)
+    links: dict[Literal["intra_node", "inter_node"], LinkFit] = Field(default_factory=dict)
+    collectives: list[CollectiveRow] = Field(default_factory=list)

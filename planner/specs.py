@@ -1,0 +1,192 @@
+"""The three input specs users write: model, cluster and data (DESIGN.md, Spec files).
+
+Field names fixed by DESIGN.md are kept; the others have defaults so the short forms in
+DESIGN.md stay valid. Every model forbids unknown fields and checks its own invariants.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SPEC_VERSION = 1
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModuleKind(StrEnum):
+    ENCODER = "encoder"
+    LLM = "llm"
+
+
+class Modality(StrEnum):
+    VISION = "vision"
+    AUDIO = "audio"
+    TEXT = "text"
+
+
+class ModuleSpec(_Spec):
+    """One transformer module: an encoder or the LLM backbone."""
+
+    kind: ModuleKind
+    layers: int = Field(gt=0, description="transformer blocks")
+    hidden: int = Field(gt=0, description="model width")
+    heads: int = Field(gt=0, description="attention heads")
+    kv_heads: int | None = Field(default=None, gt=0, description="key/value heads (GQA); default: heads")
+    ffn: int = Field(gt=0, description="MLP inner width")
+    mlp: Literal["swiglu", "gelu"] | None = Field(
+        default=None, description="MLP kind; default swiglu for the LLM, gelu for encoders"
+    )
+    vocab: int | None = Field(default=None, gt=0, description="vocabulary size (LLM only)")
+    experts: int = Field(default=1, gt=0, description="MoE experts per layer (1 = dense)")
+    top_k: int = Field(default=1, gt=0, description="experts each token is routed to")
+    feeds: str | None = Field(default=None, description="module this encoder feeds through a projector")
+    modality: Modality | None = Field(
+        default=None, description="input modality; default: the module's name if vision/audio, else text"
+    )
+    input_dim: int | None = Field(
+        default=None, gt=0, description="features per input token (patch pixels, mel bins); encoders only"
+    )
+    downsample: int = Field(default=1, gt=0, description="encoder tokens merged into one LLM token by the projector")
+    trainable: bool = Field(default=True, description="false freezes the module (no gradients, no optimizer)")
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> ModuleSpec:
+        if self.hidden % self.heads:
+            raise ValueError(f"heads ({self.heads}) must divide hidden ({self.hidden})")
+        if self.heads % self.num_kv_heads:
+            raise ValueError(f"kv_heads ({self.num_kv_heads}) must divide heads ({self.heads})")
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k ({self.top_k}) must be at most experts ({self.experts})")
+        if self.kind == ModuleKind.LLM:
+            if self.vocab is None:
+                raise ValueError("an llm module needs vocab")
+            if self.feeds is not None:
+                raise ValueError("an llm module feeds nothing; remove feeds")
+        elif self.feeds is None:
+            raise ValueError("an encoder needs feeds: the llm module it feeds")
+        return self
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def mlp_kind(self) -> str:
+        return self.mlp or ("swiglu" if self.kind == ModuleKind.LLM else "gelu")
+
+
+class ModelSpec(_Spec):
+    version: Literal[1] = SPEC_VERSION
+    name: str
+    modules: dict[str, ModuleSpec]
+    data: str | None = Field(default=None, description="data preset or file used when --data is not given")
+
+    @model_validator(mode="after")
+    def _check_graph(self) -> ModelSpec:
+        llms = [n for n, m in self.modules.items() if m.kind == ModuleKind.LLM]
+        if len(llms) != 1:
+            raise ValueError(f"exactly one module of kind llm is expected, found {len(llms)}")
+        for name, mod in self.modules.items():
+            if mod.feeds is not None and mod.feeds != llms[0]:
+                raise ValueError(f"modules.{name}.feeds: '{mod.feeds}' is not the llm module '{llms[0]}'")
+        return self
+
+    @property
+    def llm_name(self) -> str:
+        return next(n for n, m in self.modules.items() if m.kind == ModuleKind.LLM)
+
+    @property
+    def llm(self) -> ModuleSpec:
+        return self.modules[self.llm_name]
+
+    @property
+    def encoder_names(self) -> list[str]:
+        return [n for n, m in self.modules.items() if m.kind == ModuleKind.ENCODER]
+
+
+class GpuSpec(_Spec):
+    memory_gb: float = Field(gt=0, description="usable device memory, GB")
+    peak_tflops: float = Field(gt=0, description="peak dense bf16 TFLOP/s")
+
+
+class LinkSpec(_Spec):
+    intra_node_gbps: float = Field(gt=0, description="GB/s per GPU, one direction, inside a node")
+    inter_node_gbps: float = Field(gt=0, description="GB/s per GPU, one direction, between nodes")
+    intra_node_latency_us: float = Field(default=5.0, ge=0, description="per-hop latency inside a node, µs")
+    inter_node_latency_us: float = Field(default=15.0, ge=0, description="per-hop latency between nodes, µs")
+
+
+class ClusterSpec(_Spec):
+    version: Literal[1] = SPEC_VERSION
+    name: str
+    nodes: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0)
+    gpu: GpuSpec
+    links: LinkSpec
+    mfu: float = Field(default=0.5, gt=0, le=1, description="achievable fraction of peak on large GEMMs")
+    cpus_per_gpu: int = Field(default=8, gt=0, description="CPU cores per GPU task (Slurm cpus_per_task)")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class TaskSpec(_Spec):
+    """One kind of training sample: its share of the mix and its tokens per module."""
+
+    name: str = ""
+    weight: float = Field(gt=0)
+    tokens: dict[str, int] = Field(description="mean tokens per sample per module (missing: 0)")
+    max: dict[str, int] = Field(default_factory=dict, description="cap per module; lengths vary up to it")
+    spread: float | None = Field(
+        default=None, ge=0, le=3, description="log-normal sigma of lengths; default 0.5 with max, else 0"
+    )
+
+    @field_validator("tokens", "max")
+    @classmethod
+    def _non_negative(cls, value: dict[str, int]) -> dict[str, int]:
+        for module, n in value.items():
+            if n < 0:
+                raise ValueError(f"{module}: expected a token count >= 0, got {n}")
+        return value
+
+    @model_validator(mode="after")
+    def _max_above_mean(self) -> TaskSpec:
+        for module, cap in self.max.items():
+            if cap < self.tokens.get(module, 0):
+                raise ValueError(f"max.{module} ({cap}) is below tokens.{module} ({self.tokens.get(module, 0)})")
+        return self
+
+    @property
+    def sigma(self) -> float:
+        if self.spread is not None:
+            return self.spread
+        return 0.5 if self.max else 0.0
+
+
+class DataSpec(_Spec):
+    version: Literal[1] = SPEC_VERSION
+    name: str = ""
+    global_batch: int = Field(gt=0, description="samples per optimizer step")
+    seq_len: int = Field(gt=0, description="cap on LLM tokens per sample")
+    tasks: list[TaskSpec] = Field(default_factory=list)
+    manifest: str | None = Field(
+        default=None, description="JSONL of per-sample token counts per module, instead of tasks"
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSpec:
+        if not self.tasks and self.manifest is None:
+            raise ValueError("give tasks or a manifest")
+        if self.tasks and self.manifest is not None:
+            raise ValueError("give tasks or a manifest, not both")
+        return self
