@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from orch.cli import balance_cmd, plan_cmd, specs_cmd
+from orch.cli import balance_cmd, launch_cmd, plan_cmd, specs_cmd
 from orch.cli.errors import OrchGroup
 
 app = typer.Typer(
@@ -34,6 +34,7 @@ def _root(
 specs_cmd.register(app)
 plan_cmd.register(app)
 balance_cmd.register(app)
+launch_cmd.register(app)
 
 
 def main() -> None:

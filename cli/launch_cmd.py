@@ -1,0 +1,9 @@
+"""`orch launch`."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass
