@@ -1,9 +1,66 @@
-"""`orch plan`."""
+"""`orch plan`: specs in, the best per-module layout and placement out."""
 
 from __future__ import annotations
 
 import typer
 
+from orch.cli.output import console, print_json
+
+PLACEMENTS = ("auto", "homogeneous", "colocated", "disaggregated")
+
+
+def plan(
+    model: str = typer.Option(..., "--model", "-m", help="Model spec file or preset."),
+    cluster: str = typer.Option(..., "--cluster", "-c", help="Cluster spec file or preset."),
+    nodes: int | None = typer.Option(None, "--nodes", "-n", help="Override the cluster's node count."),
+    data: str | None = typer.Option(None, "--data", "-d", help="Data spec file or preset (default: the model's)."),
+    profile: str | None = typer.Option(None, "--profile", help="Measured costs from `orch profile`."),
+    out: str = typer.Option("plan.yaml", "--out", "-o", help="Where to write the plan (YAML)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),
+    placement: str = typer.Option("auto", "--placement", help=f"One of {', '.join(PLACEMENTS)}."),
+    fix: list[str] = typer.Option([], "--fix", help="Pin a degree: MODULE.AXIS=N (tp, cp, pp, dp, ep, gpus)."),
+    trace: str | None = typer.Option(None, "--trace", help="Write the predicted step as a Chrome trace JSON."),
+    top: int = typer.Option(4, "--top", help="Alternatives to list beside the best plan."),
+    time_limit: float = typer.Option(10.0, "--time-limit", help="CP-SAT time limit, seconds."),
+) -> None:
+    """Choose TP/CP/PP/DP/EP per module and the placement, and write the plan."""
+    from orch.planner.candidates import Pin, SearchInput
+    from orch.planner.errors import SpecError
+    from orch.planner.io import to_yaml, write_text_atomic
+    from orch.planner.loading import check_data_against_model, load_cluster, load_data, load_json_file, load_model
+    from orch.planner.plan import Placement
+    from orch.planner.planner import make_plan
+    from orch.planner.profile import Profile
+    from orch.planner.search import SolverConfig
+
+    if placement not in PLACEMENTS:
+        raise SpecError("--placement", "", f"expected one of {', '.join(PLACEMENTS)}, got '{placement}'")
+    model_spec = load_model(model)
+    cluster_spec = load_cluster(cluster, nodes)
+    data_ref = data or model_spec.data
+    if data_ref is None:
+        raise SpecError(model, "data", "the model names no default data; pass --data")
+    data_spec = load_data(data_ref)
+    check_data_against_model(data_spec, model_spec, data_ref)
+    prof = load_json_file(Profile, profile) if profile else None
+    pins = tuple(Pin.parse(f, model_spec) for f in fix)
+    placements = tuple(Placement) if placement == "auto" else (Placement(placement),)
+    inp = SearchInput(model_spec, cluster_spec, data_spec, profile=prof, pins=pins, placements=placements)
+    result = make_plan(inp, SolverConfig(time_limit_s=time_limit, alternatives=max(top, 0)))
+
+    write_text_atomic(out, to_yaml(result.model_dump(mode="json")))
+    if trace:
+        from orch.planner.trace import trace_json
+
+        write_text_atomic(trace, trace_json(result))
+    if json_out:
+        print_json(result)
+        return
+    from orch.cli.plan_render import render_plan
+
+    render_plan(console(), result)
+    console().print(f"plan written to [bold]{out}[/]" + (f", trace to [bold]{trace}[/]" if trace else ""))
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command()(plan)

@@ -1,8 +1,34 @@
-"""Cost model: FLOPs, parameters, memory and time of one module under one layout."""
+"""Cost model: parameters, FLOPs, time and memory of one module under one layout.
+
+Pure arithmetic over specs; the search (planner/search.py) only compares these numbers.
+Sources: Narayanan et al. 2021 (Megatron-LM PTD-P: 1F1B bubble, communication volumes),
+Korthikanti et al. 2022 (activation memory sbh(34 + 5as/h), sequence parallelism,
+selective recompute), Megatron's distributed optimizer (6 + 12/d bytes per parameter).
+"""
 
 from __future__ import annotations
 
-from orch.planner.specs import ModuleSpec
+from dataclasses import dataclass
+
+from orch.planner.data import TokenStats, token_stats
+from orch.planner.plan import Layout, Recompute
+from orch.planner.profile import Profile
+from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec, ModuleKind, ModuleSpec
+
+BF16 = 2
+FP32 = 4
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    """Knobs of the cost model that no spec carries."""
+
+    gemm_width_knee: float = 256.0  # shard width where GEMM efficiency falls to 1/2 (narrow TP shards)
+    gemm_tokens_knee: float = 256.0  # tokens per GPU per micro-batch where efficiency falls to 1/2 (CP, tiny batches)
+    dp_overlap: float = 0.7  # share of DP gradient/parameter traffic hidden behind backward/forward
+    grad_bytes: int = FP32  # bytes per gradient element reduced over DP
+    memory_reserve_gb: float = 3.0  # CUDA context, allocator fragmentation, workspaces
 
 
 def layer_params(m: ModuleSpec, active: bool = False) -> float:
@@ -15,7 +41,292 @@ def layer_params(m: ModuleSpec, active: bool = False) -> float:
     return attn + experts * mlp_one + router + 2 * h
 
 
+def _expert_params(m: ModuleSpec) -> float:
+    return m.experts * (3 if m.mlp_kind == "swiglu" else 2) * m.hidden * m.ffn if m.experts > 1 else 0.0
+
+
 def module_params(m: ModuleSpec) -> float:
     embed = 2 * m.vocab * m.hidden if m.vocab else 0
     stem = (m.input_dim or 0) * m.hidden
     return m.layers * layer_params(m) + embed + stem
+
+
+def projector_params(m: ModuleSpec, llm: ModuleSpec) -> float:
+    return m.hidden * m.downsample * llm.hidden if m.kind == ModuleKind.ENCODER else 0.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one step asks of a module: samples, tokens and Σlen² (attention), from the data."""
+
+    samples: int
+    tokens: float  # per step
+    tokens_sq: float  # Σ len² per step
+    max_len: int
+    stats: TokenStats
+    out_tokens: float  # encoder output tokens into the LLM per step (after downsample)
+
+
+def workload(model: ModelSpec, data: DataSpec, module: str) -> Workload:
+    stats = token_stats(data, module, model.llm_name)
+    m = model.modules[module]
+    tokens = data.global_batch * stats.mean
+    return Workload(
+        samples=data.global_batch,
+        tokens=tokens,
+        tokens_sq=data.global_batch * stats.mean_sq,
+        max_len=stats.max,
+        stats=stats,
+        out_tokens=tokens / m.downsample if m.kind == ModuleKind.ENCODER else 0.0,
+    )
+
+
+def forward_flops(m: ModuleSpec, llm: ModuleSpec, w: Workload) -> float:
+    """Model FLOPs of one forward pass over a step's tokens (what MFU counts)."""
+    dense = 2 * layer_params(m, active=True) * m.layers * w.tokens
+    causal = 0.5 if m.kind == ModuleKind.LLM else 1.0
+    attention = 4 * m.hidden * w.tokens_sq * m.layers * causal
+    head = 2 * m.hidden * m.vocab * w.tokens if m.vocab else 0.0
+    stem = 2 * (m.input_dim or 0) * m.hidden * w.tokens
+    proj = 2 * projector_params(m, llm) * w.out_tokens
+    return dense + attention + head + stem + proj
+
+
+def train_flops(m: ModuleSpec, llm: ModuleSpec, w: Workload) -> float:
+    """Forward + backward model FLOPs (3x forward when trainable, 1x when frozen)."""
+    return forward_flops(m, llm, w) * (3.0 if m.trainable else 1.0)
+
+
+def _ring(bytes_total: float, n: int, gbps: float, alpha_s: float) -> float:
+    """All-gather or reduce-scatter of bytes_total over n ranks on a ring."""
+    if n <= 1 or bytes_total <= 0:
+        return 0.0
+    return (n - 1) * alpha_s + (n - 1) / n * bytes_total / (gbps * GB)
+
+
+@dataclass(frozen=True)
+class Links:
+    """Alpha-beta figures of both link kinds, from the cluster spec or a profile."""
+
+    intra_gbps: float
+    inter_gbps: float
+    intra_alpha: float
+    inter_alpha: float
+    gpus_per_node: int
+
+    @classmethod
+    def build(cls, cluster: ClusterSpec, profile: Profile | None) -> Links:
+        intra = (cluster.links.intra_node_gbps, cluster.links.intra_node_latency_us * 1e-6)
+        inter = (cluster.links.inter_node_gbps, cluster.links.inter_node_latency_us * 1e-6)
+        if profile is not None:
+            if "intra_node" in profile.links:
+                intra = (profile.links["intra_node"].gbps, profile.links["intra_node"].alpha_s)
+            if "inter_node" in profile.links:
+                inter = (profile.links["inter_node"].gbps, profile.links["inter_node"].alpha_s)
+        return cls(intra[0], inter[0], intra[1], inter[1], cluster.gpus_per_node)
+
+    def axis(self, stride: int, size: int) -> tuple[float, float]:
+        """(GB/s, alpha) of a group of `size` ranks `stride` apart; any node crossing is the bottleneck."""
+        if stride * size <= self.gpus_per_node:
+            return self.intra_gbps, self.intra_alpha
+        return self.inter_gbps, self.inter_alpha
+
+    def ring(self, bytes_total: float, stride: int, size: int) -> float:
+        gbps, alpha = self.axis(stride, size)
+        return _ring(bytes_total, size, gbps, alpha)
+
+    def p2p(self, nbytes: float, inter: bool) -> float:
+        if nbytes <= 0:
+            return 0.0
+        gbps, alpha = (self.inter_gbps, self.inter_alpha) if inter else (self.intra_gbps, self.intra_alpha)
+        return alpha + nbytes / (gbps * GB)
+
+
+@dataclass(frozen=True)
+class ModuleCost:
+    """Predicted busy time and per-GPU memory of one module under one layout, for one step."""
+
+    compute_s: float  # forward+backward math on one GPU (incl. recompute)
+    tp_s: float
+    cp_s: float
+    ep_s: float
+    pp_p2p_s: float
+    dp_s: float  # exposed DP gradient/parameter traffic
+    bubble_s: float  # pipeline fill/drain
+    forward_s: float  # the forward share of compute+comm (three-phase schedule splits it)
+    params_gb: float
+    activations_gb: float
+    model_flops: float  # train FLOPs of the step (no recompute), for MFU
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_s + self.tp_s + self.cp_s + self.ep_s + self.pp_p2p_s + self.dp_s + self.bubble_s
+
+    @property
+    def memory_gb(self) -> float:
+        return self.params_gb + self.activations_gb
+
+
+def gemm_efficiency(m: ModuleSpec, tp: int, tokens_per_gpu: float, cfg: CostConfig) -> float:
+    """Small GEMMs run below peak: narrow TP shards (width) and few tokens per GPU (CP, small
+    micro-batches) each cost a factor x/(x + knee)."""
+    width = min(m.hidden, m.ffn) / tp
+    return width / (width + cfg.gemm_width_knee) * tokens_per_gpu / (tokens_per_gpu + cfg.gemm_tokens_knee)
+
+
+def _compute_seconds(
+    m: ModuleSpec,
+    llm: ModuleSpec,
+    name: str,
+    w: Workload,
+    layout: Layout,
+    micro_batch: int,
+    recompute: Recompute,
+    cluster: ClusterSpec,
+    profile: Profile | None,
+    cfg: CostConfig,
+) -> float:
+    fwd = forward_flops(m, llm, w)
+    layer_share = 2 * layer_params(m, active=True) * m.layers * w.tokens + 4 * m.hidden * w.tokens_sq * m.layers
+    extra = {Recompute.NONE: 0.0, Recompute.SELECTIVE: 0.1 * layer_share, Recompute.FULL: layer_share}[recompute]
+    passes = 3.0 if m.trainable else 1.0
+    fit = profile.modules[name].block.get(layout.tp) if profile is not None and name in profile.modules else None
+    if fit is not None:
+        # measured: per-block seconds for this TP shard, tokens split over the other axes
+        per_gpu_tokens = w.tokens / (layout.dp * layout.cp)
+        per_gpu_sq = w.tokens_sq / (layout.dp * layout.cp * layout.cp)
+        samples = w.samples * w.stats.present / layout.dp
+        block = fit.c0 * samples + fit.c1 * per_gpu_tokens + fit.c2 * per_gpu_sq
+        layers = m.layers / layout.pp
+        scale = (passes + (extra / fwd if fwd else 0)) / 3.0
+        rest = fwd - layer_share
+        rest_s = rest * passes / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * cluster.mfu)
+        return block * layers * scale + max(rest_s, 0.0)
+    tokens_per_gpu = micro_batch * w.stats.mean / layout.cp
+    eff = cluster.mfu * gemm_efficiency(m, layout.tp, tokens_per_gpu, cfg)
+    return (fwd * passes + extra) / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * eff)
+
+
+def module_cost(
+    model: ModelSpec,
+    data: DataSpec,
+    cluster: ClusterSpec,
+    name: str,
+    layout: Layout,
+    micro_batch: int,
+    recompute: Recompute,
+    *,
+    in_flight: int,
+    profile: Profile | None = None,
+    cfg: CostConfig = CostConfig(),
+) -> ModuleCost:
+    """Time and memory of module `name` on its own grid.
+
+    `in_flight` is how many micro-batches of activations a GPU holds at peak: pp for the
+    LLM's first 1F1B stage, every micro-batch of the step for an encoder under the
+    three-phase schedule.
+    """
+    m = model.modules[name]
+    llm = model.llm
+    w = workload(model, data, name)
+    links = Links.build(cluster, profile)
+    tp, cp, pp, dp, ep = layout.tp, layout.cp, layout.pp, layout.dp, layout.ep
+    per_dp = w.samples // dp
+    num_mb = max(per_dp // micro_batch, 1)
+
+    compute = _compute_seconds(m, llm, name, w, layout, micro_batch, recompute, cluster, profile, cfg)
+
+    # tokens one GPU group (one DP index) handles per micro-batch, and per step
+    tokens_mb = micro_batch * w.stats.mean
+    layers_local = m.layers / pp
+    passes_fwd = 2 if recompute == Recompute.FULL else 1
+    passes = (passes_fwd + 1) if m.trainable else 1
+
+    # TP with sequence parallelism: 2 all-gathers + 2 reduce-scatters of the activations per
+    # block per pass (Korthikanti et al. §4.2.2), over the innermost axis.
+    act_bytes = tokens_mb / cp * m.hidden * BF16
+    tp_s = 4 * links.ring(act_bytes, 1, tp) * layers_local * num_mb * passes if tp > 1 else 0.0
+
+    # CP: all-gather K and V forward, reduce-scatter dK and dV backward (query stays sharded).
+    kv_bytes = tokens_mb * 2 * m.num_kv_heads * m.head_dim * BF16 / max(1, min(tp, m.num_kv_heads))
+    cp_s = links.ring(kv_bytes, tp, cp) * layers_local * num_mb * passes if cp > 1 else 0.0
+
+    # EP: dispatch and combine all-to-alls per MoE block per pass.
+    ep_s = 0.0
+    if ep > 1 and m.experts > 1:
+        a2a_bytes = tokens_mb / cp * m.top_k * m.hidden * BF16
+        ep_s = 2 * links.ring(a2a_bytes, tp * cp, ep) * layers_local * num_mb * passes
+
+    # PP: one activation send and one gradient send per micro-batch per stage boundary.
+    pp_p2p_s = 0.0
+    if pp > 1:
+        inter = tp * cp * dp >= cluster.gpus_per_node or tp * cp * dp * pp > cluster.gpus_per_node
+        pp_p2p_s = 2 * num_mb * links.p2p(act_bytes / tp, inter)
+
+    # DP (distributed optimizer): reduce-scatter gradients, all-gather parameters, over dp x cp.
+    params_local = _local_params(m, layout)
+    dp_group = dp * cp
+    dp_s = 0.0
+    if m.trainable and dp_group > 1:
+        traffic = links.ring(params_local * cfg.grad_bytes, tp, dp_group) + links.ring(
+            params_local * BF16, tp, dp_group
+        )
+        dp_s = traffic * (1 - cfg.dp_overlap)
+
+    work = compute + tp_s + cp_s + ep_s + pp_p2p_s
+    bubble = work * (pp - 1) / num_mb if pp > 1 else 0.0
+    forward_share = (1.0 / 3.0) if m.trainable else 1.0
+
+    bytes_per_param = (BF16 + FP32 + 12 / dp_group) if m.trainable else BF16
+    params_gb = params_local * bytes_per_param / GB
+
+    act_gb = activation_gb(m, w, layout, micro_batch, recompute, in_flight)
+    return ModuleCost(
+        compute_s=compute,
+        tp_s=tp_s,
+        cp_s=cp_s,
+        ep_s=ep_s,
+        pp_p2p_s=pp_p2p_s,
+        dp_s=dp_s,
+        bubble_s=bubble,
+        forward_s=(compute + tp_s + cp_s + ep_s) * forward_share,
+        params_gb=params_gb,
+        activations_gb=act_gb,
+        model_flops=train_flops(m, llm, w),
+    )
+
+
+def _local_params(m: ModuleSpec, layout: Layout) -> float:
+    """Parameters on one GPU: blocks split by TP and PP, experts also by EP, embeddings on one stage."""
+    experts = _expert_params(m) * m.layers
+    dense = (module_params(m) - experts - (2 * m.vocab * m.hidden if m.vocab else 0)) / layout.pp
+    embed = m.vocab * m.hidden if m.vocab else 0.0  # the first (or last) stage holds one of the two
+    if layout.pp == 1 and m.vocab:
+        embed *= 2
+    return (dense + embed) / layout.tp + experts / (layout.pp * layout.tp * layout.ep)
+
+
+def activation_gb(
+    m: ModuleSpec, w: Workload, layout: Layout, micro_batch: int, recompute: Recompute, in_flight: int
+) -> float:
+    """Activation memory of the peak GPU (Korthikanti et al., with SP: everything divided by tp)."""
+    tokens = max(micro_batch * w.stats.mean, float(w.max_len))
+    tokens_sq = max(micro_batch * w.stats.mean_sq, float(w.max_len) ** 2)
+    shard = layout.tp * layout.cp
+    per_layer_full = (34 * m.hidden * tokens + 5 * m.heads * tokens_sq / layout.cp) / shard
+    per_layer_sel = 34 * m.hidden * tokens / shard
+    per_layer_ckpt = 2 * m.hidden * tokens / shard
+    layers = m.layers / layout.pp
+    if recompute == Recompute.NONE:
+        stored = per_layer_full * layers
+    elif recompute == Recompute.SELECTIVE:
+        stored = per_layer_sel * layers
+    else:
+        stored = per_layer_ckpt * layers + per_layer_sel  # one block re-materialised at a time
+    # 1F1B: the first stage keeps pp micro-batches of its L/pp layers alive (= all L layers' worth)
+    total = stored * in_flight
+    if m.vocab:
+        total += tokens / layout.cp * m.vocab * FP32 / layout.tp  # fp32 logits on the last stage
+    if not m.trainable:
+        total = per_layer_sel  # forward only, nothing kept for backward
+    return total / GB

@@ -126,7 +126,7 @@ Schedule = Literal["1f1b", "three_phase", "graph_1f1b"]
 
 
 class Plan(_Model):
-    version: Literal[1] = PLAN_VERSION
+    version: Literal[1] = 1
     placement: Placement
     schedule: Schedule
     world_size: int = Field(gt=0)

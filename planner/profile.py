@@ -51,7 +51,7 @@ class CollectiveRow(_Model):
 
 
 class Profile(_Model):
-    version: Literal[1] = PROFILE_VERSION
+    version: Literal[1] = 1
     cluster: str = ""
     device: str = Field(description="device name, e.g. 'NVIDIA H100 80GB HBM3' or 'cpu'")
     backend: str = Field(description="nccl or gloo")

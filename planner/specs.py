@@ -85,7 +85,7 @@ class ModuleSpec(_Spec):
 
 
 class ModelSpec(_Spec):
-    version: Literal[1] = SPEC_VERSION
+    version: Literal[1] = 1
     name: str
     modules: dict[str, ModuleSpec]
     data: str | None = Field(default=None, description="data preset or file used when --data is not given")
@@ -126,7 +126,7 @@ class LinkSpec(_Spec):
 
 
 class ClusterSpec(_Spec):
-    version: Literal[1] = SPEC_VERSION
+    version: Literal[1] = 1
     name: str
     nodes: int = Field(gt=0)
     gpus_per_node: int = Field(gt=0)
@@ -174,7 +174,7 @@ class TaskSpec(_Spec):
 
 
 class DataSpec(_Spec):
-    version: Literal[1] = SPEC_VERSION
+    version: Literal[1] = 1
     name: str = ""
     global_batch: int = Field(gt=0, description="samples per optimizer step")
     seq_len: int = Field(gt=0, description="cap on LLM tokens per sample")

@@ -1,0 +1,121 @@
+"""Turn the search's choice into the plan file: exact ranks, edges, schedule, predictions."""
+
+from __future__ import annotations
+
+from orch.planner.candidates import Candidate, SearchInput
+from orch.planner.evaluate import Choice
+from orch.planner.plan import (
+    Alternative,
+    BaselinePlan,
+    Edge,
+    EdgeKind,
+    Layout,
+    ModulePlan,
+    Placement,
+    Plan,
+    Prediction,
+    Schedule,
+    Transport,
+)
+
+SCHEDULES: dict[Placement, Schedule] = {
+    Placement.HOMOGENEOUS: "1f1b",
+    Placement.COLOCATED: "three_phase",
+    Placement.DISAGGREGATED: "graph_1f1b",
+}
+
+
+def module_ranks(inp: SearchInput, choice: Choice, name: str) -> list[int]:
+    """Global ranks of a module, in its mesh order (tp fastest, then cp, dp, pp)."""
+    c = choice.modules[name]
+    if choice.placement == Placement.DISAGGREGATED:
+        k = choice.island or 0
+        start = 0 if name != inp.model.llm_name else k
+        return list(range(start, start + c.gpus))
+    # homogeneous encoders sit on the LLM's first pipeline stage: its first gpus ranks
+    return list(range(c.gpus))
+
+
+def edge_kind(src: Layout, dst: Layout) -> EdgeKind:
+    if src.dp == dst.dp:
+        return EdgeKind.EQUAL_DP
+    return EdgeKind.FAN_IN if src.dp > dst.dp else EdgeKind.FAN_OUT
+
+
+def _edges(inp: SearchInput, choice: Choice) -> list[Edge]:
+    llm = inp.model.llm_name
+    transport = Transport.P2P if choice.placement == Placement.DISAGGREGATED else Transport.COLOCATED
+    return [
+        Edge(src=e, dst=llm, kind=edge_kind(choice.modules[e].layout, choice.modules[llm].layout), transport=transport)
+        for e in inp.model.encoder_names
+    ]
+
+
+def prediction(inp: SearchInput, choice: Choice) -> Prediction:
+    llm = choice.modules[inp.model.llm_name]
+    from orch.planner.costs import workload
+
+    tokens = workload(inp.model, inp.data, inp.model.llm_name).tokens
+    flops = sum(c.cost.model_flops for c in choice.modules.values())
+    peak = inp.world * inp.cluster.gpu.peak_tflops * 1e12
+    del llm
+    return Prediction(
+        step_time_s=choice.step_s,
+        tokens_per_s=tokens / choice.step_s if choice.step_s else 0.0,
+        mfu=flops / (choice.step_s * peak) if choice.step_s else 0.0,
+        phases=dict(choice.phases),
+    )
+
+
+def _module_plan(inp: SearchInput, choice: Choice, name: str) -> ModulePlan:
+    c: Candidate = choice.modules[name]
+    memory = c.memory_gb
+    if choice.placement == Placement.COLOCATED:
+        memory = sum(x.memory_gb for x in choice.modules.values())  # all modules share each GPU
+    elif choice.placement == Placement.HOMOGENEOUS and (name != inp.model.llm_name or c.layout.pp == 1):
+        memory = sum(x.memory_gb for x in choice.modules.values())  # first stage holds the encoders too
+    elif choice.placement == Placement.DISAGGREGATED and name != inp.model.llm_name:
+        memory = sum(x.memory_gb for n, x in choice.modules.items() if n != inp.model.llm_name)
+    return ModulePlan(
+        layout=c.layout,
+        ranks=module_ranks(inp, choice, name),
+        micro_batch=c.micro_batch,
+        num_micro_batches=c.num_micro_batches,
+        recompute=c.recompute,
+        memory_gb=round(memory, 3),
+        time_s=c.time_s,
+    )
+
+
+def _modules(inp: SearchInput, choice: Choice) -> dict[str, ModulePlan]:
+    return {name: _module_plan(inp, choice, name) for name in inp.model.modules}
+
+
+def alternative(inp: SearchInput, choice: Choice) -> Alternative:
+    return Alternative(
+        placement=choice.placement,
+        layouts={n: c.describe() for n, c in choice.modules.items()},
+        gpus={n: c.gpus for n, c in choice.modules.items()},
+        predicted=prediction(inp, choice),
+    )
+
+
+def assemble(inp: SearchInput, best: Choice, baseline: Choice | None, alternatives: list[Choice]) -> Plan:
+    return Plan(
+        placement=best.placement,
+        schedule=SCHEDULES[best.placement],
+        world_size=inp.world,
+        ranks_per_node=inp.cluster.gpus_per_node,
+        modules=_modules(inp, best),
+        edges=_edges(inp, best),
+        predicted=prediction(inp, best),
+        baseline=(
+            BaselinePlan(modules=_modules(inp, baseline), predicted=prediction(inp, baseline))
+            if baseline is not None
+            else None
+        ),
+        alternatives=[alternative(inp, a) for a in alternatives],
+        model=inp.model,
+        cluster=inp.cluster,
+        data=inp.data,
+    )

@@ -1,0 +1,340 @@
+"""Candidate layouts per module and placement, their costs, and the dominance pre-filter.
+
+The search (planner/search.py) picks one candidate per module; everything it needs to know
+about a candidate is precomputed here so the CP-SAT model stays linear.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from orch.planner.costs import BF16, GB, CostConfig, Links, ModuleCost, module_cost, workload
+from orch.planner.errors import SpecError
+from orch.planner.plan import Layout, Placement, Recompute
+from orch.planner.profile import Profile
+from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec
+
+AXES = ("tp", "cp", "pp", "dp", "ep", "gpus")
+MICRO_BATCHES = (1, 2, 4, 8)
+MAX_PP = 16
+MAX_CP = 8
+
+
+@dataclass(frozen=True)
+class Pin:
+    """`--fix MODULE.AXIS=N`: a degree the search must keep."""
+
+    module: str
+    axis: str
+    value: int
+
+    @classmethod
+    def parse(cls, text: str, model: ModelSpec) -> Pin:
+        head, sep, value = text.partition("=")
+        module, dot, axis = head.partition(".")
+        if not sep or not dot:
+            raise SpecError("--fix", text, "expected MODULE.AXIS=N, e.g. llm.tp=4")
+        if module not in model.modules:
+            raise SpecError("--fix", text, f"no module '{module}'; expected one of {sorted(model.modules)}")
+        if axis not in AXES:
+            raise SpecError("--fix", text, f"no axis '{axis}'; expected one of {', '.join(AXES)}")
+        if not value.isdigit() or int(value) <= 0:
+            raise SpecError("--fix", text, f"expected a positive integer degree, got '{value}'")
+        return cls(module, axis, int(value))
+
+
+@dataclass(frozen=True)
+class SearchInput:
+    """The fully preprocessed instance the search works on."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    data: DataSpec
+    profile: Profile | None = None
+    pins: tuple[Pin, ...] = ()
+    placements: tuple[Placement, ...] = tuple(Placement)
+    cfg: CostConfig = field(default_factory=CostConfig)
+    uneven_boundary: bool = False  # allow DP ratios that are not integers (the runtime's routing handles them)
+
+    @property
+    def world(self) -> int:
+        return self.cluster.world_size
+
+    @property
+    def capacity_gb(self) -> float:
+        return self.cluster.gpu.memory_gb - self.cfg.memory_reserve_gb
+
+    def pinned(self, module: str, axis: str) -> int | None:
+        for p in self.pins:
+            if p.module == module and p.axis == axis:
+                return p.value
+        return None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One module under one layout in one placement, with every number the search needs."""
+
+    module: str
+    placement: Placement
+    layout: Layout
+    micro_batch: int
+    recompute: Recompute
+    cost: ModuleCost
+    num_micro_batches: int = 1  # per DP rank per step
+    send_s: float = 0.0  # encoder: its outputs out and their gradients back in
+    recv_s: tuple[tuple[str, float], ...] = ()  # llm: per encoder, receiving outputs (and broadcast)
+    fill_s: float = 0.0  # encoder island: the first chunk the LLM waits for
+
+    @property
+    def gpus(self) -> int:
+        return self.layout.gpus
+
+    @property
+    def time_s(self) -> float:
+        return self.cost.time_s
+
+    @property
+    def memory_gb(self) -> float:
+        return self.cost.memory_gb
+
+    def recv_for(self, encoder: str) -> float:
+        return dict(self.recv_s).get(encoder, 0.0)
+
+    def describe(self) -> str:
+        return f"{self.layout.short()} mb{self.micro_batch} {self.recompute.value}"
+
+
+@dataclass(frozen=True)
+class HomogeneousOption:
+    """The Megatron-LM baseline: encoders inherit the LLM's TP/CP/DP and run in its first stage."""
+
+    llm: Candidate
+    encoders: tuple[Candidate, ...]
+    step_s: float
+    memory_gb: float  # first pipeline stage: LLM stage 0 plus every encoder
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, v = [], 1
+    while v <= limit:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def _allowed(inp: SearchInput, module: str, axis: str, value: int) -> bool:
+    pin = inp.pinned(module, axis)
+    return pin is None or pin == value
+
+
+def layouts(inp: SearchInput, module: str, gpus: int, allow_pp: bool) -> Iterator[Layout]:
+    """Every layout of `module` on exactly `gpus` GPUs that the divisibility rules admit."""
+    m = inp.model.modules[module]
+    gpn = inp.cluster.gpus_per_node
+    batch = inp.data.global_batch
+    if not _allowed(inp, module, "gpus", gpus):
+        return
+    for tp in _powers_of_two(min(gpn, m.heads)):
+        if m.heads % tp or not _allowed(inp, module, "tp", tp):
+            continue
+        for cp in _powers_of_two(MAX_CP):
+            if tp * cp > gpus or not _allowed(inp, module, "cp", cp):
+                continue
+            pps = [p for p in _divisors(m.layers) if p <= MAX_PP] if allow_pp else [1]
+            for pp in pps:
+                if gpus % (tp * cp * pp) or not _allowed(inp, module, "pp", pp):
+                    continue
+                dp = gpus // (tp * cp * pp)
+                if batch % dp or not _allowed(inp, module, "dp", dp):
+                    continue
+                eps = [e for e in _divisors(dp) if m.experts % e == 0] if m.experts > 1 else [1]
+                for ep in eps:
+                    if _allowed(inp, module, "ep", ep):
+                        yield Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep)
+
+
+def _micro_batches(inp: SearchInput, layout: Layout) -> list[int]:
+    per_dp = inp.data.global_batch // layout.dp
+    return [b for b in MICRO_BATCHES if per_dp % b == 0]
+
+
+def _boundary_bytes(inp: SearchInput, encoder: str) -> float:
+    """Encoder outputs (after the projector) per step, in bytes; gradients come back the same size."""
+    return workload(inp.model, inp.data, encoder).out_tokens * inp.model.llm.hidden * BF16
+
+
+def _boundary_inter(inp: SearchInput, placement: Placement) -> bool:
+    return inp.cluster.nodes > 1 and placement != Placement.HOMOGENEOUS
+
+
+def _send_s(inp: SearchInput, encoder: str, layout: Layout, placement: Placement) -> float:
+    if placement == Placement.HOMOGENEOUS:
+        return 0.0
+    links = Links.build(inp.cluster, inp.profile)
+    return 2 * links.p2p(_boundary_bytes(inp, encoder) / layout.dp, _boundary_inter(inp, placement))
+
+
+def _recv_s(inp: SearchInput, layout: Layout, placement: Placement) -> tuple[tuple[str, float], ...]:
+    if placement == Placement.HOMOGENEOUS:
+        return ()
+    links = Links.build(inp.cluster, inp.profile)
+    out = []
+    for e in inp.model.encoder_names:
+        share = _boundary_bytes(inp, e) / layout.dp
+        bcast = links.ring(share, 1, layout.tp * layout.cp) if layout.tp * layout.cp > 1 else 0.0
+        out.append((e, 2 * links.p2p(share, _boundary_inter(inp, placement)) + bcast))
+    return tuple(out)
+
+
+def module_candidates(inp: SearchInput, module: str, gpus: int, placement: Placement) -> list[Candidate]:
+    """All candidates of one module on `gpus` GPUs in `placement` that fit memory on their own."""
+    is_llm = module == inp.model.llm_name
+    out = []
+    for layout in layouts(inp, module, gpus, allow_pp=is_llm):
+        for mb in _micro_batches(inp, layout):
+            num_mb = inp.data.global_batch // layout.dp // mb
+            in_flight = layout.pp if is_llm else num_mb
+            for rc in Recompute:
+                cost = module_cost(
+                    inp.model,
+                    inp.data,
+                    inp.cluster,
+                    module,
+                    layout,
+                    mb,
+                    rc,
+                    in_flight=min(in_flight, num_mb),
+                    profile=inp.profile,
+                    cfg=inp.cfg,
+                )
+                if cost.memory_gb > inp.capacity_gb:
+                    continue
+                if is_llm:
+                    c = Candidate(
+                        module, placement, layout, mb, rc, cost, num_mb, recv_s=_recv_s(inp, layout, placement)
+                    )
+                else:
+                    fill = cost.time_s / num_mb if placement == Placement.DISAGGREGATED else 0.0
+                    send = _send_s(inp, module, layout, placement)
+                    c = Candidate(module, placement, layout, mb, rc, cost, num_mb, send_s=send, fill_s=fill)
+                out.append(c)
+    return prune_dominated(out)
+
+
+def _key(c: Candidate) -> tuple[float, ...]:
+    return (c.time_s + c.send_s + c.fill_s, c.fill_s, *(v for _, v in c.recv_s), c.memory_gb)
+
+
+def prune_dominated(cands: list[Candidate]) -> list[Candidate]:
+    """Keep, per (GPUs, DP), the candidates no other beats on every term the search sums.
+
+    Same GPUs and DP means the same divisibility and boundary interplay with other modules,
+    so a candidate that is no faster and no smaller than another can never be chosen.
+    """
+    groups: dict[tuple[int, int], list[Candidate]] = defaultdict(list)
+    for c in cands:
+        groups[(c.gpus, c.layout.dp)].append(c)
+    kept: list[Candidate] = []
+    for group in groups.values():
+        group.sort(key=lambda c: (_key(c), c.describe()))
+        front: list[Candidate] = []
+        for c in group:
+            k = _key(c)
+            if any(all(a <= b for a, b in zip(_key(f), k, strict=True)) for f in front):
+                continue
+            front.append(c)
+        kept.extend(front)
+    return kept
+
+
+def homogeneous_options(inp: SearchInput) -> list[HomogeneousOption]:
+    """Joint options of the baseline: one per LLM layout, encoders on its first stage."""
+    n = inp.world
+    model = inp.model
+    out = []
+    for layout in layouts(inp, model.llm_name, n, allow_pp=True):
+        stage0 = Layout(tp=layout.tp, cp=layout.cp, pp=1, dp=layout.dp)
+        if any(model.modules[e].heads % layout.tp for e in model.encoder_names):
+            continue
+        for mb in _micro_batches(inp, layout):
+            num_mb = inp.data.global_batch // layout.dp // mb
+            best: HomogeneousOption | None = None
+            for rc in Recompute:
+                llm_cost = module_cost(
+                    model,
+                    inp.data,
+                    inp.cluster,
+                    model.llm_name,
+                    layout,
+                    mb,
+                    rc,
+                    in_flight=min(layout.pp, num_mb),
+                    profile=inp.profile,
+                    cfg=inp.cfg,
+                )
+                llm = Candidate(model.llm_name, Placement.HOMOGENEOUS, layout, mb, rc, llm_cost, num_mb)
+                encs = []
+                for e in model.encoder_names:
+                    # the encoder runs inside stage 0's 1F1B: pp micro-batches in flight
+                    opts = []
+                    for erc in Recompute:
+                        ec = module_cost(
+                            model,
+                            inp.data,
+                            inp.cluster,
+                            e,
+                            stage0,
+                            mb,
+                            erc,
+                            in_flight=min(layout.pp, num_mb),
+                            profile=inp.profile,
+                            cfg=inp.cfg,
+                        )
+                        # stage 0 alone does the encoder's math: its GPU count is n / pp
+                        opts.append(Candidate(e, Placement.HOMOGENEOUS, stage0, mb, erc, ec, num_mb))
+                    encs.append(opts)
+                for combo in _cheapest_fitting(llm, encs, inp.capacity_gb):
+                    option = _homogeneous(llm, combo, num_mb)
+                    if best is None or option.step_s < best.step_s:
+                        best = option
+            if best is not None:
+                out.append(best)
+    return out
+
+
+def _cheapest_fitting(llm: Candidate, encs: list[list[Candidate]], cap: float) -> Iterator[tuple[Candidate, ...]]:
+    """Encoder recompute choices that fit beside the LLM's first stage, fastest first."""
+    import itertools
+
+    for combo in itertools.product(*encs):
+        if llm.memory_gb + sum(c.memory_gb for c in combo) <= cap:
+            yield combo
+
+
+def _homogeneous(llm: Candidate, encs: tuple[Candidate, ...], num_mb: int) -> HomogeneousOption:
+    pp = llm.layout.pp
+    # encoder work joins stage 0's per-micro-batch time: the slowest stage sets the 1F1B pace
+    enc_work = sum(c.cost.time_s - c.cost.dp_s for c in encs)
+    llm_stage = llm.cost.compute_s + llm.cost.tp_s + llm.cost.cp_s + llm.cost.ep_s + llm.cost.pp_p2p_s
+    per_mb = (llm_stage + enc_work) / num_mb
+    step = per_mb * (num_mb + pp - 1) + llm.cost.dp_s + sum(c.cost.dp_s for c in encs)
+    return HomogeneousOption(llm, encs, step, llm.memory_gb + sum(c.memory_gb for c in encs))
+
+
+def island_sizes(inp: SearchInput) -> list[int]:
+    """Encoder island sizes k for disaggregated placement: whole nodes, or any size inside one node."""
+    n, gpn = inp.world, inp.cluster.gpus_per_node
+    if n <= gpn:
+        return list(range(1, n))
+    return [k for k in range(gpn, n, gpn)]
+
+
+def bytes_gb(nbytes: float) -> float:
+    return nbytes / GB

@@ -1,0 +1,47 @@
+"""Atomic file writes: a reader never sees half a plan, profile or metrics file."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orch.planner.errors import SpecError
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write to a temporary file beside `path`, fsync, then rename over it."""
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as exc:
+        raise SpecError(str(p), "", f"cannot write: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class _FlowListDumper(yaml.SafeDumper):
+    """Lists of scalars (rank lists) on one line; everything else in block style."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+    flow = all(not isinstance(x, (dict, list)) for x in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_FlowListDumper.add_representer(list, _represent_list)
+
+
+def to_yaml(data: Any) -> str:
+    return yaml.dump(data, Dumper=_FlowListDumper, sort_keys=False, width=120)

@@ -1,0 +1,85 @@
+"""`orch plan` as one function: specs in, Plan out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from orch.planner.assemble import assemble
+from orch.planner.candidates import SearchInput
+from orch.planner.errors import InfeasibleError, SpecError
+from orch.planner.evaluate import Choice
+from orch.planner.plan import Layout, Placement, Plan
+from orch.planner.search import SolverConfig, search
+
+
+def make_plan(inp: SearchInput, solver: SolverConfig = SolverConfig()) -> Plan:
+    """Search the best layout and placement, and the homogeneous baseline beside it."""
+    _check_pins(inp)
+    try:
+        solution, _ = search(inp, solver)
+    except InfeasibleError:
+        raise _explain_infeasible(inp) from None
+    baseline = _baseline(inp, solver, solution.best)
+    return assemble(inp, solution.best, baseline, solution.alternatives)
+
+
+def _baseline(inp: SearchInput, solver: SolverConfig, best: Choice) -> Choice | None:
+    if best.placement == Placement.HOMOGENEOUS:
+        return best
+    base_inp = replace(inp, placements=(Placement.HOMOGENEOUS,), pins=())
+    try:
+        solution, _ = search(base_inp, replace(solver, alternatives=0))
+    except InfeasibleError:
+        return None  # the baseline does not fit at all: heterogeneity is what makes it trainable
+    return solution.best
+
+
+def _check_pins(inp: SearchInput) -> None:
+    """Pins that contradict each other or the cluster, named before any search runs."""
+    for p in inp.pins:
+        if p.axis == "tp" and p.value > inp.cluster.gpus_per_node:
+            raise SpecError(
+                "--fix", f"{p.module}.tp={p.value}", f"TP stays inside a node of {inp.cluster.gpus_per_node} GPUs"
+            )
+        if p.axis == "gpus" and p.value >= inp.world:
+            raise SpecError(
+                "--fix", f"{p.module}.gpus={p.value}", f"an island must leave GPUs for the others (world {inp.world})"
+            )
+    by_module: dict[str, dict[str, int]] = {}
+    for p in inp.pins:
+        by_module.setdefault(p.module, {})[p.axis] = p.value
+    for module, axes in by_module.items():
+        degrees = {a: v for a, v in axes.items() if a in ("tp", "cp", "pp", "dp")}
+        total = 1
+        for v in degrees.values():
+            total *= v
+        limit = axes.get("gpus", inp.world)
+        if total > limit or limit % total:
+            pins = " ".join(f"{module}.{a}={v}" for a, v in axes.items())
+            raise SpecError("--fix", pins, f"tp*cp*pp*dp = {total} does not divide the module's {limit} GPUs")
+        if "ep" in axes and "dp" in axes and axes["dp"] % axes["ep"]:
+            raise SpecError("--fix", f"{module}.ep={axes['ep']}", f"ep must divide dp ({axes['dp']})")
+
+
+def _explain_infeasible(inp: SearchInput) -> Exception:
+    """Why nothing fits: pins, or a cluster too small for the model at the largest parallelism."""
+    from orch.planner.costs import module_cost
+    from orch.planner.plan import Recompute
+
+    if inp.pins:
+        pins = " ".join(f"{p.module}.{p.axis}={p.value}" for p in inp.pins)
+        return InfeasibleError(f"--fix {pins}: no layout satisfies these pins with memory and divisibility rules")
+    llm = inp.model.llm_name
+    m = inp.model.llm
+    gpn, n = inp.cluster.gpus_per_node, inp.world
+    tp = max(t for t in (1, 2, 4, 8, 16, 32) if t <= gpn and m.heads % t == 0)
+    pp = max(p for p in range(1, min(m.layers, max(n // tp, 1)) + 1) if m.layers % p == 0 and tp * p <= n)
+    lay = Layout(tp=tp, pp=pp, dp=1)
+    smallest = module_cost(inp.model, inp.data, inp.cluster, llm, lay, 1, Recompute.FULL, in_flight=pp)
+    return SpecError(
+        f"cluster {inp.cluster.name}",
+        "gpu.memory_gb",
+        f"model '{inp.model.name}' needs about {smallest.memory_gb + inp.cfg.memory_reserve_gb:.0f} GB per GPU "
+        f"even at {lay.short()} with full recompute on {n} GPUs; the GPU has {inp.cluster.gpu.memory_gb:g} GB "
+        "(add nodes or use larger GPUs)",
+    )
