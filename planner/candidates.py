@@ -193,7 +193,9 @@ def _recv_s(inp: SearchInput, layout: Layout, placement: Placement) -> tuple[tup
     return tuple(out)
 
 
-def module_candidates(inp: SearchInput, module: str, gpus: int, placement: Placement) -> list[Candidate]:
+def module_candidates(
+    inp: SearchInput, module: str, gpus: int, placement: Placement, prune: bool = True
+) -> list[Candidate]:
     """All candidates of one module on `gpus` GPUs in `placement` that fit memory on their own."""
     is_llm = module == inp.model.llm_name
     out = []
@@ -225,7 +227,7 @@ def module_candidates(inp: SearchInput, module: str, gpus: int, placement: Place
                     send = _send_s(inp, module, layout, placement)
                     c = Candidate(module, placement, layout, mb, rc, cost, num_mb, send_s=send, fill_s=fill)
                 out.append(c)
-    return prune_dominated(out)
+    return prune_dominated(out) if prune else out
 
 
 def _key(c: Candidate) -> tuple[float, ...]:

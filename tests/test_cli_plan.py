@@ -1,0 +1,150 @@
+"""`orch plan`, `orch presets`, `orch schema` through the CLI: JSON contract, files, errors."""
+
+import json
+
+import pytest
+import yaml
+
+from orch.planner.loading import preset_names
+from orch.planner.plan import Plan
+
+CLUSTER_FOR = {"tiny": ("local-cpu", "2"), "llava-1b-14b": ("h100-80g", "2"), "vit-12b-120b": ("h100-80g", "16")}
+
+
+@pytest.mark.parametrize("model", preset_names("model"))
+def test_every_model_preset_plans(cli, tmp_path, model):
+    cluster, nodes = CLUSTER_FOR.get(model, ("h100-80g", "8"))
+    out = tmp_path / "plan.yaml"
+    result = cli("plan", "--model", model, "--cluster", cluster, "--nodes", nodes, "--out", str(out), "--json")
+    assert result.exit_code == 0, result.output
+    plan = Plan.model_validate_json(result.stdout)
+    # the file on disk is the same plan
+    assert Plan.model_validate(yaml.safe_load(out.read_text())) == plan
+    assert plan.world_size == int(nodes) * plan.cluster.gpus_per_node
+    for mp in plan.modules.values():
+        assert all(0 <= r < plan.world_size for r in mp.ranks)
+        assert len(mp.ranks) == mp.layout.gpus
+
+
+def test_plan_json_has_the_design_md_shape(cli, tmp_path):
+    result = cli("plan", "-m", "llava-1b-70b", "-c", "h100-80g", "-n", "8", "-o", str(tmp_path / "p.yaml"), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["version"] == 1
+    assert doc["placement"] in ("homogeneous", "colocated", "disaggregated")
+    assert doc["world_size"] == 64
+    for mod in doc["modules"].values():
+        assert set(mod["layout"]) == {"tp", "cp", "pp", "dp", "ep"}
+        assert {"ranks", "micro_batch", "memory_gb"} <= set(mod)
+    assert {e["kind"] for e in doc["edges"]} <= {"fan_in", "fan_out", "equal_dp"}
+    assert {"step_time_s", "tokens_per_s", "mfu"} <= set(doc["predicted"])
+    assert doc["baseline"]["placement"] == "homogeneous"
+    assert {"step_time_s", "tokens_per_s", "mfu"} <= set(doc["baseline"]["predicted"])
+
+
+def test_disaggregated_plan_has_disjoint_islands_and_p2p_edges(cli, tmp_path):
+    result = cli("plan", "-m", "tiny", "-c", "local-cpu", "--placement", "disaggregated", "--fix", "vision.gpus=2",
+                 "-o", str(tmp_path / "p.yaml"), "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    plan = Plan.model_validate_json(result.stdout)
+    assert plan.schedule == "graph_1f1b"
+    assert plan.modules["vision"].ranks == plan.modules["audio"].ranks == [0, 1]
+    assert plan.modules["llm"].ranks == [2, 3]
+    assert {e.transport for e in plan.edges} == {"p2p"}
+    expected = {"equal_dp" if plan.modules["llm"].layout.dp == 2 else "fan_in"}
+    assert {e.kind for e in plan.edges} == expected
+
+
+def test_human_output_and_trace(cli, tmp_path):
+    trace = tmp_path / "t.json"
+    result = cli("plan", "-m", "omni-84b", "-c", "h100-80g", "-n", "8", "-o", str(tmp_path / "p.yaml"),
+                 "--trace", str(trace))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""  # people's output goes to stderr
+    assert "baseline (homogeneous)" in result.stderr and "node    0" in result.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {"vision", "audio", "llm"} <= {e["pid"] for e in events}
+    assert all(e["ph"] == "X" and e["dur"] >= 0 for e in events)
+
+
+def test_presets_json(cli):
+    result = cli("presets", "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert {(r["kind"], r["name"]) for r in rows} >= {("model", "tiny"), ("cluster", "h200-141g"), ("data", "omni-mix")}
+
+
+@pytest.mark.parametrize("kind", ["model", "cluster", "data", "plan", "profile"])
+def test_schema(cli, kind):
+    result = cli("schema", kind)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["type"] == "object"
+
+
+def _single_error_line(result) -> str:
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+def test_bad_model_file_gives_one_line(cli, tmp_path):
+    bad = tmp_path / "model.yaml"
+    bad.write_text(
+        "name: x\nmodules:\n"
+        "  vision: {kind: encoder, layers: 2, hidden: 100, heads: 3, ffn: 64, feeds: llm}\n"
+        "  llm: {kind: llm, layers: 2, hidden: 64, heads: 4, ffn: 64, vocab: 10}\n"
+    )
+    line = _single_error_line(
+        cli("plan", "-m", str(bad), "-c", "local-cpu", "-d", "tiny-mix", "-o", str(tmp_path / "p"))
+    )
+    assert line == f"error: {bad}: modules.vision: heads (3) must divide hidden (100)"
+
+
+def test_negative_size_and_unknown_field_in_cluster(cli, tmp_path):
+    bad = tmp_path / "cluster.yaml"
+    bad.write_text(
+        "name: c\nnodes: -1\ngpus_per_node: 8\ngpu: {memory_gb: 80, peak_tflops: 989}\n"
+        "links: {intra_node_gbps: 450, inter_node_gbps: 50}\n"
+    )
+    line = _single_error_line(cli("plan", "-m", "tiny", "-c", str(bad), "-o", str(tmp_path / "p")))
+    assert line.startswith(f"error: {bad}: nodes: Input should be greater than 0")
+    bad.write_text(bad.read_text().replace("nodes: -1", "nodes: 1\nnics: 4"))
+    line = _single_error_line(cli("plan", "-m", "tiny", "-c", str(bad), "-o", str(tmp_path / "p")))
+    assert line == f"error: {bad}: nics: unknown field"
+
+
+def test_cluster_too_small(cli, tmp_path):
+    line = _single_error_line(cli("plan", "-m", "vit-12b-120b", "-c", "h100-80g", "-n", "1", "-o", str(tmp_path / "p")))
+    assert "gpu.memory_gb: model 'vit-12b-120b' needs about" in line
+
+
+def test_data_naming_a_missing_module(cli, tmp_path):
+    data = tmp_path / "d.yaml"
+    data.write_text("global_batch: 8\nseq_len: 64\ntasks:\n  - {weight: 1, tokens: {video: 3, llm: 9}}\n")
+    line = _single_error_line(cli("plan", "-m", "tiny", "-c", "local-cpu", "-d", str(data), "-o", str(tmp_path / "p")))
+    assert line.startswith(f"error: {data}: tasks.0.tokens.video: model 'tiny' has no module 'video'")
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        ("llm.xx=2", "no axis 'xx'"),
+        ("foo.tp=2", "no module 'foo'"),
+        ("llm.tp=two", "expected a positive integer degree"),
+        ("llmtp2", "expected MODULE.AXIS=N"),
+    ],
+)
+def test_bad_fix(cli, tmp_path, flag, expected):
+    line = _single_error_line(cli("plan", "-m", "tiny", "-c", "local-cpu", "--fix", flag, "-o", str(tmp_path / "p")))
+    assert line.startswith("error: --fix: ") and expected in line
+
+
+def test_bad_placement_and_unknown_preset(cli, tmp_path):
+    line = _single_error_line(
+        cli("plan", "-m", "tiny", "-c", "local-cpu", "--placement", "x", "-o", str(tmp_path / "p"))
+    )
+    assert "--placement" in line
+    line = _single_error_line(cli("plan", "-m", "tiny", "-c", "a100", "-o", str(tmp_path / "p")))
+    assert line.startswith("error: a100: no such cluster file or preset; presets: ")

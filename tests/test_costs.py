@@ -1,0 +1,133 @@
+"""Cost model: known parameter counts, the papers' formulas, and the directions they imply."""
+
+import pytest
+
+from orch.planner.costs import (
+    CostConfig,
+    Links,
+    activation_gb,
+    forward_flops,
+    module_cost,
+    module_params,
+    workload,
+)
+from orch.planner.loading import load_cluster, load_data, load_model, parse_text
+from orch.planner.plan import Layout, Recompute
+from orch.planner.specs import DataSpec
+
+FIXED = DataSpec.model_validate(
+    {"global_batch": 64, "seq_len": 4096, "tasks": [{"weight": 1, "tokens": {"vision": 1024, "llm": 2048}}]}
+)
+
+
+def test_llama3_70b_parameter_count():
+    llm = load_model("llava-1b-70b").llm
+    assert module_params(llm) == pytest.approx(70.55e9, rel=0.01)
+
+
+def test_forward_flops_are_2n_per_token_plus_attention():
+    model = load_model("llava-1b-70b")
+    llm = model.llm
+    w = workload(model, FIXED, "llm")
+    assert w.tokens == 64 * 2048 and w.tokens_sq == 64 * 2048**2
+    from orch.planner.costs import layer_params
+
+    dense = 2 * layer_params(llm) * llm.layers * w.tokens
+    attention = 4 * llm.hidden * w.tokens_sq * llm.layers * 0.5
+    head = 2 * llm.hidden * llm.vocab * w.tokens
+    assert forward_flops(llm, llm, w) == pytest.approx(dense + attention + head)
+
+
+def test_activation_memory_is_korthikanti():
+    """Per layer sbh(34 + 5as/h)/t with sequence parallelism; selective keeps 34/t; full keeps 2."""
+    model = load_model("llava-1b-70b")
+    m = model.llm.model_copy(update={"vocab": None, "kind": "llm"})
+    w = workload(model, FIXED, "llm")
+    s, h, a, L = 2048, m.hidden, m.heads, m.layers
+    lay = Layout(tp=8, pp=1, dp=8)
+    none = activation_gb(m, w, lay, 1, Recompute.NONE, in_flight=1) * 1e9
+    assert none == pytest.approx(s * h * (34 + 5 * a * s / h) / 8 * L)
+    sel = activation_gb(m, w, lay, 1, Recompute.SELECTIVE, in_flight=1) * 1e9
+    assert sel == pytest.approx(s * h * 34 / 8 * L)
+    full = activation_gb(m, w, lay, 1, Recompute.FULL, in_flight=1) * 1e9
+    assert full == pytest.approx(2 * s * h / 8 * L + s * h * 34 / 8)
+
+
+def test_distributed_optimizer_bytes_per_parameter():
+    model = load_model("llava-1b-14b")
+    cluster = load_cluster("h100-80g", 1)
+    for dp in (1, 8):
+        lay = Layout(tp=8 // dp, dp=dp)
+        c = module_cost(model, FIXED, cluster, "vision", lay, 1, Recompute.FULL, in_flight=1)
+        params = module_params(model.modules["vision"]) / lay.tp
+        assert c.params_gb * 1e9 == pytest.approx(params * (2 + 4 + 12 / dp))
+
+
+def test_frozen_encoder_costs_a_third_and_keeps_no_optimizer():
+    model = load_model("llava-1b-70b")
+    frozen = model.model_copy(
+        update={"modules": {**model.modules, "vision": model.modules["vision"].model_copy(update={"trainable": False})}}
+    )
+    cluster = load_cluster("h100-80g", 1)
+    lay = Layout(dp=8)
+    t = module_cost(model, FIXED, cluster, "vision", lay, 1, Recompute.NONE, in_flight=1)
+    f = module_cost(frozen, FIXED, cluster, "vision", lay, 1, Recompute.NONE, in_flight=1)
+    assert f.compute_s == pytest.approx(t.compute_s / 3)
+    assert f.dp_s == 0 and f.params_gb == pytest.approx(t.params_gb * 2 / (2 + 4 + 12 / 8))
+
+
+def test_links_pick_intra_or_inter_node():
+    links = Links.build(load_cluster("h100-80g"), None)
+    assert links.axis(1, 8) == pytest.approx((450, 5e-6))  # TP8 inside a node
+    assert links.axis(8, 4) == pytest.approx((50, 15e-6))  # DP across nodes
+    assert links.ring(8e9, 1, 8) == pytest.approx(7 * 5e-6 + 7 / 8 * 8e9 / 450e9)
+
+
+def test_tp_hurts_a_small_encoder_more_than_a_large_llm():
+    model = load_model("llava-1b-70b")
+    cluster = load_cluster("h100-80g", 1)
+
+    def slowdown(name):
+        t1 = module_cost(model, FIXED, cluster, name, Layout(tp=1, pp=1, dp=8), 1, Recompute.FULL, in_flight=1)
+        t8 = module_cost(model, FIXED, cluster, name, Layout(tp=8, pp=1, dp=1), 8, Recompute.FULL, in_flight=1)
+        return (t8.compute_s + t8.tp_s) / t1.compute_s
+
+    assert slowdown("vision") > slowdown("llm") > 1.0
+
+
+def test_pipeline_bubble_is_pp_minus_1_over_m():
+    model = load_model("llava-1b-70b")
+    cluster = load_cluster("h100-80g", 4)
+    c = module_cost(model, FIXED, cluster, "llm", Layout(tp=8, pp=4, dp=1), 4, Recompute.FULL, in_flight=4)
+    work = c.compute_s + c.tp_s + c.cp_s + c.ep_s + c.pp_p2p_s
+    assert c.bubble_s == pytest.approx(work * 3 / (64 // 4))
+
+
+def test_profile_replaces_datasheet_compute():
+    from orch.planner.profile import ComputeFit, ModuleProfile, Profile
+
+    model = load_model("tiny")
+    data = load_data("tiny-mix")
+    cluster = load_cluster("local-cpu")
+    fit = ComputeFit(c0=0.0, c1=1e-4, c2=0.0)
+    prof = Profile(device="cpu", backend="gloo", modules={"llm": ModuleProfile(block={1: fit})})
+    lay = Layout(dp=4)
+    c = module_cost(model, data, cluster, "llm", lay, 1, Recompute.NONE, in_flight=1, profile=prof)
+    w = workload(model, data, "llm")
+    block = 1e-4 * w.tokens / 4 * model.llm.layers
+    assert c.compute_s == pytest.approx(block, rel=0.5)  # the head and embedding add datasheet time
+    assert c.compute_s >= block
+
+
+def test_config_knobs_change_costs():
+    model = load_model("llava-1b-70b")
+    cluster = load_cluster("h100-80g", 2)
+    lay = Layout(tp=8, dp=2)
+    a = module_cost(model, FIXED, cluster, "vision", lay, 1, Recompute.FULL, in_flight=1)
+    b = module_cost(model, FIXED, cluster, "vision", lay, 1, Recompute.FULL, in_flight=1, cfg=CostConfig(dp_overlap=0))
+    assert b.dp_s > a.dp_s > 0
+
+
+def test_unused_tiny_spec_shapes():
+    spec = parse_text(DataSpec, "d", "global_batch: 4\nseq_len: 8\ntasks: [{weight: 1, tokens: {llm: 4}}]")
+    assert spec.tasks[0].tokens == {"llm": 4}

@@ -1,0 +1,50 @@
+"""The package maps the repo's folders into orch.*; nothing heavy is imported at CLI start."""
+
+import re
+import subprocess
+import sys
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAPPED = {"planner": "orch.planner", "runtime": "orch.runtime", "cli": "orch.cli", "templates": "orch.templates"}
+
+
+def test_every_subpackage_is_listed_in_pyproject():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = set()
+    for folder, namespace in MAPPED.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            found.add(".".join([namespace, *rel.parts]))
+    assert found == listed
+
+
+def test_no_orch_folder_at_root_shadows_the_namespace():
+    assert not (ROOT / "orch").exists()
+
+
+def test_version_comes_from_metadata():
+    assert re.fullmatch(r"\d+\.\d+\.\d+.*", version("orch"))
+
+
+def test_cli_import_does_not_import_torch_or_ortools():
+    code = "import sys, orch.cli.app; print(sorted(m for m in ('torch', 'ortools', 'numpy') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_orch_help_runs_as_a_console_script():
+    exe = Path(sys.executable).with_name("orch")
+    result = subprocess.run([str(exe), "--help"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    for verb in ("plan", "presets", "schema"):
+        assert verb in result.stdout
+
+
+def test_presets_ship_as_package_data():
+    from orch.planner.loading import preset_names
+
+    assert {"tiny", "omni-84b", "llava-1b-70b", "vit-12b-120b"} <= set(preset_names("model"))
+    assert {"h100-80g", "h200-141g", "local-cpu"} <= set(preset_names("cluster"))

@@ -1,0 +1,164 @@
+"""The CP-SAT search finds the optimum of its own cost model (brute force on small spaces),
+honours pins and rules, and agrees with the papers' direction on the presets."""
+
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from orch.planner.candidates import Pin, SearchInput, homogeneous_options, island_sizes, module_candidates
+from orch.planner.errors import InfeasibleError, SpecError
+from orch.planner.evaluate import evaluate, evaluate_homogeneous
+from orch.planner.loading import load_cluster, load_data, load_model, parse_text
+from orch.planner.plan import Placement
+from orch.planner.planner import make_plan
+from orch.planner.search import SolverConfig, search
+from orch.planner.specs import ModelSpec
+
+SMALL = """
+name: small
+modules:
+  vision: {kind: encoder, layers: 4, hidden: 512, heads: 8, ffn: 2048, input_dim: 588, feeds: llm}
+  llm: {kind: llm, layers: 8, hidden: 1024, heads: 16, kv_heads: 4, ffn: 4096, vocab: 32000}
+"""
+
+
+def brute_force(inp: SearchInput, prune: bool) -> float:
+    """Enumerate every combination of candidates through evaluate(): the reference optimum."""
+    best = float("inf")
+    if Placement.HOMOGENEOUS in inp.placements:
+        best = min([evaluate_homogeneous(o).step_s for o in homogeneous_options(inp)], default=best)
+    names = list(inp.model.modules)
+    if Placement.COLOCATED in inp.placements:
+        lists = [module_candidates(inp, n, inp.world, Placement.COLOCATED, prune) for n in names]
+        for combo in itertools.product(*lists):
+            choice = evaluate(inp, Placement.COLOCATED, dict(zip(names, combo, strict=True)))
+            if choice is not None:
+                best = min(best, choice.step_s)
+    if Placement.DISAGGREGATED in inp.placements:
+        for k in island_sizes(inp):
+            lists = [
+                module_candidates(
+                    inp, n, inp.world - k if n == inp.model.llm_name else k, Placement.DISAGGREGATED, prune
+                )
+                for n in names
+            ]
+            for combo in itertools.product(*lists):
+                choice = evaluate(inp, Placement.DISAGGREGATED, dict(zip(names, combo, strict=True)))
+                if choice is not None:
+                    best = min(best, choice.step_s)
+    return best
+
+
+def small_input(cluster: str = "h100-80g", nodes: int = 1, data: str = "llava-mix", **kw) -> SearchInput:
+    model = parse_text(ModelSpec, "small", SMALL)
+    return SearchInput(model, load_cluster(cluster, nodes), load_data(data), **kw)
+
+
+@pytest.mark.parametrize(
+    "inp",
+    [
+        pytest.param(small_input(), id="small-8gpu"),
+        pytest.param(SearchInput(load_model("tiny"), load_cluster("local-cpu"), load_data("tiny-mix")), id="tiny-4"),
+        pytest.param(small_input(nodes=2, data="video-heavy"), id="small-16gpu-video"),
+    ],
+)
+def test_cp_sat_matches_brute_force(inp):
+    solution, _ = search(inp, SolverConfig(alternatives=0))
+    reference = brute_force(inp, prune=True)
+    assert solution.best.step_s == pytest.approx(reference, rel=1e-5)
+    # the solver's integer objective is the same formula, rounded
+    assert solution.objective_s == pytest.approx(solution.best.step_s, rel=1e-5)
+
+
+def test_dominance_prefilter_loses_no_optimum():
+    inp = small_input()
+    assert brute_force(inp, prune=False) == pytest.approx(brute_force(inp, prune=True), rel=1e-12)
+
+
+@pytest.mark.parametrize("placement", list(Placement))
+def test_forcing_a_placement_matches_brute_force_of_that_placement(placement):
+    inp = small_input(nodes=2, placements=(placement,))
+    solution, _ = search(inp, SolverConfig(alternatives=0))
+    assert solution.best.placement == placement
+    assert solution.best.step_s == pytest.approx(brute_force(inp, prune=True), rel=1e-5)
+
+
+def test_alternatives_are_distinct_and_not_better_than_the_best():
+    solution, _ = search(small_input(nodes=2), SolverConfig(alternatives=4))
+    sigs = {solution.best.signature(), *(a.signature() for a in solution.alternatives)}
+    assert len(sigs) == 1 + len(solution.alternatives) == 5
+    assert all(a.step_s >= solution.best.step_s * (1 - 1e-6) for a in solution.alternatives)
+
+
+def test_pins_are_kept():
+    inp = small_input(nodes=2)
+    pins = (Pin.parse("llm.tp=4", inp.model), Pin.parse("vision.dp=16", inp.model))
+    plan = make_plan(replace(inp, pins=pins))
+    assert plan.modules["llm"].layout.tp == 4
+    assert plan.modules["vision"].layout.dp == 16
+
+
+def test_island_pin_forces_disaggregation():
+    inp = small_input(nodes=2)
+    plan = make_plan(replace(inp, pins=(Pin.parse("vision.gpus=8", inp.model),)))
+    assert plan.placement == Placement.DISAGGREGATED
+    assert plan.modules["vision"].ranks == list(range(8))
+    assert plan.modules["llm"].ranks == list(range(8, 16))
+
+
+def test_conflicting_pins_are_named():
+    inp = small_input()
+    with pytest.raises(SpecError, match=r"llm.tp=16: TP stays inside a node of 8 GPUs"):
+        make_plan(replace(inp, pins=(Pin.parse("llm.tp=16", inp.model),)))
+    with pytest.raises(SpecError, match="tp\\*cp\\*pp\\*dp = 12 does not divide"):
+        make_plan(replace(inp, pins=(Pin.parse("llm.tp=4", inp.model), Pin.parse("llm.dp=3", inp.model))))
+    # a valid degree that no layout can honour: a 70B LLM replicated on every GPU of a node
+    big = SearchInput(load_model("llava-1b-70b"), load_cluster("h100-80g", 1), load_data("llava-mix"))
+    with pytest.raises(InfeasibleError, match="--fix llm.dp=8: no layout satisfies"):
+        make_plan(replace(big, pins=(Pin.parse("llm.dp=8", big.model),)))
+
+
+def test_boundary_dp_ratio_rule():
+    inp = small_input(nodes=2)
+    solution, cands = search(inp, SolverConfig(alternatives=6))
+    for choice in [solution.best, *solution.alternatives]:
+        if choice.placement != Placement.HOMOGENEOUS:
+            a, b = choice.modules["vision"].layout.dp, choice.modules["llm"].layout.dp
+            assert a % b == 0 or b % a == 0
+
+
+def test_cluster_too_small_is_explained():
+    inp = SearchInput(load_model("vit-12b-120b"), load_cluster("h100-80g", 1), load_data("llava-mix"))
+    with pytest.raises(SpecError, match=r"gpu.memory_gb: model 'vit-12b-120b' needs about \d+ GB per GPU"):
+        make_plan(inp)
+
+
+# --- sanity against the papers ------------------------------------------------------------
+
+
+def test_llava_1b_70b_gives_the_encoder_a_smaller_tp_and_a_gain_in_the_papers_range():
+    plan = make_plan(SearchInput(load_model("llava-1b-70b"), load_cluster("h100-80g", 8), load_data("llava-mix")))
+    assert plan.placement != Placement.HOMOGENEOUS
+    assert plan.modules["vision"].layout.tp < plan.modules["llm"].layout.tp
+    assert plan.baseline is not None
+    gain = plan.baseline.predicted.step_time_s / plan.predicted.step_time_s - 1
+    assert 0.05 <= gain <= 0.50
+
+
+def test_large_encoder_considers_disaggregation():
+    inp = SearchInput(load_model("vit-12b-120b"), load_cluster("h100-80g", 16), load_data("llava-mix"))
+    solution, cands = search(inp)
+    assert cands.disaggregated, "no disaggregated candidates were built"
+    placements = {solution.best.placement, *(a.placement for a in solution.alternatives)}
+    assert Placement.DISAGGREGATED in placements
+
+
+def test_plans_follow_the_data_mix():
+    def plan_for(data: str):
+        return make_plan(SearchInput(load_model("llava-1b-70b"), load_cluster("h100-80g", 8), load_data(data)))
+
+    video, text = plan_for("video-heavy"), plan_for("text-heavy")
+    assert video.predicted.phases["vision"] > 5 * text.predicted.phases["vision"]
+    layouts = lambda p: {n: (m.layout, m.micro_batch, m.recompute) for n, m in p.modules.items()}  # noqa: E731
+    assert layouts(video) != layouts(text)
