@@ -1,9 +1,57 @@
-"""`orch launch`."""
+"""`orch launch`: run a plan for real (local gloo processes today; Slurm through the same executor later).
+
+torch and the runtime are imported inside the command so `orch --help` stays fast.
+"""
 
 from __future__ import annotations
 
 import typer
 
+EXECUTORS = ("local",)
+DTYPES = ("float32", "bfloat16", "float64")
+
+
+def launch(
+    plan_file: str = typer.Argument(..., metavar="PLAN", help="Plan file written by `orch plan` (YAML or JSON)."),
+    executor: str = typer.Option("local", "--executor", help=f"One of {', '.join(EXECUTORS)}."),
+    nproc: int | None = typer.Option(None, "--nproc", help="Processes to start (default: the plan's world size)."),
+    steps: int = typer.Option(3, "--steps", help="Optimizer steps to run."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the initialisation and of the data."),
+    dtype: str = typer.Option("float32", "--dtype", help=f"One of {', '.join(DTYPES)}."),
+    workdir: str = typer.Option("orch-run", "--workdir", help="Where metrics.jsonl is written."),
+    data: str | None = typer.Option(None, "--data", "-d", help="Data spec file or preset (default: the plan's)."),
+) -> None:
+    """Run PLAN for --steps steps and write one metrics line per step to WORKDIR/metrics.jsonl."""
+    from orch.cli.output import console
+    from orch.planner.errors import SpecError
+    from orch.planner.loading import check_data_against_model, load_data, load_json_file
+    from orch.planner.plan import Plan
+
+    if executor not in EXECUTORS:
+        raise SpecError("--executor", "", f"expected one of {', '.join(EXECUTORS)}, got '{executor}'")
+    if dtype not in DTYPES:
+        raise SpecError("--dtype", "", f"expected one of {', '.join(DTYPES)}, got '{dtype}'")
+    if steps <= 0:
+        raise SpecError("--steps", "", f"expected a positive step count, got {steps}")
+    plan = load_json_file(Plan, plan_file)
+    data_spec = load_data(data) if data else plan.data
+    check_data_against_model(data_spec, plan.model, data or plan_file)
+    world = nproc if nproc is not None else plan.world_size
+    if world != plan.world_size:
+        raise SpecError("--nproc", "", f"the plan needs {plan.world_size} processes, got {world}")
+
+    from orch.runtime.executor import RunConfig, check_supported
+    from orch.runtime.local import run_local
+
+    check_supported(plan)
+    cfg = RunConfig(steps=steps, seed=seed, dtype=dtype)
+    out = console()
+    out.print(f"launching {plan.placement} plan on {world} local processes ({dtype}, seed {seed})")
+    records = run_local(plan, data_spec, cfg, nproc=world, workdir=workdir)
+    for r in records:
+        out.print(f"step {r['step']}: loss {r['loss']:.6f}  tokens {r['tokens']}  step {r['step_time_s']:.3f} s")
+    out.print(f"metrics written to [bold]{workdir}/metrics.jsonl[/]")
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command()(launch)

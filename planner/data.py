@@ -62,7 +62,9 @@ def read_manifest(path: str) -> tuple[tuple[tuple[str, int], ...], ...]:
 def _draw_task_lengths(task: TaskSpec, rng: random.Random) -> Lengths:
     out: Lengths = {}
     sigma = task.sigma
-    for module, mean in task.tokens.items():
+    # sorted: the same spec must draw the same lengths whatever order its YAML keys are in
+    for module in sorted(task.tokens):
+        mean = task.tokens[module]
         if mean == 0:
             out[module] = 0
             continue

@@ -131,3 +131,9 @@ def test_manifest_bad_row_names_the_line(tmp_path):
     spec.write_text("global_batch: 8\nseq_len: 512\nmanifest: m.jsonl\n")
     with pytest.raises(SpecError, match="line 2: vision: expected a token count >= 0"):
         sample_lengths(load_data(str(spec)), 4, 0)
+
+
+def test_sampling_does_not_depend_on_yaml_key_order():
+    a = parse_text(DataSpec, "a", "global_batch: 4\nseq_len: 64\ntasks: [{weight: 1, tokens: {vision: 9, llm: 20}, max: {vision: 40, llm: 60}}]")
+    b = parse_text(DataSpec, "b", "global_batch: 4\nseq_len: 64\ntasks: [{weight: 1, tokens: {llm: 20, vision: 9}, max: {llm: 60, vision: 40}}]")
+    assert sample_lengths(a, 50, 3) == sample_lengths(b, 50, 3)

@@ -1,0 +1,42 @@
+"""The math of one step, shared by the single-process reference and every parallel executor.
+
+Only *which* samples a call sees differs between layouts; because the loss is normalised by
+the global batch's label tokens (not per rank), summing the per-rank gradients gives the
+reference gradient exactly (OrchMLLM, DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from orch.runtime.data import Sample
+
+
+def encode(encoder: nn.Module, name: str, samples: list[Sample], dtype: torch.dtype) -> torch.Tensor:
+    """Packed projected tokens of `samples` (ascending id order), [sum projected, llm_hidden]."""
+    feats = [s.feats[name] for s in samples]
+    frames_per_token = 2 if getattr(encoder, "is_audio", False) else 1
+    seqlens = [f.shape[0] // frames_per_token for f in feats]
+    if sum(seqlens) == 0:
+        # No tokens of this modality here (text-only samples, or no samples): an empty, shape-correct result.
+        width = encoder.projector.proj.out_features  # type: ignore[union-attr]
+        return torch.zeros(0, width, dtype=dtype)
+    return encoder(torch.cat(feats), seqlens)
+
+
+def text_loss(llm: nn.Module, prefixes: list[torch.Tensor], samples: list[Sample], label_tokens: int) -> torch.Tensor:
+    """Sum of the samples' text-token cross-entropies divided by the GLOBAL label-token count."""
+    logits = llm(prefixes, [s.text for s in samples])
+    labels = torch.cat([s.labels for s in samples])
+    return F.cross_entropy(logits, labels, reduction="sum") / label_tokens
+
+
+def build_optimizer(params: list[nn.Parameter], kind: str, lr: float) -> torch.optim.Optimizer:
+    # foreach=False: the foreach kernels do not take a mix of DTensor and plain parameters.
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, foreach=False)
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.01, foreach=False)
+    raise ValueError(f"unknown optimizer {kind!r}; expected sgd or adamw")

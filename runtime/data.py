@@ -1,0 +1,112 @@
+"""Synthetic multimodal data: the global batch of step k is a function of (seed, k) alone.
+
+Lengths come from `planner.data.sample_lengths` (the same distribution the planner costs),
+features from a generator seeded by (seed, step, sample id), so any rank can build any
+sample without communication and every plan sees the same batch.
+
+LLM sequence of a sample: the projected tokens of each encoder (`encoder_order`: by name), then text
+tokens, so that the total is the sample's LLM length (capped at seq_len); text has at least
+one token. The loss is on text tokens only; labels are synthetic token ids.
+
+Initial placement (`initial_dp_index`): sample i starts on DP index i % dp of a module,
+round-robin, so every DP rank gets a share whatever the ratio.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from orch.planner.data import sample_lengths
+from orch.planner.specs import DataSpec, ModelSpec
+from orch.runtime.model import AUDIO_STEM_STRIDE, encoder_modality, projected_len
+
+
+def _mix(*parts: object) -> int:
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def encoder_order(model: ModelSpec) -> list[str]:
+    """Encoders by name: the order of their tokens in an LLM sequence and of their random draws.
+
+    Not the spec's dict order: a YAML round trip may sort keys (yaml.safe_dump does), and the
+    batch and the model must not change with it.
+    """
+    return sorted(model.encoder_names)
+
+
+def initial_dp_index(sample_id: int, dp: int) -> int:
+    return sample_id % dp
+
+
+@dataclass(frozen=True)
+class Sample:
+    id: int
+    feats: dict[str, torch.Tensor]  # encoder name -> input features [frames, input_dim] (frames may be 0)
+    text: torch.Tensor  # [text_len] token ids
+    labels: torch.Tensor  # [text_len] target ids
+
+
+@dataclass(frozen=True)
+class GlobalBatch:
+    """Lengths of every sample of one step (known to all ranks); features built on demand."""
+
+    model: ModelSpec
+    seed: int
+    step: int
+    enc_tokens: tuple[dict[str, int], ...]  # per sample: encoder name -> encoder tokens
+    text_tokens: tuple[int, ...]
+
+    @classmethod
+    def build(cls, model: ModelSpec, data: DataSpec, seed: int, step: int) -> GlobalBatch:
+        lengths = sample_lengths(data, data.global_batch, seed=_mix("batch", seed, step))
+        encs = encoder_order(model)
+        enc_tokens, text_tokens = [], []
+        for row in lengths:
+            enc = {e: int(row.get(e, 0)) for e in encs}
+            projected = sum(projected_len(n, model.modules[e].downsample) for e, n in enc.items())
+            llm_len = min(int(row.get(model.llm_name, 0)), data.seq_len)
+            enc_tokens.append(enc)
+            text_tokens.append(max(1, llm_len - projected))
+        return cls(model, seed, step, tuple(enc_tokens), tuple(text_tokens))
+
+    @property
+    def size(self) -> int:
+        return len(self.text_tokens)
+
+    @property
+    def label_tokens(self) -> int:
+        """The loss normaliser: label tokens of the whole global batch, whatever the layout."""
+        return sum(self.text_tokens)
+
+    def projected(self, encoder: str, sample_id: int) -> int:
+        """LLM-width tokens this encoder contributes to a sample (rows moved at its boundary)."""
+        return projected_len(self.enc_tokens[sample_id][encoder], self.model.modules[encoder].downsample)
+
+    @cached_property
+    def _frames_per_token(self) -> dict[str, int]:
+        out = {}
+        for e in encoder_order(self.model):
+            audio = encoder_modality(e, self.model.modules[e]) == "audio"
+            out[e] = AUDIO_STEM_STRIDE if audio else 1
+        return out
+
+    def sample(self, sample_id: int, dtype: torch.dtype) -> Sample:
+        gen = torch.Generator().manual_seed(_mix("sample", self.seed, self.step, sample_id))
+        feats = {}
+        for e in encoder_order(self.model):
+            spec = self.model.modules[e]
+            frames = self.enc_tokens[sample_id][e] * self._frames_per_token[e]
+            feats[e] = torch.randn(frames, spec.input_dim or 1, generator=gen, dtype=torch.float64).to(dtype)
+        vocab = self.model.llm.vocab or 1
+        n = self.text_tokens[sample_id]
+        text = torch.randint(0, vocab, (n,), generator=gen)
+        labels = torch.randint(0, vocab, (n,), generator=gen)
+        return Sample(sample_id, feats, text, labels)
+
+
+__all__ = ["GlobalBatch", "Sample", "initial_dp_index"]

@@ -1,0 +1,205 @@
+"""Run a Plan on torch.distributed: each rank builds the modules it serves and runs the schedule.
+
+One step, every placement (the colocated three-phase schedule; a disaggregated plan runs the
+same phases, each island idle in the other's):
+
+1. encoder forwards of the whole step, then one boundary move per edge (encoder -> LLM layout);
+2. the LLM over its micro-batches, forward and backward, into detached boundary leaves;
+3. boundary backward (inverse move) and encoder backwards, one edge at a time in model order;
+
+then gradient sync (sum over each module's DP group; the loss is already divided by the global
+label-token count) and an optimizer step per module.
+TODO(runtime): PP, CP, EP, graph-aware 1F1B for disaggregated plans.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from orch.planner.errors import OrchError
+from orch.planner.plan import Plan
+from orch.planner.specs import DataSpec
+from orch.runtime.boundary import Boundary
+from orch.runtime.compute import build_optimizer, encode, text_loss
+from orch.runtime.data import GlobalBatch, Sample, encoder_order, initial_dp_index
+from orch.runtime.grid import Grid, build_grids, build_meshes
+from orch.runtime.model import build_model
+from orch.runtime.parallelize import apply_tp
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    steps: int = 1
+    seed: int = 0
+    dtype: str = "float32"
+    optimizer: str = "sgd"
+    lr: float = 0.1
+    dump_dir: str | None = None  # write rank-local grads (step 0) and final params here (tests)
+    fail_at: tuple[int, int] | None = None  # (rank, step) that raises: fault injection for launcher tests
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[self.dtype]
+
+
+@dataclass
+class StepMetrics:
+    step: int
+    loss: float
+    tokens: int
+    step_time_s: float
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+class UnsupportedPlan(OrchError):
+    pass
+
+
+def check_supported(plan: Plan) -> None:
+    """Raise UnsupportedPlan for what this executor cannot run yet (before any process starts)."""
+    for name, mp in plan.modules.items():
+        for axis in ("pp", "cp", "ep"):
+            if mp.layout.degree(axis) > 1:
+                raise UnsupportedPlan(f"modules.{name}.layout.{axis}: {mp.layout.degree(axis)} is not executed yet")
+    for e in plan.model.encoder_names:
+        if not any(edge.src == e and edge.dst == plan.model.llm_name for edge in plan.edges):
+            raise UnsupportedPlan(f"edges: no edge from {e} to {plan.model.llm_name}")
+
+
+class Executor:
+    """One rank's share of a plan: its modules, their grids, boundaries and optimizer."""
+
+    def __init__(self, plan: Plan, data: DataSpec, cfg: RunConfig, rank: int, world: int) -> None:
+        check_supported(plan)
+        if world != plan.world_size:
+            raise ValueError(f"plan needs {plan.world_size} ranks, launched with {world}")
+        self.plan, self.data, self.cfg, self.rank, self.world = plan, data, cfg, rank, world
+        self.model = plan.model
+        self.grids: dict[str, Grid] = build_grids(plan.modules)
+        build_meshes(self.grids)
+        self.served = [n for n in self.model.modules if self.grids[n].coord(rank) is not None]
+        self.modules: dict[str, nn.Module] = build_model(self.model, cfg.seed, cfg.torch_dtype, self.served)
+        for name, module in self.modules.items():
+            apply_tp(module, tp_mesh=self.grids[name].submesh("tp"))
+        params = [p for m in self.modules.values() for p in m.parameters()]
+        self.optimizer = build_optimizer(params, cfg.optimizer, cfg.lr) if params else None
+        edges = {e.src: e for e in plan.edges}
+        self.boundaries = {
+            e: Boundary(edges[e], self.grids[e], self.grids[self.model.llm_name]) for e in self.model.encoder_names
+        }
+
+    def _held(self, name: str, batch: GlobalBatch) -> list[int]:
+        c = self.grids[name].coord(self.rank)
+        assert c is not None
+        return [i for i in range(batch.size) if initial_dp_index(i, self.grids[name].dp) == c.dp]
+
+    def _chunks(self, name: str, items: list[Sample]) -> list[list[Sample]]:
+        n = min(self.plan.modules[name].num_micro_batches, max(1, len(items)))
+        size = -(-len(items) // n) if items else 0
+        return [items[k : k + size] for k in range(0, len(items), size)] if items else [[]]
+
+    def step(self, k: int) -> StepMetrics:
+        t0 = time.perf_counter()
+        if self.cfg.fail_at == (self.rank, k):
+            raise RuntimeError(f"injected failure at step {k}")
+        phases: dict[str, float] = {}
+        dtype = self.cfg.torch_dtype
+        batch = GlobalBatch.build(self.model, self.data, self.cfg.seed, k)
+        llm_name = self.model.llm_name
+        width = self.model.llm.hidden
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+
+        # Phase 1: encoder forwards, then the boundary moves.
+        t = time.perf_counter()
+        moved: dict[str, torch.Tensor] = {}
+        for e in encoder_order(self.model):
+            if e in self.modules:
+                samples = [batch.sample(i, dtype) for i in self._held(e, batch)]
+                out = torch.cat([encode(self.modules[e], e, c, dtype) for c in self._chunks(e, samples)])
+            else:
+                out = torch.zeros(0, width, dtype=dtype)
+            phases[f"{e}.fwd"] = time.perf_counter() - t
+            t = time.perf_counter()
+            moved[e] = self.boundaries[e].forward(out, batch, self.rank, self.world)
+            phases[f"{e}.boundary"] = time.perf_counter() - t
+            t = time.perf_counter()
+
+        # Phase 2: the LLM over micro-batches; boundary activations are leaves that collect gradients.
+        leaves = {e: moved[e].detach().requires_grad_() for e in moved}
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        if llm_name in self.modules:
+            ids = self._held(llm_name, batch)
+            rows = {e: leaves[e].split([batch.projected(e, i) for i in ids]) for e in leaves}
+            pos = {sid: j for j, sid in enumerate(ids)}
+            for chunk in self._chunks(llm_name, [batch.sample(i, dtype) for i in ids]):
+                if not chunk:
+                    continue
+                prefixes = [torch.cat([rows[e][pos[s.id]] for e in encoder_order(self.model)]) for s in chunk]
+                loss = text_loss(self.modules[llm_name], prefixes, chunk, batch.label_tokens)
+                loss.backward()
+                loss_sum += loss.detach().to(torch.float64)
+        phases[f"{llm_name}.fwd_bwd"] = time.perf_counter() - t
+        t = time.perf_counter()
+
+        # Phase 3: boundary backwards and encoder backwards, one edge at a time (a fixed collective order).
+        for e in reversed(encoder_order(self.model)):
+            grad = leaves[e].grad if leaves[e].grad is not None else torch.zeros_like(leaves[e])
+            torch.autograd.backward(moved[e], grad)
+        phases["encoders.bwd"] = time.perf_counter() - t
+        t = time.perf_counter()
+
+        self._sync_grads()
+        phases["grad_sync"] = time.perf_counter() - t
+        t = time.perf_counter()
+        if self.cfg.dump_dir is not None and k == 0:
+            self._dump("grads", lambda p: p.grad)
+        if self.optimizer is not None:
+            self.optimizer.step()
+        phases["optimizer"] = time.perf_counter() - t
+
+        loss_total = self._global_loss(loss_sum)
+        return StepMetrics(k, loss_total, batch.label_tokens, time.perf_counter() - t0, phases)
+
+    def _sync_grads(self) -> None:
+        """Sum each module's gradients over its DP group (no averaging: the loss is globally normalised)."""
+        for name, module in self.modules.items():
+            grid = self.grids[name]
+            group = grid.submesh("dp").get_group() if grid.dp > 1 else None
+            for p in module.parameters():
+                if p.grad is None:  # no tokens of this modality on this rank
+                    p.grad = torch.zeros_like(p)
+                if group is not None:
+                    local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                    dist.all_reduce(local, group=group)
+
+    def _global_loss(self, loss_sum: torch.Tensor) -> float:
+        """Sum of the LLM DP leaders' partial losses (TP replicas hold copies, counted once)."""
+        c = self.grids[self.model.llm_name].coord(self.rank)
+        mine = loss_sum if c is not None and c.tp == 0 and c.cp == 0 else torch.zeros_like(loss_sum)
+        dist.all_reduce(mine)
+        return float(mine.item())
+
+    def _dump(self, what: str, get: object) -> None:
+        """Full tensors of every served module, written by its (dp 0, tp 0) rank; all TP ranks join the gather."""
+        out: dict[str, torch.Tensor] = {}
+        for name in sorted(self.modules):
+            c = self.grids[name].coord(self.rank)
+            assert c is not None
+            for pname, p in self.modules[name].named_parameters():
+                value = get(p)  # type: ignore[operator]
+                full = value.full_tensor() if hasattr(value, "full_tensor") else value
+                if c.dp == 0 and c.tp == 0:
+                    out[f"{name}.{pname}"] = full.detach().clone()
+        assert self.cfg.dump_dir is not None
+        torch.save(out, Path(self.cfg.dump_dir) / f"{what}.rank{self.rank}.pt")
+
+    def finish(self) -> None:
+        if self.cfg.dump_dir is not None:
+            self._dump("params", lambda p: p.data if not hasattr(p, "full_tensor") else p)

@@ -1,0 +1,240 @@
+"""The reference MLLM: vision and audio encoders with projectors, and a decoder-only LLM.
+
+Shapes come from a ModelSpec. Every module works on *packed* variable-length sequences: a
+micro-batch is one tensor of all its samples' tokens, `x_TD`, plus the per-sample lengths;
+attention is computed per sample so it never crosses a sample boundary (correctness first;
+a block-diagonal varlen kernel is an optimisation of the same contract).
+
+Blocks are written for DTensor tensor parallelism (`apply_tp`): q/k/v/gate/up/fc1 are
+column-parallel and o/down/fc2 row-parallel, so the head count a rank holds is read from
+the local output width (heads / tp), never from the spec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from orch.planner.specs import Modality, ModelSpec, ModuleKind, ModuleSpec
+
+# Audio frames merged by the conv stem into one encoder token (Whisper-style stride-2 stem);
+# the DataSpec's audio length counts encoder tokens, so a sample carries STEM x that many frames.
+AUDIO_STEM_STRIDE = 2
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, causal: bool) -> None:
+        super().__init__()
+        self.head_dim = hidden // heads
+        self.causal = causal
+        self.q = nn.Linear(hidden, heads * self.head_dim, bias=False)
+        self.k = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.v = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.o = nn.Linear(heads * self.head_dim, hidden, bias=False)
+
+    def forward(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
+        t = x_TD.shape[0]
+        # Local head counts from the local widths: under TP each rank holds heads/tp of them.
+        q_THd = self.q(x_TD).view(t, -1, self.head_dim)
+        k_THd = self.k(x_TD).view(t, -1, self.head_dim)
+        v_THd = self.v(x_TD).view(t, -1, self.head_dim)
+        group = q_THd.shape[1] // k_THd.shape[1]
+        outs = []
+        for q, k, v in zip(q_THd.split(seqlens), k_THd.split(seqlens), v_THd.split(seqlens), strict=True):
+            outs.append(attend(q, k, v, group, self.causal, q_offset=0))
+        y_THd = torch.cat(outs) if outs else q_THd
+        return self.o(y_THd.reshape(t, -1))
+
+
+def attend(
+    q_QHd: torch.Tensor, k_KHd: torch.Tensor, v_KHd: torch.Tensor, group: int, causal: bool, q_offset: int
+) -> torch.Tensor:
+    """Softmax attention of one sample; query i sits at key position q_offset + i (for CP shards)."""
+    if group > 1:  # GQA: query heads [g*j, g*j+g) share kv head j, also on a TP shard
+        k_KHd = k_KHd.repeat_interleave(group, dim=1)
+        v_KHd = v_KHd.repeat_interleave(group, dim=1)
+    scores_HQK = torch.einsum("qhd,khd->hqk", q_QHd, k_KHd) / math.sqrt(q_QHd.shape[-1])
+    if causal:
+        qpos = torch.arange(q_QHd.shape[0]).unsqueeze(1) + q_offset
+        kpos = torch.arange(k_KHd.shape[0]).unsqueeze(0)
+        scores_HQK = scores_HQK.masked_fill(kpos > qpos, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores_HQK.softmax(-1), v_KHd)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden: int, ffn: int) -> None:
+        super().__init__()
+        self.gate = nn.Linear(hidden, ffn, bias=False)
+        self.up = nn.Linear(hidden, ffn, bias=False)
+        self.down = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class GeluMLP(nn.Module):
+    def __init__(self, hidden: int, ffn: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, ffn, bias=False)
+        self.fc2 = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModuleSpec, causal: bool) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(spec.hidden)
+        self.attn = Attention(spec.hidden, spec.heads, spec.num_kv_heads, causal)
+        self.mlp_norm = RMSNorm(spec.hidden)
+        self.mlp = SwiGLU(spec.hidden, spec.ffn) if spec.mlp_kind == "swiglu" else GeluMLP(spec.hidden, spec.ffn)
+
+    def forward(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
+        x_TD = x_TD + self.attn(self.attn_norm(x_TD), seqlens)
+        return x_TD + self.mlp(self.mlp_norm(x_TD))
+
+
+class Projector(nn.Module):
+    """Merges `downsample` consecutive encoder tokens (zero-padded at a sample's end) into one LLM token."""
+
+    def __init__(self, enc_hidden: int, llm_hidden: int, downsample: int) -> None:
+        super().__init__()
+        self.downsample = downsample
+        self.proj = nn.Linear(enc_hidden * downsample, llm_hidden)
+
+    def forward(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
+        ds = self.downsample
+        if ds > 1:
+            parts = []
+            for s in x_TD.split(seqlens):
+                pad = projected_len(s.shape[0], ds) * ds - s.shape[0]
+                parts.append(F.pad(s, (0, 0, 0, pad)).reshape(-1, ds * s.shape[1]))
+            x_TD = torch.cat(parts) if parts else x_TD.reshape(0, ds * x_TD.shape[1])
+        return self.proj(x_TD)
+
+
+def projected_len(tokens: int, downsample: int) -> int:
+    return -(-tokens // downsample)
+
+
+class Encoder(nn.Module):
+    """Stem (patch embedding or conv subsampling) + blocks + norm + projector into the LLM width."""
+
+    def __init__(self, spec: ModuleSpec, llm_hidden: int, modality: Modality) -> None:
+        super().__init__()
+        assert spec.input_dim is not None, "encoders need input_dim"
+        self.modality = modality
+        self.is_audio = self.modality == Modality.AUDIO
+        if self.is_audio:
+            self.stem = nn.Conv1d(spec.input_dim, spec.hidden, AUDIO_STEM_STRIDE, stride=AUDIO_STEM_STRIDE)
+        else:
+            self.stem = nn.Linear(spec.input_dim, spec.hidden)
+        self.blocks = nn.ModuleList(Block(spec, causal=False) for _ in range(spec.layers))
+        self.norm = RMSNorm(spec.hidden)
+        self.projector = Projector(spec.hidden, llm_hidden, spec.downsample)
+
+    def forward(self, feats_TF: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
+        """feats_TF: packed input features; seqlens: encoder tokens per sample. Returns packed LLM-width tokens."""
+        if self.is_audio:
+            # Every sample has STEM x tokens frames, so the strided conv never straddles two samples.
+            x_TD = self.stem(feats_TF.t().unsqueeze(0)).squeeze(0).t()
+        else:
+            x_TD = self.stem(feats_TF)
+        for block in self.blocks:
+            x_TD = block(x_TD, seqlens)
+        return self.projector(self.norm(x_TD), seqlens)
+
+
+class LLM(nn.Module):
+    def __init__(self, spec: ModuleSpec) -> None:
+        super().__init__()
+        assert spec.vocab is not None
+        self.embed = nn.Embedding(spec.vocab, spec.hidden)
+        self.blocks = nn.ModuleList(Block(spec, causal=True) for _ in range(spec.layers))
+        self.norm = RMSNorm(spec.hidden)
+        self.head = nn.Linear(spec.hidden, spec.vocab, bias=False)
+
+    def forward(self, prefixes: list[torch.Tensor], texts: list[torch.Tensor]) -> torch.Tensor:
+        """Per sample: encoder tokens (prefix) then text tokens. Returns logits of the text positions, packed."""
+        parts, seqlens = [], []
+        for prefix, text in zip(prefixes, texts, strict=True):
+            parts += [prefix, self.embed(text)]
+            seqlens.append(prefix.shape[0] + text.shape[0])
+        x_TD = torch.cat(parts)
+        for block in self.blocks:
+            x_TD = block(x_TD, seqlens)
+        text_rows = torch.cat(
+            [torch.arange(s - t.shape[0], s) + off for s, t, off in zip(seqlens, texts, _offsets(seqlens), strict=True)]
+        )
+        return self.head(self.norm(x_TD[text_rows]))
+
+
+def _offsets(seqlens: list[int]) -> list[int]:
+    out, acc = [], 0
+    for s in seqlens:
+        out.append(acc)
+        acc += s
+    return out
+
+
+def build_module(name: str, model: ModelSpec) -> nn.Module:
+    spec = model.modules[name]
+    if spec.kind == ModuleKind.LLM:
+        return LLM(spec)
+    return Encoder(spec, model.llm.hidden, encoder_modality(name, spec))
+
+
+def encoder_modality(name: str, spec: ModuleSpec) -> Modality:
+    if spec.modality is not None:
+        return spec.modality
+    return Modality(name) if name in (Modality.VISION, Modality.AUDIO) else Modality.VISION
+
+
+def _stable_seed(*parts: object) -> int:
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+@torch.no_grad()
+def init_module(module: nn.Module, name: str, seed: int) -> None:
+    """Fill every parameter from (seed, module name, parameter name) alone: layout-independent.
+
+    Call before `apply_tp`: full tensors are generated on every rank, then sharded.
+    """
+    for pname, p in module.named_parameters():
+        gen = torch.Generator().manual_seed(_stable_seed(seed, name, pname))
+        if pname.endswith("norm.weight"):
+            # Near one, not exactly one, so a norm weight's gradient path is checked too.
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+        elif p.ndim >= 2:
+            fan_in = p[0].numel()
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64) / math.sqrt(fan_in))
+        else:
+            p.copy_(0.02 * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+
+
+def build_model(
+    model: ModelSpec, seed: int, dtype: torch.dtype, names: list[str] | None = None
+) -> dict[str, nn.Module]:
+    """Full (unsharded) modules by name, initialised from the seed."""
+    out = {}
+    for name in names if names is not None else list(model.modules):
+        module = build_module(name, model).to(dtype)
+        init_module(module, name, seed)
+        out[name] = module
+    return out

@@ -1,0 +1,55 @@
+"""Single-process reference: the whole global batch through the full model, no parallelism.
+
+The equivalence tests compare every parallel plan against this (loss, gradients, parameters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from orch.planner.specs import DataSpec, ModelSpec
+from orch.runtime.compute import build_optimizer, encode, text_loss
+from orch.runtime.data import GlobalBatch, encoder_order
+from orch.runtime.model import build_model
+
+
+@dataclass
+class ReferenceResult:
+    losses: list[float]  # per step
+    grads: dict[str, torch.Tensor]  # "module.param" -> gradient of step 0
+    params: dict[str, torch.Tensor]  # "module.param" -> value after the last step
+
+
+def run_reference(
+    model: ModelSpec,
+    data: DataSpec,
+    *,
+    seed: int,
+    steps: int,
+    dtype: torch.dtype = torch.float64,
+    optimizer: str = "sgd",
+    lr: float = 0.1,
+) -> ReferenceResult:
+    modules = build_model(model, seed, dtype)
+    params = [p for m in modules.values() for p in m.parameters()]
+    opt = build_optimizer(params, optimizer, lr)
+    losses: list[float] = []
+    grads: dict[str, torch.Tensor] = {}
+    for step in range(steps):
+        batch = GlobalBatch.build(model, data, seed, step)
+        samples = [batch.sample(i, dtype) for i in range(batch.size)]
+        encoded = {e: encode(modules[e], e, samples, dtype) for e in encoder_order(model)}
+        rows = {e: [batch.projected(e, i) for i in range(batch.size)] for e in encoder_order(model)}
+        per_enc = {e: encoded[e].split(rows[e]) for e in encoder_order(model)}
+        prefixes = [torch.cat([per_enc[e][i] for e in encoder_order(model)]) for i in range(batch.size)]
+        loss = text_loss(modules[model.llm_name], prefixes, samples, batch.label_tokens)
+        opt.zero_grad()
+        loss.backward()
+        if step == 0:
+            grads = {f"{n}.{pn}": p.grad.detach().clone() for n, m in modules.items() for pn, p in m.named_parameters()}
+        opt.step()
+        losses.append(loss.item())
+    final = {f"{n}.{pn}": p.detach().clone() for n, m in modules.items() for pn, p in m.named_parameters()}
+    return ReferenceResult(losses, grads, final)

@@ -1,0 +1,83 @@
+"""`orch launch` through the CLI: a real local run, the metrics file, and user errors."""
+
+import json
+
+import pytest
+import yaml
+
+from orch.planner.loading import load_data, load_model
+from orch.planner.plan import Layout
+from orch.runtime.plans import hand_plan
+from orch.runtime.reference import run_reference
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    model = load_model("tiny")
+    data = load_data("tiny-mix").model_copy(update={"global_batch": 4, "seq_len": 64})
+    plan = hand_plan(model, data, {"llm": (Layout(tp=2), [0, 1]), "vision": (Layout(dp=2), [0, 1])})
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan.model_dump(mode="json")))
+    return path, model, data
+
+
+@pytest.mark.slow
+def test_launch_writes_metrics_with_the_reference_loss(cli, plan_file, tmp_path):
+    path, model, data = plan_file
+    workdir = tmp_path / "run"
+    args = ["launch", str(path), "--nproc", "2", "--steps", "2", "--seed", "5", "--dtype", "float64"]
+    result = cli(*args, "--workdir", str(workdir))
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    want = run_reference(model, data, seed=5, steps=2).losses
+    assert [r["step"] for r in records] == [0, 1]
+    for r, loss in zip(records, want, strict=True):
+        assert r["loss"] == pytest.approx(loss, rel=1e-9, abs=0)
+        assert r["tokens"] > 0 and r["step_time_s"] > 0
+        assert set(r["ranks"]) == {"0", "1"}
+        assert {"llm.fwd_bwd", "vision.boundary", "grad_sync"} <= set(r["ranks"]["0"])
+
+
+def test_launch_bad_plan_is_one_line(cli, tmp_path):
+    bad = tmp_path / "plan.yaml"
+    bad.write_text("version: 1\nplacement: sideways\n")
+    result = cli("launch", str(bad))
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert lines and all(line.startswith(f"error: {bad}: ") for line in lines), result.output
+    assert any("placement" in line for line in lines)
+    assert "Traceback" not in result.output
+
+
+def test_launch_missing_plan_file(cli, tmp_path):
+    result = cli("launch", str(tmp_path / "nope.yaml"))
+    assert result.exit_code == 1
+    assert result.output.strip() == f"error: {tmp_path / 'nope.yaml'}: no such file"
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [("--executor", "slurm", "expected one of local"), ("--dtype", "float16", "expected one of float32")],
+)
+def test_launch_bad_flags(cli, plan_file, flag, value, message):
+    path, _, _ = plan_file
+    result = cli("launch", str(path), flag, value)
+    assert result.exit_code == 1
+    assert f"error: {flag}: {message}" in result.output
+
+
+def test_launch_wrong_nproc(cli, plan_file):
+    path, _, _ = plan_file
+    result = cli("launch", str(path), "--nproc", "3")
+    assert result.exit_code == 1
+    assert "error: --nproc: the plan needs 2 processes, got 3" in result.output
+
+
+def test_launch_unsupported_layout_fails_before_starting(cli, plan_file, tmp_path):
+    path, _, _ = plan_file
+    doc = yaml.safe_load(path.read_text())
+    doc["modules"]["llm"]["layout"].update({"tp": 1, "pp": 2})
+    path.write_text(yaml.safe_dump(doc))
+    result = cli("launch", str(path), "--workdir", str(tmp_path / "w"))
+    assert result.exit_code == 1
+    assert "error: modules.llm.layout.pp: 2 is not executed yet" in result.output
