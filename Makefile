@@ -16,8 +16,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Plan a 70B LLaVA job on 64 H100s, then plan and really train the tiny model on 4 local processes.
 demo: $(STAMP)
-	$(BIN)/orch plan --model llava-1b-70b --cluster h100-80g --nodes 8
+	$(BIN)/orch plan --model llava-1b-70b --cluster h100-80g --nodes 8 --out demo/plan-llava-70b.yaml
+	$(BIN)/orch plan --model tiny --cluster local-cpu --out demo/plan-tiny.yaml --top 0
+	$(BIN)/orch launch demo/plan-tiny.yaml --executor local --steps 5 --workdir demo/run
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; fi; exit $$rc
