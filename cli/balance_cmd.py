@@ -1,9 +1,139 @@
-"""`orch balance` and `orch analyze`."""
+"""`orch balance` and `orch analyze`: the post-balancing dispatcher on one batch, and on a dataset."""
 
 from __future__ import annotations
 
 import typer
 
+from orch.cli.output import console, print_json
+
+MODES = ("orch", "paper", "lpt", "none")
+
+
+def _mode(value: str) -> str:
+    from orch.planner.errors import SpecError
+
+    if value not in MODES:
+        raise SpecError("--mode", "", f"expected one of {', '.join(MODES)}, got '{value}'")
+    return value
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "K", "M", "G"):
+        if abs(n) < 1024 or unit == "G":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n:.1f}G"
+
+
+def _num(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def balance(
+    batch_file: str = typer.Argument(..., metavar="BATCH.json", help="one global batch (orch schema batch)"),
+    json_out: bool = typer.Option(False, "--json", help="Print the destinations and routes as JSON."),
+    mode: str = typer.Option("orch", "--mode", help="orch | paper | lpt | none"),
+) -> None:
+    """Post-balance one global batch: the destination rank of every sample for every phase."""
+    from orch.planner.balance.batch import Batch, Mode
+    from orch.planner.balance.dispatch import balance_batch
+    from orch.planner.loading import load_json_file
+
+    chosen = Mode(_mode(mode))
+    batch = load_json_file(Batch, batch_file)
+    result = balance_batch(batch, chosen, source=batch_file)
+    if json_out:
+        print_json(result)
+        return
+    baseline = result if chosen == Mode.NONE else balance_batch(batch, Mode.NONE, source=batch_file)
+    from rich.table import Table
+
+    table = Table(
+        title=f"orch balance {batch_file}: {len(batch.samples)} samples on {batch.num_ranks} ranks "
+        f"({batch.ranks_per_node} per node), mode {chosen.value} beside none"
+    )
+    for col in ("phase", "mode", "max", "mean", "LB", "max/mean", "max/LB", "intra", "inter", "ms"):
+        table.add_column(col, justify="left" if col in ("phase", "mode") else "right", no_wrap=True)
+    for name in batch.phases:
+        rows = [("none", baseline.phases[name])]
+        if chosen != Mode.NONE:
+            rows.append((chosen.value, result.phases[name]))
+        for label, r in rows:
+            table.add_row(
+                name,
+                label,
+                _num(r.max_cost),
+                _num(r.mean_cost),
+                _num(r.lower_bound),
+                f"{r.max_cost / r.mean_cost:.3f}" if r.mean_cost else "-",
+                f"{r.max_cost / r.lower_bound:.3f}" if r.lower_bound else "-",
+                _bytes(r.intra_node_bytes),
+                _bytes(r.inter_node_bytes),
+                f"{r.seconds * 1000:.1f}",
+            )
+    console().print(table)
+    console().print("cost: per rank, the phase's cost model; intra/inter: bytes moved inside / across nodes")
+
+
+def _bar(counts: list[int], width: int = 30) -> list[str]:
+    top = max(counts, default=0) or 1
+    return ["#" * round(width * c / top) for c in counts]
+
+
+def analyze(
+    manifest: str = typer.Argument(..., metavar="DATA.jsonl", help="per-sample lengths, one JSON object a line"),
+    dp: int = typer.Option(..., "--dp", help="data-parallel ranks"),
+    ranks_per_node: int = typer.Option(8, "--ranks-per-node", help="DP ranks per node"),
+    micro_batch: int = typer.Option(..., "--micro-batch", help="samples each rank draws per step"),
+    steps: int = typer.Option(8, "--steps", help="random global batches to draw"),
+    seed: int = typer.Option(0, "--seed", help="random seed (same seed, same numbers)"),
+    json_out: bool = typer.Option(False, "--json", help="Print the numbers as JSON."),
+) -> None:
+    """How much time imbalance wastes per phase on a dataset, and what each balancing mode gains."""
+    from orch.planner.balance.analyze import analyze as run
+    from orch.planner.data import read_manifest
+
+    rows = read_manifest(manifest)
+    result = run(rows, dp, ranks_per_node, micro_batch, steps=steps, seed=seed, source=manifest)
+    if json_out:
+        print_json(result)
+        return
+    from rich.table import Table
+
+    out = console()
+    table = Table(
+        title=f"orch analyze {manifest}: {steps} batches of {dp} x {micro_batch} samples, {ranks_per_node} ranks/node"
+    )
+    for col in ("phase", "mode", "max cost", "mean cost", "wasted", "inter-node bytes", "ms/step"):
+        table.add_column(col, justify="left" if col in ("phase", "mode") else "right")
+    for name, per_mode in result.phases.items():
+        for mode, s in per_mode.items():
+            table.add_row(
+                name,
+                mode,
+                f"{s.max_cost:,.0f}",
+                f"{s.mean_cost:,.0f}",
+                f"{100 * s.wasted:.1f}%",
+                f"{100 * s.inter_node_fraction:.1f}%",
+                f"{1000 * s.seconds:.1f}",
+            )
+    out.print(table)
+    out.print(
+        "expected speed-up of the balanced phases: "
+        + ", ".join(f"{m} {v:.2f}x" for m, v in result.speedup.items() if m != "none")
+    )
+    for name, h in result.histograms.items():
+        out.print(f"\nper-rank {name} cost, first batch (ranks per bin):")
+        bars = {m: _bar(c) for m, c in h.counts.items()}
+        for k in range(len(h.edges) - 1):
+            label = f"{h.edges[k]:>10,.0f}-{h.edges[k + 1]:<10,.0f}"
+            cells = "  ".join(f"{m:>4} {h.counts[m][k]:>5} {bars[m][k]:<30}" for m in h.counts)
+            out.print(f"  {label} {cells}")
+
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command()(balance)
+    app.command()(analyze)

@@ -39,7 +39,7 @@ def test_orch_help_runs_as_a_console_script():
     exe = Path(sys.executable).with_name("orch")
     result = subprocess.run([str(exe), "--help"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    for verb in ("plan", "presets", "schema"):
+    for verb in ("plan", "presets", "schema", "balance", "analyze", "launch"):
         assert verb in result.stdout
 
 

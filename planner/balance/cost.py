@@ -1,0 +1,118 @@
+"""Per-phase arrays of one batch, rank costs, lower bounds and bytes moved (numpy, no loops over samples)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from orch.planner.balance.batch import Batch, PhaseSpec
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class PhaseArrays:
+    """The samples that take part in one phase (length > 0), as arrays indexed 0..n-1.
+
+    `ids` maps back to the batch's sample index; samples of length 0 are not here: they never move.
+    """
+
+    name: str
+    spec: PhaseSpec
+    ids: IntArray
+    lengths: IntArray
+    costs: FloatArray
+    origin: IntArray
+    bytes: IntArray
+    num_ranks: int
+    ranks_per_node: int
+
+    @property
+    def n(self) -> int:
+        return int(self.ids.size)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.num_ranks // self.ranks_per_node
+
+
+def sample_costs(lengths: npt.NDArray[np.int64], spec: PhaseSpec) -> FloatArray:
+    x = lengths.astype(np.float64)
+    return spec.linear * x + spec.quadratic * x * x
+
+
+def build_phase_arrays(
+    name: str,
+    spec: PhaseSpec,
+    lengths: IntArray,
+    origin: IntArray,
+    bytes_: IntArray,
+    num_ranks: int,
+    ranks_per_node: int,
+) -> PhaseArrays:
+    """From full-batch columns (one entry per sample) keep the samples present in the phase."""
+    ids = np.flatnonzero(lengths > 0).astype(np.int64)
+    lens = lengths[ids].astype(np.int64)
+    return PhaseArrays(
+        name=name,
+        spec=spec,
+        ids=ids,
+        lengths=lens,
+        costs=sample_costs(lens, spec),
+        origin=origin[ids].astype(np.int64),
+        bytes=bytes_[ids].astype(np.int64),
+        num_ranks=num_ranks,
+        ranks_per_node=ranks_per_node,
+    )
+
+
+def batch_columns(batch: Batch, phase: str) -> tuple[IntArray, IntArray, IntArray]:
+    """(lengths, origin, bytes) of every sample for one phase; missing bytes default to the length."""
+    n = len(batch.samples)
+    lengths = np.fromiter((s.lengths.get(phase, 0) for s in batch.samples), dtype=np.int64, count=n)
+    origin = np.fromiter((s.origin for s in batch.samples), dtype=np.int64, count=n)
+    bytes_ = np.fromiter((s.bytes.get(phase, s.lengths.get(phase, 0)) for s in batch.samples), dtype=np.int64, count=n)
+    return lengths, origin, bytes_
+
+
+def rank_costs(ph: PhaseArrays, dest: IntArray) -> FloatArray:
+    """Cost of every rank when sample k of the phase runs on dest[k]."""
+    if not ph.spec.padded:
+        return np.bincount(dest, weights=ph.costs, minlength=ph.num_ranks).astype(np.float64)
+    count = np.bincount(dest, minlength=ph.num_ranks)
+    longest = np.zeros(ph.num_ranks, dtype=np.int64)
+    np.maximum.at(longest, dest, ph.lengths)
+    return count * sample_costs(longest, ph.spec)
+
+
+def rank_tokens(ph: PhaseArrays, dest: IntArray) -> IntArray:
+    """Tokens a rank holds, as max_tokens counts them: a sum, or samples × longest when padded."""
+    if not ph.spec.padded:
+        return np.bincount(dest, weights=ph.lengths, minlength=ph.num_ranks).astype(np.int64)
+    count = np.bincount(dest, minlength=ph.num_ranks)
+    longest = np.zeros(ph.num_ranks, dtype=np.int64)
+    np.maximum.at(longest, dest, ph.lengths)
+    return (count * longest).astype(np.int64)
+
+
+def lower_bound(ph: PhaseArrays) -> float:
+    """max(total / N, largest sample): no assignment does better.
+
+    Also valid when padded: a rank's padded cost is at least the sum of its samples' own costs,
+    because cost is non-decreasing in length. The exact padded optimum is padded.optimal_cap.
+    """
+    if ph.n == 0:
+        return 0.0
+    return float(max(ph.costs.sum() / ph.num_ranks, ph.costs.max()))
+
+
+def moved_bytes(ph: PhaseArrays, dest: IntArray) -> tuple[int, int]:
+    """(inter-node, intra-node) bytes of the samples whose rank changes."""
+    moved = dest != ph.origin
+    cross = moved & (dest // ph.ranks_per_node != ph.origin // ph.ranks_per_node)
+    inter = int(ph.bytes[cross].sum())
+    intra = int(ph.bytes[moved & ~cross].sum())
+    return inter, intra

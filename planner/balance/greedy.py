@@ -1,0 +1,207 @@
+"""Topology-blind balancers over sample costs: LPT, LPT by rounds, Karmarkar–Karp, and a local search.
+
+Each returns, for every sample, the rank (bucket) it runs on. They are the references the
+topology-first dispatcher is measured against (bench/bench_balance.py) and its building blocks.
+Ties break by sample index (stable sorts), so the same input gives the same answer.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from orch.planner.balance.cost import FloatArray, IntArray
+from orch.planner.errors import InfeasibleError
+
+
+def descending(costs: FloatArray) -> IntArray:
+    """Sample indices by cost, largest first, ties by index."""
+    return np.argsort(-costs, kind="stable").astype(np.int64)
+
+
+def lpt(costs: FloatArray, num_ranks: int, lengths: IntArray | None = None, cap: int | None = None) -> IntArray:
+    """Largest processing time first: each sample, largest first, to the least loaded rank.
+
+    With a token cap, to the least loaded rank that still has room. A Python heap over ranks:
+    exact LPT, about 1 µs per sample, so the reference rather than the fast path.
+    """
+    dest = np.zeros(costs.size, dtype=np.int64)
+    heap = [(0.0, r) for r in range(num_ranks)]
+    tokens = [0] * num_ranks
+    lens = lengths.tolist() if lengths is not None else None
+    cost_list = costs.tolist()
+    for i in descending(costs).tolist():
+        c = cost_list[i]
+        if cap is None or lens is None:
+            load, r = heapq.heappop(heap)
+            heapq.heappush(heap, (load + c, r))
+            dest[i] = r
+            continue
+        skipped = []
+        while heap:
+            load, r = heapq.heappop(heap)
+            if tokens[r] + lens[i] <= cap:
+                break
+            skipped.append((load, r))
+        else:
+            raise InfeasibleError(f"lpt: no rank has room for a sample of {lens[i]} tokens under max_tokens {cap}")
+        tokens[r] += lens[i]
+        heapq.heappush(heap, (load + c, r))
+        for item in skipped:
+            heapq.heappush(heap, item)
+        dest[i] = r
+    return dest
+
+
+def lpt_rounds(costs: FloatArray, num_ranks: int) -> IntArray:
+    """LPT in rounds of N samples, vectorised: the k-th largest of a round goes to the k-th least loaded rank.
+
+    Within a round every rank receives one sample, so this is LPT whenever the round's samples do
+    not reorder the ranks mid-round; close to it otherwise, at numpy speed.
+    """
+    order = descending(costs)
+    dest = np.empty(costs.size, dtype=np.int64)
+    loads = np.zeros(num_ranks)
+    for start in range(0, order.size, num_ranks):
+        chunk = order[start : start + num_ranks]
+        ranks = np.argsort(loads, kind="stable")[: chunk.size]
+        dest[chunk] = ranks
+        loads[ranks] += costs[chunk]
+    return dest
+
+
+def karmarkar_karp(costs: FloatArray, num_ranks: int) -> IntArray:
+    """Multiway largest differencing (Karmarkar–Karp): merge the two partitions of largest spread.
+
+    A partition is kept sparse, as its non-empty subsets sorted by sum; merging pairs the largest
+    subsets of one with the smallest of the other. Subset membership is a union-find over samples.
+    O(n·N) in the worst case: a reference for the benchmark, not the fast path.
+    """
+    n = costs.size
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    parent = np.arange(n, dtype=np.int64)
+    sums: dict[int, FloatArray] = {}
+    reps: dict[int, IntArray] = {}
+    heap: list[tuple[float, int]] = []
+    for i in range(n):
+        sums[i] = np.array([costs[i]])
+        reps[i] = np.array([i], dtype=np.int64)
+        spread = float(costs[i]) if num_ranks > 1 else 0.0
+        heap.append((-spread, i))
+    heapq.heapify(heap)
+    next_id = n
+    while len(heap) > 1:
+        _, a = heapq.heappop(heap)
+        _, b = heapq.heappop(heap)
+        sa, ra, sb, rb = sums.pop(a), reps.pop(a), sums.pop(b), reps.pop(b)
+        if sa.size + sb.size <= num_ranks:
+            s = np.concatenate([sa, sb])
+            r = np.concatenate([ra, rb])
+        else:
+            # a's subsets descending against b's ascending; missing subsets are empty (sum 0)
+            pad_a = num_ranks - sa.size
+            pad_b = num_ranks - sb.size
+            s = np.concatenate([sa, np.zeros(pad_a)]) + np.concatenate([np.zeros(pad_b), sb[::-1]])
+            ra_full = np.concatenate([ra, np.full(pad_a, -1, dtype=np.int64)])
+            rb_full = np.concatenate([np.full(pad_b, -1, dtype=np.int64), rb[::-1]])
+            both = (ra_full >= 0) & (rb_full >= 0)
+            parent[rb_full[both]] = ra_full[both]
+            r = np.where(ra_full >= 0, ra_full, rb_full)
+        order = np.argsort(-s, kind="stable")
+        s, r = s[order], r[order]
+        spread = float(s[0] - (s[-1] if s.size == num_ranks else 0.0))
+        sums[next_id], reps[next_id] = s, r
+        heapq.heappush(heap, (-spread, next_id))
+        next_id += 1
+    (last,) = reps.values()
+    while True:
+        up = parent[parent]
+        if np.array_equal(up, parent):
+            break
+        parent = up
+    bucket_of_rep = np.full(n, -1, dtype=np.int64)
+    bucket_of_rep[last] = np.arange(last.size)
+    return bucket_of_rep[parent]
+
+
+def improve(
+    costs: FloatArray,
+    dest: IntArray,
+    num_ranks: int,
+    ranks_per_node: int,
+    target: float,
+    lengths: IntArray | None = None,
+    cap: int | None = None,
+    max_iters: int = 200,
+) -> IntArray:
+    """Lower the max rank cost by moves and swaps out of the max rank, until it is at most `target`.
+
+    A move goes to the least loaded rank of the same node when that is as good as the least loaded
+    rank anywhere (bytes stay inside the node); a swap pairs a sample of the max rank with a smaller
+    one of one of the 8 least loaded ranks. Stops when no single move or swap lowers the max.
+    """
+    dest = dest.copy()
+    loads = np.bincount(dest, weights=costs, minlength=num_ranks).astype(np.float64)
+    tokens = (
+        np.bincount(dest, weights=lengths, minlength=num_ranks).astype(np.int64)
+        if lengths is not None and cap is not None
+        else None
+    )
+    eps = 1e-9 * max(float(loads.max(initial=0.0)), 1.0)
+    for _ in range(max_iters):
+        top = int(np.argmax(loads))
+        peak = float(loads[top])
+        if peak <= target + eps:
+            break
+        mine = np.flatnonzero(dest == top)
+        c = costs[mine]
+        best: tuple[float, int, int, int] | None = None  # (new pair max, sample, to rank, swapped sample or -1)
+        node = top // ranks_per_node
+        local = node * ranks_per_node + int(np.argmin(loads[node * ranks_per_node : (node + 1) * ranks_per_node]))
+        far = int(np.argmin(loads))
+        for t in (local, far):
+            if t == top:
+                continue
+            pair = np.maximum(loads[t] + c, peak - c)
+            if tokens is not None and lengths is not None and cap is not None:
+                pair = np.where(tokens[t] + lengths[mine] <= cap, pair, np.inf)
+            k = int(np.argmin(pair))
+            # the node-local rank wins ties: it is tried first and only a strictly better far move replaces it
+            if pair[k] < peak - eps and (best is None or pair[k] < best[0] - eps):
+                best = (float(pair[k]), int(mine[k]), t, -1)
+        if best is None or best[0] > target + eps:
+            for t in np.argsort(loads, kind="stable")[:8].tolist():
+                if t == top:
+                    continue
+                theirs = np.flatnonzero(dest == t)
+                if theirs.size == 0:
+                    continue
+                delta = c[:, None] - costs[theirs][None, :]
+                pair = np.maximum(peak - delta, loads[t] + delta)
+                pair = np.where(delta > 0, pair, np.inf)
+                if tokens is not None and lengths is not None and cap is not None:
+                    dtok = lengths[mine][:, None] - lengths[theirs][None, :]
+                    pair = np.where((tokens[t] + dtok <= cap) & (tokens[top] - dtok <= cap), pair, np.inf)
+                flat = int(np.argmin(pair))
+                i, j = divmod(flat, theirs.size)
+                if pair[i, j] < peak - eps and (best is None or pair[i, j] < best[0] - eps):
+                    best = (float(pair[i, j]), int(mine[i]), t, int(theirs[j]))
+        if best is None:
+            break
+        _, s, t, u = best
+        dest[s] = t
+        loads[top] -= costs[s]
+        loads[t] += costs[s]
+        if tokens is not None and lengths is not None:
+            tokens[top] -= lengths[s]
+            tokens[t] += lengths[s]
+        if u >= 0:
+            dest[u] = top
+            loads[t] -= costs[u]
+            loads[top] += costs[u]
+            if tokens is not None and lengths is not None:
+                tokens[t] -= lengths[u]
+                tokens[top] += lengths[u]
+    return dest

@@ -1,0 +1,141 @@
+"""Properties of the dispatcher on random batches: valid, complete, deterministic, capped, composable."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orch.planner.balance.batch import Batch, Mode
+from orch.planner.balance.cost import lower_bound, rank_tokens
+from orch.planner.balance.dispatch import balance_batch, batch_phase_arrays
+from orch.planner.routing import RouteTable
+
+PHASES = {
+    "vision": {"linear": 1.0, "quadratic": 1 / 4096},
+    "audio": {"linear": 1.0, "quadratic": 0.0, "padded": True},
+    "llm": {"linear": 1.0, "quadratic": 1 / 8192},
+}
+
+
+@st.composite
+def batches(draw, max_tokens=False):
+    rpn = draw(st.integers(1, 4))
+    num_ranks = rpn * draw(st.integers(1, 3))
+    n = draw(st.integers(0, 30))
+    length = st.one_of(st.just(0), st.integers(1, 3000))
+    samples = []
+    for _ in range(n):
+        lengths = {p: draw(length) for p in PHASES}
+        samples.append(
+            {
+                "origin": draw(st.integers(0, num_ranks - 1)),
+                "lengths": lengths,
+                "bytes": {p: v * 2048 for p, v in lengths.items()},
+            }
+        )
+    phases = {k: dict(v) for k, v in PHASES.items()}
+    if max_tokens:
+        for p in ("vision", "llm"):  # a cap the greedy can always meet: largest + the mean per rank
+            col = [s["lengths"][p] for s in samples]
+            phases[p]["max_tokens"] = max([1, *col]) + -(-sum(col) // num_ranks)
+    return Batch.model_validate({"num_ranks": num_ranks, "ranks_per_node": rpn, "phases": phases, "samples": samples})
+
+
+MODES = list(Mode)
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches(), st.sampled_from(MODES))
+def test_every_sample_exactly_once_on_a_valid_rank(batch, mode):
+    result = balance_batch(batch, mode)
+    for name, r in result.phases.items():
+        assert len(r.dest) == len(batch.samples)
+        assert all(isinstance(d, int) and 0 <= d < batch.num_ranks for d in r.dest)
+        # rank costs add up: nothing lost or duplicated
+        if not batch.phases[name].padded:
+            total = sum(
+                batch.phases[name].linear * s.lengths.get(name, 0)
+                + batch.phases[name].quadratic * s.lengths.get(name, 0) ** 2
+                for s in batch.samples
+            )
+            assert r.mean_cost * batch.num_ranks == pytest.approx(total, rel=1e-9, abs=1e-6)
+        assert r.max_cost >= r.lower_bound * (1 - 1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches(), st.sampled_from(MODES))
+def test_zero_length_samples_never_move(batch, mode):
+    result = balance_batch(batch, mode)
+    for name, r in result.phases.items():
+        for s, d in zip(batch.samples, r.dest, strict=True):
+            if s.lengths.get(name, 0) == 0:
+                assert d == s.origin
+        assert (mode != Mode.NONE) or r.inter_node_bytes + r.intra_node_bytes == 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(batches(), st.sampled_from(MODES))
+def test_deterministic(batch, mode):
+    no_time = {"phases": {p: {"seconds"} for p in batch.phases}}
+    assert balance_batch(batch, mode).model_dump(exclude=no_time) == balance_batch(batch, mode).model_dump(
+        exclude=no_time
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches(max_tokens=True), st.sampled_from([Mode.ORCH, Mode.LPT, Mode.PAPER]))
+def test_token_cap_respected(batch, mode):
+    phases, _ = batch_phase_arrays(batch)
+    result = balance_batch(batch, mode)
+    for name in ("vision", "llm"):
+        ph = phases[name]
+        dest = np.array(result.phases[name].dest, dtype=np.int64)[ph.ids]
+        assert rank_tokens(ph, dest).max(initial=0) <= batch.phases[name].max_tokens
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches())
+def test_routes_equal_encoder_move_inverted_then_llm_move(batch):
+    result = balance_batch(batch, Mode.ORCH)
+    origin = [s.origin for s in batch.samples]
+    llm = RouteTable.build(origin, result.phases["llm"].dest, batch.num_ranks, batch.num_ranks)
+    assert set(result.routes) == {"vision", "audio"}
+    for name in ("vision", "audio"):
+        enc = RouteTable.build(origin, result.phases[name].dest, batch.num_ranks, batch.num_ranks)
+        composed = enc.inverse().then(llm)
+        assert [list(p) for p in result.routes[name]] == [
+            [a, b] for a, b in zip(composed.src, composed.dst, strict=True)
+        ]
+        # moving encoder outputs along the route lands them where the LLM phase needs them
+        assert enc.then(enc.inverse().then(llm)).dst == llm.dst
+        assert enc.inverse().inverse() == enc
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches())
+def test_orch_max_within_one_percent_of_lpt(batch):
+    orch = balance_batch(batch, Mode.ORCH)
+    lpt = balance_batch(batch, Mode.LPT)
+    for name in ("vision", "llm"):
+        assert orch.phases[name].max_cost <= lpt.phases[name].max_cost * 1.01 + 1e-9
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches())
+def test_padded_orch_and_paper_reach_the_binary_search_optimum(batch):
+    best = balance_batch(batch, Mode.LPT).phases["audio"].max_cost  # the binary-search runs
+    for mode in (Mode.ORCH, Mode.PAPER):
+        assert balance_batch(batch, mode).phases["audio"].max_cost <= best * 1.01 + 1e-9
+
+
+def test_lower_bound_is_mean_or_largest():
+    batch = Batch.model_validate(
+        {
+            "num_ranks": 2,
+            "ranks_per_node": 1,
+            "phases": {"llm": {"linear": 1.0}},
+            "samples": [{"origin": 0, "lengths": {"llm": n}} for n in (10, 1, 1)],
+        }
+    )
+    phases, _ = batch_phase_arrays(batch)
+    assert lower_bound(phases["llm"]) == 10.0
