@@ -134,6 +134,14 @@ def test_manifest_bad_row_names_the_line(tmp_path):
 
 
 def test_sampling_does_not_depend_on_yaml_key_order():
-    a = parse_text(DataSpec, "a", "global_batch: 4\nseq_len: 64\ntasks: [{weight: 1, tokens: {vision: 9, llm: 20}, max: {vision: 40, llm: 60}}]")
-    b = parse_text(DataSpec, "b", "global_batch: 4\nseq_len: 64\ntasks: [{weight: 1, tokens: {llm: 20, vision: 9}, max: {llm: 60, vision: 40}}]")
+    a = parse_text(
+        DataSpec,
+        "a",
+        "global_batch: 4\nseq_len: 64\ntasks: [{weight: 1, tokens: {vision: 9, llm: 20}, max: {vision: 40, llm: 60}}]",
+    )
+    b = parse_text(
+        DataSpec,
+        "b",
+        "global_batch: 4\nseq_len: 64\ntasks: [{weight: 1, tokens: {llm: 20, vision: 9}, max: {llm: 60, vision: 40}}]",
+    )
     assert sample_lengths(a, 50, 3) == sample_lengths(b, 50, 3)
