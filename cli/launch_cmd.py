@@ -20,8 +20,17 @@ def launch(
     dtype: str = typer.Option("float32", "--dtype", help=f"One of {', '.join(DTYPES)}."),
     workdir: str = typer.Option("orch-run", "--workdir", help="Where metrics.jsonl is written."),
     data: str | None = typer.Option(None, "--data", "-d", help="Data spec file or preset (default: the plan's)."),
+    trace: str | None = typer.Option(None, "--trace", help="Write a Chrome trace of the measured phases here."),
+    checkpoint_every: int = typer.Option(
+        0, "--checkpoint-every", help="Save a checkpoint to WORKDIR/checkpoints every K steps (0: never)."
+    ),
+    resume: bool = typer.Option(
+        True, "--resume/--no-resume", help="Continue from WORKDIR's newest complete checkpoint, if any."
+    ),
 ) -> None:
-    """Run PLAN for --steps steps and write one metrics line per step to WORKDIR/metrics.jsonl."""
+    """Run PLAN up to step --steps and write one metrics line per step to WORKDIR/metrics.jsonl."""
+    from pathlib import Path
+
     from orch.cli.output import console
     from orch.planner.errors import SpecError
     from orch.planner.loading import check_data_against_model, load_data, load_json_file
@@ -33,6 +42,8 @@ def launch(
         raise SpecError("--dtype", "", f"expected one of {', '.join(DTYPES)}, got '{dtype}'")
     if steps <= 0:
         raise SpecError("--steps", "", f"expected a positive step count, got {steps}")
+    if checkpoint_every < 0:
+        raise SpecError("--checkpoint-every", "", f"expected a step count >= 0, got {checkpoint_every}")
     plan = load_json_file(Plan, plan_file)
     data_spec = load_data(data) if data else plan.data
     check_data_against_model(data_spec, plan.model, data or plan_file)
@@ -44,13 +55,15 @@ def launch(
     from orch.runtime.local import run_local
 
     check_supported(plan)
-    cfg = RunConfig(steps=steps, seed=seed, dtype=dtype)
+    cfg = RunConfig(steps=steps, seed=seed, dtype=dtype, trace=trace, checkpoint_every=checkpoint_every, resume=resume)
     out = console()
     out.print(f"launching {plan.placement} plan on {world} local processes ({dtype}, seed {seed})")
     records = run_local(plan, data_spec, cfg, nproc=world, workdir=workdir)
     for r in records:
         out.print(f"step {r['step']}: loss {r['loss']:.6f}  tokens {r['tokens']}  step {r['step_time_s']:.3f} s")
     out.print(f"metrics written to [bold]{workdir}/metrics.jsonl[/]")
+    if trace is not None and Path(trace).exists():
+        out.print(f"trace written to [bold]{trace}[/]")
 
 
 def register(app: typer.Typer) -> None:

@@ -42,6 +42,9 @@ class RunConfig:
     lr: float = 0.1
     dump_dir: str | None = None  # write rank-local grads (step 0) and final params here (tests)
     fail_at: tuple[int, int] | None = None  # (rank, step) that raises: fault injection for launcher tests
+    trace: str | None = None  # write a Chrome trace of the measured phases here (runtime/trace.py)
+    checkpoint_every: int = 0  # save a checkpoint every this many steps (0: never; runtime/checkpoint.py)
+    resume: bool = True  # continue from the newest complete checkpoint of the workdir, if any
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -55,6 +58,9 @@ class StepMetrics:
     tokens: int
     step_time_s: float
     phases: dict[str, float] = field(default_factory=dict)
+    spans: list[tuple[str, str, float, float]] = field(
+        default_factory=list
+    )  # (module, phase, start, end), perf_counter
 
 
 class UnsupportedPlan(OrchError):
@@ -109,6 +115,7 @@ class Executor:
         if self.cfg.fail_at == (self.rank, k):
             raise RuntimeError(f"injected failure at step {k}")
         phases: dict[str, float] = {}
+        spans: list[tuple[str, str, float, float]] = []
         dtype = self.cfg.torch_dtype
         batch = GlobalBatch.build(self.model, self.data, self.cfg.seed, k)
         llm_name = self.model.llm_name
@@ -125,11 +132,16 @@ class Executor:
                 out = torch.cat([encode(self.modules[e], e, c, dtype) for c in self._chunks(e, samples)])
             else:
                 out = torch.zeros(0, width, dtype=dtype)
-            phases[f"{e}.fwd"] = time.perf_counter() - t
-            t = time.perf_counter()
+            now = time.perf_counter()
+            phases[f"{e}.fwd"] = now - t
+            if e in self.modules:
+                spans.append((e, "forward", t, now))
+            t = now
             moved[e] = self.boundaries[e].forward(out, batch, self.rank, self.world)
-            phases[f"{e}.boundary"] = time.perf_counter() - t
-            t = time.perf_counter()
+            now = time.perf_counter()
+            phases[f"{e}.boundary"] = now - t
+            spans.append((e, "boundary", t, now))
+            t = now
 
         # Phase 2: the LLM over micro-batches; boundary activations are leaves that collect gradients.
         leaves = {e: moved[e].detach().requires_grad_() for e in moved}
@@ -145,31 +157,36 @@ class Executor:
                 loss = text_loss(self.modules[llm_name], prefixes, chunk, batch.label_tokens)
                 loss.backward()
                 loss_sum += loss.detach().to(torch.float64)
+            spans.append((llm_name, "forward+backward", t, time.perf_counter()))
         phases[f"{llm_name}.fwd_bwd"] = time.perf_counter() - t
         t = time.perf_counter()
 
         # Phase 3: boundary backwards and encoder backwards, one edge at a time (a fixed collective order).
         for e in reversed(encoder_order(self.model)):
+            t_e = time.perf_counter()
             grad = leaves[e].grad if leaves[e].grad is not None else torch.zeros_like(leaves[e])
             torch.autograd.backward(moved[e], grad)
+            spans.append((e, "backward", t_e, time.perf_counter()))
         phases["encoders.bwd"] = time.perf_counter() - t
         t = time.perf_counter()
 
-        self._sync_grads()
+        self._sync_grads(spans)
         phases["grad_sync"] = time.perf_counter() - t
         t = time.perf_counter()
         if self.cfg.dump_dir is not None and k == 0:
             self._dump("grads", lambda p: p.grad)
         if self.optimizer is not None:
             self.optimizer.step()
+            spans.append(("optimizer", "optimizer", t, time.perf_counter()))
         phases["optimizer"] = time.perf_counter() - t
 
         loss_total = self._global_loss(loss_sum)
-        return StepMetrics(k, loss_total, batch.label_tokens, time.perf_counter() - t0, phases)
+        return StepMetrics(k, loss_total, batch.label_tokens, time.perf_counter() - t0, phases, spans)
 
-    def _sync_grads(self) -> None:
+    def _sync_grads(self, spans: list[tuple[str, str, float, float]]) -> None:
         """Sum each module's gradients over its DP group (no averaging: the loss is globally normalised)."""
         for name, module in self.modules.items():
+            t = time.perf_counter()
             grid = self.grids[name]
             group = grid.submesh("dp").get_group() if grid.dp > 1 else None
             for p in module.parameters():
@@ -178,6 +195,7 @@ class Executor:
                 if group is not None:
                     local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
                     dist.all_reduce(local, group=group)
+            spans.append((name, "grad_sync", t, time.perf_counter()))
 
     def _global_loss(self, loss_sum: torch.Tensor) -> float:
         """Sum of the LLM DP leaders' partial losses (TP replicas hold copies, counted once)."""

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 from orch.planner.errors import OrchError
+from orch.planner.io import write_text_atomic
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
 from orch.runtime.executor import RunConfig
@@ -36,6 +38,7 @@ class _Job:
     port: int
     world: int
     timeout_s: float
+    start: int = 0  # completed steps of the checkpoint to resume from (0: a fresh run)
 
 
 def _free_port() -> int:
@@ -44,13 +47,47 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _failure_dir(workdir: str) -> Path:
+    return Path(workdir) / ".failures"
+
+
 def _worker(rank: int, job: _Job) -> None:
+    """Run one rank; a rank that raises first records when and why, so the launcher can name
+    the root cause rather than a peer that merely lost its connection to it."""
+    try:
+        _run_rank(rank, job)
+    except BaseException as exc:
+        import time
+        import traceback
+
+        record = {"time": time.time(), "rank": rank, "error": _last_line("".join(traceback.format_exception(exc)))}
+        folder = _failure_dir(job.workdir)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"rank{rank}.json").write_text(json.dumps(record))
+        raise
+
+
+def _first_failure(workdir: Path) -> tuple[int, str] | None:
+    records = []
+    for path in sorted(_failure_dir(str(workdir)).glob("rank*.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    if not records:
+        return None
+    first = min(records, key=lambda r: r["time"])
+    return int(first["rank"]), str(first["error"])
+
+
+def _run_rank(rank: int, job: _Job) -> None:
     import time
 
     import torch
     import torch.distributed as dist
 
     from orch.runtime.executor import Executor
+    from orch.runtime.trace import RankTrace, write_trace
 
     torch.set_num_threads(1)  # shared 2-core machines: one thread per rank
     dist.init_process_group(
@@ -65,9 +102,15 @@ def _worker(rank: int, job: _Job) -> None:
         data = DataSpec.model_validate_json(job.data_json)
         t = time.perf_counter()
         ex = Executor(plan, data, job.cfg, rank, job.world)
+        if job.start > 0:
+            from orch.runtime import checkpoint
+
+            checkpoint.load(job.workdir, job.start, ex.modules, ex.optimizer)
         setup_s = time.perf_counter() - t
-        for k in range(job.cfg.steps):
+        trace = RankTrace(rank, time.perf_counter())  # setup ends in collectives: origins agree closely
+        for k in range(job.start, job.cfg.steps):
             m = ex.step(k)
+            trace.add(k, m.spans)
             everyone: list[dict[str, float] | None] = [None] * job.world
             dist.all_gather_object(everyone, {**m.phases, "step": m.step_time_s})
             if rank == 0:
@@ -76,11 +119,22 @@ def _worker(rank: int, job: _Job) -> None:
                     "loss": m.loss,
                     "tokens": m.tokens,
                     "step_time_s": max(p["step"] for p in everyone if p),
-                    "setup_s": setup_s if k == 0 else 0.0,
+                    "setup_s": setup_s if k == job.start else 0.0,
                     "ranks": {str(r): p for r, p in enumerate(everyone)},
                 }
                 with open(Path(job.workdir) / "metrics.jsonl", "a") as f:
                     f.write(json.dumps(record) + "\n")
+            every = job.cfg.checkpoint_every
+            if every > 0 and (k + 1) % every == 0:
+                from orch.runtime import checkpoint
+
+                checkpoint.save(job.workdir, k + 1, ex.modules, ex.optimizer)
+        if job.cfg.trace is not None:
+            gathered: list[list[dict[str, object]]] | None = [[] for _ in range(job.world)] if rank == 0 else None
+            dist.gather_object(trace.events, gathered, dst=0)
+            if rank == 0:
+                assert gathered is not None
+                write_trace(job.cfg.trace, gathered, plan.placement.value)
         ex.finish()
         dist.barrier()
     finally:
@@ -90,22 +144,45 @@ def _worker(rank: int, job: _Job) -> None:
 def run_local(
     plan: Plan, data: DataSpec, cfg: RunConfig, *, nproc: int, workdir: str | os.PathLike[str], timeout_s: float = 60
 ) -> list[dict[str, object]]:
-    """Run `cfg.steps` steps of `plan` on `nproc` local processes; return the metrics records."""
+    """Run `plan` up to step `cfg.steps` on `nproc` local processes; return the metrics records.
+
+    With `cfg.resume` and a complete checkpoint in `workdir`, the run continues after it and
+    appends to metrics.jsonl (dropping lines of steps past the checkpoint); otherwise it starts
+    at step 0 with a fresh metrics file.
+    """
     import torch.multiprocessing as mp
+
+    from orch.runtime.checkpoint import latest_step
 
     if nproc != plan.world_size:
         raise OrchError(f"--nproc {nproc}: the plan needs {plan.world_size} ranks")
     out = Path(workdir)
     out.mkdir(parents=True, exist_ok=True)
     metrics = out / "metrics.jsonl"
-    metrics.unlink(missing_ok=True)
-    job = _Job(plan.model_dump_json(), data.model_dump_json(), cfg, str(out), _free_port(), nproc, timeout_s)
+    start = (latest_step(out) if cfg.resume else None) or 0
+    if start == 0:
+        metrics.unlink(missing_ok=True)
+    elif metrics.exists():
+        kept = [ln for ln in metrics.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] < start]
+        write_text_atomic(metrics, "".join(ln + "\n" for ln in kept))
+    if start >= cfg.steps:
+        return _records(metrics)
+    job = _Job(plan.model_dump_json(), data.model_dump_json(), cfg, str(out), _free_port(), nproc, timeout_s, start)
+    shutil.rmtree(_failure_dir(str(out)), ignore_errors=True)
     try:
         mp.start_processes(_worker, args=(job,), nprocs=nproc, join=True, start_method="spawn")
     except mp.ProcessRaisedException as exc:
-        raise LaunchError(exc.error_index, _last_line(str(exc))) from None
+        rank, message = _first_failure(out) or (exc.error_index, _last_line(str(exc)))
+        raise LaunchError(rank, message) from None
     except mp.ProcessExitedException as exc:
-        raise LaunchError(exc.error_index, f"exited with code {exc.exit_code}") from None
+        rank, message = _first_failure(out) or (exc.error_index, f"exited with code {exc.exit_code}")
+        raise LaunchError(rank, message) from None
+    return _records(metrics)
+
+
+def _records(metrics: Path) -> list[dict[str, object]]:
+    if not metrics.exists():
+        return []
     return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
 
 

@@ -81,3 +81,19 @@ def test_launch_unsupported_layout_fails_before_starting(cli, plan_file, tmp_pat
     result = cli("launch", str(path), "--workdir", str(tmp_path / "w"))
     assert result.exit_code == 1
     assert "error: modules.llm.layout.pp: 2 is not executed yet" in result.output
+
+
+@pytest.mark.slow
+def test_launch_trace_covers_every_rank_and_module(cli, plan_file, tmp_path):
+    path, model, _ = plan_file
+    trace = tmp_path / "trace.json"
+    args = ["launch", str(path), "--nproc", "2", "--steps", "2", "--dtype", "float64"]
+    result = cli(*args, "--workdir", str(tmp_path / "run"), "--trace", str(trace))
+    assert result.exit_code == 0, result.output
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert events and all(e["ph"] == "X" and e["dur"] >= 0 and e["ts"] >= 0 for e in events)
+    assert {e["tid"] for e in events} == {"rank 0", "rank 1"}
+    assert set(model.modules) <= {e["pid"] for e in events}
+    names = {e["name"] for e in events}
+    assert {"forward", "backward", "boundary", "grad_sync", "optimizer"} <= names
+    assert {e["args"]["step"] for e in events} == {0, 1}

@@ -1,0 +1,59 @@
+"""Checkpoint save/resume through `orch launch`: a resumed run continues the loss trajectory exactly."""
+
+import json
+
+import pytest
+import yaml
+
+from orch.planner.loading import load_data, load_model
+from orch.planner.plan import Layout
+from orch.runtime.checkpoint import checkpoint_root, latest_step
+from orch.runtime.plans import hand_plan
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    model = load_model("tiny")
+    data = load_data("tiny-mix").model_copy(update={"global_batch": 4, "seq_len": 64})
+    plan = hand_plan(model, data, {"llm": (Layout(tp=2), [0, 1]), "vision": (Layout(dp=2), [0, 1])})
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan.model_dump(mode="json")))
+    return path
+
+
+def _losses(workdir):
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return [r["step"] for r in records], [r["loss"] for r in records]
+
+
+@pytest.mark.slow
+def test_resumed_run_continues_the_loss_trajectory(cli, plan_file, tmp_path):
+    base = ["launch", str(plan_file), "--nproc", "2", "--seed", "3", "--dtype", "float64"]
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert (r := cli(*base, "--steps", "4", "--workdir", str(full))).exit_code == 0, r.output
+    assert (r := cli(*base, "--steps", "2", "--workdir", str(part), "--checkpoint-every", "2")).exit_code == 0, r.output
+    root = checkpoint_root(part)
+    assert (root / "latest").read_text().strip() == "step_00000002"
+    assert latest_step(part) == 2 and not list(root.glob("*.tmp"))
+    (root / "step_00000003.tmp").mkdir()  # an interrupted save: garbage that must never be loaded
+    (root / "step_00000003.tmp" / ".metadata").write_text("garbage")
+
+    assert (r := cli(*base, "--steps", "4", "--workdir", str(part), "--resume")).exit_code == 0, r.output
+    want_steps, want = _losses(full)
+    got_steps, got = _losses(part)
+    assert got_steps == want_steps == [0, 1, 2, 3]  # metrics appended
+    for g, w in zip(got, want, strict=True):
+        assert g == pytest.approx(w, rel=1e-12, abs=0)
+
+
+def test_latest_ignores_tmp_and_unnamed_directories(tmp_path):
+    root = checkpoint_root(tmp_path)
+    (root / "step_00000004.tmp").mkdir(parents=True)
+    assert latest_step(tmp_path) is None  # no `latest`: nothing is complete
+    (root / "latest").write_text("step_00000004.tmp\n")
+    assert latest_step(tmp_path) is None  # never a .tmp, even when named
+    (root / "latest").write_text("step_00000002\n")
+    assert latest_step(tmp_path) is None  # named but missing
+    (root / "step_00000002").mkdir()
+    (root / "step_00000006").mkdir()  # newer but not named in `latest`
+    assert latest_step(tmp_path) == 2
