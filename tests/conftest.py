@@ -1,4 +1,5 @@
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from orch.cli.app import app
@@ -12,3 +13,18 @@ def cli():
         return runner.invoke(app, list(args))
 
     return invoke
+
+
+@pytest.fixture
+def plan_file(tmp_path):
+    """A 2-rank colocated plan of the tiny model (LLM TP2, vision DP2), with its specs."""
+    from orch.planner.loading import load_data, load_model
+    from orch.planner.plan import Layout
+    from orch.runtime.plans import hand_plan
+
+    model = load_model("tiny")
+    data = load_data("tiny-mix").model_copy(update={"global_batch": 4, "seq_len": 64})
+    plan = hand_plan(model, data, {"llm": (Layout(tp=2), [0, 1]), "vision": (Layout(dp=2), [0, 1])})
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan.model_dump(mode="json")))
+    return path, model, data

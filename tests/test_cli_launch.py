@@ -5,20 +5,7 @@ import json
 import pytest
 import yaml
 
-from orch.planner.loading import load_data, load_model
-from orch.planner.plan import Layout
-from orch.runtime.plans import hand_plan
 from orch.runtime.reference import run_reference
-
-
-@pytest.fixture
-def plan_file(tmp_path):
-    model = load_model("tiny")
-    data = load_data("tiny-mix").model_copy(update={"global_batch": 4, "seq_len": 64})
-    plan = hand_plan(model, data, {"llm": (Layout(tp=2), [0, 1]), "vision": (Layout(dp=2), [0, 1])})
-    path = tmp_path / "plan.yaml"
-    path.write_text(yaml.safe_dump(plan.model_dump(mode="json")))
-    return path, model, data
 
 
 @pytest.mark.slow

@@ -3,22 +3,8 @@
 import json
 
 import pytest
-import yaml
 
-from orch.planner.loading import load_data, load_model
-from orch.planner.plan import Layout
 from orch.runtime.checkpoint import checkpoint_root, latest_step
-from orch.runtime.plans import hand_plan
-
-
-@pytest.fixture
-def plan_file(tmp_path):
-    model = load_model("tiny")
-    data = load_data("tiny-mix").model_copy(update={"global_batch": 4, "seq_len": 64})
-    plan = hand_plan(model, data, {"llm": (Layout(tp=2), [0, 1]), "vision": (Layout(dp=2), [0, 1])})
-    path = tmp_path / "plan.yaml"
-    path.write_text(yaml.safe_dump(plan.model_dump(mode="json")))
-    return path
 
 
 def _losses(workdir):
@@ -28,6 +14,7 @@ def _losses(workdir):
 
 @pytest.mark.slow
 def test_resumed_run_continues_the_loss_trajectory(cli, plan_file, tmp_path):
+    plan_file, _, _ = plan_file
     base = ["launch", str(plan_file), "--nproc", "2", "--seed", "3", "--dtype", "float64"]
     full, part = tmp_path / "full", tmp_path / "part"
     assert (r := cli(*base, "--steps", "4", "--workdir", str(full))).exit_code == 0, r.output
