@@ -20,7 +20,26 @@ def make_plan(inp: SearchInput, solver: SolverConfig = SolverConfig()) -> Plan:
     except InfeasibleError:
         raise _explain_infeasible(inp) from None
     baseline = _baseline(inp, solver, solution.best)
-    return assemble(inp, solution.best, baseline, solution.alternatives)
+    alternatives = _with_every_placement(inp, solver, solution.best, solution.alternatives)
+    return assemble(inp, solution.best, baseline, alternatives)
+
+
+def _with_every_placement(inp: SearchInput, solver: SolverConfig, best: Choice, found: list[Choice]) -> list[Choice]:
+    """Top-k from no-good cuts often differ only in one encoder's layout; add the best plan of
+    every other allowed placement, so a user sees what each placement would cost."""
+    if solver.alternatives <= 0:
+        return found
+    seen = {best.placement, *(c.placement for c in found)}
+    extra = []
+    for placement in inp.placements:
+        if placement in seen:
+            continue
+        try:
+            solution, _ = search(replace(inp, placements=(placement,)), replace(solver, alternatives=0))
+        except InfeasibleError:
+            continue
+        extra.append(solution.best)
+    return sorted([*found, *extra], key=lambda c: c.step_s)
 
 
 def _baseline(inp: SearchInput, solver: SolverConfig, best: Choice) -> Choice | None:

@@ -162,3 +162,11 @@ def test_plans_follow_the_data_mix():
     assert video.predicted.phases["vision"] > 5 * text.predicted.phases["vision"]
     layouts = lambda p: {n: (m.layout, m.micro_batch, m.recompute) for n, m in p.modules.items()}  # noqa: E731
     assert layouts(video) != layouts(text)
+
+
+def test_alternatives_show_the_best_of_every_other_placement():
+    plan = make_plan(small_input(nodes=2))
+    placements = [a.placement for a in plan.alternatives]
+    assert set(placements) | {plan.placement} == set(Placement)
+    times = [a.predicted.step_time_s for a in plan.alternatives]
+    assert times == sorted(times) and times[0] >= plan.predicted.step_time_s * (1 - 1e-6)
