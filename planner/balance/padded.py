@@ -6,6 +6,10 @@ leader and nothing gets worse), and for a cap C the greedy that makes each run a
 C / cost(leader) allows (and the token cap: samples × leader length <= max_tokens) uses the
 fewest runs. So feasibility is exact, and the optimum is one of the values k·cost(L): bisect on C,
 then finish exactly over the candidates left in the last interval.
+
+`--mode orch` needs less: a cap within (1 + slack) of the optimum (near_optimal_cap, a bracket
+search that walks only the runs' leaders, greedy_starts), and each node's own greedy runs
+(node_runs) to keep samples at home (topology.orch_padded).
 """
 
 from __future__ import annotations
@@ -125,9 +129,12 @@ def padded_runs(
     return runs
 
 
-def run_capacity(costs: FloatArray, lengths: IntArray, cap: float, max_tokens: int | None) -> IntArray:
-    """Samples a run led by each sample may hold under the cost cap and the token cap."""
-    n = costs.size
+def run_capacity(
+    costs: FloatArray, lengths: IntArray, cap: float, max_tokens: int | None, limit: int | None = None
+) -> IntArray:
+    """Samples a run led by each sample may hold under the cost cap and the token cap, at most `limit`
+    (default: the number of samples given; pass the phase's sample count when giving only leaders)."""
+    n = costs.size if limit is None else limit
     with np.errstate(divide="ignore", invalid="ignore"):
         k = np.where(costs > 0, np.floor(cap / costs * (1 + _FUZZ)), max(n, 1))
     k = np.minimum(k, max(n, 1))
@@ -166,3 +173,152 @@ def group_runs(
     runs = np.empty(n, dtype=np.int64)
     runs[order] = run_desc
     return runs, per_group
+
+
+def desc_order(lengths: IntArray, group: IntArray | None = None) -> IntArray:
+    """Indices by (group,) length longest first, ties by index: one int64 argsort instead of a lexsort."""
+    n = lengths.size
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    top = int(lengths.max())
+    groups = int(group.max()) + 1 if group is not None and n else 1
+    if (top + 1) * n * groups >= 1 << 62:  # the packed key would overflow: the slow exact path
+        keys = (np.arange(n), -lengths) if group is None else (np.arange(n), -lengths, group)
+        return np.lexsort(keys).astype(np.int64)
+    key = (top - lengths.astype(np.int64)) * n + np.arange(n, dtype=np.int64)
+    if group is not None:
+        key = key + group.astype(np.int64) * ((top + 1) * n)
+    return np.argsort(key).astype(np.int64)  # keys are unique: any sort is stable
+
+
+def node_runs(
+    costs: FloatArray, lengths: IntArray, node: IntArray, num_nodes: int, cap: float, max_tokens: int | None
+) -> tuple[IntArray, IntArray, FloatArray]:
+    """The greedy runs each node makes of its own samples at cost cap C (longest first, each run as long
+    as the cap allows): (run per sample, node per run, fill per run = its samples' own costs / C).
+
+    A Python step per run, not per sample.
+    """
+    n = lengths.size
+    order = desc_order(lengths, node)
+    c_s, l_s, g_s = costs[order], lengths[order], node[order]
+    k = np.maximum(run_capacity(c_s, l_s, cap, max_tokens), 1)
+    group_end = np.searchsorted(g_s, g_s, side="right")
+    nxt = np.minimum(np.arange(n) + k, group_end).tolist()
+    starts: list[int] = []
+    i = 0
+    while i < n:
+        starts.append(i)
+        i = nxt[i]
+    marks = np.zeros(n, dtype=np.int64)
+    st = np.array(starts, dtype=np.int64)
+    marks[st] = 1
+    run_s = np.cumsum(marks) - 1
+    runs = np.empty(n, dtype=np.int64)
+    runs[order] = run_s
+    fill = np.bincount(run_s, weights=c_s, minlength=st.size) / cap if cap > 0 else np.ones(st.size)
+    return runs, g_s[st].astype(np.int64), fill
+
+
+def step_limits(lengths: IntArray, max_tokens: int | None, limit: int) -> IntArray:
+    """Samples a run led by each sample may hold under the token cap alone (at most `limit`)."""
+    if max_tokens is None:
+        return np.full(lengths.size, max(limit, 1), dtype=np.int64)
+    return np.minimum(max_tokens // np.maximum(lengths, 1), max(limit, 1)).astype(np.int64)
+
+
+def greedy_starts(costs_desc: list[float], steps: list[int], cap: float, limit: int) -> list[int] | None:
+    """Starts of the greedy runs at cost cap C over samples given longest first (each run as long as C and
+    `steps` allow), or None if more than `limit` runs are needed or a sample alone costs more than C.
+
+    A Python step per run and nothing per sample: a run led by sample i ends at
+    i + min(floor(C / cost_i), steps_i), computed only for the leaders. Lists, not arrays: item access
+    on a list is several times faster, and the caller converts once.
+    """
+    n = len(costs_desc)
+    top = cap * (1 + _FUZZ)
+    starts: list[int] = []
+    append = starts.append
+    runs = 0
+    i = 0
+    while i < n:
+        if runs == limit:
+            return None
+        ci, k = costs_desc[i], steps[i]
+        if ci > 0 and top < ci * k:
+            k = int(top / ci)
+        if k < 1:  # over the cost cap, or over max_tokens, alone
+            return None
+        append(i)
+        runs += 1
+        i += k
+    return starts
+
+
+def _run_count(costs_desc: list[float], steps: list[int], cap: float, limit: int) -> int:
+    """Greedy runs at cost cap C (as greedy_starts), counted up to limit + 1; n + 1 if a sample alone is over C."""
+    n = len(costs_desc)
+    top = cap * (1 + _FUZZ)
+    runs = 0
+    i = 0
+    while i < n:
+        if runs > limit:
+            break
+        ci, k = costs_desc[i], steps[i]
+        if ci > 0 and top < ci * k:
+            k = int(top / ci)
+        if k < 1:
+            return n + 1
+        runs += 1
+        i += k
+    return runs
+
+
+def near_optimal_cap(
+    costs_desc: FloatArray, lengths_desc: IntArray, num_ranks: int, max_tokens: int | None, slack: float
+) -> float:
+    """A cost cap C the greedy runs meet on num_ranks ranks with C <= optimum × (1 + slack).
+
+    A bracket search on the run count: the next cap is interpolated between a cap needing too many
+    runs and one needing few enough (every other step a plain bisection, so the bracket at least
+    halves every two steps), stopping once it is a quarter of the slack wide: a handful of Python
+    walks over the runs, no exact search.
+    """
+    n = costs_desc.size
+    if n == 0:
+        return 0.0
+    steps = step_limits(lengths_desc, max_tokens, n).tolist()
+    c = costs_desc.tolist()
+    if greedy_starts(c, steps, math.inf, num_ranks) is None:
+        raise InfeasibleError(f"no assignment of {n} samples to {num_ranks} ranks meets max_tokens {max_tokens}")
+    lo = max(float(costs_desc.sum()) / num_ranks, float(costs_desc[0]))  # no cap below is feasible
+    if lo <= 0:
+        return 0.0
+    count_limit = 2 * num_ranks
+    q_lo = _run_count(c, steps, lo, count_limit)
+    if q_lo <= num_ranks:
+        return lo * (1 + slack)
+    # grow hi by the runs' excess until feasible: the run count falls roughly as 1 / C
+    hi = lo
+    while True:
+        hi = hi * max(min(q_lo, count_limit) / num_ranks, 1 + slack) * (1 + slack)
+        q_hi = _run_count(c, steps, hi, count_limit)
+        if q_hi <= num_ranks:
+            break
+        lo, q_lo = hi, q_hi
+    # invariant: lo infeasible (the optimum is above it), hi feasible; stop at a quarter of the slack
+    # and return lo × (1 + slack): at least hi (feasible), at most the optimum × (1 + slack)
+    interpolate = True
+    while hi > lo * (1 + slack / 4):
+        if interpolate and q_lo > q_hi:
+            frac = (min(q_lo, count_limit) - num_ranks) / (min(q_lo, count_limit) - q_hi)
+            mid = lo + (hi - lo) * min(max(frac, 0.1), 0.9)
+        else:
+            mid = math.sqrt(lo * hi)
+        interpolate = not interpolate
+        q_mid = _run_count(c, steps, mid, count_limit)
+        if q_mid > num_ranks:
+            lo, q_lo = mid, q_mid
+        else:
+            hi, q_hi = mid, q_mid
+    return max(hi, lo * (1 + slack))

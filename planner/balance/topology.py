@@ -11,14 +11,21 @@ comes first (C = lower bound × (1 + SLACK)) and samples stay where they are unl
    no rank has room for displaces smaller ones, which re-pack;
 3. what a node still cannot absorb goes to any rank with room, then the roomiest rank;
 4. a local search (greedy.improve) brings the max back to C, preferring ranks of the same node.
-If C is out of reach (coarse batches), a second pass runs at the better of what was reached and
-LPT, and LPT's own buckets (placed topology-aware) are the fallback: never worse than LPT.
+If C is out of reach (coarse batches), the best global heuristic sets it: M = the better of what
+was reached and LPT, and a second pass runs against M × (1 + SLACK), so nodes keep their samples up
+to that cap. If that falls short too, LPT's own buckets (placed topology-aware) are the fallback:
+the max is never above LPT's × (1 + SLACK).
 
-Padded phases: the exact optimal runs of padded.py (the optimum is rigid: near-equal lengths
-must share a run), each run on the node holding most of its bytes, then samples of equal or
-shorter length trade places so that each takes a place on its own node when one is free. This
-matches the paper's locality rather than beating it (bench/bench_balance.py). All steps are numpy
-over samples; Python loops run over rounds, runs, a few leftovers, or (padded) once over samples.
+Padded phases: any assignment whose every rank has samples × cost(longest) <= C is as balanced
+as the optimal runs, with C = the optimum × (1 + SLACK). Node first: each node packs its own
+samples into greedy runs at C and keeps its fullest runs (at most R, at least θ full); the rest
+form a pool packed by the global greedy runs on the ranks left free, placed on nodes by bytes. θ
+is the smallest fill for which the pool still fits (a bisection). Near-equal lengths must share a
+run at the optimum, so dense padded batches still move many bytes (bench/bench_balance.py).
+
+One sort per phase (largest first) feeds every later ordering: a bin-then-size order is one
+argsort of unique int64 keys. Python loops run over rounds, runs, nodes or a few leftovers,
+never once per sample (except exact LPT, the reference when the bound is out of reach).
 """
 
 from __future__ import annotations
@@ -27,12 +34,27 @@ import numpy as np
 
 from orch.planner.balance.cost import FloatArray, IntArray, PhaseArrays, lower_bound
 from orch.planner.balance.greedy import improve, lpt, lpt_rounds
-from orch.planner.balance.padded import optimal_cap, padded_runs, run_capacity
+from orch.planner.balance.padded import desc_order, greedy_starts, near_optimal_cap, node_runs, step_limits
 from orch.planner.errors import InfeasibleError
 
 SLACK = 0.006  # target max cost = lower bound × (1 + SLACK): room that lets samples stay home
 EXACT_LPT_SAMPLES = 1 << 20  # exact LPT as the fallback reference up to here (about 1 µs a sample)
 _MAX_ROUNDS = 64
+_THETA_LEVELS = 65  # fill quantiles tried for a padded node's kept runs (a bisection: about 6 tries)
+
+
+def _by_bin(pos: IntArray, home: IntArray) -> IntArray:
+    """Indices of the samples with home >= 0, by bin, largest first inside a bin, ties by index.
+
+    pos[i]: sample i's place in the phase's largest-first order (computed once per phase), so one
+    argsort of unique int64 keys replaces a three-key lexsort.
+    """
+    idx = np.flatnonzero(home >= 0)
+    return idx[np.argsort(home[idx] * max(pos.size, 1) + pos[idx])]
+
+
+def _largest_first(pos: IntArray, items: IntArray) -> IntArray:
+    return items[np.argsort(pos[items])]
 
 
 def _segment_first(keys: IntArray) -> IntArray:
@@ -56,6 +78,7 @@ def _evict(
     cap: float,
     max_tokens: float,
     evictable: np.ndarray,
+    pos: IntArray,
 ) -> np.ndarray:
     """Mask of samples that stay in their bin (rank or node) so that every bin is at most cap where it can be.
 
@@ -63,9 +86,7 @@ def _evict(
     sample covers gives up its largest samples while its excess stays positive, then repeats.
     Samples with home < 0 are not in any bin.
     """
-    n = costs.size
-    order = np.lexsort((np.arange(n), -costs, home))  # by bin, largest first
-    order = order[home[order] >= 0]
+    order = _by_bin(pos, home)  # by bin, largest first
     s_bin, s_cost, s_len = home[order], costs[order], lengths[order]
     s_evictable = evictable[order]
     kept = np.ones(order.size, dtype=bool)
@@ -79,15 +100,15 @@ def _evict(
         cand = kept & s_evictable & bad[s_bin]
         if not cand.any():
             break
-        pos = np.flatnonzero(cand)
-        r = s_bin[pos]
-        covers = (s_cost[pos] >= over[r] - tol) & (s_len[pos] >= tover[r])
+        at = np.flatnonzero(cand)
+        r = s_bin[at]
+        covers = (s_cost[at] >= over[r] - tol) & (s_len[at] >= tover[r])
         # smallest covering sample per bin: the last covering one (segments are largest first)
-        cpos = pos[covers]
+        cpos = at[covers]
         last = cpos[_segment_last(s_bin[cpos])]
         covered = np.zeros(num_bins, dtype=bool)
         covered[s_bin[last]] = True
-        rest = pos[~covered[r]]
+        rest = at[~covered[r]]
         rr = s_bin[rest]
         first = _segment_first(rr)
         seg_start = np.repeat(first, np.diff(np.append(first, rest.size)))
@@ -96,15 +117,15 @@ def _evict(
         take = rest[in_seg < over[rr] - tol]  # the first always qualifies: it does not cover
         out = np.concatenate([last, take])
         kept[out] = False
-        np.subtract.at(loads, s_bin[out], s_cost[out])
-        np.subtract.at(tokens, s_bin[out], s_len[out])
+        loads -= np.bincount(s_bin[out], weights=s_cost[out], minlength=num_bins)
+        tokens -= np.bincount(s_bin[out], weights=s_len[out], minlength=num_bins)
     mask = home >= 0
     mask[order] = kept
     return mask
 
 
 def _keep_prefix(
-    costs: FloatArray, lengths: IntArray, home: IntArray, num_bins: int, cap: float, max_tokens: float
+    costs: FloatArray, lengths: IntArray, home: IntArray, cap: float, max_tokens: float, pos: IntArray
 ) -> np.ndarray:
     """Mask of samples kept in their bin: per bin, its largest samples while they fit under cap.
 
@@ -112,8 +133,7 @@ def _keep_prefix(
     largest sample of a bin always stays (no rank could take more than it alone).
     """
     n = costs.size
-    order = np.lexsort((np.arange(n), -costs, home))
-    order = order[home[order] >= 0]
+    order = _by_bin(pos, home)
     s_bin = home[order]
     first = _segment_first(s_bin)
     seg_start = np.repeat(first, np.diff(np.append(first, order.size)))
@@ -130,42 +150,32 @@ def _keep_prefix(
 
 def _match(
     items: IntArray,
-    item_group: IntArray,
-    bin_group: IntArray,
+    pos: IntArray,
     costs: FloatArray,
     lengths: IntArray,
     room: FloatArray,
     token_room: FloatArray,
     dest: IntArray,
 ) -> IntArray:
-    """Place items into ranks of the same group with room: per round, the k-th largest item of a group
-    against the group's k-th roomiest rank, kept where it fits. Returns the items left unplaced."""
-    num_ranks = room.size
-    rank_ids = np.arange(num_ranks)
+    """Place items into bins with room: per round, the k-th largest item against the k-th roomiest bin,
+    kept where it fits. Returns the items left unplaced (largest first)."""
     tol = 1e-9 * max(float(np.abs(room).max(initial=1.0)), 1.0)
-    pending = items
+    pending = _largest_first(pos, items)
     for _ in range(_MAX_ROUNDS):
         if pending.size == 0:
             break
-        o = np.lexsort((pending, -costs[pending], item_group))
-        p, pg = pending[o], item_group[o]
-        pos = np.arange(p.size) - np.searchsorted(pg, pg, side="left")
-        b = np.lexsort((rank_ids, -room, bin_group))
-        bg = bin_group[b]
-        slot = np.searchsorted(bg, pg, side="left") + pos
-        valid = slot < np.searchsorted(bg, pg, side="right")
-        ranks = b[slot[valid]]
-        cand = p[valid]
-        fit = (costs[cand] <= room[ranks] + tol) & (lengths[cand] <= token_room[ranks])
-        placed, to = cand[fit], ranks[fit]
+        b = np.argsort(-room, kind="stable")[: pending.size]
+        cand = pending[: b.size]
+        fit = (costs[cand] <= room[b] + tol) & (lengths[cand] <= token_room[b])
+        placed, to = cand[fit], b[fit]
         if placed.size == 0:
             break
         dest[placed] = to
         room[to] -= costs[placed]
         token_room[to] -= lengths[placed]
-        keep = np.ones(p.size, dtype=bool)
-        keep[np.flatnonzero(valid)[fit]] = False
-        pending, item_group = p[keep], pg[keep]
+        keep = np.ones(pending.size, dtype=bool)
+        keep[np.flatnonzero(fit)] = False
+        pending = pending[keep]
     return pending
 
 
@@ -190,13 +200,13 @@ def _place_leftovers(
 
 def _best_fit_in_nodes(
     items: IntArray, node_of: IntArray, origin: IntArray, rpn: int, costs: FloatArray, lengths: IntArray,
-    room: FloatArray, token_room: FloatArray, dest: IntArray,
+    room: FloatArray, token_room: FloatArray, dest: IntArray, pos: IntArray,
 ) -> IntArray:  # fmt: skip
     """Best fit decreasing inside each node, all nodes at once: per round every node places its largest
     pending sample on its rank with the least room that still fits it. Returns the samples that fit nowhere."""
     if items.size == 0:
         return items
-    o = np.lexsort((items, -costs[items], node_of[items]))
+    o = np.argsort(node_of[items] * max(pos.size, 1) + pos[items])
     p, g = items[o], node_of[items][o]
     first = _segment_first(g)
     nodes = g[first]
@@ -205,69 +215,134 @@ def _best_fit_in_nodes(
     room2 = room.reshape(-1, rpn)
     troom2 = token_room.reshape(-1, rpn)
     tol = 1e-9 * max(float(np.abs(room).max(initial=1.0)), 1.0)
+    # per item, gathered once: cost, tokens, and its own rank inside the node (-1: another node)
+    c_all, l_all = costs[p], lengths[p]
+    own_all = np.where(origin[p] // rpn == g, origin[p] % rpn, -1)
     unplaced = []
     active = np.arange(nodes.size)
     while active.size:
-        it = p[ptr[active]]
+        k = ptr[active]
         m = nodes[active]
-        c, ln = costs[it], lengths[it]
-        fits = (room2[m] >= c[:, None] - tol) & (troom2[m] >= ln[:, None])
-        score = np.where(fits, room2[m] - c[:, None], np.inf)
+        c, ln, ow = c_all[k], l_all[k], own_all[k]
+        r2 = room2[m]
+        fits = (r2 >= (c - tol)[:, None]) & (troom2[m] >= ln[:, None])
+        score = np.where(fits, r2 - c[:, None], np.inf)
         # its own rank first: a sample that fits back where it was does not move
-        own = origin[it] // rpn == m
-        mine = fits[np.flatnonzero(own), origin[it][own] % rpn]
-        score[np.flatnonzero(own)[mine], origin[it][own][mine] % rpn] = -1.0
+        rows = np.flatnonzero(ow >= 0)
+        back = rows[fits[rows, ow[rows]]]
+        score[back, ow[back]] = -1.0
         j = np.argmin(score, axis=1)
-        ok = fits.any(axis=1)
+        ok = score[np.arange(j.size), j] < np.inf
+        it = p[k]
         to = m[ok] * rpn + j[ok]
         dest[it[ok]] = to
         room[to] -= c[ok]
         token_room[to] -= ln[ok]
-        unplaced.append(it[~ok])
+        if not ok.all():
+            unplaced.append(it[~ok])
         ptr[active] += 1
         active = active[ptr[active] < end[active]]
-    return np.concatenate(unplaced)
+    return np.concatenate(unplaced) if unplaced else np.zeros(0, dtype=np.int64)
+
+
+def _rank_members(
+    dest: IntArray, pos: IntArray, nodes: IntArray, rpn: int, num_ranks: int
+) -> tuple[IntArray, IntArray]:
+    """Samples on the ranks of `nodes`, by rank, smallest first, and where each rank's segment starts."""
+    wanted = np.zeros(num_ranks // rpn, dtype=bool)
+    wanted[nodes] = True
+    idx = np.flatnonzero((dest >= 0) & wanted[np.maximum(dest, 0) // rpn])
+    by_rank = idx[np.argsort(dest[idx] * max(pos.size, 1) - pos[idx])]
+    return by_rank, np.searchsorted(dest[by_rank], np.arange(num_ranks + 1))
 
 
 def _displace(
     items: IntArray, node_of: IntArray, rpn: int, costs: FloatArray, lengths: IntArray,
-    room: FloatArray, token_room: FloatArray, dest: IntArray,
+    room: FloatArray, token_room: FloatArray, dest: IntArray, pos: IntArray,
+    members_of: tuple[IntArray, IntArray],
 ) -> IntArray:  # fmt: skip
     """Put each item on the roomiest rank of its node, giving up that rank's smallest samples until it fits.
 
     Returns the samples given up (each smaller than the item that took its place), to re-pack.
-    Items that cannot fit even on an emptied rank are returned unplaced.
+    Items that cannot fit even on an emptied rank are returned unplaced. A rank's members come from
+    one sort of dest (members_of, _rank_members) before the first call: samples placed since are
+    left out (fewer choices, never a wrong one), and samples no longer on the rank are skipped by
+    checking that dest still names it.
     """
-    bumped: list[int] = []
-    for i in items[np.argsort(-costs[items], kind="stable")].tolist():
-        lo = int(node_of[i]) * rpn
-        t = lo + int(np.argmax(room[lo : lo + rpn]))
-        members = np.flatnonzero(dest == t)
-        members = members[(costs[members] < costs[i]) & (members != i)]
-        members = members[np.lexsort((members, costs[members]))]
-        free = np.cumsum(costs[members]) + room[t]
-        tfree = np.cumsum(lengths[members]) + token_room[t]
-        if (room[t] < costs[i] or token_room[t] < lengths[i]) and (
-            members.size == 0 or not (free[-1] >= costs[i] and tfree[-1] >= lengths[i])
-        ):
-            bumped.append(i)
-            continue
-        k = 0
-        while room[t] < costs[i] or token_room[t] < lengths[i]:
-            j = int(members[k])
-            dest[j] = -1
-            room[t] += costs[j]
-            token_room[t] += lengths[j]
-            bumped.append(j)
-            k += 1
-        dest[i] = t
-        room[t] -= costs[i]
-        token_room[t] -= lengths[i]
-    return np.array(bumped, dtype=np.int64)
+    if items.size == 0:
+        return items
+    by_rank, bounds = members_of
+    # nodes never share a rank: per round every node places its largest pending item, all nodes at once
+    o = np.argsort(node_of[items] * max(pos.size, 1) + pos[items])
+    p, g = items[o], node_of[items][o]
+    first = _segment_first(g)
+    ptr = first.copy()
+    end = np.append(first[1:], p.size)
+    room2 = room.reshape(-1, rpn)
+    active = np.arange(first.size)
+    bumped: list[IntArray] = []
+    while active.size:
+        it = p[ptr[active]]
+        t = g[first[active]] * rpn + np.argmax(room2[g[first[active]]], axis=1)
+        c_it, l_it = costs[it], lengths[it]
+        size = bounds[t + 1] - bounds[t]
+        seg = np.repeat(np.arange(active.size), size)
+        offset = np.arange(seg.size) - np.repeat(np.cumsum(size) - size, size)
+        mem = by_rank[np.repeat(bounds[t], size) + offset]
+        ok = (dest[mem] == t[seg]) & (costs[mem] < c_it[seg]) & (mem != it[seg])
+        mem, seg = mem[ok], seg[ok]
+        starts = np.repeat(_segment_first(seg), np.diff(np.append(_segment_first(seg), seg.size)))
+        cs = np.cumsum(costs[mem])
+        ts = np.cumsum(lengths[mem])
+        free = cs - (cs[starts] - costs[mem[starts]]) + room[t][seg] if mem.size else cs
+        tfree = ts - (ts[starts] - lengths[mem[starts]]) + token_room[t][seg] if mem.size else ts
+        need = (free >= c_it[seg]) & (tfree >= l_it[seg])
+        fits_now = (room[t] >= c_it) & (token_room[t] >= l_it)
+        k = np.full(active.size, -1, dtype=np.int64)  # members to give up: those before index k
+        hit = np.flatnonzero(need)
+        if hit.size:
+            firsts = hit[_segment_first(seg[hit])]
+            k[seg[firsts]] = firsts - starts[firsts] + 1
+        k[fits_now] = 0
+        placed = k >= 0
+        give_up = ((np.arange(seg.size) - starts) < k[seg]) & placed[seg]
+        out, out_rank = mem[give_up], t[seg[give_up]]
+        if out.size:
+            dest[out] = -1
+            np.add.at(room, out_rank, costs[out])
+            np.add.at(token_room, out_rank, lengths[out])
+            bumped.append(out)
+        ip, tp = it[placed], t[placed]
+        dest[ip] = tp
+        room[tp] -= costs[ip]
+        token_room[tp] -= lengths[ip]
+        bumped.append(it[~placed])
+        ptr[active] += 1
+        active = active[ptr[active] < end[active]]
+    return np.concatenate(bumped) if bumped else np.zeros(0, dtype=np.int64)
 
 
-def _orch_at_cap(ph: PhaseArrays, cap: float, node_cap: float) -> IntArray:
-    n, num_ranks, rpn, num_nodes = ph.n, ph.num_ranks, ph.ranks_per_node, ph.num_nodes
+def _to_nodes(ph: PhaseArrays, node_cap: float, evictable: np.ndarray, pos: IntArray) -> tuple[np.ndarray, IntArray]:
+    """Node-level balance: only a node's excess over node_cap leaves it, to nodes with room.
+
+    Returns (the samples that stay on their node, every sample's node).
+    """
+    rpn, num_nodes = ph.ranks_per_node, ph.num_nodes
+    costs, lengths = ph.costs, ph.lengths
+    max_tokens = float(ph.spec.max_tokens) if ph.spec.max_tokens is not None else np.inf
+    node = ph.origin // rpn
+    at_home = _evict(costs, lengths, node, num_nodes, node_cap, rpn * max_tokens, evictable, pos)
+    node_of = node.copy()
+    room_n = node_cap - np.bincount(node[at_home], weights=costs[at_home], minlength=num_nodes)
+    troom_n = rpn * max_tokens - np.bincount(node[at_home], weights=lengths[at_home], minlength=num_nodes)
+    out = np.flatnonzero(~at_home)
+    left = _match(out, pos, costs, lengths, room_n, troom_n, node_of)
+    _place_leftovers(left, np.zeros(ph.n, dtype=np.int64), num_nodes, costs, lengths, room_n, troom_n, node_of)
+    return at_home, node_of
+
+
+def _orch_at_cap(ph: PhaseArrays, cap: float, node_cap: float, pos: IntArray, target: float | None = None) -> IntArray:
+    num_ranks, rpn = ph.num_ranks, ph.ranks_per_node
     costs, lengths, origin = ph.costs, ph.lengths, ph.origin
     dest = origin.copy()
     max_tokens = float(ph.spec.max_tokens) if ph.spec.max_tokens is not None else np.inf
@@ -276,35 +351,28 @@ def _orch_at_cap(ph: PhaseArrays, cap: float, node_cap: float) -> IntArray:
     evictable = costs <= cap - loads0.min() + 1e-9 * cap
 
     # 1. nodes: only a node's excess over node_cap leaves it, to nodes with room
-    node = origin // rpn
-    at_home = _evict(costs, lengths, node, num_nodes, node_cap, rpn * max_tokens, evictable)
-    node_of = node.copy()
-    room_n = node_cap - np.bincount(node[at_home], weights=costs[at_home], minlength=num_nodes)
-    troom_n = rpn * max_tokens - np.bincount(node[at_home], weights=lengths[at_home], minlength=num_nodes)
-    out = np.flatnonzero(~at_home)
-    zeros_n = np.zeros(num_nodes, dtype=np.int64)
-    left = _match(out, np.zeros(out.size, dtype=np.int64), zeros_n, costs, lengths, room_n, troom_n, node_of)
-    _place_leftovers(left, np.zeros(n, dtype=np.int64), num_nodes, costs, lengths, room_n, troom_n, node_of)
+    at_home, node_of = _to_nodes(ph, node_cap, evictable, pos)
 
     # 2. ranks inside each node: samples stay on their rank unless it is over the cap
     home = np.where(at_home, origin, -1)
-    kept = _keep_prefix(costs, lengths, home, num_ranks, cap, max_tokens)
+    kept = _keep_prefix(costs, lengths, home, cap, max_tokens, pos)
     room = cap - np.bincount(origin[kept], weights=costs[kept], minlength=num_ranks)
     token_room = max_tokens - np.bincount(origin[kept], weights=lengths[kept], minlength=num_ranks)
     items = np.flatnonzero(~kept)
-    left = _best_fit_in_nodes(items, node_of, origin, rpn, costs, lengths, room, token_room, dest)
+    dest[items] = -1  # not on any rank until placed (rank membership below reads dest)
+    left = _best_fit_in_nodes(items, node_of, origin, rpn, costs, lengths, room, token_room, dest, pos)
+    members_of = _rank_members(dest, pos, np.unique(node_of[left]), rpn, num_ranks) if left.size else None
     for _ in range(4):  # a sample no rank of its node has room for displaces smaller ones, which then re-pack
-        if left.size == 0:
+        if left.size == 0 or members_of is None:
             break
-        bumped = _displace(left, node_of, rpn, costs, lengths, room, token_room, dest)
-        left = _best_fit_in_nodes(bumped, node_of, origin, rpn, costs, lengths, room, token_room, dest)
+        bumped = _displace(left, node_of, rpn, costs, lengths, room, token_room, dest, pos, members_of)
+        left = _best_fit_in_nodes(bumped, node_of, origin, rpn, costs, lengths, room, token_room, dest, pos)
     # 3. what the node could not absorb goes to any rank with room
-    zeros_r = np.zeros(num_ranks, dtype=np.int64)
-    left = _match(left, np.zeros(left.size, dtype=np.int64), zeros_r, costs, lengths, room, token_room, dest)
+    left = _match(left, pos, costs, lengths, room, token_room, dest)
     _place_leftovers(left, node_of, rpn, costs, lengths, room, token_room, dest)
     # 4. local search on the max rank
     tokens = None if ph.spec.max_tokens is None else ph.spec.max_tokens
-    return improve(costs, dest, num_ranks, rpn, cap, lengths=lengths, cap=tokens)
+    return improve(costs, dest, num_ranks, rpn, cap if target is None else target, lengths=lengths, cap=tokens)
 
 
 def _max_cost(ph: PhaseArrays, dest: IntArray) -> float:
@@ -315,31 +383,46 @@ def orch_unpadded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
     """Cap = bound × (1 + slack); a node keeps up to R × (mean + half the way to the cap), so its ranks
     have room to pack what it keeps.
 
-    When the bound is out of reach (few coarse samples per rank), the max is checked against LPT
-    (exact up to EXACT_LPT_SAMPLES samples, by rounds above): a second pass runs at the better of the
-    two, and if it still falls short, LPT's own buckets are placed on ranks topology-aware instead.
+    When the bound is out of reach (few coarse samples per rank), the best global heuristic sets the
+    cap instead: M = the better of what was reached and LPT (exact up to EXACT_LPT_SAMPLES samples, by
+    rounds above). If the first pass reached M, it stands. Else a second pass runs against
+    M × (1 + slack), so nodes keep their samples up to that cap, and its local search then tries to
+    bring the max down to M; it is kept when its max is at most M × (1 + slack). Else the best of the
+    passes and LPT's own buckets (placed on ranks topology-aware) is kept. Either way the max is at
+    most LPT's × (1 + slack).
     """
     if ph.n == 0:
         return ph.origin.copy()
     lb = lower_bound(ph)
     mean = float(ph.costs.sum()) / ph.num_ranks
     rpn = ph.ranks_per_node
+    largest = desc_order(ph.lengths)  # cost is non-decreasing in length: one sort per phase
+    pos = np.empty(ph.n, dtype=np.int64)
+    pos[largest] = np.arange(ph.n)
+    # the same order by cost, ties by index, when cost strictly increases with length
+    by_cost = largest if ph.spec.linear > 0 or ph.spec.quadratic > 0 else None
     cap = lb * (1 + slack)
-    dest = _orch_at_cap(ph, cap, rpn * (mean + 0.5 * (cap - mean)))
+    dest = _orch_at_cap(ph, cap, rpn * (mean + 0.5 * (cap - mean)), pos)
     reached = _max_cost(ph, dest)
     if reached <= cap * (1 + 1e-9):
         return dest
     tokens = ph.spec.max_tokens
     try:
-        ref = lpt(ph.costs, ph.num_ranks, ph.lengths, tokens) if ph.n <= EXACT_LPT_SAMPLES else None
+        ref = lpt(ph.costs, ph.num_ranks, ph.lengths, tokens, order=by_cost) if ph.n <= EXACT_LPT_SAMPLES else None
     except InfeasibleError:
         ref = None
     if ref is None and tokens is None:
         ref = lpt_rounds(ph.costs, ph.num_ranks)
     ref_max = _max_cost(ph, ref) if ref is not None else np.inf
+    if reached <= ref_max * (1 + 1e-9):  # the first pass already matches the best heuristic
+        return dest
     target = min(reached, ref_max)
-    again = _orch_at_cap(ph, target, rpn * mean * (1 + (target / lb - 1) / 3))
-    candidates = [(reached, 1, dest), (_max_cost(ph, again), 0, again)]
+    loose = target * (1 + slack)
+    again = _orch_at_cap(ph, loose, rpn * (mean + 0.5 * (loose - mean)), pos, target=target)
+    again_max = _max_cost(ph, again)
+    if again_max <= loose * (1 + 1e-9):
+        return again
+    candidates = [(reached, 1, dest), (again_max, 0, again)]
     if ref is not None and min(c[0] for c in candidates) > ref_max * (1 + 1e-9):
         from orch.planner.balance.paper import runs_to_nodes_greedy
 
@@ -379,59 +462,95 @@ def match_runs_to_ranks(run: IntArray, run_node: IntArray, ph: PhaseArrays) -> I
     return s_node * rpn + rank_of_local[s_node, local[run]]
 
 
-def orch_padded(ph: PhaseArrays) -> IntArray:
-    """Runs at the exact optimal cap, each with as many places as the cap allows, each on the node that
-    holds most of its bytes; then every sample, longest first, takes a free place on its own node led by
-    a sample at least as long, else any such place (samples of equal length trade places to stay home)."""
-    n, rpn, num_nodes = ph.n, ph.ranks_per_node, ph.num_nodes
+def orch_padded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
+    """Padded phase: any assignment whose every rank has samples × cost(longest) <= C is balanced at C.
+
+    C <= the optimal padded cost × (1 + slack) (padded.near_optimal_cap). Node first: each node packs
+    its own samples into greedy runs at C (padded.node_runs) and keeps its fullest runs, at most R,
+    whose fill (own costs / C) is at least θ; everything else forms a pool, packed by the global greedy
+    runs onto the ranks left free. θ is the smallest of a few fill quantiles for which the pool fits
+    (θ above every fill keeps nothing: the global runs, always feasible). Pool runs go to the nodes
+    with free ranks by bytes; each node's runs are then matched to its ranks.
+    """
+    n, num_ranks, rpn, num_nodes = ph.n, ph.num_ranks, ph.ranks_per_node, ph.num_nodes
     if n == 0:
         return ph.origin.copy()
-    costs, lengths = ph.costs, ph.lengths
-    order = np.lexsort((np.arange(n), -lengths))
-    best = optimal_cap(costs[order], lengths[order], ph.num_ranks, ph.spec.max_tokens)
-    run_desc = padded_runs(costs[order], lengths[order], ph.num_ranks, ph.spec.max_tokens, cap=best)
-    starts = np.flatnonzero(np.concatenate([[True], run_desc[1:] != run_desc[:-1]]))
-    node_desc = ph.origin[order] // rpn
-    runs = np.empty(n, dtype=np.int64)
-    runs[order] = run_desc
-    from orch.planner.balance.paper import runs_to_nodes_greedy
+    costs, lengths, tokens = ph.costs, ph.lengths, ph.spec.max_tokens
+    node = ph.origin // rpn
+    # longest first; equal lengths grouped by node, so that consecutive pool runs gather one node's samples
+    gd = desc_order(lengths * num_nodes + (num_nodes - 1 - node))
+    c_d, l_d = costs[gd], lengths[gd]
+    cap = near_optimal_cap(c_d, l_d, num_ranks, tokens, slack)
+    local, local_node, fill = node_runs(costs, lengths, node, num_nodes, cap, tokens)
+    by_fill = np.lexsort((np.arange(fill.size), -fill, local_node))  # per node, fullest first
+    rank_in_node = np.empty(fill.size, dtype=np.int64)
+    first = np.searchsorted(local_node[by_fill], local_node[by_fill], side="left")
+    rank_in_node[by_fill] = np.arange(fill.size) - first
+    local_d = local[gd]
+    steps = step_limits(l_d, tokens, n)
 
-    run_node = runs_to_nodes_greedy(runs, ph)  # a run on the node that holds most of its bytes
-    leader = lengths[order][starts]
-    places = run_capacity(costs[order][starts], leader, best, ph.spec.max_tokens)
-    # every place of every run, longest leader first; samples longest first, each to a free place of
-    # its own node led by a sample at least as long, else to any such place. Longest first keeps
-    # every choice feasible: a place one sample may take, every later (shorter) one may take too.
-    slot_run = np.repeat(np.arange(starts.size), places).tolist()
-    slot_node = run_node[np.repeat(np.arange(starts.size), places)].tolist()
-    slot_len = np.repeat(leader, places).tolist()
-    taken = [False] * len(slot_run)
-    own: list[list[int]] = [[] for _ in range(num_nodes)]
-    anywhere: list[int] = []
-    run_of_desc = [0] * n
-    nxt = 0
-    for i, (li, m) in enumerate(zip(lengths[order].tolist(), node_desc.tolist(), strict=True)):
-        while nxt < len(slot_len) and slot_len[nxt] >= li:
-            own[slot_node[nxt]].append(nxt)
-            anywhere.append(nxt)
-            nxt += 1
-        stack = own[m]
-        while stack and taken[stack[-1]]:
-            stack.pop()
-        if not stack:
-            stack = anywhere
-            while stack and taken[stack[-1]]:
-                stack.pop()
-        if not stack:  # cannot happen: the consecutive runs are such an assignment
-            break
-        k = stack.pop()
-        taken[k] = True
-        run_of_desc[i] = slot_run[k]
-    else:
-        run_of = np.empty(n, dtype=np.int64)
-        run_of[order] = run_of_desc
-        used = np.unique(run_of)
-        remap = np.full(starts.size, -1, dtype=np.int64)
-        remap[used] = np.arange(used.size)
-        return match_runs_to_ranks(remap[run_of], run_node[used], ph)
-    return match_runs_to_ranks(runs, runs_to_nodes_greedy(runs, ph), ph)
+    def attempt(theta: float) -> tuple[np.ndarray, np.ndarray, list[int]] | None:
+        # among a node's R fullest runs, those at least θ full stay
+        kept = (fill >= theta) & (rank_in_node < rpn)
+        pool = ~kept[local_d]
+        starts = greedy_starts(c_d[pool].tolist(), steps[pool].tolist(), cap, num_ranks - int(kept.sum()))
+        return None if starts is None else (kept, pool, starts)
+
+    thetas = np.unique(np.quantile(fill, np.linspace(0.0, 1.0, _THETA_LEVELS)))
+    lo, hi = 0, thetas.size
+    found = None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        got = attempt(float(thetas[mid]))
+        if got is None:
+            lo = mid + 1
+        else:
+            hi, found = mid, got
+    if found is None:
+        found = attempt(np.inf)  # keep nothing: the global greedy runs, feasible at C
+        assert found is not None
+    kept, pool, starts = found
+    kept_ids = np.flatnonzero(kept)
+    run_of = np.full(n, -1, dtype=np.int64)
+    remap = np.full(fill.size, -1, dtype=np.int64)
+    remap[kept_ids] = np.arange(kept_ids.size)
+    in_kept = kept[local]
+    run_of[in_kept] = remap[local[in_kept]]
+    run_node = local_node[kept_ids]
+    pool_idx = gd[pool]  # pool samples, longest first, in consecutive greedy runs
+    if pool_idx.size:
+        marks = np.zeros(pool_idx.size, dtype=np.int64)
+        marks[np.array(starts, dtype=np.int64)] = 1
+        pool_run = np.cumsum(marks) - 1
+        free_ranks = rpn - np.bincount(run_node, minlength=num_nodes)
+        pool_node = _runs_to_free_nodes(pool_run, node[pool_idx], ph.bytes[pool_idx], free_ranks, len(starts))
+        run_of[pool_idx] = kept_ids.size + pool_run
+        run_node = np.concatenate([run_node, pool_node])
+    return match_runs_to_ranks(run_of, run_node, ph)
+
+
+def _runs_to_free_nodes(
+    run: IntArray, node: IntArray, bytes_: IntArray, free_ranks: IntArray, num_runs: int
+) -> IntArray:
+    """Node of every run, at most free_ranks[m] on node m: each run to the node holding most of its bytes
+    while that node has ranks free (runs with more bytes there first), the rest to the free ranks left."""
+    num_nodes = free_ranks.size
+    key = run * num_nodes + node
+    uniq, inv = np.unique(key, return_inverse=True)
+    w = np.bincount(inv, weights=bytes_)
+    b, m = uniq // num_nodes, uniq % num_nodes  # by run, then node: each run's candidates are a segment
+    seg = _segment_first(b)
+    top = np.maximum.reduceat(w, seg) if seg.size else w
+    is_top = w == np.repeat(top, np.diff(np.append(seg, b.size)))
+    best = np.flatnonzero(is_top)[_segment_first(b[is_top])]  # per run its best node, ties the lowest
+    rb, rm, rw = b[best], m[best], w[best]
+    o = np.lexsort((rb, -rw, rm))  # per node, the runs that want it, most bytes first
+    rb, rm = rb[o], rm[o]
+    pos = np.arange(rb.size) - np.searchsorted(rm, rm, side="left")
+    ok = pos < free_ranks[rm]
+    out = np.full(num_runs, -1, dtype=np.int64)
+    out[rb[ok]] = rm[ok]
+    left = free_ranks - np.bincount(rm[ok], minlength=num_nodes)
+    rest = np.repeat(np.arange(num_nodes), np.maximum(left, 0))
+    out[out < 0] = rest[: int((out < 0).sum())]
+    return out
