@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench clean slurm-up slurm-down
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check planner runtime cli tests bench
 	$(BIN)/ruff format --check planner runtime cli tests bench
 	$(BIN)/mypy planner
+
+# A real single-machine Slurm cluster for tests/test_slurm_cluster.py (root, Debian 12; README.md "Slurm").
+slurm-up:
+	bash scripts/slurm-cluster.sh up
+
+slurm-down:
+	bash scripts/slurm-cluster.sh down
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_plan.py

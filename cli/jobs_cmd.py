@@ -1,9 +1,156 @@
-"""Placeholder: registered by cli/app.py, filled in by its issue."""
+"""`orch status/logs/cancel JOB` for Slurm jobs, and the Slurm side of `orch launch` (submit, dry run, --wait).
+
+The runtime (runtime/slurm.py) submits and reads states; this module only renders them.
+"""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import typer
+
+if TYPE_CHECKING:
+    from orch.planner.plan import Plan
+    from orch.planner.specs import DataSpec
+    from orch.runtime.executor import RunConfig
+    from orch.runtime.slurm import JobStatus
+    from orch.runtime.slurm_sbatch import SlurmOptions
+
+_POLL_S = 2.0
+
+
+def launch_slurm(
+    plan: Plan, data: DataSpec, cfg: RunConfig, opts: SlurmOptions, *, workdir: str, dry_run: bool, wait: bool
+) -> None:
+    """Called by `orch launch --executor slurm`: print the sbatch script (--dry-run) or submit."""
+    from orch.cli.output import console, print_json_text
+    from orch.runtime.slurm import build_executor_parameters, submit
+    from orch.runtime.slurm_sbatch import allocation
+
+    out = console()
+    nodes, per_node = allocation(plan)
+    params, script = build_executor_parameters(plan, opts, workdir)
+    summary = (
+        f"{plan.placement.value} plan: {plan.world_size} ranks on {nodes} node(s) x {per_node} task(s), "
+        f"modules {', '.join(f'{n}:{m.layout.tp}tp/{m.layout.dp}dp' for n, m in plan.modules.items())}; "
+        f"{cfg.steps} steps, {cfg.dtype}, time limit {params['time']} min"
+    )
+    if dry_run:
+        out.print(summary)
+        print_json_text(script)
+        out.print("dry run: nothing submitted")
+        return
+    record = submit(plan, data, cfg, opts, workdir=workdir)
+    out.print(summary)
+    out.print(f"submitted job [bold]{record.job_id}[/]; logs in {record.log_folder}, metrics in {record.workdir}")
+    typer.echo(record.job_id)
+    if wait:
+        final = _watch(record.job_id)
+        if final.state != "COMPLETED":
+            raise _job_failed(final)
+
+
+def _job_failed(status: JobStatus) -> Exception:
+    from orch.planner.errors import OrchError
+
+    if status.failure is not None:
+        f = status.failure
+        return OrchError(f"job {status.job_id} {status.state}: rank {f.rank} failed: {f.error} (log: {f.log})")
+    return OrchError(f"job {status.job_id} ended {status.state} (exit {status.exit_code}; logs: {status.log_folder})")
+
+
+def _line(status: JobStatus) -> str:
+    step = "-" if status.step is None else str(status.step)
+    loss = "-" if status.loss is None else f"{status.loss:.6f}"
+    return f"job {status.job_id}  {status.state:<10} elapsed {status.elapsed or '-':<9} step {step:<5} loss {loss}"
+
+
+def _watch(job_id: str) -> JobStatus:
+    """A live line (state, elapsed, latest step/loss) until the job reaches a terminal state."""
+    from rich.live import Live
+
+    from orch.cli.output import console
+    from orch.runtime.slurm import job_status
+
+    status = job_status(job_id)
+    with Live(_line(status), console=console(), refresh_per_second=2, transient=False) as live:
+        while not status.done:
+            time.sleep(_POLL_S)
+            status = job_status(job_id)
+            live.update(_line(status))
+    return status
+
+
+def status(
+    job_id: str = typer.Argument(..., metavar="JOB", help="Slurm job id printed by `orch launch`."),
+    json_out: bool = typer.Option(False, "--json", help="Print the status as JSON on stdout."),
+) -> None:
+    """State, elapsed time, latest step/loss and, for a failed job, the failing rank, its error and log."""
+    from orch.cli.output import console, print_json
+    from orch.runtime.slurm import job_status
+
+    st = job_status(job_id)
+    if json_out:
+        print_json(st)
+        return
+    out = console()
+    out.print(_line(st))
+    out.print(f"workdir {st.workdir}  logs {st.log_folder}")
+    if st.failure is not None:
+        out.print(f"[red]rank {st.failure.rank} failed[/]: {st.failure.error}")
+        out.print(f"log: {st.failure.log}")
+
+
+def logs(
+    job_id: str = typer.Argument(..., metavar="JOB"),
+    rank: int = typer.Option(0, "--rank", help="Task (global rank) whose log to print."),
+    err: bool = typer.Option(
+        False, "--err", help="The rank's stderr (tracebacks) instead of its stdout (submitit's log)."
+    ),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
+) -> None:
+    """Print a rank's log (submitit's WORKDIR/slurm/JOB/JOB_RANK_log.err|out) on stdout."""
+    import sys
+
+    from orch.planner.errors import OrchError
+    from orch.runtime.slurm import job_status, load_record, log_path
+
+    record = load_record(job_id)
+    if not 0 <= rank < record.world_size:
+        raise OrchError(f"--rank {rank}: the job has ranks 0..{record.world_size - 1}")
+    path = log_path(record, rank, "err" if err else "out")
+    offset = 0
+    while True:
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            offset += len(chunk)
+            sys.stdout.write(chunk.decode(errors="replace"))
+            sys.stdout.flush()
+        elif not follow:
+            raise OrchError(f"{path}: no log yet (job {job_id} may still be pending)")
+        if not follow or (job_status(job_id).done and _settled(path, offset)):
+            return
+        time.sleep(_POLL_S)
+
+
+def _settled(path: Path, offset: int) -> bool:
+    return not path.exists() or path.stat().st_size <= offset
+
+
+def cancel(job_id: str = typer.Argument(..., metavar="JOB")) -> None:
+    """Cancel the job (scancel)."""
+    from orch.cli.output import console
+    from orch.runtime.slurm import cancel as cancel_job
+
+    cancel_job(job_id)
+    console().print(f"cancel requested for job {job_id}")
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command()(status)
+    app.command()(logs)
+    app.command()(cancel)

@@ -1,4 +1,4 @@
-"""`orch launch`: run a plan for real (local gloo processes today; Slurm through the same executor later).
+"""`orch launch`: run a plan for real (local gloo processes, or Slurm through submitit: cli/jobs_cmd.py).
 
 torch and the runtime are imported inside the command so `orch --help` stays fast.
 """
@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import typer
 
-EXECUTORS = ("local",)
+EXECUTORS = ("local", "slurm")
 DTYPES = ("float32", "bfloat16", "float64")
+BALANCE = ("orch", "paper", "lpt", "none")  # post-balancing modes (runtime/orchestrator.py)
 
 
 def launch(
@@ -27,6 +28,18 @@ def launch(
     resume: bool = typer.Option(
         True, "--resume/--no-resume", help="Continue from WORKDIR's newest complete checkpoint, if any."
     ),
+    balance: str = typer.Option(
+        "orch", "--balance", help=f"Post-balance samples across DP ranks every step: one of {', '.join(BALANCE)}."
+    ),
+    partition: str | None = typer.Option(None, "--partition", help="Slurm partition (--executor slurm)."),
+    account: str | None = typer.Option(None, "--account", help="Slurm account (--executor slurm)."),
+    qos: str | None = typer.Option(None, "--qos", help="Slurm QOS (--executor slurm)."),
+    time_limit: str = typer.Option("4:00:00", "--time", help="Slurm time limit, e.g. 4:00:00 (--executor slurm)."),
+    setup: str | None = typer.Option(
+        None, "--setup", help="Setup file rendered into the sbatch script (default: templates/slurm/default-setup.sh)."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the sbatch script and plan summary; submit nothing."),
+    wait: bool = typer.Option(False, "--wait", help="Follow the Slurm job until it ends; non-zero exit if it fails."),
 ) -> None:
     """Run PLAN up to step --steps and write one metrics line per step to WORKDIR/metrics.jsonl."""
     from pathlib import Path
@@ -40,6 +53,8 @@ def launch(
         raise SpecError("--executor", "", f"expected one of {', '.join(EXECUTORS)}, got '{executor}'")
     if dtype not in DTYPES:
         raise SpecError("--dtype", "", f"expected one of {', '.join(DTYPES)}, got '{dtype}'")
+    if balance not in BALANCE:
+        raise SpecError("--balance", "", f"expected one of {', '.join(BALANCE)}, got '{balance}'")
     if steps <= 0:
         raise SpecError("--steps", "", f"expected a positive step count, got {steps}")
     if checkpoint_every < 0:
@@ -55,7 +70,22 @@ def launch(
     from orch.runtime.local import run_local
 
     check_supported(plan)
-    cfg = RunConfig(steps=steps, seed=seed, dtype=dtype, trace=trace, checkpoint_every=checkpoint_every, resume=resume)
+    cfg = RunConfig(
+        steps=steps,
+        seed=seed,
+        dtype=dtype,
+        trace=trace,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        balance=balance,
+    )
+    if executor == "slurm":
+        from orch.cli.jobs_cmd import launch_slurm
+        from orch.runtime.slurm_sbatch import SlurmOptions
+
+        opts = SlurmOptions(partition=partition, account=account, qos=qos, time=time_limit, setup=setup)
+        launch_slurm(plan, data_spec, cfg, opts, workdir=workdir, dry_run=dry_run, wait=wait)
+        return
     out = console()
     out.print(f"launching {plan.placement} plan on {world} local processes ({dtype}, seed {seed})")
     records = run_local(plan, data_spec, cfg, nproc=world, workdir=workdir)

@@ -43,21 +43,28 @@ class Boundary:
         if self.edge.transport == Transport.P2P and shared:
             raise ValueError(f"edge {self.edge.src}->{self.edge.dst}: p2p but ranks {sorted(shared)[:3]} are shared")
 
-    def route(self, batch: GlobalBatch) -> Route:
-        """This step's table: each sample from its encoder DP index to its LLM DP index."""
+    def route(self, batch: GlobalBatch, table: RouteTable | None = None) -> Route:
+        """This step's table: each sample from its encoder DP index to its LLM DP index.
+
+        Without `table`, the unbalanced one (initial placement on both sides); the orchestrator
+        passes its composed table (runtime/orchestrator.py, StepTables.boundary_table).
+        """
         n = batch.size
-        table = RouteTable.build(
-            [initial_dp_index(i, self.src.dp) for i in range(n)],
-            [initial_dp_index(i, self.dst.dp) for i in range(n)],
-            self.src.dp,
-            self.dst.dp,
-        )
+        if table is None:
+            table = RouteTable.build(
+                [initial_dp_index(i, self.src.dp) for i in range(n)],
+                [initial_dp_index(i, self.dst.dp) for i in range(n)],
+                self.src.dp,
+                self.dst.dp,
+            )
         rows = tuple(batch.projected(self.edge.src, i) for i in range(n))
         return Route(table, self.src, self.dst, rows, src_stage=self.src.pp - 1, dst_stage=0)
 
-    def forward(self, x: torch.Tensor, batch: GlobalBatch, rank: int, world: int) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, batch: GlobalBatch, rank: int, world: int, table: RouteTable | None = None
+    ) -> torch.Tensor:
         """Autograd-aware move of this rank's encoder rows (ascending sample ids) into the LLM layout."""
         if not x.requires_grad:
             # The backward is a collective every rank must join: give it a graph node on every rank.
             x = x.detach().requires_grad_()
-        return routed(x, self.route(batch), rank, world)
+        return routed(x, self.route(batch, table), rank, world)

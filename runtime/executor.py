@@ -9,6 +9,13 @@ same phases, each island idle in the other's):
 
 then gradient sync (sum over each module's DP group; the loss is already divided by the global
 label-token count) and an optimizer step per module.
+
+Post-balancing (`RunConfig.balance`, runtime/orchestrator.py): before phase 1 the orchestrator
+gives this step's tables (prefetched on a CPU thread during the previous step); each encoder's
+input features move from their origin to the encoder's balanced DP index (one all_to_all_single
+per encoder), the text tokens move to the LLM's balanced DP index, and the boundary move uses the
+composed table Π_llm ∘ B ∘ Π_enc⁻¹. With `balance="none"` nothing moves before phase 1 and the
+boundary table is the unbalanced one: exactly the step without the orchestrator.
 TODO(runtime): PP, CP, EP, graph-aware 1F1B for disaggregated plans.
 """
 
@@ -22,15 +29,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from orch.planner.balance.batch import Mode
 from orch.planner.errors import OrchError
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
 from orch.runtime.boundary import Boundary
 from orch.runtime.compute import build_optimizer, encode, text_loss
-from orch.runtime.data import GlobalBatch, Sample, encoder_order, initial_dp_index
+from orch.runtime.data import GlobalBatch, Sample, encoder_order
 from orch.runtime.grid import Grid, build_grids, build_meshes
-from orch.runtime.model import build_model
+from orch.runtime.model import AUDIO_STEM_STRIDE, build_model, encoder_modality
+from orch.runtime.orchestrator import Orchestrator, StepTables
 from orch.runtime.parallelize import apply_tp
+from orch.runtime.transport import Route, move
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,8 @@ class RunConfig:
     trace: str | None = None  # write a Chrome trace of the measured phases here (runtime/trace.py)
     checkpoint_every: int = 0  # save a checkpoint every this many steps (0: never; runtime/checkpoint.py)
     resume: bool = True  # continue from the newest complete checkpoint of the workdir, if any
+    balance: str = "none"  # post-balancing mode: orch | paper | lpt | none (runtime/orchestrator.py)
+    count_tokens: bool = False  # record tokens per sample and phase (StepMetrics.processed; tests)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -61,6 +73,8 @@ class StepMetrics:
     spans: list[tuple[str, str, float, float]] = field(
         default_factory=list
     )  # (module, phase, start, end), perf_counter
+    balance: dict[str, object] = field(default_factory=dict)  # per phase costs and bytes, dispatcher seconds
+    processed: dict[str, dict[int, int]] = field(default_factory=dict)  # module -> sample id -> tokens (DP leaders)
 
 
 class UnsupportedPlan(OrchError):
@@ -99,11 +113,53 @@ class Executor:
         self.boundaries = {
             e: Boundary(edges[e], self.grids[e], self.grids[self.model.llm_name]) for e in self.model.encoder_names
         }
+        self.orch = Orchestrator(plan, self.grids, cfg.balance, torch.finfo(cfg.torch_dtype).bits // 8)
 
-    def _held(self, name: str, batch: GlobalBatch) -> list[int]:
+    def _held(self, name: str, tables: StepTables, *, origin: bool = False) -> list[int]:
         c = self.grids[name].coord(self.rank)
         assert c is not None
-        return [i for i in range(batch.size) if initial_dp_index(i, self.grids[name].dp) == c.dp]
+        where = tables.origin[name] if origin else tables.dest[name]
+        return [i for i, d in enumerate(where) if d == c.dp]
+
+    def _inputs(self, name: str, batch: GlobalBatch, tables: StepTables, dtype: torch.dtype) -> list[Sample]:
+        """The samples this rank runs for `name` (ascending ids), their inputs moved from their origin.
+
+        Unbalanced: built locally (today's step). Balanced: every world rank joins one
+        all_to_all_single per module (encoder features; the LLM's text and label ids).
+        """
+        serves = name in self.modules
+        if self.orch.mode == Mode.NONE:
+            return [batch.sample(i, dtype) for i in self._held(name, tables)] if serves else []
+        grid, llm = self.grids[name], name == self.model.llm_name
+        if llm:
+            rows = batch.text_tokens
+            width, pack_dtype = 2, torch.int64
+        else:
+            audio = encoder_modality(name, self.model.modules[name]) == "audio"
+            rows = tuple(t[name] * (AUDIO_STEM_STRIDE if audio else 1) for t in batch.enc_tokens)
+            width, pack_dtype = self.model.modules[name].input_dim or 1, dtype
+        x = torch.zeros(0, width, dtype=pack_dtype)
+        if serves:
+            here = [batch.sample(i, dtype) for i in self._held(name, tables, origin=True)]
+            parts = [torch.stack([s.text, s.labels], 1) if llm else s.feats[name] for s in here]
+            x = torch.cat(parts) if parts else x
+        y = move(x, Route(tables.input_table(name), grid, grid, tuple(rows)), self.rank, self.world)
+        if not serves:
+            return []
+        ids = self._held(name, tables)
+        empty = torch.zeros(0, dtype=torch.int64)
+        out = []
+        for i, part in zip(ids, y.split([rows[i] for i in ids]), strict=True):
+            out.append(Sample(i, {}, part[:, 0], part[:, 1]) if llm else Sample(i, {name: part}, empty, empty))
+        return out
+
+    def _count(self, processed: dict[str, dict[int, int]], name: str, counts: dict[int, int]) -> None:
+        """Token-count hook: tokens each sample brought into `name` on this rank (DP leaders only)."""
+        c = self.grids[name].coord(self.rank)
+        if self.cfg.count_tokens and c is not None and c.tp == 0 and c.cp == 0:
+            mine = processed.setdefault(name, {})
+            for sid, n in counts.items():
+                mine[sid] = mine.get(sid, 0) + n
 
     def _chunks(self, name: str, items: list[Sample]) -> list[list[Sample]]:
         n = min(self.plan.modules[name].num_micro_batches, max(1, len(items)))
@@ -123,21 +179,39 @@ class Executor:
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
 
-        # Phase 1: encoder forwards, then the boundary moves.
+        # Phase 0: this step's tables (prefetched during the last step), then announce the next step's.
         t = time.perf_counter()
+        tables = self.orch.tables(batch, self.rank, self.world)
+        if k + 1 < self.cfg.steps:
+            self.orch.prefetch(GlobalBatch.build(self.model, self.data, self.cfg.seed, k + 1), self.rank, self.world)
+        balanced = self.orch.mode != Mode.NONE
+        processed: dict[str, dict[int, int]] = {}
+        now = time.perf_counter()
+        phases["dispatch"] = now - t
+        t = now
+
+        # Phase 1: encoder forwards (inputs moved to their balanced ranks), then the boundary moves.
         moved: dict[str, torch.Tensor] = {}
+        outs: dict[str, torch.Tensor] = {}
         for e in encoder_order(self.model):
+            samples = self._inputs(e, batch, tables, dtype)
+            now = time.perf_counter()
+            phases[f"{e}.route"] = now - t
+            t = now
             if e in self.modules:
-                samples = [batch.sample(i, dtype) for i in self._held(e, batch)]
+                fpt = 2 if getattr(self.modules[e], "is_audio", False) else 1
+                self._count(processed, e, {s.id: s.feats[e].shape[0] // fpt for s in samples})
                 out = torch.cat([encode(self.modules[e], e, c, dtype) for c in self._chunks(e, samples)])
             else:
                 out = torch.zeros(0, width, dtype=dtype)
+            outs[e] = out
             now = time.perf_counter()
             phases[f"{e}.fwd"] = now - t
             if e in self.modules:
                 spans.append((e, "forward", t, now))
             t = now
-            moved[e] = self.boundaries[e].forward(out, batch, self.rank, self.world)
+            table = tables.boundary_table(e) if balanced else None
+            moved[e] = self.boundaries[e].forward(out, batch, self.rank, self.world, table)
             now = time.perf_counter()
             phases[f"{e}.boundary"] = now - t
             spans.append((e, "boundary", t, now))
@@ -146,14 +220,20 @@ class Executor:
         # Phase 2: the LLM over micro-batches; boundary activations are leaves that collect gradients.
         leaves = {e: moved[e].detach().requires_grad_() for e in moved}
         loss_sum = torch.zeros((), dtype=torch.float64)
+        texts = self._inputs(llm_name, batch, tables, dtype)
+        now = time.perf_counter()
+        phases[f"{llm_name}.route"] = now - t
+        t = now
         if llm_name in self.modules:
-            ids = self._held(llm_name, batch)
+            ids = self._held(llm_name, tables)
             rows = {e: leaves[e].split([batch.projected(e, i) for i in ids]) for e in leaves}
             pos = {sid: j for j, sid in enumerate(ids)}
-            for chunk in self._chunks(llm_name, [batch.sample(i, dtype) for i in ids]):
+            for chunk in self._chunks(llm_name, texts):
                 if not chunk:
                     continue
                 prefixes = [torch.cat([rows[e][pos[s.id]] for e in encoder_order(self.model)]) for s in chunk]
+                lens = {s.id: p.shape[0] + s.text.shape[0] for s, p in zip(chunk, prefixes, strict=True)}
+                self._count(processed, llm_name, lens)
                 loss = text_loss(self.modules[llm_name], prefixes, chunk, batch.label_tokens)
                 loss.backward()
                 loss_sum += loss.detach().to(torch.float64)
@@ -162,11 +242,18 @@ class Executor:
         t = time.perf_counter()
 
         # Phase 3: boundary backwards and encoder backwards, one edge at a time (a fixed collective order).
+        # A hook on the encoder output marks where the boundary backward ends and the encoder's begins.
         for e in reversed(encoder_order(self.model)):
             t_e = time.perf_counter()
+            arrived = [t_e]
+            if outs[e].requires_grad:
+                outs[e].register_hook(lambda g, a=arrived: a.__setitem__(0, time.perf_counter()))
             grad = leaves[e].grad if leaves[e].grad is not None else torch.zeros_like(leaves[e])
             torch.autograd.backward(moved[e], grad)
-            spans.append((e, "backward", t_e, time.perf_counter()))
+            now = time.perf_counter()
+            phases[f"{e}.boundary_bwd"] = arrived[0] - t_e
+            phases[f"{e}.bwd"] = now - arrived[0]
+            spans.append((e, "backward", t_e, now))
         phases["encoders.bwd"] = time.perf_counter() - t
         t = time.perf_counter()
 
@@ -181,7 +268,10 @@ class Executor:
         phases["optimizer"] = time.perf_counter() - t
 
         loss_total = self._global_loss(loss_sum)
-        return StepMetrics(k, loss_total, batch.label_tokens, time.perf_counter() - t0, phases, spans)
+        balance = {"mode": self.orch.mode.value, **self.orch.record(tables, batch)}
+        return StepMetrics(
+            k, loss_total, batch.label_tokens, time.perf_counter() - t0, phases, spans, balance, processed
+        )
 
     def _sync_grads(self, spans: list[tuple[str, str, float, float]]) -> None:
         """Sum each module's gradients over its DP group (no averaging: the loss is globally normalised)."""
@@ -219,5 +309,6 @@ class Executor:
         torch.save(out, Path(self.cfg.dump_dir) / f"{what}.rank{self.rank}.pt")
 
     def finish(self) -> None:
+        self.orch.close()
         if self.cfg.dump_dir is not None:
             self._dump("params", lambda p: p.data if not hasattr(p, "full_tensor") else p)

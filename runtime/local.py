@@ -39,6 +39,7 @@ class _Job:
     world: int
     timeout_s: float
     start: int = 0  # completed steps of the checkpoint to resume from (0: a fresh run)
+    master: str = "127.0.0.1"  # rendezvous host (the Slurm launcher passes the allocation's first node)
 
 
 def _free_port() -> int:
@@ -92,7 +93,7 @@ def _run_rank(rank: int, job: _Job) -> None:
     torch.set_num_threads(1)  # shared 2-core machines: one thread per rank
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{job.port}",
+        init_method=f"tcp://{job.master}:{job.port}",
         rank=rank,
         world_size=job.world,
         timeout=timedelta(seconds=job.timeout_s),
@@ -111,17 +112,23 @@ def _run_rank(rank: int, job: _Job) -> None:
         for k in range(job.start, job.cfg.steps):
             m = ex.step(k)
             trace.add(k, m.spans)
-            everyone: list[dict[str, float] | None] = [None] * job.world
-            dist.all_gather_object(everyone, {**m.phases, "step": m.step_time_s})
+            everyone: list[tuple[dict[str, float], dict[str, dict[int, int]]] | None] = [None] * job.world
+            dist.all_gather_object(everyone, ({**m.phases, "step": m.step_time_s}, m.processed))
             if rank == 0:
+                times = [p[0] for p in everyone if p]
                 record = {
                     "step": m.step,
                     "loss": m.loss,
                     "tokens": m.tokens,
-                    "step_time_s": max(p["step"] for p in everyone if p),
+                    "step_time_s": max(p["step"] for p in times),
                     "setup_s": setup_s if k == job.start else 0.0,
-                    "ranks": {str(r): p for r, p in enumerate(everyone)},
+                    "ranks": {str(r): p for r, p in enumerate(times)},
+                    # Tables and bytes are the same on every rank (a deterministic dispatcher);
+                    # dispatcher seconds are rank 0's.
+                    "balance": m.balance,
                 }
+                if job.cfg.count_tokens:
+                    record["processed"] = {str(r): p[1] for r, p in enumerate(everyone) if p}
                 with open(Path(job.workdir) / "metrics.jsonl", "a") as f:
                     f.write(json.dumps(record) + "\n")
             every = job.cfg.checkpoint_every

@@ -44,7 +44,7 @@ def test_launch_missing_plan_file(cli, tmp_path):
 
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
-    [("--executor", "slurm", "expected one of local"), ("--dtype", "float16", "expected one of float32")],
+    [("--executor", "pbs", "expected one of local, slurm"), ("--dtype", "float16", "expected one of float32")],
 )
 def test_launch_bad_flags(cli, plan_file, flag, value, message):
     path, _, _ = plan_file

@@ -1,0 +1,289 @@
+"""The global orchestrator: per step, where every sample runs in each phase (OrchMLLM post-balancing).
+
+Per step (DESIGN.md, OrchMLLM; issue 5):
+
+1. every rank announces its samples' per-phase lengths (`announce`: one all_gather of a few
+   integers per sample; lengths, never data);
+2. every rank runs the dispatcher (`planner.balance.dispatch.balance_batch`) on that identical
+   input and gets identical tables (the dispatcher is deterministic), so nothing is broadcast;
+3. the executor moves inputs and activations by the tables (`StepTables.*_table`, all
+   `planner.routing.RouteTable`s moved by `transport.move`).
+
+Origins: sample i starts on DP index `initial_dp_index(i, dp)` *of each module's layout* (the
+data is replicated per layout today, runtime/data.py). So each phase is balanced over its own
+module's DP indices from its own origin, and an encoder's outputs go to the LLM by the composed
+table Π_llm ∘ B ∘ Π_enc⁻¹, where B is the unbalanced boundary (encoder origin -> LLM origin):
+one move, not back-and-forth (`StepTables.boundary_table`).
+
+Cost per sample and phase (the dispatcher's cost = a·len + b·len², planner/balance/batch.py),
+from the model shape, in FLOPs per forward, summed over the module's layers:
+  a = 2 · params_per_layer   (every token goes through every block weight once: 2 FLOPs per MAC)
+  b = 4 · hidden             (QK^T and PV: 2 · 2 · hidden per pair of tokens), x0.5 for the causal LLM
+the LLM adds 2 · hidden · vocab per token to `a` (the head; text tokens only in fact, a small bias).
+Bytes a sample moves in a phase: its tokens x hidden x element size (`phase_bytes`).
+
+Memory (`max_tokens`): a phase's per-rank token cap is the largest per-rank token count of the
+unbalanced placement, so a balanced batch is never larger than the largest unbalanced one
+(always feasible: the unbalanced placement meets it).
+
+Overlap: `prefetch` announces step k+1's lengths (a cheap collective on the main thread: a
+collective must not run on a second thread) and hands the dispatcher to a one-thread pool while
+step k computes; `tables` waits for it. Hidden seconds = dispatcher seconds - seconds waited.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from orch.planner.balance.batch import LLM_PHASE, Batch, Mode, PhaseSpec
+from orch.planner.balance.batch import Sample as BalanceSample
+from orch.planner.balance.dispatch import balance_batch
+from orch.planner.plan import Plan
+from orch.planner.routing import RouteTable
+from orch.planner.specs import ModelSpec, ModuleSpec
+from orch.runtime.data import GlobalBatch, encoder_order, initial_dp_index
+from orch.runtime.grid import Grid
+from orch.runtime.model import AUDIO_STEM_STRIDE, encoder_modality
+
+
+def cost_coefficients(spec: ModuleSpec, *, causal: bool) -> tuple[float, float]:
+    """(a, b) of cost(len) = a·len + b·len² for one module, FLOPs of a forward (module docstring)."""
+    h, kv = spec.hidden, spec.num_kv_heads * (spec.hidden // spec.heads)
+    mlp = (3 if spec.mlp_kind == "swiglu" else 2) * h * spec.ffn
+    params_per_layer = 2 * h * h + 2 * h * kv + mlp
+    a = 2.0 * params_per_layer * spec.layers + (2.0 * h * spec.vocab if spec.vocab else 0.0)
+    b = 4.0 * h * spec.layers * (0.5 if causal else 1.0)
+    return a, b
+
+
+def phase_name(model: ModelSpec, module: str) -> str:
+    """The dispatcher's phase name of a module: the LLM phase is always 'llm' (LLM_PHASE)."""
+    return LLM_PHASE if module == model.llm_name else module
+
+
+def dp_ranks_per_node(grid: Grid, ranks_per_node: int) -> int:
+    """DP indices per node, as the dispatcher counts them (DP index d on node d // R).
+
+    A DP index lives on the node of its leader. When the nodes do not form equal consecutive
+    blocks of DP indices (an island straddling nodes unevenly), the phase is treated as one node:
+    balancing stays correct, only the topology preference is lost.
+    """
+    nodes = [grid.leader(d) // ranks_per_node for d in range(grid.dp)]
+    count = len(set(nodes))
+    per = grid.dp // count
+    blocks = grid.dp % count == 0 and all(nodes[d] == nodes[(d // per) * per] for d in range(grid.dp))
+    distinct = len({nodes[d * per] for d in range(count)}) == count if blocks else False
+    return per if blocks and distinct else grid.dp
+
+
+@dataclass(frozen=True)
+class StepTables:
+    """One step's placement: per module, each sample's origin and destination DP index."""
+
+    step: int
+    origin: dict[str, tuple[int, ...]]
+    dest: dict[str, tuple[int, ...]]
+    dp: dict[str, int]
+    llm: str
+    stats: dict[str, dict[str, float]] = field(default_factory=dict)  # per phase: max/mean cost, before/after
+    seconds: float = 0.0  # dispatcher compute time
+    waited: float = 0.0  # of which the step waited for (not hidden)
+
+    def held(self, module: str, dp_index: int) -> list[int]:
+        return [i for i, d in enumerate(self.dest[module]) if d == dp_index]
+
+    def input_table(self, module: str) -> RouteTable:
+        """Samples' inputs from their origin to their balanced DP index, inside one module's layout."""
+        return RouteTable.build(list(self.origin[module]), list(self.dest[module]), self.dp[module], self.dp[module])
+
+    def boundary_table(self, encoder: str) -> RouteTable:
+        """Encoder outputs straight to the LLM ranks: Π_llm ∘ B ∘ Π_enc⁻¹ (one move).
+
+        B is today's unbalanced boundary, encoder origin -> LLM origin; both Π start at the origins.
+        """
+        unbalanced = RouteTable.build(
+            list(self.origin[encoder]), list(self.origin[self.llm]), self.dp[encoder], self.dp[self.llm]
+        )
+        return self.input_table(encoder).inverse().then(unbalanced).then(self.input_table(self.llm))
+
+    @property
+    def hidden_s(self) -> float:
+        return max(0.0, self.seconds - self.waited)
+
+
+def lengths_columns(model: ModelSpec, batch: GlobalBatch) -> dict[str, list[int]]:
+    """Per module, each sample's tokens in that phase (encoder tokens; the LLM's whole sequence)."""
+    encs = encoder_order(model)
+    cols = {e: [batch.enc_tokens[i][e] for i in range(batch.size)] for e in encs}
+    cols[model.llm_name] = [sum(batch.projected(e, i) for e in encs) + batch.text_tokens[i] for i in range(batch.size)]
+    return cols
+
+
+class Orchestrator:
+    """Computes every step's StepTables; one per rank, identical results on every rank."""
+
+    def __init__(self, plan: Plan, grids: dict[str, Grid], mode: str | Mode, elem_bytes: int) -> None:
+        self.plan, self.grids, self.mode = plan, grids, Mode(mode)
+        self.model = plan.model
+        self.modules = [*encoder_order(self.model), self.model.llm_name]
+        self.elem_bytes = elem_bytes
+        self.coeffs = {
+            m: cost_coefficients(self.model.modules[m], causal=m == self.model.llm_name) for m in self.modules
+        }
+        self.rpn = {m: dp_ranks_per_node(grids[m], plan.ranks_per_node) for m in self.modules}
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: dict[int, tuple[Future[StepTables], float]] = {}
+
+    # -- step 1: announce -------------------------------------------------------------------
+    def announce(self, batch: GlobalBatch, rank: int, world: int) -> dict[str, list[int]]:
+        """All-gather every sample's per-phase lengths; rank r announces samples i ≡ r (mod world).
+
+        The batch is replicated today, so the gathered table must equal the local one (checked);
+        the collective is what keeps the design right once every rank reads its own shard.
+        """
+        cols = lengths_columns(self.model, batch)
+        n, per = batch.size, -(-batch.size // world)
+        mine = torch.full((per, len(self.modules)), -1, dtype=torch.int64)
+        for k, i in enumerate(range(rank, n, world)):
+            mine[k] = torch.tensor([cols[m][i] for m in self.modules])
+        gathered = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(gathered, mine)
+        out: dict[str, list[int]] = {m: [0] * n for m in self.modules}
+        for r, rows in enumerate(gathered):
+            for k, i in enumerate(range(r, n, world)):
+                for j, m in enumerate(self.modules):
+                    out[m][i] = int(rows[k, j])
+        assert out == cols, "announced lengths differ from the replicated batch"
+        return out
+
+    # -- step 2: dispatch (pure, runs on the worker thread) ----------------------------------
+    def _bytes(self, module: str, lengths: list[int]) -> list[int]:
+        spec = self.model.modules[module]
+        if module == self.model.llm_name:
+            return [n * spec.hidden * self.elem_bytes for n in lengths]
+        frames = AUDIO_STEM_STRIDE if encoder_modality(module, spec) == "audio" else 1
+        return [n * frames * (spec.input_dim or 1) * self.elem_bytes for n in lengths]
+
+    def _rank_costs(self, module: str, lengths: list[int], where: tuple[int, ...]) -> np.ndarray:
+        a, b = self.coeffs[module]
+        x = np.asarray(lengths, dtype=np.float64)
+        return np.bincount(np.asarray(where), weights=a * x + b * x * x, minlength=self.grids[module].dp)
+
+    def dispatch(self, step: int, lengths: dict[str, list[int]]) -> StepTables:
+        start = time.perf_counter()
+        n = len(lengths[self.model.llm_name])
+        origin = {m: tuple(initial_dp_index(i, self.grids[m].dp) for i in range(n)) for m in self.modules}
+        dest: dict[str, tuple[int, ...]] = {}
+        stats: dict[str, dict[str, float]] = {}
+        for m in self.modules:
+            dp, lens = self.grids[m].dp, lengths[m]
+            if self.mode == Mode.NONE or dp == 1:
+                dest[m] = origin[m]
+            else:
+                cap = max(1, *np.bincount(np.asarray(origin[m]), weights=lens, minlength=dp).astype(int).tolist())
+                a, b = self.coeffs[m]
+                name = phase_name(self.model, m)
+                batch = Batch(
+                    num_ranks=dp,
+                    ranks_per_node=self.rpn[m],
+                    phases={name: PhaseSpec(linear=a, quadratic=b, max_tokens=cap)},
+                    samples=[
+                        BalanceSample(origin=o, lengths={name: ln}, bytes={name: by})
+                        for o, ln, by in zip(origin[m], lens, self._bytes(m, lens), strict=True)
+                    ],
+                )
+                dest[m] = tuple(balance_batch(batch, self.mode).phases[name].dest)
+            before, after = self._rank_costs(m, lens, origin[m]), self._rank_costs(m, lens, dest[m])
+            stats[phase_name(self.model, m)] = {
+                "max_cost_before": float(before.max()),
+                "mean_cost_before": float(before.mean()),
+                "max_cost": float(after.max()),
+                "mean_cost": float(after.mean()),
+            }
+        dp = {m: self.grids[m].dp for m in self.modules}
+        return StepTables(step, origin, dest, dp, self.model.llm_name, stats, time.perf_counter() - start)
+
+    # -- step 6: overlap -----------------------------------------------------------------------
+    def prefetch(self, batch: GlobalBatch, rank: int, world: int) -> None:
+        """Announce step batch.step's lengths now and dispatch on the worker thread."""
+        if self.mode == Mode.NONE:
+            return
+        lengths = self.announce(batch, rank, world)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="orch-dispatch")
+        self._pending[batch.step] = (self._pool.submit(self.dispatch, batch.step, lengths), time.perf_counter())
+
+    def tables(self, batch: GlobalBatch, rank: int, world: int) -> StepTables:
+        """This step's tables: the prefetched ones (waiting for them if needed), else computed now."""
+        if self.mode == Mode.NONE:  # only the cost statistics: nothing moves, nothing to hide
+            t = self.dispatch(batch.step, lengths_columns(self.model, batch))
+            return _with_wait(t, t.seconds)
+        if batch.step not in self._pending:
+            t = self.dispatch(batch.step, self.announce(batch, rank, world))
+            return _with_wait(t, t.seconds)  # nothing hidden: computed on the critical path
+        future, _ = self._pending.pop(batch.step)
+        t0 = time.perf_counter()
+        t = future.result()
+        return _with_wait(t, min(t.seconds, time.perf_counter() - t0))
+
+    def record(self, t: StepTables, batch: GlobalBatch) -> dict[str, object]:
+        """The step's metrics: per phase max/mean cost (before and after) and the bytes its inputs
+        moved inside and across nodes (forward; the backward moves the same bytes back), and the
+        dispatcher's seconds, total and hidden behind the previous step's compute."""
+        rpn, llm = self.plan.ranks_per_node, self.model.llm_name
+        balanced = self.mode != Mode.NONE
+        out: dict[str, object] = {}
+        llm_intra = llm_inter = 0
+        for e in encoder_order(self.model):
+            grid = self.grids[e]
+            intra = inter = 0
+            if balanced:
+                feats = self._bytes(e, [batch.enc_tokens[i][e] for i in range(batch.size)])
+                intra, inter = moved_bytes(t.input_table(e), grid, grid, feats, rpn)
+            out[phase_name(self.model, e)] = {**t.stats[e], "intra_node_bytes": intra, "inter_node_bytes": inter}
+            table = t.boundary_table(e)  # the unbalanced boundary when nothing is balanced
+            rows = [batch.projected(e, i) * self.model.llm.hidden * self.elem_bytes for i in range(batch.size)]
+            a, b = moved_bytes(table, grid, self.grids[llm], rows, rpn)
+            llm_intra, llm_inter = llm_intra + a, llm_inter + b
+        if balanced:
+            text = [2 * n * 8 for n in batch.text_tokens]  # token and label ids, int64
+            a, b = moved_bytes(t.input_table(llm), self.grids[llm], self.grids[llm], text, rpn)
+            llm_intra, llm_inter = llm_intra + a, llm_inter + b
+        out[LLM_PHASE] = {**t.stats[LLM_PHASE], "intra_node_bytes": llm_intra, "inter_node_bytes": llm_inter}
+        out["dispatcher_s"] = t.seconds
+        out["dispatcher_hidden_s"] = t.hidden_s
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def _with_wait(t: StepTables, waited: float) -> StepTables:
+    return StepTables(t.step, t.origin, t.dest, t.dp, t.llm, t.stats, t.seconds, waited)
+
+
+def moved_bytes(
+    table: RouteTable, src: Grid, dst: Grid, sample_bytes: list[int], ranks_per_node: int
+) -> tuple[int, int]:
+    """(inside a node, across nodes) bytes of one move: leader to leader, a rank to itself is free."""
+    intra = inter = 0
+    for i, nbytes in enumerate(sample_bytes):
+        a, b = src.leader(table.src[i]), dst.leader(table.dst[i])
+        if a == b or nbytes == 0:
+            continue
+        if a // ranks_per_node == b // ranks_per_node:
+            intra += nbytes
+        else:
+            inter += nbytes
+    return intra, inter
+
+
+__all__ = ["Orchestrator", "StepTables", "cost_coefficients", "moved_bytes"]

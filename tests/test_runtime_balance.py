@@ -1,0 +1,277 @@
+"""Post-balancing in the runtime (runtime/orchestrator.py) leaves training unchanged.
+
+Pure tests of the tables (cost model, node grouping, the composed route equals the separate
+moves), then gloo runs in float64: every balance mode, on heterogeneous plans, gives the
+reference's losses (1e-9 relative), step-0 gradients (1e-9) and parameters after 3 steps (1e-8),
+processes every sample exactly once per phase with all of its tokens, and the balanced run
+equals the `--balance none` run.
+"""
+
+import random
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+
+from orch.planner.loading import load_data, load_model
+from orch.planner.plan import Layout
+from orch.planner.routing import RouteTable
+from orch.runtime.data import GlobalBatch, encoder_order
+from orch.runtime.executor import RunConfig
+from orch.runtime.grid import Grid, build_grids
+from orch.runtime.local import run_local
+from orch.runtime.orchestrator import Orchestrator, StepTables, cost_coefficients, dp_ranks_per_node, lengths_columns
+from orch.runtime.plans import hand_plan
+from orch.runtime.reference import run_reference
+
+STEPS = 3
+SEED = 7
+
+PLANS = {
+    # encoder DP4 / LLM DP2 TP2 on 4 ranks, emulated as 2 nodes x 2 ranks
+    "colocated_enc_dp4_llm_dp2_tp2": {
+        "llm": (Layout(tp=2, dp=2), [0, 1, 2, 3]),
+        "vision": (Layout(dp=4), [0, 1, 2, 3]),
+        "audio": (Layout(dp=4), [0, 1, 2, 3]),
+    },
+    "homogeneous_dp4": {"llm": (Layout(dp=4), [0, 1, 2, 3])},
+    # encoder island on node 0, LLM island on node 1
+    "disaggregated_enc_dp2_llm_dp2": {
+        "llm": (Layout(dp=2), [2, 3]),
+        "vision": (Layout(dp=2), [0, 1]),
+        "audio": (Layout(dp=2), [0, 1]),
+    },
+}
+# Every mode once, every plan once balanced (4 launches keep the file near a minute on 2 cores);
+# `none` is the baseline the balanced runs must equal, and equals the reference.
+RUNS = [
+    ("colocated_enc_dp4_llm_dp2_tp2", "none"),
+    ("colocated_enc_dp4_llm_dp2_tp2", "orch"),
+    ("homogeneous_dp4", "paper"),
+    ("disaggregated_enc_dp2_llm_dp2", "lpt"),
+]
+
+
+@pytest.fixture(scope="module")
+def specs():
+    return load_model("tiny"), load_data("tiny-mix").model_copy(update={"global_batch": 8, "seq_len": 96})
+
+
+def _plan(specs, name):
+    model, data = specs
+    return hand_plan(model, data, PLANS[name]).model_copy(update={"ranks_per_node": 2})
+
+
+def _tables(specs, name, mode, step=0) -> tuple[StepTables, GlobalBatch]:
+    model, data = specs
+    plan = _plan(specs, name)
+    orch = Orchestrator(plan, build_grids(plan.modules), mode, 8)
+    batch = GlobalBatch.build(model, data, SEED, step)
+    return orch.dispatch(step, lengths_columns(model, batch)), batch
+
+
+# -- pure ---------------------------------------------------------------------------------
+
+
+def test_cost_coefficients_follow_the_model_shape(specs):
+    model, _ = specs
+    a, b = cost_coefficients(model.modules["vision"], causal=False)
+    h, f, layers = 32, 64, 2
+    assert a == 2 * (4 * h * h + 2 * h * f) * layers  # q, k, v, o and a GELU MLP
+    assert b == 4 * h * layers
+    _, b_llm = cost_coefficients(model.llm, causal=True)
+    assert b_llm == 0.5 * 4 * model.llm.hidden * model.llm.layers
+
+
+def test_dp_indices_per_node():
+    assert dp_ranks_per_node(Grid("m", 1, 1, 4, 1, (0, 1, 2, 3)), 2) == 2
+    assert dp_ranks_per_node(Grid("m", 2, 1, 2, 1, (0, 1, 2, 3)), 2) == 1  # one DP index per node
+    assert dp_ranks_per_node(Grid("m", 1, 1, 3, 1, (1, 2, 3)), 2) == 3  # uneven: one node for the dispatcher
+
+
+@pytest.mark.parametrize("mode", ["orch", "paper", "lpt"])
+@pytest.mark.parametrize("name", list(PLANS))
+def test_tables_balance_and_respect_the_token_cap(specs, name, mode):
+    model, _ = specs
+    t, batch = _tables(specs, name, mode)
+    cols = lengths_columns(model, batch)
+    for m in [*encoder_order(model), model.llm_name]:
+        phase = "llm" if m == model.llm_name else m
+        assert t.stats[phase]["max_cost"] <= t.stats[phase]["max_cost_before"] * (1 + 1e-12)
+        assert t.stats[phase]["mean_cost"] == pytest.approx(t.stats[phase]["mean_cost_before"])
+        tokens = lambda where, m=m: [  # noqa: E731
+            sum(n for n, d in zip(cols[m], where, strict=True) if d == r) for r in range(t.dp[m])
+        ]
+        assert max(tokens(t.dest[m])) <= max(tokens(t.origin[m]))  # never bigger than the unbalanced max
+
+
+def test_none_keeps_every_sample_at_its_origin(specs):
+    t, _ = _tables(specs, "colocated_enc_dp4_llm_dp2_tp2", "none")
+    assert t.dest == t.origin
+
+
+@pytest.mark.parametrize("name", list(PLANS))
+def test_composed_route_equals_separate_moves(specs, name):
+    """Π_llm ∘ B ∘ Π_enc⁻¹ (one move) puts every sample where the three moves would."""
+    t, batch = _tables(specs, name, "orch")
+    for e in encoder_order(specs[0]):
+        composed = t.boundary_table(e)
+        assert composed == RouteTable.build(list(t.dest[e]), list(t.dest[t.llm]), t.dp[e], t.dp[t.llm])
+        # Simulate the moves on per-rank lists of sample ids.
+        here = {r: composed.source_held(r) for r in range(t.dp[e])}
+        steps = [
+            t.input_table(e).inverse(),
+            RouteTable.build(list(t.origin[e]), list(t.origin[t.llm]), t.dp[e], t.dp[t.llm]),
+            t.input_table(t.llm),
+        ]
+        for table in steps:
+            nxt: dict[int, list[int]] = {r: [] for r in range(table.num_dst)}
+            for r, ids in here.items():
+                for i in ids:
+                    assert table.src[i] == r
+                    nxt[table.dst[i]].append(i)
+            here = {r: sorted(ids) for r, ids in nxt.items()}
+        assert here == {r: composed.held(r) for r in range(t.dp[t.llm])}
+
+
+# -- gloo: the composed move equals the separate moves on real tensors -------------------------
+
+
+def _move_worker(rank: int, port: int, tables: StepTables, rows: tuple[int, ...], out: str) -> None:
+    import torch.distributed as dist
+
+    from orch.runtime.grid import build_meshes
+    from orch.runtime.transport import Route, move
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4, timeout=timedelta(seconds=30)
+    )
+    try:
+        grids = {"vision": Grid("vision", 1, 1, 4, 1, (0, 1, 2, 3)), "llm": Grid("llm", 2, 1, 2, 1, (0, 1, 2, 3))}
+        build_meshes(grids)
+        enc, llm = grids["vision"], grids["llm"]
+        mine = tables.held("vision", enc.coord(rank).dp)
+        parts = [torch.stack([torch.full((rows[i],), float(i)), torch.arange(rows[i]) * 1.0], 1) for i in mine]
+        x = torch.cat(parts) if parts else torch.zeros(0, 2)
+        once = move(x, Route(tables.boundary_table("vision"), enc, llm, rows), rank, 4)
+        y = move(x, Route(tables.input_table("vision").inverse(), enc, enc, rows), rank, 4)
+        unbalanced = RouteTable.build(list(tables.origin["vision"]), list(tables.origin["llm"]), 4, 2)
+        y = move(y, Route(unbalanced, enc, llm, rows), rank, 4)
+        y = move(y, Route(tables.input_table("llm"), llm, llm, rows), rank, 4)
+        torch.save((once, y), Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_composed_move_equals_separate_moves_on_gloo(specs, tmp_path):
+    import torch.multiprocessing as mp
+
+    from orch.runtime.local import _free_port
+
+    t, batch = _tables(specs, "colocated_enc_dp4_llm_dp2_tp2", "orch")
+    rows = tuple(random.Random(0).randint(1, 4) for _ in range(batch.size))
+    mp.start_processes(_move_worker, args=(_free_port(), t, rows, str(tmp_path)), nprocs=4, start_method="spawn")
+    for rank in range(4):
+        once, separate = torch.load(tmp_path / f"rank{rank}.pt")
+        held = t.held("llm", rank // 2)
+        assert torch.equal(once, separate)
+        assert once[:, 0].tolist() == [float(i) for i in held for _ in range(rows[i])]
+        assert once[:, 1].tolist() == [float(j) for i in held for j in range(rows[i])]
+
+
+# -- gloo: training is unchanged --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reference(specs):
+    model, data = specs
+    return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def runs(specs, tmp_path_factory):
+    """(plan, mode) -> (metrics records, merged grads, merged params), each run at most once."""
+    cache: dict[tuple[str, str], tuple[list[dict], dict, dict]] = {}
+
+    def get(name: str, mode: str):
+        if (name, mode) not in cache:
+            _, data = specs
+            workdir = tmp_path_factory.mktemp(f"{name}-{mode}")
+            plan = _plan(specs, name)
+            cfg = RunConfig(
+                steps=STEPS, seed=SEED, dtype="float64", dump_dir=str(workdir), balance=mode, count_tokens=True
+            )
+            records = run_local(plan, data, cfg, nproc=plan.world_size, workdir=workdir)
+            cache[(name, mode)] = (records, _merged(workdir, "grads"), _merged(workdir, "params"))
+        return cache[(name, mode)]
+
+    return get
+
+
+def _merged(workdir: Path, what: str) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(workdir.glob(f"{what}.rank*.pt")):
+        out.update(torch.load(f))
+    return out
+
+
+def _assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], rel: float) -> None:
+    assert set(got) == set(want)
+    for name, ref in want.items():
+        scale = max(ref.abs().max().item(), 1e-300)
+        err = (got[name] - ref).abs().max().item()
+        assert err <= rel * scale, f"{name}: max error {err:.3e} vs scale {scale:.3e}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "mode"), RUNS)
+def test_balanced_training_matches_reference(specs, reference, runs, name, mode):
+    model, data = specs
+    records, grads, params = runs(name, mode)
+    assert [r["step"] for r in records] == list(range(STEPS))
+    for r, want in zip(records, reference.losses, strict=True):
+        assert r["loss"] == pytest.approx(want, rel=1e-9, abs=0)
+    _assert_close(grads, reference.grads, 1e-9)
+    _assert_close(params, reference.params, 1e-8)
+
+    # Every sample is processed exactly once per phase per step, with all of its tokens.
+    plan = _plan(specs, name)
+    for r in records:
+        batch = GlobalBatch.build(model, data, SEED, r["step"])
+        want = lengths_columns(model, batch)
+        for m, col in want.items():
+            seen: dict[int, int] = {}
+            for per_rank in r["processed"].values():
+                for sid, n in per_rank.get(m, {}).items():
+                    assert int(sid) not in seen, f"step {r['step']}: sample {sid} ran twice in {m}"
+                    seen[int(sid)] = n
+            assert seen == dict(enumerate(col)), f"step {r['step']}: {m}"
+        bal = r["balance"]
+        assert bal["mode"] == mode
+        for phase in [*encoder_order(model), "llm"]:
+            st = bal[phase]
+            assert st["max_cost"] <= st["max_cost_before"] * (1 + 1e-12)
+            assert st["intra_node_bytes"] >= 0 and st["inter_node_bytes"] >= 0
+            if mode == "none" and phase != "llm":
+                assert st["intra_node_bytes"] == st["inter_node_bytes"] == 0
+        assert 0 <= bal["dispatcher_hidden_s"] <= bal["dispatcher_s"]
+        if mode != "none" and r["step"] == 0:
+            assert bal["dispatcher_hidden_s"] == 0  # nothing to overlap with before the first step
+    if plan.placement.value == "disaggregated":  # the islands sit on different nodes
+        assert all(r["balance"]["llm"]["inter_node_bytes"] > 0 for r in records)
+
+
+@pytest.mark.slow
+def test_balanced_equals_unbalanced(runs):
+    """`--balance orch` and `--balance none` on the same global batches: equal losses and parameters."""
+    name = "colocated_enc_dp4_llm_dp2_tp2"
+    base, _, base_params = runs(name, "none")
+    got, _, params = runs(name, "orch")
+    for a, b in zip(got, base, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-9, abs=0)
+    _assert_close(params, base_params, 1e-8)
+    assert any(r["balance"]["llm"]["max_cost"] < r["balance"]["llm"]["max_cost_before"] for r in got)
+    assert all(r["balance"]["llm"]["max_cost"] == r["balance"]["llm"]["max_cost_before"] for r in base)
