@@ -56,13 +56,13 @@ def main() -> None:
             }
         )
     header = f"{'model':<14}{'GPUs':>6}{'batch':>6}{'mods':>5}{'cands':>7}{'plan s':>8}  {'placement':<14}{'step s':>8}"
-    header += f"{'base s':>8}{'gain':>7}{'MFU':>6}  layouts"
+    header += f"{'base s':>8}{'gain':>8}{'MFU':>6}  layouts"
     print(header)
     for r in rows:
         lay = "; ".join(f"{n} {v}" for n, v in r["layouts"].items())
         print(
             f"{r['model']:<14}{r['gpus']:>6}{r['global_batch']:>6}{r['modules']:>5}{r['candidates']:>7}{r['plan_s']:>8.2f}  "
-            f"{r['placement']:<14}{r['step_s']:>8.2f}{r['baseline_step_s']:>8.2f}{r['gain']:>+7.1%}{r['mfu']:>6.1%}  {lay}"
+            f"{r['placement']:<14}{r['step_s']:>8.2f}{r['baseline_step_s']:>8.2f}{r['gain']:>+8.1%}{r['mfu']:>6.1%}  {lay}"
         )
     out = Path(__file__).parent / "out" / "plan.json"
     out.parent.mkdir(exist_ok=True)
