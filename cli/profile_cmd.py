@@ -1,9 +1,168 @@
-"""Placeholder: registered by cli/app.py, filled in by its issue."""
+"""`orch profile` (measure this cluster into a profile file) and `orch validate` (predicted vs measured).
+
+torch and the runtime are imported inside the commands so `orch --help` stays fast.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
+
+if TYPE_CHECKING:
+    from orch.planner.profile import Profile
+    from orch.runtime.profile_validate import Validation
+
+EXECUTORS = ("local", "slurm")
+
+
+def profile(
+    model: str = typer.Option(..., "--model", "-m", help="Model spec file or preset whose modules are timed."),
+    executor: str = typer.Option("local", "--executor", help=f"One of {', '.join(EXECUTORS)}."),
+    nproc: int = typer.Option(4, "--nproc", help="Local processes, all benchmarking at once as training runs."),
+    nodes: int | None = typer.Option(None, "--nodes", help="Slurm nodes (--executor slurm)."),
+    cluster: str = typer.Option("local-cpu", "--cluster", "-c", help="Cluster spec: its GPUs per node group ranks."),
+    data: str | None = typer.Option(None, "--data", "-d", help="Data spec file or preset (default: the model's)."),
+    quick: bool = typer.Option(False, "--quick", help="Fewer lengths, sizes and repetitions (under a minute)."),
+    max_bytes: int = typer.Option(16 << 20, "--max-bytes", help="Largest collective message, bytes."),
+    out: str = typer.Option("profile.json", "--out", "-o", help="Where to write the profile (JSON or YAML)."),
+    workdir: str = typer.Option("orch-profile", "--workdir", help="Scratch folder of the benchmark ranks."),
+    json_out: bool = typer.Option(False, "--json", help="Print the profile as JSON on stdout."),
+) -> None:
+    """Time blocks and collectives on this cluster and write a profile for `orch plan --profile`."""
+    from orch.cli.output import console, print_json
+    from orch.planner.errors import SpecError
+    from orch.planner.io import to_yaml, write_text_atomic
+    from orch.planner.loading import load_cluster, load_data, load_model
+
+    if executor not in EXECUTORS:
+        raise SpecError("--executor", "", f"expected one of {', '.join(EXECUTORS)}, got '{executor}'")
+    if executor == "slurm":
+        # TODO(profile): submit `profile_rank` through the Slurm executor's launch path once it exists.
+        raise SpecError("--executor", "slurm", "not available yet (the Slurm executor is not built); use local")
+    if nodes is not None:
+        raise SpecError("--nodes", "", "only with --executor slurm; locally, --nproc sets the processes")
+    if nproc < 1:
+        raise SpecError("--nproc", "", f"expected a positive process count, got {nproc}")
+    if max_bytes < 1024:
+        raise SpecError("--max-bytes", "", f"expected at least 1024 bytes, got {max_bytes}")
+    model_spec = load_model(model)
+    cluster_spec = load_cluster(cluster)
+    data_ref = data or model_spec.data
+    if data_ref is None:
+        raise SpecError(model, "data", "the model names no default data; pass --data")
+    data_spec = load_data(data_ref)
+    rpn = min(cluster_spec.gpus_per_node, nproc)
+    if nproc % rpn:
+        raise SpecError("--nproc", "", f"{nproc} is not a multiple of the cluster's {rpn} GPUs per node")
+
+    from orch.runtime.profile_bench import ProfileConfig, run_profile_local
+
+    cfg = ProfileConfig(
+        model_spec.model_dump_json(),
+        data_spec.model_dump_json(),
+        ranks_per_node=rpn,
+        quick=quick,
+        max_bytes=max_bytes,
+        progress=not json_out,
+    )
+    con = console()
+    con.print(f"profiling {model_spec.name} on {nproc} local gloo processes ({nproc // rpn} nodes x {rpn})")
+    prof = run_profile_local(model_spec, data_spec, cfg, nproc=nproc, workdir=workdir)
+    prof = prof.model_copy(update={"cluster": cluster_spec.name})
+    text = (
+        prof.model_dump_json(indent=2) if not out.endswith((".yaml", ".yml")) else to_yaml(prof.model_dump(mode="json"))
+    )
+    write_text_atomic(out, text)
+    if json_out:
+        print_json(prof)
+        return
+    render_profile(prof)
+    con.print(f"profile written to [bold]{out}[/]")
+
+
+def render_profile(prof: Profile) -> None:
+    from rich.table import Table
+
+    from orch.cli.output import console
+
+    t = Table(title=f"compute fits: t = call + k(c0 + c1·len + c2·len²)  [{prof.device}, {prof.backend}]")
+    for col in ("module", "part", "tp", "call µs", "c0 µs", "c1 µs/tok", "c2 ns/tok²", "fit err", "B/tok"):
+        t.add_column(col, justify="left" if col in ("module", "part") else "right")
+    for name, mp in prof.modules.items():
+        parts = [("block", tp, f) for tp, f in sorted(mp.block.items())]
+        if mp.rest is not None:
+            parts.append(("rest", 1, mp.rest))
+        for part, tp, f in parts:
+            t.add_row(
+                name,
+                part,
+                str(tp),
+                f"{f.call_s * 1e6:.0f}",
+                f"{f.c0 * 1e6:.0f}",
+                f"{f.c1 * 1e6:.2f}",
+                f"{f.c2 * 1e9:.2f}",
+                f"{f.rel_error:.0%}",
+                f"{f.memory_bytes_per_token:.0f}",
+            )
+        t.add_row(name, "step overhead", "", f"{mp.step_overhead_s * 1e6:.0f}", "", "", "", "", "")
+    console().print(t)
+    c = Table(title="collectives (nccl-tests: busbw = algbw x bus factor)")
+    for col in ("op", "link", "ranks", "bytes", "time µs", "algbw GB/s", "busbw GB/s"):
+        c.add_column(col, justify="left" if col in ("op", "link") else "right")
+    for r in prof.collectives:
+        c.add_row(
+            r.op,
+            r.link,
+            str(r.ranks),
+            str(r.bytes),
+            f"{r.time_s * 1e6:.0f}",
+            f"{r.algbw_gbps:.3f}",
+            f"{r.busbw_gbps:.3f}",
+        )
+    console().print(c)
+    for kind, lf in prof.links.items():
+        console().print(f"{kind}: alpha {lf.alpha_s * 1e6:.0f} µs, {lf.gbps:.2f} GB/s (send/recv fit)")
+
+
+def validate(
+    plan_file: str = typer.Option(..., "--plan", help="Plan file written by `orch plan`."),
+    metrics: str = typer.Option(..., "--metrics", help="metrics.jsonl written by `orch launch`."),
+    json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON on stdout."),
+) -> None:
+    """Predicted vs measured step time and per-phase times of a run of PLAN."""
+    from orch.cli.output import print_json
+    from orch.planner.loading import load_json_file
+    from orch.planner.plan import Plan
+    from orch.runtime.profile_validate import read_metrics
+    from orch.runtime.profile_validate import validate as compare
+
+    plan = load_json_file(Plan, plan_file)
+    result = compare(plan, read_metrics(metrics))
+    if json_out:
+        print_json(result)
+        return
+    render_validation(result)
+
+
+def render_validation(v: Validation) -> None:
+    from rich.table import Table
+
+    from orch.cli.output import console
+
+    def s(x: float | None) -> str:
+        return "-" if x is None else f"{x * 1e3:.1f}"
+
+    t = Table(title=f"{v.placement} plan: predicted vs measured ({v.steps_used} steps)")
+    for col in ("phase", "predicted ms", "measured ms", "error"):
+        t.add_column(col, justify="left" if col == "phase" else "right")
+    for r in v.phases:
+        t.add_row(
+            r.phase, s(r.predicted_s), s(r.measured_s), "-" if r.relative_error is None else f"{r.relative_error:+.0%}"
+        )
+    console().print(t)
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command()(profile)
+    app.command()(validate)

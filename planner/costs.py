@@ -190,18 +190,25 @@ def _compute_seconds(
     layer_share = 2 * layer_params(m, active=True) * m.layers * w.tokens + 4 * m.hidden * w.tokens_sq * m.layers
     extra = {Recompute.NONE: 0.0, Recompute.SELECTIVE: 0.1 * layer_share, Recompute.FULL: layer_share}[recompute]
     passes = 3.0 if m.trainable else 1.0
-    fit = profile.modules[name].block.get(layout.tp) if profile is not None and name in profile.modules else None
-    if fit is not None:
+    mod = profile.modules.get(name) if profile is not None else None
+    fit = mod.block.get(layout.tp) if mod is not None else None
+    if mod is not None and fit is not None:
         # measured: per-block seconds for this TP shard, tokens split over the other axes
         per_gpu_tokens = w.tokens / (layout.dp * layout.cp)
         per_gpu_sq = w.tokens_sq / (layout.dp * layout.cp * layout.cp)
         samples = w.samples * w.stats.present / layout.dp
-        block = fit.c0 * samples + fit.c1 * per_gpu_tokens + fit.c2 * per_gpu_sq
+        calls = max(w.samples / layout.dp / max(micro_batch, 1), 1.0)  # packed micro-batch calls per DP rank
+        block = fit.c0 * samples + fit.c1 * per_gpu_tokens + fit.c2 * per_gpu_sq + fit.call_s * calls
         layers = m.layers / layout.pp
         scale = (passes + (extra / fwd if fwd else 0)) / 3.0
-        rest = fwd - layer_share
-        rest_s = rest * passes / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * cluster.mfu)
-        return block * layers * scale + max(rest_s, 0.0)
+        if mod.rest is not None:
+            # measured stem/projector (encoders) or embedding/head/loss (LLM), on the first/last stage only
+            r = mod.rest
+            rest_s = (r.c0 * samples + r.c1 * per_gpu_tokens + r.c2 * per_gpu_sq + r.call_s * calls) * passes / 3.0
+        else:
+            rest = fwd - layer_share
+            rest_s = rest * passes / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * cluster.mfu)
+        return block * layers * scale + max(rest_s, 0.0) + mod.step_overhead_s
     tokens_per_gpu = micro_batch * w.stats.mean / layout.cp
     eff = cluster.mfu * gemm_efficiency(m, layout.tp, tokens_per_gpu, cfg)
     return (fwd * passes + extra) / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * eff)
@@ -246,6 +253,8 @@ def module_cost(
     # block per pass (Korthikanti et al. §4.2.2), over the innermost axis.
     act_bytes = tokens_mb / cp * m.hidden * BF16
     tp_s = 4 * links.ring(act_bytes, 1, tp) * layers_local * num_mb * passes if tp > 1 else 0.0
+    if _measured_with_tp(profile, name, tp):
+        tp_s = 0.0  # the profiled TP shard ran its real TP collectives: they are in the block fit
 
     # CP: all-gather K and V forward, reduce-scatter dK and dV backward (query stays sharded).
     kv_bytes = tokens_mb * 2 * m.num_kv_heads * m.head_dim * BF16 / max(1, min(tp, m.num_kv_heads))
@@ -294,6 +303,11 @@ def module_cost(
         activations_gb=act_gb,
         model_flops=train_flops(m, llm, w),
     )
+
+
+def _measured_with_tp(profile: Profile | None, name: str, tp: int) -> bool:
+    mod = profile.modules.get(name) if profile is not None else None
+    return tp > 1 and mod is not None and tp in mod.block
 
 
 def _local_params(m: ModuleSpec, layout: Layout) -> float:

@@ -22,6 +22,9 @@ class ComputeFit(_Model):
     c2: float = 0.0
     rel_error: float = Field(default=0.0, ge=0, description="max relative error of the fit on the measured points")
     memory_bytes_per_token: float = Field(default=0.0, ge=0, description="peak activation bytes per token per block")
+    call_s: float = Field(
+        default=0.0, ge=0, description="fixed seconds per call on a packed micro-batch (launch/python overhead)"
+    )
 
     def seconds(self, tokens: float, tokens_sq: float = 0.0) -> float:
         """Time for a batch with `tokens` total and Σlen² = `tokens_sq`, one call per sample."""
@@ -31,6 +34,17 @@ class ComputeFit(_Model):
 class ModuleProfile(_Model):
     block: dict[int, ComputeFit] = Field(description="fits per TP degree")
     stem: ComputeFit | None = Field(default=None, description="patch embedding / conv subsampling, per input token")
+    rest: ComputeFit | None = Field(
+        default=None,
+        description="everything outside the blocks, fwd+bwd: stem, final norm and projector (encoders); "
+        "embedding, final norm, LM head and loss (LLM)",
+    )
+    step_overhead_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="fixed seconds per step: gradient sync of the module's parameter tensors and its optimizer step "
+        "(the LLM also carries the step's batch assembly, boundary all-to-alls and metric collectives)",
+    )
 
 
 class LinkFit(_Model):
@@ -62,3 +76,6 @@ class Profile(_Model):
     modules: dict[str, ModuleProfile] = Field(default_factory=dict)
     links: dict[Literal["intra_node", "inter_node"], LinkFit] = Field(default_factory=dict)
     collectives: list[CollectiveRow] = Field(default_factory=list)
+    nproc: int = Field(default=1, ge=1, description="processes that ran the benchmark concurrently")
+    ranks_per_node: int = Field(default=1, ge=1)
+    quick: bool = False

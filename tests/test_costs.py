@@ -131,3 +131,15 @@ def test_config_knobs_change_costs():
 def test_unused_tiny_spec_shapes():
     spec = parse_text(DataSpec, "d", "global_batch: 4\nseq_len: 8\ntasks: [{weight: 1, tokens: {llm: 4}}]")
     assert spec.tasks[0].tokens == {"llm": 4}
+
+
+def test_profiled_tp_shard_is_not_charged_tp_traffic_twice():
+    from orch.planner.profile import ComputeFit, ModuleProfile, Profile
+
+    model, data, cluster = load_model("tiny"), load_data("tiny-mix"), load_cluster("local-cpu")
+    lay = Layout(tp=2, dp=2)
+    plain = module_cost(model, data, cluster, "llm", lay, 1, Recompute.NONE, in_flight=1)
+    fit = ComputeFit(c0=0.0, c1=1e-4)
+    prof = Profile(device="cpu", backend="gloo", modules={"llm": ModuleProfile(block={2: fit})})
+    measured = module_cost(model, data, cluster, "llm", lay, 1, Recompute.NONE, in_flight=1, profile=prof)
+    assert plain.tp_s > 0 and measured.tp_s == 0

@@ -1,0 +1,129 @@
+"""Close the loop on this machine: profile -> plan -> launch -> validate, through the `orch` CLI.
+
+1. `orch profile --model tiny --nproc 4 --quick` (4 gloo processes, 2 emulated nodes x 2);
+2. `orch plan --cluster local-cpu --profile` twice, restricted to what the runtime executes
+   (cp = pp = ep = 1): the homogeneous baseline, and a heterogeneous colocated plan (the LLM
+   pinned to tp=2, the encoders left to the planner: a colocated plan with every module at
+   dp=4 would be the homogeneous plan under another name);
+3. `orch launch` each for 20 steps; 4. `orch validate --json` each.
+
+Prints predicted vs measured step time, the relative error (target: within 20%) and whether
+the planner ranks the two plans as the measurement does; writes bench/out/validate.json
+(validate_full.json with --full).
+The profile comes from the benchmark only: no constant here is tuned to the run.
+Usage: .venv/bin/python bench/bench_validate.py [--full] [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ORCH = str(Path(sys.executable).with_name("orch"))
+RUNNABLE = [f"{m}.{a}=1" for m in ("vision", "audio", "llm") for a in ("cp", "pp")] + ["llm.ep=1"]
+PLANS = {"homogeneous": ("homogeneous", []), "colocated": ("colocated", ["llm.tp=2"])}
+TARGET = 0.20
+
+
+def _orch(*args: str) -> str:
+    res = subprocess.run([ORCH, *args], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise SystemExit(f"orch {' '.join(args)} failed:\n{res.stderr[-2000:]}")
+    return res.stdout
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--full", action="store_true", help="the full profile instead of --quick")
+    ap.add_argument("--steps", type=int, default=20)
+    args = ap.parse_args()
+    out_dir = Path(__file__).parent / "out"
+    out_dir.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="orch-validate-") as tmp:
+        work = Path(tmp)
+        prof = work / "profile.json"
+        t = time.perf_counter()
+        quick = [] if args.full else ["--quick"]
+        _orch(
+            "profile",
+            "-m",
+            "tiny",
+            "--nproc",
+            "4",
+            *quick,
+            "--max-bytes",
+            str(1 << 20),
+            "--out",
+            str(prof),
+            "--workdir",
+            str(work / "prof"),
+            "--json",
+        )
+        profile_s = time.perf_counter() - t
+        (out_dir / ("profile_full.json" if args.full else "profile_quick.json")).write_text(prof.read_text())
+        rows = {}
+        for label, (placement, pins) in PLANS.items():
+            plan = work / f"{label}.yaml"
+            fixes = [x for p in RUNNABLE + pins for x in ("--fix", p)]
+            plan_json = json.loads(
+                _orch(
+                    "plan",
+                    "-m",
+                    "tiny",
+                    "-c",
+                    "local-cpu",
+                    "--profile",
+                    str(prof),
+                    "--placement",
+                    placement,
+                    *fixes,
+                    "--out",
+                    str(plan),
+                    "--json",
+                    "--top",
+                    "0",
+                )
+            )
+            run = work / f"run-{label}"
+            _orch("launch", str(plan), "--steps", str(args.steps), "--workdir", str(run))
+            v = json.loads(_orch("validate", "--plan", str(plan), "--metrics", str(run / "metrics.jsonl"), "--json"))
+            layouts = {n: m["layout"] for n, m in plan_json["modules"].items()}
+            short = {n: "".join(f"{a}{d}" for a, d in lay.items() if d > 1) or "1" for n, lay in layouts.items()}
+            rows[label] = {**v, "layouts": short}
+    pred_rank = sorted(rows, key=lambda k: rows[k]["predicted_step_time_s"])
+    meas_rank = sorted(rows, key=lambda k: rows[k]["measured_step_time_s"])
+    print(f"profile (--quick={not args.full}) took {profile_s:.1f} s; {args.steps} steps per plan")
+    print(f"{'plan':<12} {'layouts':<34} {'predicted s':>11} {'measured s':>11} {'error':>7} {'within 20%':>10}")
+    for label, r in rows.items():
+        lay = " ".join(f"{n}:{s}" for n, s in r["layouts"].items())
+        ok = abs(r["relative_error"]) <= TARGET
+        print(
+            f"{label:<12} {lay:<34} {r['predicted_step_time_s']:>11.3f} {r['measured_step_time_s']:>11.3f} "
+            f"{r['relative_error']:>+7.0%} {'yes' if ok else 'NO':>10}"
+        )
+    print(
+        f"ranking: predicted {' < '.join(pred_rank)}; measured {' < '.join(meas_rank)}; "
+        f"{'match' if pred_rank == meas_rank else 'MISMATCH'}"
+    )
+    result = {
+        "profile_s": profile_s,
+        "quick": not args.full,
+        "steps": args.steps,
+        "plans": rows,
+        "ranking_predicted": pred_rank,
+        "ranking_measured": meas_rank,
+        "ranking_match": pred_rank == meas_rank,
+        "within_target": {k: abs(r["relative_error"]) <= TARGET for k, r in rows.items()},
+    }
+    path = out_dir / ("validate_full.json" if args.full else "validate.json")
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,498 @@
+"""`orch profile`'s measurements: one rank body that times compute and collectives, and a local launcher.
+
+Every rank runs every case at the same time, as training does: on a machine where ranks share
+cores (here 4 gloo processes on 2 CPUs) a block timed alone runs about N/cores times faster than
+in a step, so timing it on one idle process would predict a step 2x too short. Each case starts
+after a barrier; a rank keeps the median of its repetitions and the profile takes the median
+over ranks.
+
+What is timed is what the runtime executes (runtime/executor.py): a Block (a DTensor TP shard
+over a real TP group when tp > 1) forward+backward on a packed micro-batch of k samples with
+per-sample attention; the module's parts outside the blocks; the per-step fixed work (one
+all_reduce per parameter tensor, the optimizer step, batch assembly and the metric
+collectives); and nccl-tests-style collectives inside a node and across nodes.
+
+`profile_rank` needs only an initialised process group, so a Slurm job can call it unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from orch.planner.errors import OrchError
+from orch.planner.profile import CollectiveRow, ComputeFit, LinkFit, ModuleProfile, Profile
+from orch.planner.specs import DataSpec, ModelSpec, ModuleKind
+from orch.runtime.profile_fit import bandwidths, fit_alpha_beta, fit_compute, median
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    model_json: str
+    data_json: str
+    ranks_per_node: int
+    quick: bool = False
+    max_bytes: int = 16 << 20
+    dtype: str = "float32"
+    seed: int = 0
+    progress: bool = False  # rank 0 draws a progress bar on stderr
+    lengths: tuple[int, ...] = ()  # override the sequence lengths (tests)
+    modules: tuple[str, ...] = ()  # only these modules (tests); default all
+
+    def seq_lengths(self) -> tuple[int, ...]:
+        if self.lengths:
+            return self.lengths
+        return (16, 64, 192) if self.quick else (8, 16, 32, 64, 128, 192, 256, 384)
+
+    def sizes(self) -> list[int]:
+        step = 32 if self.quick else 4
+        out, b = [], 1024
+        while b <= self.max_bytes:
+            out.append(b)
+            b *= step
+        if out and out[-1] != self.max_bytes and self.max_bytes > 1024:
+            out.append(self.max_bytes)
+        return out or [1024]
+
+    @property
+    def reps(self) -> int:
+        return 3 if self.quick else 10
+
+
+def _tp_degrees(model: ModelSpec, name: str, world: int, ranks_per_node: int) -> list[int]:
+    m = model.modules[name]
+    return [t for t in (1, 2, 4, 8) if t <= ranks_per_node and world % t == 0 and m.heads % t == 0 and m.ffn % t == 0]
+
+
+def _time(fn: Any, reps: int, sync: Any) -> float:
+    fn()  # warm-up: allocator, autograd graph, DTensor dispatch caches
+    sync()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t)
+    return median(times)
+
+
+def _saved_bytes(fn: Any) -> int:
+    """Bytes autograd keeps for backward during one forward (the CPU stand-in for the allocator's peak)."""
+    import torch
+
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        local = getattr(t, "_local_tensor", t)  # a DTensor's shard is what this rank holds
+        try:
+            st = local.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+        except RuntimeError:  # no real storage (views of wrapper subclasses): count the tensor itself
+            seen[id(t)] = local.numel() * local.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    del out
+    return sum(seen.values())
+
+
+def _peak_bytes(fn: Any, dev: Any) -> int:
+    """Activation bytes of one forward: the allocator's peak on CUDA, the saved tensors' sizes on CPU."""
+    import torch
+
+    if dev.type != "cuda":
+        return _saved_bytes(fn)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated(dev) - base
+    del out
+    return int(peak)
+
+
+def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu") -> dict[str, Any] | None:
+    """Run every case on this rank (the process group is initialised); rank 0 returns the raw results."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from orch.runtime.compute import build_optimizer
+    from orch.runtime.data import GlobalBatch
+    from orch.runtime.model import LLM, Block, Encoder, build_module, encoder_modality, init_module
+    from orch.runtime.parallelize import apply_tp
+
+    model = ModelSpec.model_validate_json(cfg.model_json)
+    data = DataSpec.model_validate_json(cfg.data_json)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.dtype]
+    dev = torch.device(device)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    names = [n for n in model.modules if not cfg.modules or n in cfg.modules]
+    rpn = cfg.ranks_per_node
+    nodes = world // rpn
+    # Groups of both link kinds; every rank creates every group in the same order (torch requires it).
+    groups: dict[str, Any] = {}
+    for kind, members in (
+        ("intra_node", [list(range(n * rpn, (n + 1) * rpn)) for n in range(nodes)]),
+        ("inter_node", [list(range(i, world, rpn)) for i in range(rpn)] if nodes > 1 else []),
+    ):
+        for ranks in members:
+            g = dist.new_group(ranks) if len(ranks) > 1 else None
+            if rank in ranks and g is not None:
+                groups[kind] = (g, ranks)
+    tp_meshes = {}
+    for t in sorted({t for n in names for t in _tp_degrees(model, n, world, rpn)}):
+        if t > 1:
+            tp_meshes[t] = init_device_mesh(dev.type, (world // t, t), mesh_dim_names=("dp", "tp"))["tp"]
+
+    lengths = cfg.seq_lengths()
+    ks = (1, 4)
+    cases: list[tuple[str, ...]] = []
+    for n in names:
+        for t in _tp_degrees(model, n, world, rpn):
+            cases += [("block", n, str(t), str(k), str(length)) for length in lengths for k in ks]
+        cases += [("rest", n, "1", str(k), str(length)) for length in lengths for k in ks]
+        cases.append(("overhead", n))
+    cases.append(("step",))
+    sizes = cfg.sizes()
+    for kind in ("intra_node", "inter_node"):
+        if nodes > 1 or kind == "intra_node":
+            cases += [("comm", kind, op, str(b)) for op in OPS for b in sizes]
+
+    results: dict[str, float] = {}
+    memory: dict[str, float] = {}
+    progress = None
+    if cfg.progress and rank == 0:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        progress = Progress(
+            TextColumn("{task.description:<36}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+        )
+        progress.start()
+        task = progress.add_task("profiling", total=len(cases))
+    blocks: dict[tuple[str, int], Any] = {}
+    rests: dict[str, Any] = {}
+    gen = torch.Generator().manual_seed(cfg.seed + rank)
+    try:
+        for case in cases:
+            if progress is not None:
+                progress.update(task, description=" ".join(case))
+            dist.barrier()
+            key = "/".join(case)
+            if case[0] == "block":
+                _, n, t_s, k_s, l_s = case
+                t, k, length = int(t_s), int(k_s), int(l_s)
+                spec = model.modules[n]
+                if (n, t) not in blocks:
+                    blk = Block(spec, causal=spec.kind == ModuleKind.LLM).to(dtype)
+                    init_module(blk, n, cfg.seed)
+                    if t > 1:
+                        apply_tp(blk, tp_mesh=tp_meshes[t])
+                    blocks[(n, t)] = blk.to(dev)
+                blk = blocks[(n, t)]
+                x = torch.randn(k * length, spec.hidden, generator=gen, dtype=dtype).to(dev).requires_grad_()
+                seqlens = [length] * k
+
+                def run(blk: Any = blk, x: Any = x, seqlens: list[int] = seqlens) -> None:
+                    blk(x, seqlens).sum().backward()
+
+                results[key] = _time(run, cfg.reps, sync)
+                if length == max(lengths) and k == max(ks):
+                    memory[f"{n}/{t}"] = _peak_bytes(lambda blk=blk, x=x, s=seqlens: blk(x, s), dev) / (k * length)
+            elif case[0] == "rest":
+                _, n, _, k_s, l_s = case
+                k, length = int(k_s), int(l_s)
+                spec = model.modules[n]
+                if n not in rests:
+                    bare = spec.model_copy(update={"layers": 0})
+                    mod = (
+                        LLM(bare)
+                        if spec.kind == ModuleKind.LLM
+                        else Encoder(bare, model.llm.hidden, encoder_modality(n, spec))
+                    )
+                    init_module(mod.to(dtype), n, cfg.seed)
+                    rests[n] = mod.to(dev)
+                mod = rests[n]
+                if spec.kind == ModuleKind.LLM:
+                    vocab = spec.vocab or 1
+                    texts = [torch.randint(0, vocab, (length,), generator=gen).to(dev) for _ in range(k)]
+                    prefixes = [torch.zeros(0, spec.hidden, dtype=dtype, device=dev) for _ in range(k)]
+                    labels = torch.cat(texts)
+
+                    def run(mod: Any = mod, p: Any = prefixes, tx: Any = texts, lb: Any = labels) -> None:
+                        F.cross_entropy(mod(p, tx), lb, reduction="sum").div(lb.numel()).backward()
+
+                else:
+                    frames = 2 if getattr(mod, "is_audio", False) else 1
+                    feats = torch.randn(k * length * frames, spec.input_dim or 1, generator=gen, dtype=dtype).to(dev)
+
+                    def run(mod: Any = mod, f: Any = feats, s: list[int] = [length] * k) -> None:
+                        mod(f, s).sum().backward()
+
+                results[key] = _time(run, cfg.reps, sync)
+            elif case[0] == "overhead":
+                n = case[1]
+                full = build_module(n, model).to(dtype).to(dev)
+                params = list(full.parameters())
+                for p in params:
+                    p.grad = torch.zeros_like(p)
+                opt = build_optimizer(params, "sgd", 0.0)
+
+                def run(params: list[Any] = params, opt: Any = opt) -> None:
+                    # what Executor._sync_grads + the optimizer do once per step for this module (DP over all ranks)
+                    for p in params:
+                        dist.all_reduce(p.grad)
+                    opt.step()
+                    opt.zero_grad(set_to_none=False)
+
+                results[key] = _time(run, cfg.reps, sync)
+            elif case[0] == "step":
+                counter = [0]
+
+                def run(counter: list[int] = counter) -> None:
+                    # per-step work outside the modules: batch assembly, the samples this rank builds for
+                    # every module it serves, the boundary moves (every placement runs them, also homogeneous),
+                    # the global loss all_reduce and the metrics all_gather_object
+                    counter[0] += 1
+                    batch = GlobalBatch.build(model, data, cfg.seed, counter[0])
+                    for _ in model.modules:
+                        for i in range(rank, batch.size, world):
+                            batch.sample(i, dtype)
+                    for e in model.encoder_names:
+                        # the boundary move of this encoder's outputs into the LLM layout and its gradient back:
+                        # one all_to_all_single each way (runtime/transport.py), this rank's share of the rows
+                        # (equal splits sized by the rank holding most rows: every rank knows the whole batch)
+                        rows = max(
+                            sum(batch.projected(e, i) for i in range(r, batch.size, world)) for r in range(world)
+                        )
+                        per_peer = -(-rows // world)
+                        send = torch.zeros(per_peer * world, model.llm.hidden, dtype=dtype, device=dev)
+                        recv = torch.empty_like(send)
+                        for _ in range(2):
+                            dist.all_to_all_single(recv, send)
+                    dist.all_reduce(torch.zeros((), dtype=torch.float64))
+                    everyone: list[Any] = [None] * world
+                    dist.all_gather_object(everyone, {"step": 0.0})
+
+                results[key] = _time(run, cfg.reps, sync)
+            else:
+                _, kind, op, b_s = case
+                if kind in groups:
+                    g, ranks = groups[kind]
+                    results[key] = _time_collective(op, int(b_s), g, ranks, rank, dev, cfg.reps, sync)
+            if progress is not None:
+                progress.advance(task)
+    finally:
+        if progress is not None:
+            progress.stop()
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, {"times": results, "memory": memory})
+    if rank != 0:
+        return None
+    merged = {k: median([e["times"][k] for e in everyone if k in e["times"]]) for k in results}
+    mem = {k: median([e["memory"][k] for e in everyone if k in e["memory"]]) for k in memory}
+    group_sizes = {kind: len(groups[kind][1]) for kind in groups}
+    return {"times": merged, "memory": mem, "group_sizes": group_sizes, "device": _device_name(dev)}
+
+
+def _time_collective(
+    op: str, nbytes: int, group: Any, ranks: list[int], rank: int, dev: Any, reps: int, sync: Any
+) -> float:
+    import torch
+    import torch.distributed as dist
+
+    n = len(ranks)
+    numel = max(nbytes // 4 // n * n, n)  # float32, divisible by the group size
+    x = torch.zeros(numel, dtype=torch.float32, device=dev)
+    me = ranks.index(rank)
+    if op == "all_reduce":
+        fn = lambda: dist.all_reduce(x, group=group)  # noqa: E731
+    elif op == "all_gather":  # nccl-tests: the message is the gathered output
+        parts = [torch.empty(numel // n, device=dev) for _ in range(n)]
+        fn = lambda: dist.all_gather(parts, x[: numel // n], group=group)  # noqa: E731
+    elif op == "reduce_scatter":
+        out = torch.empty(numel // n, device=dev)
+        rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # renamed in torch 2.13
+        fn = lambda: rs(out, x, group=group)  # noqa: E731
+    elif op == "all_to_all":
+        out = torch.empty_like(x)
+        fn = lambda: dist.all_to_all_single(out, x, group=group)  # noqa: E731
+    else:  # send_recv: every rank sends to the next and receives from the previous (nccl-tests sendrecv)
+        buf = torch.empty_like(x)
+
+        def fn() -> None:
+            reqs = [
+                dist.isend(x, ranks[(me + 1) % n], group=group),
+                dist.irecv(buf, ranks[(me - 1) % n], group=group),
+            ]
+            for r in reqs:
+                r.wait()
+
+    try:
+        return _time(fn, reps, sync)
+    except (RuntimeError, NotImplementedError):
+        return -1.0  # the backend lacks this op (gloo has no reduce_scatter); left out of the table
+
+
+def _device_name(dev: Any) -> str:
+    import torch
+
+    if dev.type == "cuda":
+        return str(torch.cuda.get_device_name(dev))
+    return "cpu"
+
+
+def build_profile(raw: dict[str, Any], model: ModelSpec, cfg: ProfileConfig, world: int, backend: str) -> Profile:
+    """Fit the raw medians into the profile the planner reads."""
+    import torch
+
+    times: dict[str, float] = raw["times"]
+    modules: dict[str, ModuleProfile] = {}
+    for n in model.modules:
+        fits: dict[int, ComputeFit] = {}
+        for t in _tp_degrees(model, n, world, cfg.ranks_per_node):
+            pts = _points(times, f"block/{n}/{t}/")
+            if pts:
+                fits[t] = _fit(pts, raw["memory"].get(f"{n}/{t}", 0.0))
+        if not fits:
+            continue
+        rest_pts = _points(times, f"rest/{n}/1/")
+        overhead = times.get(f"overhead/{n}", 0.0)
+        if model.modules[n].kind == ModuleKind.LLM:
+            overhead += times.get("step", 0.0)
+        modules[n] = ModuleProfile(block=fits, rest=_fit(rest_pts, 0.0) if rest_pts else None, step_overhead_s=overhead)
+    rows: list[CollectiveRow] = []
+    links: dict[str, LinkFit] = {}
+    sizes: dict[str, int] = raw["group_sizes"]
+    for key, secs in sorted(times.items(), key=_comm_order):
+        if not key.startswith("comm/") or secs <= 0:
+            continue
+        _, kind, op, b_s = key.split("/")
+        n = sizes[kind]
+        algbw, busbw = bandwidths(op, n, int(b_s), secs)
+        rows.append(
+            CollectiveRow(op=op, link=kind, ranks=n, bytes=int(b_s), time_s=secs, algbw_gbps=algbw, busbw_gbps=busbw)  # type: ignore[arg-type]
+        )
+    for kind in sizes:
+        pts = [(r.bytes, r.time_s) for r in rows if r.link == kind and r.op == "send_recv"]
+        if len(pts) >= 2:
+            alpha, gbps = fit_alpha_beta(pts)
+            links[kind] = LinkFit(alpha_s=alpha, gbps=gbps)
+    return Profile(
+        cluster=f"local x{world}",
+        device=raw["device"],
+        backend=backend,
+        torch_version=torch.__version__,
+        date=datetime.now(UTC).isoformat(timespec="seconds"),
+        dtype=cfg.dtype,
+        model=model.name,
+        modules=modules,
+        links=links,  # type: ignore[arg-type]
+        collectives=rows,
+        nproc=world,
+        ranks_per_node=cfg.ranks_per_node,
+        quick=cfg.quick,
+    )
+
+
+def _comm_order(item: tuple[str, float]) -> tuple[str, ...] | tuple[str, str, str, int]:
+    parts = item[0].split("/")
+    return (parts[0], parts[1], parts[2], int(parts[3])) if parts[0] == "comm" else tuple(parts)
+
+
+def _points(times: dict[str, float], prefix: str) -> list[tuple[int, int, float]]:
+    out = []
+    for key, secs in times.items():
+        if key.startswith(prefix):
+            k_s, l_s = key[len(prefix) :].split("/")
+            out.append((int(k_s), int(l_s), secs))
+    return sorted(out)
+
+
+def _fit(points: list[tuple[int, int, float]], mem_per_token: float) -> ComputeFit:
+    quadratic = len({length for _, length, _ in points}) >= 3
+    f = fit_compute(points, quadratic=quadratic)
+    return ComputeFit(
+        c0=f.c0, c1=f.c1, c2=f.c2, call_s=f.call, rel_error=f.rel_error, memory_bytes_per_token=mem_per_token
+    )
+
+
+@dataclass(frozen=True)
+class _Job:
+    cfg: ProfileConfig
+    port: int
+    world: int
+    out: str
+    timeout_s: float
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(rank: int, job: _Job) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # shared 2-core machines: one thread per rank, as `orch launch` runs
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{job.port}",
+        rank=rank,
+        world_size=job.world,
+        timeout=timedelta(seconds=job.timeout_s),
+    )
+    try:
+        raw = profile_rank(rank, job.world, job.cfg)
+        if raw is not None:
+            Path(job.out).write_text(json.dumps(raw))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_profile_local(
+    model: ModelSpec, data: DataSpec, cfg: ProfileConfig, *, nproc: int, workdir: str | os.PathLike[str]
+) -> Profile:
+    """Profile on `nproc` local gloo processes; the rank body is `profile_rank`."""
+    import torch.multiprocessing as mp
+
+    if nproc < 1 or nproc % cfg.ranks_per_node:
+        raise OrchError(f"--nproc {nproc}: must be a positive multiple of {cfg.ranks_per_node} ranks per node")
+    out = Path(workdir)
+    out.mkdir(parents=True, exist_ok=True)
+    raw_path = out / "profile-raw.json"
+    raw_path.unlink(missing_ok=True)
+    job = _Job(cfg, _free_port(), nproc, str(raw_path), 300.0)
+    try:
+        mp.start_processes(_worker, args=(job,), nprocs=nproc, join=True, start_method="spawn")
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
+        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+        raise OrchError(f"profile rank {exc.error_index} failed: {lines[-1] if lines else exc}") from None
+    raw = json.loads(raw_path.read_text())
+    return build_profile(raw, model, cfg, nproc, "gloo")
+
+
+__all__ = ["ProfileConfig", "build_profile", "profile_rank", "run_profile_local"]

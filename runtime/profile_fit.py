@@ -1,0 +1,100 @@
+"""Fits and bandwidth arithmetic of `orch profile`: pure functions over measured points (no torch).
+
+Compute: t(k, len) = call + k·(c0 + c1·len + c2·len²) for one call on a packed micro-batch of k
+samples of `len` tokens each (the runtime's blocks run the linear layers once per micro-batch and
+attention once per sample). Communication: nccl-tests' algbw = bytes / time and busbw = algbw times
+the op's bus factor (nccl-tests doc/PERFORMANCE.md), and an alpha-beta model t = alpha + bytes / bw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# nccl-tests doc/PERFORMANCE.md: the bytes each rank must move relative to the message size.
+_BUS_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "send_recv": lambda n: 1.0,
+}
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor of `op` on `n` ranks."""
+    if op not in _BUS_FACTORS:
+        raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(_BUS_FACTORS)}")
+    if n < 1:
+        raise ValueError(f"ranks must be >= 1, got {n}")
+    return float(_BUS_FACTORS[op](n))
+
+
+def bandwidths(op: str, n: int, nbytes: int, seconds: float) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s, as nccl-tests prints them."""
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else 0.0
+    return algbw, algbw * bus_factor(op, n)
+
+
+@dataclass(frozen=True)
+class CallFit:
+    call: float
+    c0: float
+    c1: float
+    c2: float
+    rel_error: float  # max |fit - measured| / measured over the points
+
+
+def fit_compute(points: list[tuple[int, int, float]], quadratic: bool = True) -> CallFit:
+    """Least squares of t(k, len) = call + k·(c0 + c1·len + c2·len²) over (k, len, seconds) points.
+
+    Columns are scaled before solving (len² spans orders of magnitude); coefficients are clipped
+    at zero (a negative per-token cost is noise, not physics) and the error is reported for the
+    clipped fit, which is the one the planner uses.
+    """
+    if not points:
+        raise ValueError("no points to fit")
+    ks = {k for k, _, _ in points}
+    cols = [lambda k, n: 1.0, lambda k, n: float(k), lambda k, n: float(k * n)]
+    if quadratic:
+        cols.append(lambda k, n: float(k * n * n))
+    use_call = len(ks) > 1
+    if not use_call:
+        cols = cols[1:]
+    a = np.array([[c(k, n) for c in cols] for k, n, _ in points], dtype=np.float64)
+    y = np.array([t for _, _, t in points], dtype=np.float64)
+    if len(points) < a.shape[1]:
+        raise ValueError(f"{len(points)} points cannot determine {a.shape[1]} coefficients")
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, *_ = np.linalg.lstsq(a / scale, y, rcond=None)
+    coef = np.clip(coef / scale, 0.0, None)
+    values = list(coef) if use_call else [0.0, *coef]
+    while len(values) < 4:
+        values.append(0.0)
+    call, c0, c1, c2 = (float(v) for v in values)
+    pred = np.array([call + k * (c0 + c1 * n + c2 * n * n) for k, n, _ in points])
+    err = float(np.max(np.abs(pred - y) / np.maximum(y, 1e-12)))
+    return CallFit(call, c0, c1, c2, err)
+
+
+def fit_alpha_beta(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(alpha seconds, GB/s) of t = alpha + bytes / (gbps·1e9) over (bytes, seconds) points."""
+    if len(points) < 2:
+        raise ValueError("an alpha-beta fit needs at least two message sizes")
+    x = np.array([b for b, _ in points], dtype=np.float64)
+    y = np.array([t for _, t in points], dtype=np.float64)
+    a = np.stack([np.ones_like(x), x / x.max()], axis=1)
+    (alpha, slope), *_ = np.linalg.lstsq(a, y, rcond=None)
+    slope = slope / x.max()
+    alpha = max(float(alpha), 0.0)
+    gbps = 1.0 / (float(slope) * 1e9) if slope > 0 else 1e6  # no measurable per-byte cost: effectively free
+    return alpha, gbps
+
+
+def median(values: list[float]) -> float:
+    return float(np.median(np.asarray(values, dtype=np.float64))) if values else 0.0
+
+
+__all__ = ["CallFit", "bandwidths", "bus_factor", "fit_alpha_beta", "fit_compute", "median"]

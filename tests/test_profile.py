@@ -1,0 +1,193 @@
+"""`orch profile`: the fits, nccl-tests' bus factors, the schema round-trip, the planner using a profile, errors."""
+
+import json
+
+import pytest
+import yaml
+
+from orch.planner.costs import module_cost
+from orch.planner.loading import load_cluster, load_data, load_model
+from orch.planner.plan import Layout, Recompute
+from orch.planner.profile import CollectiveRow, ComputeFit, LinkFit, ModuleProfile, Profile
+from orch.runtime.profile_fit import bandwidths, bus_factor, fit_alpha_beta, fit_compute
+
+
+def test_fit_recovers_exact_coefficients():
+    call, c0, c1, c2 = 3e-4, 2e-5, 1e-6, 4e-9
+    pts = [(k, n, call + k * (c0 + c1 * n + c2 * n * n)) for k in (1, 4) for n in (8, 16, 64, 192, 384)]
+    f = fit_compute(pts)
+    assert (f.call, f.c0, f.c1, f.c2) == pytest.approx((call, c0, c1, c2), rel=1e-6)
+    assert f.rel_error < 1e-9
+
+
+def test_fit_with_one_batch_size_has_no_call_term():
+    pts = [(1, n, 1e-4 + 2e-6 * n + 3e-9 * n * n) for n in (16, 64, 192)]
+    f = fit_compute(pts)
+    assert f.call == 0.0
+    assert (f.c0, f.c1, f.c2) == pytest.approx((1e-4, 2e-6, 3e-9), rel=1e-6)
+
+
+def test_fit_reports_its_error_and_never_goes_negative():
+    pts = [(1, 16, 1.0), (1, 64, 1.2), (1, 192, 0.9), (4, 16, 4.0)]
+    f = fit_compute(pts)
+    assert min(f.call, f.c0, f.c1, f.c2) >= 0.0
+    assert f.rel_error > 0.01
+    with pytest.raises(ValueError, match="points"):
+        fit_compute([(1, 16, 1.0)])
+
+
+@pytest.mark.parametrize(
+    ("op", "n", "factor"),
+    [
+        ("all_reduce", 2, 1.0),
+        ("all_reduce", 4, 1.5),
+        ("all_reduce", 8, 1.75),
+        ("all_gather", 4, 0.75),
+        ("reduce_scatter", 8, 0.875),
+        ("all_to_all", 2, 0.5),
+        ("send_recv", 2, 1.0),
+    ],
+)
+def test_bus_factors_are_nccl_tests(op, n, factor):
+    assert bus_factor(op, n) == pytest.approx(factor)
+
+
+def test_algbw_and_busbw():
+    algbw, busbw = bandwidths("all_reduce", 4, 1_000_000_000, 0.5)
+    assert (algbw, busbw) == pytest.approx((2.0, 3.0))
+    with pytest.raises(ValueError, match="unknown collective"):
+        bus_factor("broadcast_all", 2)
+
+
+def test_alpha_beta_fit_is_exact_on_a_line():
+    alpha, gbps = 50e-6, 12.5
+    pts = [(b, alpha + b / (gbps * 1e9)) for b in (1024, 32768, 1 << 20, 16 << 20)]
+    a, g = fit_alpha_beta(pts)
+    assert a == pytest.approx(alpha, rel=1e-6)
+    assert g == pytest.approx(gbps, rel=1e-6)
+    with pytest.raises(ValueError, match="two message sizes"):
+        fit_alpha_beta(pts[:1])
+
+
+def _profile() -> Profile:
+    fit = ComputeFit(c0=1e-4, c1=2e-6, c2=1e-9, call_s=5e-4, rel_error=0.05, memory_bytes_per_token=4096)
+    rest = ComputeFit(c0=1e-5, c1=1e-6, call_s=1e-4)
+    return Profile(
+        device="cpu",
+        backend="gloo",
+        torch_version="2.13.0",
+        date="2026-01-01T00:00:00+00:00",
+        model="tiny",
+        modules={
+            n: ModuleProfile(block={1: fit, 2: fit}, rest=rest, step_overhead_s=0.01)
+            for n in ("vision", "audio", "llm")
+        },
+        links={"intra_node": LinkFit(alpha_s=1e-4, gbps=1.0), "inter_node": LinkFit(alpha_s=2e-4, gbps=0.5)},
+        collectives=[
+            CollectiveRow(
+                op="all_reduce", link="intra_node", ranks=2, bytes=1024, time_s=1e-4, algbw_gbps=0.01, busbw_gbps=0.01
+            )
+        ],
+        nproc=4,
+        ranks_per_node=2,
+    )
+
+
+def test_profile_round_trips_through_json_and_yaml(tmp_path):
+    from orch.planner.io import to_yaml
+    from orch.planner.loading import load_json_file
+
+    prof = _profile()
+    assert Profile.model_validate_json(prof.model_dump_json()) == prof
+    path = tmp_path / "p.yaml"
+    path.write_text(to_yaml(prof.model_dump(mode="json")))
+    assert load_json_file(Profile, str(path)) == prof
+    old = json.loads(prof.model_dump_json())
+    for key in ("nproc", "ranks_per_node", "quick"):
+        old.pop(key)
+    for m in old["modules"].values():
+        m.pop("rest"), m.pop("step_overhead_s")
+        for f in m["block"].values():
+            f.pop("call_s")
+    assert Profile.model_validate(old).modules["llm"].step_overhead_s == 0.0  # version-1 files without new fields
+
+
+def test_cost_model_adds_call_rest_and_step_overhead():
+    model, data, cluster = load_model("tiny"), load_data("tiny-mix"), load_cluster("local-cpu")
+    lay = Layout(dp=4)
+    base = ModuleProfile(block={1: ComputeFit(c0=1e-4, c1=1e-6)})
+    plain = Profile(device="cpu", backend="gloo", modules={"llm": base})
+
+    def compute(prof: Profile, mb: int = 2) -> float:
+        return module_cost(model, data, cluster, "llm", lay, mb, Recompute.NONE, in_flight=1, profile=prof).compute_s
+
+    with_call = base.model_copy(update={"block": {1: ComputeFit(c0=1e-4, c1=1e-6, call_s=1e-3)}})
+    calls = data.global_batch / 4 / 2
+    delta = compute(Profile(device="cpu", backend="gloo", modules={"llm": with_call})) - compute(plain)
+    assert delta == pytest.approx(1e-3 * calls * model.llm.layers)
+    with_overhead = base.model_copy(update={"step_overhead_s": 0.25})
+    assert compute(Profile(device="cpu", backend="gloo", modules={"llm": with_overhead})) == pytest.approx(
+        compute(plain) + 0.25
+    )
+    with_rest = base.model_copy(update={"rest": ComputeFit(c0=0.0, c1=0.0, call_s=0.01)})
+    rest = compute(Profile(device="cpu", backend="gloo", modules={"llm": with_rest}))
+    assert rest == pytest.approx(compute(plain) - _datasheet_rest(plain, compute) + 0.01 * calls)
+
+
+def _datasheet_rest(prof: Profile, compute) -> float:
+    """The FLOP-based rest the measured one replaces: compute minus the blocks' share."""
+    model, data = load_model("tiny"), load_data("tiny-mix")
+    from orch.planner.costs import workload
+
+    w = workload(model, data, "llm")
+    fit = prof.modules["llm"].block[1]
+    samples = w.samples * w.stats.present / 4
+    return compute(prof) - (fit.c0 * samples + fit.c1 * w.tokens / 4) * model.llm.layers
+
+
+def test_plan_with_profile_changes_the_predicted_compute(cli, tmp_path):
+    prof = tmp_path / "profile.json"
+    prof.write_text(_profile().model_dump_json())
+    args = ["plan", "-m", "tiny", "-c", "local-cpu", "--placement", "homogeneous", "--json", "--top", "0"]
+    args += ["--fix", "llm.tp=1", "--fix", "llm.pp=1", "--fix", "llm.cp=1"]
+    plain = cli(*args, "--out", str(tmp_path / "a.yaml"))
+    measured = cli(*args, "--out", str(tmp_path / "b.yaml"), "--profile", str(prof))
+    assert plain.exit_code == 0, plain.output
+    assert measured.exit_code == 0, measured.output
+    a, b = json.loads(plain.stdout), json.loads(measured.stdout)
+    assert b["modules"]["llm"]["time_s"] != pytest.approx(a["modules"]["llm"]["time_s"])
+    assert b["predicted"]["step_time_s"] > 0.03  # three modules x 0.01 s step overhead at least
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--executor", "slurm"], "--executor: slurm: not available yet"),
+        (["--executor", "k8s"], "--executor: expected one of local, slurm, got 'k8s'"),
+        (["--nproc", "0"], "--nproc: expected a positive process count, got 0"),
+        (["--nproc", "3"], "--nproc: 3 is not a multiple of the cluster's 2 GPUs per node"),
+        (["--max-bytes", "10"], "--max-bytes: expected at least 1024 bytes, got 10"),
+        (["--nodes", "2"], "--nodes: only with --executor slurm"),
+    ],
+)
+def test_profile_bad_input_is_one_line(cli, tmp_path, args, message):
+    result = cli("profile", "-m", "tiny", "--out", str(tmp_path / "p.json"), *args)
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith(f"error: {message}")
+
+
+def test_profile_unknown_model_is_one_line(cli, tmp_path):
+    result = cli("profile", "-m", "no-such-model", "--out", str(tmp_path / "p.json"))
+    assert result.exit_code == 1
+    assert len(result.output.strip().splitlines()) == 1
+    assert result.output.startswith("error: ")
+
+
+def test_profile_yaml_is_read_by_plan(tmp_path):
+    from orch.planner.loading import load_json_file
+
+    path = tmp_path / "p.yml"
+    path.write_text(yaml.safe_dump(_profile().model_dump(mode="json")))
+    assert load_json_file(Profile, str(path)).modules["vision"].block[2].call_s == 5e-4

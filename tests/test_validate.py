@@ -1,0 +1,178 @@
+"""`orch validate`: predicted vs measured from a hand-written metrics file, errors, and one real loop."""
+
+import json
+
+import pytest
+import yaml
+
+from orch.planner.plan import Plan, Prediction
+from orch.runtime.profile_validate import Validation
+
+
+def _ranks(**phases: float) -> dict[str, dict[str, float]]:
+    return {str(r): dict(phases) for r in range(2)}
+
+
+@pytest.fixture
+def known_plan(plan_file, tmp_path):
+    """The 2-rank tiny plan with a known prediction."""
+    path, _, _ = plan_file
+    plan = Plan.model_validate(yaml.safe_load(path.read_text()))
+    phases = {"vision": 0.1, "vision->llm": 0.02, "llm": 0.3}
+    plan = plan.model_copy(update={"predicted": Prediction(step_time_s=0.5, tokens_per_s=0, mfu=0, phases=phases)})
+    out = tmp_path / "known.yaml"
+    out.write_text(yaml.safe_dump(plan.model_dump(mode="json")))
+    return out
+
+
+def _metrics(tmp_path, steps: list[float]):
+    lines = []
+    for k, s in enumerate(steps):
+        ph = _ranks(
+            **{
+                "vision.fwd": 0.05,
+                "vision.boundary": 0.01,
+                "llm.fwd_bwd": 0.25,
+                "vision.boundary_bwd": 0.01,
+                "vision.bwd": 0.05,
+                "encoders.bwd": 0.06,
+                "grad_sync": 0.1,
+                "optimizer": 0.02,
+                "step": s,
+            }
+        )
+        lines.append(json.dumps({"step": k, "loss": 1.0, "tokens": 10, "step_time_s": s, "setup_s": 0, "ranks": ph}))
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_validate_on_a_hand_written_metrics_file(cli, tmp_path, known_plan):
+    metrics = _metrics(tmp_path, [9.0, 0.4, 0.6, 0.5])  # step 0 (warm-up) is left out: median 0.5
+    result = cli("validate", "--plan", str(known_plan), "--metrics", str(metrics), "--json")
+    assert result.exit_code == 0, result.output
+    v = Validation.model_validate_json(result.stdout)
+    assert v.predicted_step_time_s == pytest.approx(0.5)
+    assert v.measured_step_time_s == pytest.approx(0.5)
+    assert v.relative_error == pytest.approx(0.0)
+    assert v.steps_used == 3
+    rows = {r.phase: r for r in v.phases}
+    assert rows["encoders (fwd+bwd)"].measured_s == pytest.approx(0.10)
+    assert rows["encoders (fwd+bwd)"].relative_error == pytest.approx(0.0)
+    assert rows["boundaries (fwd+bwd)"].measured_s == pytest.approx(0.02)
+    assert rows["llm"].predicted_s == pytest.approx(0.3)
+    assert rows["llm"].relative_error == pytest.approx(0.05 / 0.25)
+    assert rows["grad_sync+optimizer (in module rows)"].measured_s == pytest.approx(0.12)
+    assert rows["modules incl. grad_sync+optimizer"].measured_s == pytest.approx(0.47)
+    # the table form prints the same rows
+    table = cli("validate", "--plan", str(known_plan), "--metrics", str(metrics))
+    assert table.exit_code == 0, table.output
+    assert "encoders (fwd+bwd)" in table.output and "+0%" in table.output
+
+
+def test_validate_relative_error_sign(cli, tmp_path, known_plan):
+    metrics = _metrics(tmp_path, [1.0, 1.0])
+    v = json.loads(cli("validate", "--plan", str(known_plan), "--metrics", str(metrics), "--json").stdout)
+    assert v["relative_error"] == pytest.approx(-0.5)  # predicted 0.5 s, measured 1.0 s
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such metrics file"),
+        ("", "no metrics records"),
+        ("{not json\n", "line 1: not JSON"),
+        ('{"step": 0}\n', "line 1: expected a metrics record with a numeric step_time_s"),
+    ],
+)
+def test_validate_bad_metrics_is_one_line(cli, tmp_path, known_plan, content, message):
+    path = tmp_path / "m.jsonl"
+    if content is not None:
+        path.write_text(content)
+    result = cli("validate", "--plan", str(known_plan), "--metrics", str(path))
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+
+
+def test_validate_missing_plan_is_one_line(cli, tmp_path):
+    metrics = _metrics(tmp_path, [0.5])
+    result = cli("validate", "--plan", str(tmp_path / "nope.yaml"), "--metrics", str(metrics))
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [f"error: {tmp_path / 'nope.yaml'}: no such file"]
+
+
+def test_profile_plan_launch_validate_end_to_end(cli, tmp_path, monkeypatch):
+    """The loop on 2 local ranks: profile --quick (two lengths only), plan with it, launch 3 steps, validate --json."""
+    import dataclasses
+
+    from orch.planner.profile import Profile
+    from orch.runtime import profile_bench
+
+    real = profile_bench.run_profile_local
+
+    def fewer_lengths(model, data, cfg, **kw):
+        return real(model, data, dataclasses.replace(cfg, lengths=(16, 64)), **kw)
+
+    monkeypatch.setattr(profile_bench, "run_profile_local", fewer_lengths)
+
+    prof = tmp_path / "profile.json"
+    r = cli(
+        "profile",
+        "-m",
+        "tiny",
+        "--nproc",
+        "2",
+        "--quick",
+        "--max-bytes",
+        "32768",
+        "--out",
+        str(prof),
+        "--workdir",
+        str(tmp_path / "prof"),
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    profile = Profile.model_validate_json(prof.read_text())
+    assert Profile.model_validate_json(r.stdout) == profile
+    assert set(profile.modules) == {"vision", "audio", "llm"}
+    assert set(profile.modules["llm"].block) == {1, 2}
+    assert profile.modules["llm"].step_overhead_s > 0 and profile.modules["llm"].rest is not None
+    assert profile.nproc == 2 and profile.backend == "gloo" and "intra_node" in profile.links
+    assert {row.op for row in profile.collectives} >= {"all_reduce", "all_gather", "all_to_all", "send_recv"}
+
+    plan = tmp_path / "plan.yaml"
+    fixes = [x for a in ("vision.cp=1", "audio.cp=1", "llm.cp=1", "llm.pp=1", "llm.ep=1") for x in ("--fix", a)]
+    r = cli(
+        "plan",
+        "-m",
+        "tiny",
+        "-c",
+        "local-cpu",
+        "--nodes",
+        "1",
+        "--profile",
+        str(prof),
+        "--placement",
+        "homogeneous",
+        *fixes,
+        "--out",
+        str(plan),
+        "--json",
+        "--top",
+        "0",
+    )
+    assert r.exit_code == 0, r.output
+    r = cli("launch", str(plan), "--steps", "3", "--workdir", str(tmp_path / "run"))
+    assert r.exit_code == 0, r.output
+    r = cli("validate", "--plan", str(plan), "--metrics", str(tmp_path / "run" / "metrics.jsonl"), "--json")
+    assert r.exit_code == 0, r.output
+    v = json.loads(r.stdout)
+    assert v["predicted_step_time_s"] == pytest.approx(
+        Plan.model_validate(yaml.safe_load(plan.read_text())).predicted.step_time_s
+    )
+    assert v["measured_step_time_s"] > 0
+    assert v["relative_error"] == pytest.approx(
+        (v["predicted_step_time_s"] - v["measured_step_time_s"]) / v["measured_step_time_s"]
+    )
+    assert v["steps_used"] == 2
