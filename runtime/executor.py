@@ -38,7 +38,7 @@ from orch.runtime.compute import build_optimizer, encode, text_loss
 from orch.runtime.data import GlobalBatch, Sample, encoder_order
 from orch.runtime.grid import Grid, build_grids, build_meshes
 from orch.runtime.model import AUDIO_STEM_STRIDE, build_model, encoder_modality
-from orch.runtime.orchestrator import Orchestrator, StepTables
+from orch.runtime.orchestrator import Orchestrator, StepTables, shared_calibration
 from orch.runtime.parallelize import apply_tp
 from orch.runtime.transport import Route, move
 
@@ -57,6 +57,9 @@ class RunConfig:
     resume: bool = True  # continue from the newest complete checkpoint of the workdir, if any
     balance: str = "none"  # post-balancing mode: orch | paper | lpt | none (runtime/orchestrator.py)
     count_tokens: bool = False  # record tokens per sample and phase (StepMetrics.processed; tests)
+    # time the modules at startup for the dispatcher's cost model (orchestrator.calibrate_module);
+    # None: when balancing (a `none` run's cost statistics then use the FLOP model alone)
+    calibrate: bool | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -113,7 +116,9 @@ class Executor:
         self.boundaries = {
             e: Boundary(edges[e], self.grids[e], self.grids[self.model.llm_name]) for e in self.model.encoder_names
         }
-        self.orch = Orchestrator(plan, self.grids, cfg.balance, torch.finfo(cfg.torch_dtype).bits // 8)
+        calibrate = cfg.calibrate if cfg.calibrate is not None else Mode(cfg.balance) != Mode.NONE
+        calibration = shared_calibration(self.model, cfg.torch_dtype, rank) if calibrate else None
+        self.orch = Orchestrator(plan, self.grids, cfg.balance, torch.finfo(cfg.torch_dtype).bits // 8, calibration)
 
     def _held(self, name: str, tables: StepTables, *, origin: bool = False) -> list[int]:
         c = self.grids[name].coord(self.rank)
@@ -274,17 +279,29 @@ class Executor:
         )
 
     def _sync_grads(self, spans: list[tuple[str, str, float, float]]) -> None:
-        """Sum each module's gradients over its DP group (no averaging: the loss is globally normalised)."""
+        """Sum each module's gradients over its DP group (no averaging: the loss is globally normalised).
+
+        Coalesced: per module, the rank-local gradients (TP shards as they are) are flattened into one
+        buffer per dtype, summed by one all_reduce over the module's DP group, and copied back. Gloo
+        sums element by element whatever the buffer, so this is the per-parameter sum at a fraction
+        of the collectives (one per module and dtype instead of one per parameter tensor).
+        """
         for name, module in self.modules.items():
             t = time.perf_counter()
             grid = self.grids[name]
             group = grid.submesh("dp").get_group() if grid.dp > 1 else None
+            buckets: dict[torch.dtype, list[torch.Tensor]] = {}
             for p in module.parameters():
                 if p.grad is None:  # no tokens of this modality on this rank
                     p.grad = torch.zeros_like(p)
-                if group is not None:
-                    local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                    dist.all_reduce(local, group=group)
+                local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                buckets.setdefault(local.dtype, []).append(local)
+            if group is not None:
+                for grads in buckets.values():
+                    flat = torch.cat([g.reshape(-1) for g in grads])
+                    dist.all_reduce(flat, group=group)
+                    for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+                        g.copy_(part.view_as(g))
             spans.append((name, "grad_sync", t, time.perf_counter()))
 
     def _global_loss(self, loss_sum: torch.Tensor) -> float:

@@ -15,12 +15,26 @@ module's DP indices from its own origin, and an encoder's outputs go to the LLM 
 table Π_llm ∘ B ∘ Π_enc⁻¹, where B is the unbalanced boundary (encoder origin -> LLM origin):
 one move, not back-and-forth (`StepTables.boundary_table`).
 
-Cost per sample and phase (the dispatcher's cost = a·len + b·len², planner/balance/batch.py),
-from the model shape, in FLOPs per forward, summed over the module's layers:
+Cost per sample and phase (the dispatcher's cost = c + a·len + b·len² for len > 0,
+planner/balance/batch.py), from the model shape, in FLOPs per forward, summed over the module's layers:
   a = 2 · params_per_layer   (every token goes through every block weight once: 2 FLOPs per MAC)
   b = 4 · hidden             (QK^T and PV: 2 · 2 · hidden per pair of tokens), x0.5 for the causal LLM
 the LLM adds 2 · hidden · vocab per token to `a` (the head; text tokens only in fact, a small bias).
+FLOPs alone miss two things the runtime really pays (`calibrate_module`): a fixed cost per sample
+(attention, the projector's padding and the LLM's embedding run once per sample in Python: a
+dozen small kernels per layer, forward and backward) and a per-pair rate above the matmul rate
+(scores are materialised, scaled, masked and soft-maxed element by element). So rank 0 times the
+module's real forward+backward (`compute.encode` / `compute.text_loss`) on a few packed
+micro-batches of k samples of n tokens at startup, fits t = call + c0·k + r1·k·a·n + r2·k·b·n² by
+least squares, and every rank uses (broadcast, so the tables stay identical)
+  c = tp · c0 / r1   (the per-sample seconds in FLOPs of linear work; under TP the matmuls split
+                      over tp ranks but the per-sample kernels do not)
+  b ← b · r2 / r1    (attention's measured rate relative to the matmuls')
+Without a calibration (pure tests, `--balance none`) c = 0 and b is the FLOP count.
 Bytes a sample moves in a phase: its tokens x hidden x element size (`phase_bytes`).
+
+A phase whose balanced placement the cost model prices above the unbalanced one (lpt and paper
+are heuristics; a random placement can beat them) keeps the unbalanced placement.
 
 Memory (`max_tokens`): a phase's per-rank token cap is the largest per-rank token count of the
 unbalanced placement, so a balanced batch is never larger than the largest unbalanced one
@@ -36,6 +50,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import torch
@@ -60,6 +75,75 @@ def cost_coefficients(spec: ModuleSpec, *, causal: bool) -> tuple[float, float]:
     a = 2.0 * params_per_layer * spec.layers + (2.0 * h * spec.vocab if spec.vocab else 0.0)
     b = 4.0 * h * spec.layers * (0.5 if causal else 1.0)
     return a, b
+
+
+# (samples k, tokens n each) timed by calibrate_module: small and large k at short n separate the
+# per-sample cost from the per-token one; n up to 256 at k = 1 brings in the per-pair term.
+CALIBRATION_SHAPES = ((1, 2), (16, 2), (1, 64), (4, 64), (1, 256), (8, 16))
+CALIBRATION_REPEATS = 3  # the minimum of these (after one warm-up) is kept: this machine is shared
+
+
+def _time_module(model: ModelSpec, name: str, module: torch.nn.Module, k: int, n: int, dtype: torch.dtype) -> float:
+    """Seconds of one forward+backward of `module` on k samples of n tokens, as the executor runs it."""
+    from orch.runtime.compute import encode, text_loss
+    from orch.runtime.data import Sample
+
+    spec = model.modules[name]
+    gen = torch.Generator().manual_seed(k * 100_003 + n)
+    if name == model.llm_name:
+        vocab = spec.vocab or 1
+        samples = [Sample(i, {}, *torch.randint(0, vocab, (2, n), generator=gen)) for i in range(k)]
+        prefixes = [torch.zeros(0, spec.hidden, dtype=dtype) for _ in range(k)]
+        t = time.perf_counter()
+        text_loss(module, prefixes, samples, k * n).backward()
+        return time.perf_counter() - t
+    frames = AUDIO_STEM_STRIDE if encoder_modality(name, spec) == "audio" else 1
+    empty = torch.zeros(0, dtype=torch.int64)
+    samples = [
+        Sample(i, {name: torch.randn(n * frames, spec.input_dim or 1, generator=gen, dtype=dtype)}, empty, empty)
+        for i in range(k)
+    ]
+    t = time.perf_counter()
+    encode(module, name, samples, dtype).sum().backward()
+    return time.perf_counter() - t
+
+
+@lru_cache(maxsize=16)
+def _calibrate(model_json: str, name: str, dtype_name: str) -> tuple[float, float]:
+    from orch.runtime.model import build_module
+
+    model = ModelSpec.model_validate_json(model_json)
+    dtype = getattr(torch, dtype_name)
+    module = build_module(name, model).to(dtype)
+    a, b = cost_coefficients(model.modules[name], causal=name == model.llm_name)
+    rows, times = [], []
+    for k, n in CALIBRATION_SHAPES:
+        _time_module(model, name, module, k, n, dtype)  # warm-up: first-touch allocations
+        times.append(min(_time_module(model, name, module, k, n, dtype) for _ in range(CALIBRATION_REPEATS)))
+        rows.append([1.0, k, k * a * n, k * b * n * n])
+    x, y = np.array(rows), np.array(times)
+    scale = x.max(axis=0)
+    _call, c0, r1, r2 = np.linalg.lstsq(x / scale, y, rcond=None)[0] / scale
+    if not r1 > 0:  # a degenerate fit (a machine too noisy to time): the FLOP model alone
+        return 0.0, 1.0
+    return max(float(c0), 0.0) / float(r1), max(float(r2), 0.0) / float(r1)
+
+
+def calibrate_module(model: ModelSpec, name: str, dtype: torch.dtype) -> tuple[float, float]:
+    """(c0 / r1, r2 / r1) of one module on this machine (module docstring): the per-sample cost in
+    FLOPs of linear work, and attention's per-pair rate relative to the matmuls'. Cached per process."""
+    return _calibrate(model.model_dump_json(), name, str(dtype).removeprefix("torch."))
+
+
+def shared_calibration(model: ModelSpec, dtype: torch.dtype, rank: int) -> dict[str, tuple[float, float]]:
+    """Rank 0 calibrates every module and broadcasts the numbers, so every rank's dispatcher agrees."""
+    names = [*encoder_order(model), model.llm_name]
+    values = torch.zeros(len(names), 2, dtype=torch.float64)
+    if rank == 0:
+        for j, m in enumerate(names):
+            values[j] = torch.tensor(calibrate_module(model, m, dtype), dtype=torch.float64)
+    dist.broadcast(values, src=0)
+    return {m: (float(values[j, 0]), float(values[j, 1])) for j, m in enumerate(names)}
 
 
 def phase_name(model: ModelSpec, module: str) -> str:
@@ -128,14 +212,24 @@ def lengths_columns(model: ModelSpec, batch: GlobalBatch) -> dict[str, list[int]
 class Orchestrator:
     """Computes every step's StepTables; one per rank, identical results on every rank."""
 
-    def __init__(self, plan: Plan, grids: dict[str, Grid], mode: str | Mode, elem_bytes: int) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        grids: dict[str, Grid],
+        mode: str | Mode,
+        elem_bytes: int,
+        calibration: dict[str, tuple[float, float]] | None = None,
+    ) -> None:
+        """`calibration`: per module (c0 / r1, r2 / r1) from `shared_calibration`; None: the FLOP model."""
         self.plan, self.grids, self.mode = plan, grids, Mode(mode)
         self.model = plan.model
         self.modules = [*encoder_order(self.model), self.model.llm_name]
         self.elem_bytes = elem_bytes
-        self.coeffs = {
-            m: cost_coefficients(self.model.modules[m], causal=m == self.model.llm_name) for m in self.modules
-        }
+        self.coeffs: dict[str, tuple[float, float, float]] = {}  # module -> (c, a, b)
+        for m in self.modules:
+            a, b = cost_coefficients(self.model.modules[m], causal=m == self.model.llm_name)
+            per_sample, pair_rate = (calibration or {}).get(m, (0.0, 1.0))
+            self.coeffs[m] = (grids[m].tp * per_sample, a, b * pair_rate)
         self.rpn = {m: dp_ranks_per_node(grids[m], plan.ranks_per_node) for m in self.modules}
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[int, tuple[Future[StepTables], float]] = {}
@@ -171,9 +265,10 @@ class Orchestrator:
         return [n * frames * (spec.input_dim or 1) * self.elem_bytes for n in lengths]
 
     def _rank_costs(self, module: str, lengths: list[int], where: tuple[int, ...]) -> np.ndarray:
-        a, b = self.coeffs[module]
+        c, a, b = self.coeffs[module]
         x = np.asarray(lengths, dtype=np.float64)
-        return np.bincount(np.asarray(where), weights=a * x + b * x * x, minlength=self.grids[module].dp)
+        cost = np.where(x > 0, c + a * x + b * x * x, 0.0)
+        return np.bincount(np.asarray(where), weights=cost, minlength=self.grids[module].dp)
 
     def dispatch(self, step: int, lengths: dict[str, list[int]]) -> StepTables:
         start = time.perf_counter()
@@ -187,12 +282,12 @@ class Orchestrator:
                 dest[m] = origin[m]
             else:
                 cap = max(1, *np.bincount(np.asarray(origin[m]), weights=lens, minlength=dp).astype(int).tolist())
-                a, b = self.coeffs[m]
+                c, a, b = self.coeffs[m]
                 name = phase_name(self.model, m)
                 batch = Batch(
                     num_ranks=dp,
                     ranks_per_node=self.rpn[m],
-                    phases={name: PhaseSpec(linear=a, quadratic=b, max_tokens=cap)},
+                    phases={name: PhaseSpec(constant=c, linear=a, quadratic=b, max_tokens=cap)},
                     samples=[
                         BalanceSample(origin=o, lengths={name: ln}, bytes={name: by})
                         for o, ln, by in zip(origin[m], lens, self._bytes(m, lens), strict=True)
@@ -200,6 +295,8 @@ class Orchestrator:
                 )
                 dest[m] = tuple(balance_batch(batch, self.mode).phases[name].dest)
             before, after = self._rank_costs(m, lens, origin[m]), self._rank_costs(m, lens, dest[m])
+            if after.max() > before.max():  # a heuristic (lpt, paper) worse than where samples are: stay
+                dest[m], after = origin[m], before
             stats[phase_name(self.model, m)] = {
                 "max_cost_before": float(before.max()),
                 "mean_cost_before": float(before.mean()),
@@ -286,4 +383,11 @@ def moved_bytes(
     return intra, inter
 
 
-__all__ = ["Orchestrator", "StepTables", "cost_coefficients", "moved_bytes"]
+__all__ = [
+    "Orchestrator",
+    "StepTables",
+    "calibrate_module",
+    "cost_coefficients",
+    "moved_bytes",
+    "shared_calibration",
+]

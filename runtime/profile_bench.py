@@ -9,7 +9,7 @@ over ranks.
 What is timed is what the runtime executes (runtime/executor.py): a Block (a DTensor TP shard
 over a real TP group when tp > 1) forward+backward on a packed micro-batch of k samples with
 per-sample attention; the module's parts outside the blocks; the per-step fixed work (one
-all_reduce per parameter tensor, the optimizer step, batch assembly and the metric
+coalesced gradient all_reduce per module, the optimizer step, batch assembly and the metric
 collectives); and nccl-tests-style collectives inside a node and across nodes.
 
 `profile_rank` needs only an initialised process group, so a Slurm job can call it unchanged.
@@ -259,9 +259,13 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
                 opt = build_optimizer(params, "sgd", 0.0)
 
                 def run(params: list[Any] = params, opt: Any = opt) -> None:
-                    # what Executor._sync_grads + the optimizer do once per step for this module (DP over all ranks)
-                    for p in params:
-                        dist.all_reduce(p.grad)
+                    # what Executor._sync_grads + the optimizer do once per step for this module (DP over all
+                    # ranks): one coalesced all_reduce of the flattened gradients, copied back
+                    grads = [p.grad for p in params]
+                    flat = torch.cat([g.reshape(-1) for g in grads])
+                    dist.all_reduce(flat)
+                    for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+                        g.copy_(part.view_as(g))
                     opt.step()
                     opt.zero_grad(set_to_none=False)
 

@@ -36,10 +36,10 @@ tiny = st.integers(1, 3).flatmap(
 
 
 @settings(max_examples=60, deadline=None)
-@given(tiny, st.booleans())
-def test_padded_binary_search_is_optimal(case, quadratic):
+@given(tiny, st.booleans(), st.sampled_from([0.0, 50.0]))
+def test_padded_binary_search_is_optimal(case, quadratic, constant):
     ranks, lengths = case
-    spec = PhaseSpec(linear=1.0, quadratic=0.01 if quadratic else 0.0, padded=True)
+    spec = PhaseSpec(linear=1.0, quadratic=0.01 if quadratic else 0.0, padded=True, constant=constant)
     ph = _phase(lengths, [0] * len(lengths), ranks, 1, spec)
     order = np.lexsort((np.arange(ph.n), -ph.lengths))
     best = optimal_cap(ph.costs[order], ph.lengths[order], ranks, None)
@@ -49,11 +49,11 @@ def test_padded_binary_search_is_optimal(case, quadratic):
 
 
 @settings(max_examples=60, deadline=None)
-@given(tiny, st.integers(1, 3))
-def test_unpadded_bound_and_orch_against_brute_force(case, seed):
+@given(tiny, st.integers(1, 3), st.sampled_from([0.0, 50.0]))
+def test_unpadded_bound_and_orch_against_brute_force(case, seed, constant):
     ranks, lengths = case
     rng = np.random.default_rng(seed)
-    spec = PhaseSpec(linear=1.0, quadratic=0.001)
+    spec = PhaseSpec(linear=1.0, quadratic=0.001, constant=constant)
     ph = _phase(lengths, rng.integers(0, ranks, size=len(lengths)), ranks, 1, spec)
     opt = _brute(ph)
     assert lower_bound(ph) <= opt * (1 + 1e-12)

@@ -23,6 +23,9 @@ from orch.planner.balance.topology import SLACK, orch_padded, orch_unpadded
 
 PADDED = PhaseSpec(linear=1.0, quadratic=1 / 8192, padded=True)
 QUAD = PhaseSpec(linear=1.0, quadratic=1 / 4096)
+# the same with a per-sample constant (fixed per-sample work: many short samples are not free)
+PADDED_C = PADDED.model_copy(update={"constant": 300.0})
+QUAD_C = QUAD.model_copy(update={"constant": 300.0})
 
 
 def _phase(lengths, origin, num_ranks, rpn, spec):
@@ -96,7 +99,7 @@ def test_node_runs_stay_in_their_node_and_under_the_cap(ph):
 
 
 @settings(max_examples=80, deadline=None)
-@given(phases(PADDED, max_tokens=True))
+@given(st.sampled_from([PADDED, PADDED_C]).flatmap(lambda spec: phases(spec, max_tokens=True)))
 def test_orch_padded_within_slack_of_the_optimum_and_under_the_token_cap(ph):
     o = desc_order(ph.lengths)
     best = optimal_cap(ph.costs[o], ph.lengths[o], ph.num_ranks, ph.spec.max_tokens)
@@ -108,7 +111,7 @@ def test_orch_padded_within_slack_of_the_optimum_and_under_the_token_cap(ph):
 
 
 @settings(max_examples=80, deadline=None)
-@given(phases(QUAD, max_tokens=True))
+@given(st.sampled_from([QUAD, QUAD_C]).flatmap(lambda spec: phases(spec, max_tokens=True)))
 def test_orch_unpadded_never_above_lpt_or_the_bound_by_more_than_slack(ph):
     dest = orch_unpadded(ph)
     got = float(rank_costs(ph, dest).max())

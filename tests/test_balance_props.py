@@ -18,7 +18,7 @@ PHASES = {
 
 
 @st.composite
-def batches(draw, max_tokens=False):
+def batches(draw, max_tokens=False, constant=False):
     rpn = draw(st.integers(1, 4))
     num_ranks = rpn * draw(st.integers(1, 3))
     n = draw(st.integers(0, 30))
@@ -34,6 +34,9 @@ def batches(draw, max_tokens=False):
             }
         )
     phases = {k: dict(v) for k, v in PHASES.items()}
+    if constant:  # a per-sample constant: from a fraction of a token's cost to a few long samples' worth
+        for p in phases.values():
+            p["constant"] = draw(st.sampled_from([0.5, 30.0, 400.0, 5000.0]))
     if max_tokens:
         for p in ("vision", "llm"):  # a cap the greedy can always meet: largest + the mean per rank
             col = [s["lengths"][p] for s in samples]
@@ -139,3 +142,102 @@ def test_lower_bound_is_mean_or_largest():
     )
     phases, _ = batch_phase_arrays(batch)
     assert lower_bound(phases["llm"]) == 10.0
+
+
+# -- the per-sample constant: cost(len) = constant + linear·len + quadratic·len² for len > 0 ------
+
+
+def _cost(spec, n):
+    return spec.constant + spec.linear * n + spec.quadratic * n * n if n > 0 else 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches(constant=True), st.sampled_from(MODES))
+def test_constant_is_charged_once_per_present_sample(batch, mode):
+    phases, _ = batch_phase_arrays(batch)
+    result = balance_batch(batch, mode)
+    for name, r in result.phases.items():
+        spec = batch.phases[name]
+        costs = [_cost(spec, s.lengths.get(name, 0)) for s in batch.samples]
+        assert lower_bound(phases[name]) == pytest.approx(
+            max([sum(costs) / batch.num_ranks, *costs]), rel=1e-12, abs=1e-12
+        )
+        per_rank = [0.0] * batch.num_ranks
+        longest = [0] * batch.num_ranks
+        count = [0] * batch.num_ranks
+        for s, d, c in zip(batch.samples, r.dest, costs, strict=True):
+            per_rank[d] += c
+            if s.lengths.get(name, 0) > 0:
+                count[d] += 1
+                longest[d] = max(longest[d], s.lengths[name])
+            else:
+                assert d == s.origin  # zero-length samples never move, whatever the constant
+        if spec.padded:
+            per_rank = [k * _cost(spec, n) for k, n in zip(count, longest, strict=True)]
+        assert r.max_cost == pytest.approx(max(per_rank), rel=1e-9, abs=1e-9)
+        assert r.mean_cost * batch.num_ranks == pytest.approx(sum(per_rank), rel=1e-9, abs=1e-6)
+        assert r.max_cost >= r.lower_bound * (1 - 1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(batches(constant=True), st.sampled_from(MODES))
+def test_constant_deterministic(batch, mode):
+    no_time = {"phases": {p: {"seconds"} for p in batch.phases}}
+    assert balance_batch(batch, mode).model_dump(exclude=no_time) == balance_batch(batch, mode).model_dump(
+        exclude=no_time
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches(constant=True))
+def test_constant_orch_within_one_percent_of_lpt(batch):
+    orch = balance_batch(batch, Mode.ORCH)
+    lpt = balance_batch(batch, Mode.LPT)
+    for name in ("vision", "llm"):
+        assert orch.phases[name].max_cost <= lpt.phases[name].max_cost * 1.01 + 1e-9
+    best = lpt.phases["audio"].max_cost  # padded: the binary-search runs
+    for mode in (Mode.ORCH, Mode.PAPER):
+        assert balance_batch(batch, mode).phases["audio"].max_cost <= best * 1.01 + 1e-9
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches(max_tokens=True, constant=True), st.sampled_from([Mode.ORCH, Mode.LPT, Mode.PAPER]))
+def test_constant_token_cap_respected(batch, mode):
+    phases, _ = batch_phase_arrays(batch)
+    result = balance_batch(batch, mode)
+    for name in ("vision", "llm"):
+        ph = phases[name]
+        dest = np.array(result.phases[name].dest, dtype=np.int64)[ph.ids]
+        assert rank_tokens(ph, dest).max(initial=0) <= batch.phases[name].max_tokens
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_constant_counts_many_short_samples(padded):
+    """One long sample against many short ones: without the constant they look cheap and pile up."""
+    samples = [{"origin": 0, "lengths": {"llm": 40}}, {"origin": 0, "lengths": {"llm": 0}}]
+    samples += [{"origin": 1, "lengths": {"llm": 1}} for _ in range(8)]
+    spec = {"linear": 1.0, "padded": padded}
+
+    def run(constant):
+        batch = Batch.model_validate(
+            {"num_ranks": 2, "ranks_per_node": 1, "phases": {"llm": {**spec, "constant": constant}}, "samples": samples}
+        )
+        return balance_batch(batch, Mode.NONE).phases["llm"], balance_batch(batch, Mode.LPT).phases["llm"]
+
+    (none0, lpt0), (none5, lpt5) = run(0.0), run(5.0)
+    assert (none0.max_cost, none0.mean_cost) == (40.0, 24.0)
+    assert (none5.max_cost, none5.mean_cost) == (48.0, 46.5)  # rank 1: 8 x (5 + 1); rank 0: 45
+    assert lpt0.dest == none0.dest  # 40 vs 8: nothing to gain
+    assert lpt5.max_cost <= none5.max_cost
+
+
+def test_constant_zero_is_the_old_contract():
+    """`constant` defaults to 0 and is optional in the input: old batches give the same answer."""
+    old = {"num_ranks": 2, "ranks_per_node": 1, "phases": PHASES, "samples": [
+        {"origin": i % 2, "lengths": {"vision": 10 * i, "audio": 7 * i % 30, "llm": 100 + i}} for i in range(12)
+    ]}  # fmt: skip
+    new = {**old, "phases": {k: {**v, "constant": 0.0} for k, v in PHASES.items()}}
+    no_time = {"phases": {p: {"seconds"} for p in PHASES}}
+    for mode in MODES:
+        a = balance_batch(Batch.model_validate(old), mode).model_dump(exclude=no_time)
+        assert a == balance_batch(Batch.model_validate(new), mode).model_dump(exclude=no_time)

@@ -5,6 +5,12 @@ moves), then gloo runs in float64: every balance mode, on heterogeneous plans, g
 reference's losses (1e-9 relative), step-0 gradients (1e-9) and parameters after 3 steps (1e-8),
 processes every sample exactly once per phase with all of its tokens, and the balanced run
 equals the `--balance none` run.
+
+The gloo checks share ONE launch of 4 processes (`gloo` fixture, `_runs_worker`): every
+(plan, mode) of RUNS runs there as its own Executor, one after the other in one process group
+(4-rank plans all), then the composed-move check; each test reads its part of the results.
+Process start-up (torch imports, gloo rendezvous) dominated the file's time when every run was
+a launch of its own.
 """
 
 import random
@@ -20,8 +26,14 @@ from orch.planner.routing import RouteTable
 from orch.runtime.data import GlobalBatch, encoder_order
 from orch.runtime.executor import RunConfig
 from orch.runtime.grid import Grid, build_grids
-from orch.runtime.local import run_local
-from orch.runtime.orchestrator import Orchestrator, StepTables, cost_coefficients, dp_ranks_per_node, lengths_columns
+from orch.runtime.orchestrator import (
+    Orchestrator,
+    StepTables,
+    calibrate_module,
+    cost_coefficients,
+    dp_ranks_per_node,
+    lengths_columns,
+)
 from orch.runtime.plans import hand_plan
 from orch.runtime.reference import run_reference
 
@@ -43,14 +55,12 @@ PLANS = {
         "audio": (Layout(dp=2), [0, 1]),
     },
 }
-# Every mode once, every plan once balanced (4 launches keep the file near a minute on 2 cores);
-# `none` is the baseline the balanced runs must equal, and equals the reference.
-RUNS = [
-    ("colocated_enc_dp4_llm_dp2_tp2", "none"),
-    ("colocated_enc_dp4_llm_dp2_tp2", "orch"),
-    ("homogeneous_dp4", "paper"),
-    ("disaggregated_enc_dp2_llm_dp2", "lpt"),
-]
+MODES = ("none", "orch", "paper", "lpt")
+# Every mode on the colocated (encoders DP4, LLM DP2xTP2) and the disaggregated plan, and the
+# homogeneous plan balanced once; `none` is the baseline the balanced runs must equal, and
+# equals the reference.
+EQUAL_TO_NONE = ("colocated_enc_dp4_llm_dp2_tp2", "disaggregated_enc_dp2_llm_dp2")
+RUNS = [(name, mode) for name in EQUAL_TO_NONE for mode in MODES] + [("homogeneous_dp4", "orch")]
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +92,34 @@ def test_cost_coefficients_follow_the_model_shape(specs):
     assert b == 4 * h * layers
     _, b_llm = cost_coefficients(model.llm, causal=True)
     assert b_llm == 0.5 * 4 * model.llm.hidden * model.llm.layers
+
+
+def test_calibration_is_a_per_sample_constant_and_a_pair_rate(specs):
+    """Timed on this machine: finite, non-negative, cached; the orchestrator charges c·tp per present sample."""
+    model, data = specs
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the workers run (and quick on a shared machine)
+    try:
+        per_sample, pair_rate = calibrate_module(model, "vision", torch.float64)
+    finally:
+        torch.set_num_threads(threads)
+    assert 0 <= per_sample < float("inf") and 0 <= pair_rate < float("inf")
+    assert calibrate_module(model, "vision", torch.float64) == (per_sample, pair_rate)  # cached: one timing
+
+    plan = _plan(specs, "colocated_enc_dp4_llm_dp2_tp2")
+    calibration = {"vision": (1e5, 2.0), "audio": (3e5, 1.0), "llm": (7e5, 3.0)}
+    orch = Orchestrator(plan, build_grids(plan.modules), "lpt", 8, calibration)
+    batch = GlobalBatch.build(model, data, SEED, 0)
+    cols = lengths_columns(model, batch)
+    t = orch.dispatch(0, cols)
+    for m, (c, q) in calibration.items():
+        a, b = cost_coefficients(model.modules[m], causal=m == "llm")
+        tp = 2 if m == "llm" else 1
+        assert orch.coeffs[m] == (tp * c, a, q * b)
+        cost = [tp * c + a * n + q * b * n * n if n else 0.0 for n in cols[m]]
+        before = [sum(x for x, d in zip(cost, t.origin[m], strict=True) if d == r) for r in range(t.dp[m])]
+        assert t.stats[m]["max_cost_before"] == pytest.approx(max(before), rel=1e-12)
+        assert t.stats[m]["max_cost"] <= t.stats[m]["max_cost_before"]
 
 
 def test_dp_indices_per_node():
@@ -135,47 +173,102 @@ def test_composed_route_equals_separate_moves(specs, name):
         assert here == {r: composed.held(r) for r in range(t.dp[t.llm])}
 
 
-# -- gloo: the composed move equals the separate moves on real tensors -------------------------
+# -- gloo: one launch for every run and the composed move ------------------------------------
 
 
-def _move_worker(rank: int, port: int, tables: StepTables, rows: tuple[int, ...], out: str) -> None:
-    import torch.distributed as dist
-
+def _move_check(rank: int, tables: StepTables, rows: tuple[int, ...], out: Path) -> None:
+    """The composed boundary move and the three separate moves, on tensors that name their rows."""
     from orch.runtime.grid import build_meshes
     from orch.runtime.transport import Route, move
 
+    grids = {"vision": Grid("vision", 1, 1, 4, 1, (0, 1, 2, 3)), "llm": Grid("llm", 2, 1, 2, 1, (0, 1, 2, 3))}
+    build_meshes(grids)
+    enc, llm = grids["vision"], grids["llm"]
+    mine = tables.held("vision", enc.coord(rank).dp)
+    parts = [torch.stack([torch.full((rows[i],), float(i)), torch.arange(rows[i]) * 1.0], 1) for i in mine]
+    x = torch.cat(parts) if parts else torch.zeros(0, 2)
+    once = move(x, Route(tables.boundary_table("vision"), enc, llm, rows), rank, 4)
+    y = move(x, Route(tables.input_table("vision").inverse(), enc, enc, rows), rank, 4)
+    unbalanced = RouteTable.build(list(tables.origin["vision"]), list(tables.origin["llm"]), 4, 2)
+    y = move(y, Route(unbalanced, enc, llm, rows), rank, 4)
+    y = move(y, Route(tables.input_table("llm"), llm, llm, rows), rank, 4)
+    torch.save((once, y), out / f"move.rank{rank}.pt")
+
+
+def _runs_worker(
+    rank: int, port: int, runs: list[tuple[str, str, str]], data_json: str, move_args: tuple, out: str
+) -> None:
+    """Every (name, plan, mode) of `runs` as its own Executor in one process group, then the move check.
+
+    Per run, rank 0 writes the metrics records (`run_local`'s, with every rank's processed tokens)
+    and every served module's step-0 gradients and final parameters land in out/<name>-<mode>/.
+    """
+    import json
+
+    import torch.distributed as dist
+
+    from orch.planner.plan import Plan
+    from orch.planner.specs import DataSpec
+    from orch.runtime.executor import Executor
+
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4, timeout=timedelta(seconds=30)
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4, timeout=timedelta(seconds=120)
     )
     try:
-        grids = {"vision": Grid("vision", 1, 1, 4, 1, (0, 1, 2, 3)), "llm": Grid("llm", 2, 1, 2, 1, (0, 1, 2, 3))}
-        build_meshes(grids)
-        enc, llm = grids["vision"], grids["llm"]
-        mine = tables.held("vision", enc.coord(rank).dp)
-        parts = [torch.stack([torch.full((rows[i],), float(i)), torch.arange(rows[i]) * 1.0], 1) for i in mine]
-        x = torch.cat(parts) if parts else torch.zeros(0, 2)
-        once = move(x, Route(tables.boundary_table("vision"), enc, llm, rows), rank, 4)
-        y = move(x, Route(tables.input_table("vision").inverse(), enc, enc, rows), rank, 4)
-        unbalanced = RouteTable.build(list(tables.origin["vision"]), list(tables.origin["llm"]), 4, 2)
-        y = move(y, Route(unbalanced, enc, llm, rows), rank, 4)
-        y = move(y, Route(tables.input_table("llm"), llm, llm, rows), rank, 4)
-        torch.save((once, y), Path(out) / f"rank{rank}.pt")
+        data = DataSpec.model_validate_json(data_json)
+        for name, plan_json, mode in runs:
+            workdir = Path(out) / f"{name}-{mode}"
+            workdir.mkdir(parents=True, exist_ok=True)
+            cfg = RunConfig(
+                steps=STEPS, seed=SEED, dtype="float64", dump_dir=str(workdir), balance=mode, count_tokens=True
+            )
+            ex = Executor(Plan.model_validate_json(plan_json), data, cfg, rank, 4)
+            records = []
+            for k in range(STEPS):
+                m = ex.step(k)
+                everyone: list[dict | None] = [None] * 4
+                dist.all_gather_object(everyone, m.processed)
+                processed = {str(r): p for r, p in enumerate(everyone) if p is not None}
+                records.append({"step": m.step, "loss": m.loss, "balance": m.balance, "processed": processed})
+            ex.finish()
+            if rank == 0:
+                (workdir / "metrics.json").write_text(json.dumps(records))
+            dist.barrier()
+        _move_check(rank, *move_args, Path(out))
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.slow
-def test_composed_move_equals_separate_moves_on_gloo(specs, tmp_path):
+@pytest.fixture(scope="module")
+def gloo(specs, tmp_path_factory):
+    """The one launch: (plan, mode) -> (records, merged grads, merged params), and the move results."""
+    import json
+
     import torch.multiprocessing as mp
 
     from orch.runtime.local import _free_port
 
-    t, batch = _tables(specs, "colocated_enc_dp4_llm_dp2_tp2", "orch")
+    _, data = specs
+    out = tmp_path_factory.mktemp("gloo")
+    tables, batch = _tables(specs, "colocated_enc_dp4_llm_dp2_tp2", "orch")
     rows = tuple(random.Random(0).randint(1, 4) for _ in range(batch.size))
-    mp.start_processes(_move_worker, args=(_free_port(), t, rows, str(tmp_path)), nprocs=4, start_method="spawn")
-    for rank in range(4):
-        once, separate = torch.load(tmp_path / f"rank{rank}.pt")
+    runs = [(name, _plan(specs, name).model_dump_json(), mode) for name, mode in RUNS]
+    args = (_free_port(), runs, data.model_dump_json(), (tables, rows), str(out))
+    mp.start_processes(_runs_worker, args=args, nprocs=4, start_method="spawn")
+    results = {}
+    for name, mode in RUNS:
+        workdir = out / f"{name}-{mode}"
+        records = json.loads((workdir / "metrics.json").read_text())
+        results[(name, mode)] = (records, _merged(workdir, "grads"), _merged(workdir, "params"))
+    moves = [torch.load(out / f"move.rank{r}.pt") for r in range(4)]
+    return results, (tables, rows, moves)
+
+
+@pytest.mark.slow
+def test_composed_move_equals_separate_moves_on_gloo(gloo):
+    _, (t, rows, moves) = gloo
+    for rank, (once, separate) in enumerate(moves):
         held = t.held("llm", rank // 2)
         assert torch.equal(once, separate)
         assert once[:, 0].tolist() == [float(i) for i in held for _ in range(rows[i])]
@@ -189,26 +282,6 @@ def test_composed_move_equals_separate_moves_on_gloo(specs, tmp_path):
 def reference(specs):
     model, data = specs
     return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64)
-
-
-@pytest.fixture(scope="module")
-def runs(specs, tmp_path_factory):
-    """(plan, mode) -> (metrics records, merged grads, merged params), each run at most once."""
-    cache: dict[tuple[str, str], tuple[list[dict], dict, dict]] = {}
-
-    def get(name: str, mode: str):
-        if (name, mode) not in cache:
-            _, data = specs
-            workdir = tmp_path_factory.mktemp(f"{name}-{mode}")
-            plan = _plan(specs, name)
-            cfg = RunConfig(
-                steps=STEPS, seed=SEED, dtype="float64", dump_dir=str(workdir), balance=mode, count_tokens=True
-            )
-            records = run_local(plan, data, cfg, nproc=plan.world_size, workdir=workdir)
-            cache[(name, mode)] = (records, _merged(workdir, "grads"), _merged(workdir, "params"))
-        return cache[(name, mode)]
-
-    return get
 
 
 def _merged(workdir: Path, what: str) -> dict[str, torch.Tensor]:
@@ -228,9 +301,9 @@ def _assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], r
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "mode"), RUNS)
-def test_balanced_training_matches_reference(specs, reference, runs, name, mode):
+def test_balanced_training_matches_reference(specs, reference, gloo, name, mode):
     model, data = specs
-    records, grads, params = runs(name, mode)
+    records, grads, params = gloo[0][(name, mode)]
     assert [r["step"] for r in records] == list(range(STEPS))
     for r, want in zip(records, reference.losses, strict=True):
         assert r["loss"] == pytest.approx(want, rel=1e-9, abs=0)
@@ -265,13 +338,16 @@ def test_balanced_training_matches_reference(specs, reference, runs, name, mode)
 
 
 @pytest.mark.slow
-def test_balanced_equals_unbalanced(runs):
-    """`--balance orch` and `--balance none` on the same global batches: equal losses and parameters."""
-    name = "colocated_enc_dp4_llm_dp2_tp2"
-    base, _, base_params = runs(name, "none")
-    got, _, params = runs(name, "orch")
+@pytest.mark.parametrize("mode", [m for m in MODES if m != "none"])
+@pytest.mark.parametrize("name", EQUAL_TO_NONE)
+def test_balanced_equals_unbalanced(gloo, name, mode):
+    """`--balance <mode>` and `--balance none` on the same global batches: equal losses, grads, parameters."""
+    base, base_grads, base_params = gloo[0][(name, "none")]
+    got, grads, params = gloo[0][(name, mode)]
     for a, b in zip(got, base, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-9, abs=0)
+    _assert_close(grads, base_grads, 1e-9)
     _assert_close(params, base_params, 1e-8)
-    assert any(r["balance"]["llm"]["max_cost"] < r["balance"]["llm"]["max_cost_before"] for r in got)
+    if mode == "orch":
+        assert any(r["balance"]["llm"]["max_cost"] < r["balance"]["llm"]["max_cost_before"] for r in got)
     assert all(r["balance"]["llm"]["max_cost"] == r["balance"]["llm"]["max_cost_before"] for r in base)

@@ -24,10 +24,16 @@ class Mode(StrEnum):
 
 
 class PhaseSpec(BaseModel):
-    """Cost of one phase (an encoder or the LLM): cost(len) = linear·len + quadratic·len²."""
+    """Cost of one phase (an encoder or the LLM): cost(len) = constant + linear·len + quadratic·len², len > 0.
+
+    A sample of length 0 takes no part in the phase and costs nothing (the constant included).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    constant: float = Field(
+        default=0.0, ge=0, description="cost per sample present in the phase (fixed per-sample work: kernel launches)"
+    )
     linear: float = Field(default=1.0, ge=0, description="cost per token (MLP, projections)")
     quadratic: float = Field(default=0.0, ge=0, description="cost per token² (attention)")
     padded: bool = Field(

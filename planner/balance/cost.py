@@ -40,8 +40,12 @@ class PhaseArrays:
 
 
 def sample_costs(lengths: npt.NDArray[np.int64], spec: PhaseSpec) -> FloatArray:
+    """cost(len) = constant + linear·len + quadratic·len² for len > 0; 0 for len == 0 (no part in the phase)."""
     x = lengths.astype(np.float64)
-    return spec.linear * x + spec.quadratic * x * x
+    costs = spec.linear * x + spec.quadratic * x * x
+    if spec.constant:
+        costs = np.where(x > 0, costs + spec.constant, 0.0)
+    return costs
 
 
 def build_phase_arrays(
@@ -102,7 +106,8 @@ def lower_bound(ph: PhaseArrays) -> float:
     """max(total / N, largest sample): no assignment does better.
 
     Also valid when padded: a rank's padded cost is at least the sum of its samples' own costs,
-    because cost is non-decreasing in length. The exact padded optimum is padded.optimal_cap.
+    because cost is non-decreasing in length (for len > 0; the per-sample constant included).
+    The exact padded optimum is padded.optimal_cap.
     """
     if ph.n == 0:
         return 0.0
