@@ -87,6 +87,7 @@ def _run_rank(rank: int, job: _Job) -> None:
     import torch
     import torch.distributed as dist
 
+    from orch.runtime import checkpoint
     from orch.runtime.executor import Executor
     from orch.runtime.trace import RankTrace, write_trace
 
@@ -104,8 +105,6 @@ def _run_rank(rank: int, job: _Job) -> None:
         t = time.perf_counter()
         ex = Executor(plan, data, job.cfg, rank, job.world)
         if job.start > 0:
-            from orch.runtime import checkpoint
-
             checkpoint.load(job.workdir, job.start, ex.modules, ex.optimizer)
         setup_s = time.perf_counter() - t
         trace = RankTrace(rank, time.perf_counter())  # setup ends in collectives: origins agree closely
@@ -132,10 +131,16 @@ def _run_rank(rank: int, job: _Job) -> None:
                 with open(Path(job.workdir) / "metrics.jsonl", "a") as f:
                     f.write(json.dumps(record) + "\n")
             every = job.cfg.checkpoint_every
-            if every > 0 and (k + 1) % every == 0:
-                from orch.runtime import checkpoint
-
+            saved = every > 0 and (k + 1) % every == 0
+            if saved:
                 checkpoint.save(job.workdir, k + 1, ex.modules, ex.optimizer)
+            # Slurm's warning signal (runtime/slurm.py arms it; never set locally): save here, stop, requeue.
+            if k + 1 < job.cfg.steps and checkpoint.stop_agreed():
+                if not saved:
+                    checkpoint.save(job.workdir, k + 1, ex.modules, ex.optimizer)
+                checkpoint.mark_stopped(k + 1)
+                ex.orch.close()
+                return
         if job.cfg.trace is not None:
             gathered: list[list[dict[str, object]]] | None = [[] for _ in range(job.world)] if rank == 0 else None
             dist.gather_object(trace.events, gathered, dst=0)

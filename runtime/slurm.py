@@ -1,10 +1,12 @@
 """The Slurm executor: one allocation of the plan's nodes through submitit, one task per rank.
 
 Each task runs the same rank body as the local executor (runtime/local.py `_worker`), with its rank,
-world size and rendezvous host from `submitit.JobEnvironment`. `RankTask.checkpoint` is submitit's
-requeue protocol: on Slurm's warning signal (preemption or time limit) it returns a DelayedSubmission of
-itself and the requeued job resumes from WORKDIR/checkpoints/latest (the newest complete checkpoint,
-written every `--checkpoint-every` steps), trimming metrics.jsonl back to it, as `run_local` does.
+world size and rendezvous host from `submitit.JobEnvironment`. On Slurm's warning signal (preemption or
+time limit) every task only flags it (`_StopOnSignal`); at the next step boundary the ranks agree on the
+flag, save a checkpoint of that step collectively and return, and task 0 then runs submitit's own
+checkpoint/requeue handler: `RankTask.checkpoint` returns a DelayedSubmission of itself, submitit requeues
+the job, and the requeued job resumes from WORKDIR/checkpoints/latest (that checkpoint: no step is
+recomputed), trimming metrics.jsonl back to it, as `run_local` does.
 
 A small record per job (~/.orch/jobs/JOBID.json, or $ORCH_STATE_DIR/jobs) lets `orch status/logs/cancel`
 find the workdir and the log folder; state comes from sacct (submitit reads it too).
@@ -97,22 +99,93 @@ def _prepare(workdir: Path, cfg: RunConfig, rank: int) -> int:
     return start
 
 
+class _StopOnSignal:
+    """Every task's handler of Slurm's warning signal, installed over submitit's (after its setup).
+
+    The handler only sets checkpoint's stop flag: the ranks agree on it at the next step boundary, save a
+    checkpoint there and return; then task 0 runs submitit's own handler (`requeue`), which calls
+    `RankTask.checkpoint`, requeues the job (`scontrol requeue`) and exits. If the ranks have not reached a
+    step boundary `grace_s` after the signal (a step longer than the signal's lead time), task 0 requeues
+    anyway, from the newest complete checkpoint, rather than let the time limit end the job unrequeued.
+    """
+
+    def __init__(self, rank: int, grace_s: float | None) -> None:
+        import signal
+        import threading
+
+        from orch.runtime import checkpoint
+
+        self.rank = rank
+        self.grace_s = grace_s
+        self.signum = signal.SIGUSR2  # submitit's SlurmJobEnvironment.USR_SIG, the `--signal` of the sbatch script
+        self.submitit_handler = signal.getsignal(self.signum)
+        self._lock = threading.Lock()
+        self._requeued = False
+        self._timer: threading.Timer | None = None
+        checkpoint.arm_stop_request()
+        signal.signal(self.signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        import threading
+
+        from orch.runtime import checkpoint
+
+        checkpoint.request_stop()
+        if self.rank == 0 and self.grace_s is not None and self._timer is None:
+            self._timer = threading.Timer(self.grace_s, self._late)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def requeue(self) -> None:
+        """Task 0, after the ranks saved at the signal: submitit's checkpoint/requeue (exits the process)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            if self._requeued:
+                return
+            self._requeued = True
+        if callable(self.submitit_handler):
+            self.submitit_handler(self.signum, None)
+
+    def _late(self) -> None:
+        from orch.runtime import checkpoint
+
+        if checkpoint.stopped_at() is not None:
+            return
+        print(f"orch: no step boundary {self.grace_s:.0f} s after the warning signal: requeue", file=sys.stderr)
+        try:
+            self.requeue()
+        finally:
+            os._exit(1)  # a thread cannot sys.exit the process; the requeued job resumes from `latest`
+
+
 class RankTask:
     """The submitit callable: one instance runs in every task of the allocation."""
 
-    def __init__(self, plan_json: str, data_json: str, cfg: RunConfig, workdir: str, timeout_s: float = 120) -> None:
+    def __init__(
+        self,
+        plan_json: str,
+        data_json: str,
+        cfg: RunConfig,
+        workdir: str,
+        timeout_s: float = 120,
+        grace_s: float | None = None,
+    ) -> None:
         self.plan_json = plan_json
         self.data_json = data_json
         self.cfg = cfg
         self.workdir = workdir
         self.timeout_s = timeout_s
+        self.grace_s = grace_s  # after the warning signal, requeue anyway if no step boundary came by then
 
     def __call__(self) -> None:
         import submitit
 
+        from orch.runtime import checkpoint
         from orch.runtime.local import _Job, _worker
 
         env = submitit.JobEnvironment()
+        stop = _StopOnSignal(env.global_rank, self.grace_s)
         plan = Plan.model_validate_json(self.plan_json)
         if env.num_tasks != plan.world_size:
             raise OrchError(f"the allocation has {env.num_tasks} tasks, the plan needs {plan.world_size}")
@@ -137,13 +210,19 @@ class RankTask:
             master=env.hostnames[0],
         )
         _worker(env.global_rank, job)
+        step = checkpoint.stopped_at()
+        if step is not None:  # the warning signal: every rank saved step_{step}; task 0 requeues, the others end
+            print(f"orch: warning signal: saved checkpoint step {step}, requeueing", file=sys.stderr, flush=True)
+            if env.global_rank == 0:
+                stop.requeue()
 
     def checkpoint(self, *args: object, **kwargs: object) -> object:
-        """submitit calls this (task 0) on the warning signal: requeue the same task; it resumes from `latest`."""
+        """submitit's handler calls this (task 0, after the save at the signal): requeue the same task; it
+        resumes from `latest`."""
         import submitit
 
         return submitit.helpers.DelayedSubmission(
-            RankTask(self.plan_json, self.data_json, self.cfg, self.workdir, self.timeout_s)
+            RankTask(self.plan_json, self.data_json, self.cfg, self.workdir, self.timeout_s, self.grace_s)
         )
 
 
@@ -181,7 +260,9 @@ def submit(
     out.mkdir(parents=True, exist_ok=True)
     executor = submitit.SlurmExecutor(folder=out / "slurm" / "%j", max_num_timeout=3)
     executor.update_parameters(**params)
-    task = RankTask(plan.model_dump_json(), data.model_dump_json(), cfg, str(out))
+    # Half the warning signal's lead time to reach a step boundary and save; the rest to requeue and exit.
+    grace_s = float(params["signal_delay_s"]) / 2  # type: ignore[arg-type]
+    task = RankTask(plan.model_dump_json(), data.model_dump_json(), cfg, str(out), grace_s=grace_s)
     try:
         job = executor.submit(task)
     except (subprocess.CalledProcessError, FileNotFoundError, RuntimeError) as exc:

@@ -166,3 +166,44 @@ def test_plan_file_round_trip_keeps_allocation(plan_file):
 
     plan = Plan.model_validate(yaml.safe_load(path.read_text()))
     assert allocation(plan) == (1, 2)
+
+
+def test_warning_signal_only_flags_and_late_steps_still_requeue(monkeypatch):
+    """The tasks' USR2 handler sets the stop flag only; if no step boundary comes within the grace
+    time, task 0 runs submitit's requeue handler anyway (once) and exits."""
+    import os
+    import signal
+    import time
+
+    from orch.runtime import checkpoint, slurm
+
+    calls: list[int] = []
+    exits: list[int] = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: calls.append(signum))
+    monkeypatch.setattr(slurm.os, "_exit", exits.append)
+    try:
+        stop = slurm._StopOnSignal(0, grace_s=0.2)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        end = time.monotonic() + 5
+        while not checkpoint._stop.is_set() and time.monotonic() < end:
+            time.sleep(0.01)
+        assert checkpoint._stop.is_set() and calls == []  # flagged, submitit's handler not run yet
+        assert stop._timer is not None
+        stop._timer.join(5)
+        assert calls == [signal.SIGUSR2] and exits == [1]
+        stop.requeue()
+        assert calls == [signal.SIGUSR2]  # never twice
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+        checkpoint._armed = False
+        checkpoint._stop.clear()
+
+
+def test_stop_flag_is_never_checked_unarmed():
+    from orch.runtime import checkpoint
+
+    checkpoint.request_stop()
+    try:
+        assert checkpoint.stop_agreed() is False  # the local executor: no collective, never stops
+    finally:
+        checkpoint._stop.clear()

@@ -149,12 +149,17 @@ def test_disaggregated_plan_on_one_allocation(slurm_cluster, state_dir, specs, t
         assert r["loss"] == pytest.approx(want, rel=1e-9, abs=0)
 
 
-def test_preempted_job_resumes_from_its_checkpoint(slurm_cluster, state_dir, specs, tmp_path):
+def test_preempted_job_checkpoints_at_the_signal_and_resumes_there(slurm_cluster, state_dir, specs, tmp_path):
+    import re
+
     import submitit
 
+    from orch.runtime.checkpoint import checkpoint_root, latest_step, step_name
+
     workdir = tmp_path / "run"
-    # 8 steps: enough left after the interrupt (at step 1) even on an idle machine.
-    cfg = RunConfig(steps=8, seed=SEED, dtype="float64", checkpoint_every=1)
+    steps = 10
+    # No --checkpoint-every: the only checkpoint is the one saved at the warning signal.
+    cfg = RunConfig(steps=steps, seed=SEED, dtype="float64")
     record = submit(_plan(specs, HOMOGENEOUS), specs[1], cfg, SlurmOptions(time="10"), workdir=workdir)
     _wait(record.job_id, lambda s: s.step is not None and s.step >= 1, poll_s=0.2)
     # submitit's test hook: SIGTERM then the warning signal (USR2), as Slurm does on preemption.
@@ -164,10 +169,17 @@ def test_preempted_job_resumes_from_its_checkpoint(slurm_cluster, state_dir, spe
     assert st.state == "COMPLETED", st
     log = (Path(record.log_folder) / f"{record.job_id}_0_log.err").read_text()
     assert "SIGUSR2" in log and "REQUEUE" in log
+    saved = [int(n) for n in re.findall(r"orch: warning signal: saved checkpoint step (\d+)", log)]
+    assert len(saved) == 1 and 1 < saved[0] < steps, log
+    at = saved[0]
+    # The checkpoint saved at the signal is the one the requeued job resumed from (and the only one).
+    assert latest_step(workdir) == at
+    assert sorted(p.name for p in checkpoint_root(workdir).glob("step_*")) == [step_name(at)]
     records = _metrics(workdir)
-    assert [r["step"] for r in records] == list(range(8))
-    assert any(r["setup_s"] > 0 for r in records[1:]), "the requeued job started over instead of resuming"
-    for r, want in zip(records, _reference(specs, 8), strict=True):
+    # Every step exactly once: the requeued job recomputed nothing, and its first step is the saved one.
+    assert [r["step"] for r in records] == list(range(steps))
+    assert [r["step"] for r in records if r["setup_s"] > 0] == [0, at]
+    for r, want in zip(records, _reference(specs, steps), strict=True):
         assert r["loss"] == pytest.approx(want, rel=1e-9, abs=0)
 
 
