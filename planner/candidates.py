@@ -174,9 +174,40 @@ def _boundary_inter(inp: SearchInput, placement: Placement) -> bool:
     return inp.cluster.nodes > 1 and placement != Placement.HOMOGENEOUS
 
 
+def _measured_move_s(inp: SearchInput, encoder: str, dp: int) -> float | None:
+    """The profile's measured boundary move (transport.move forward and backward, one encoder per step) for
+    a side holding the encoder outputs over `dp` indices; None without a measured fit (datasheet p2p)."""
+    fit = inp.profile.boundary if inp.profile is not None else None
+    if fit is None:
+        return None
+    share = workload(inp.model, inp.data, encoder).out_tokens * inp.model.llm.hidden * fit.elem_bytes / dp
+    return fit.alpha_s + share / (fit.gbps * GB)
+
+
+def _replica_bcast_s(inp: SearchInput, encoder: str, layout: Layout) -> float:
+    if layout.tp * layout.cp <= 1:
+        return 0.0
+    links = Links.build(inp.cluster, inp.profile)
+    return links.ring(_boundary_bytes(inp, encoder) / layout.dp, 1, layout.tp * layout.cp)
+
+
+def homogeneous_boundary_s(inp: SearchInput, layout: Layout) -> float:
+    """The runtime moves encoder outputs also in a homogeneous plan (transport.move, a collective every
+    rank joins): the measured move when the profile has one, else 0 (the datasheet model's assumption)."""
+    total = 0.0
+    for e in inp.model.encoder_names:
+        measured = _measured_move_s(inp, e, layout.dp)
+        if measured is not None:
+            total += measured + _replica_bcast_s(inp, e, layout)
+    return total
+
+
 def _send_s(inp: SearchInput, encoder: str, layout: Layout, placement: Placement) -> float:
     if placement == Placement.HOMOGENEOUS:
         return 0.0
+    measured = _measured_move_s(inp, encoder, layout.dp)
+    if measured is not None:
+        return measured
     links = Links.build(inp.cluster, inp.profile)
     return 2 * links.p2p(_boundary_bytes(inp, encoder) / layout.dp, _boundary_inter(inp, placement))
 
@@ -187,6 +218,10 @@ def _recv_s(inp: SearchInput, layout: Layout, placement: Placement) -> tuple[tup
     links = Links.build(inp.cluster, inp.profile)
     out = []
     for e in inp.model.encoder_names:
+        measured = _measured_move_s(inp, e, layout.dp)
+        if measured is not None:
+            out.append((e, measured + _replica_bcast_s(inp, e, layout)))
+            continue
         share = _boundary_bytes(inp, e) / layout.dp
         bcast = links.ring(share, 1, layout.tp * layout.cp) if layout.tp * layout.cp > 1 else 0.0
         out.append((e, 2 * links.p2p(share, _boundary_inter(inp, placement)) + bcast))
@@ -302,8 +337,9 @@ def homogeneous_options(inp: SearchInput) -> list[HomogeneousOption]:
                         # stage 0 alone does the encoder's math: its GPU count is n / pp
                         opts.append(Candidate(e, Placement.HOMOGENEOUS, stage0, mb, erc, ec, num_mb))
                     encs.append(opts)
+                moves = homogeneous_boundary_s(inp, layout)
                 for combo in _cheapest_fitting(llm, encs, inp.capacity_gb):
-                    option = _homogeneous(llm, combo, num_mb)
+                    option = _homogeneous(llm, combo, num_mb, moves)
                     if best is None or option.step_s < best.step_s:
                         best = option
             if best is not None:
@@ -320,13 +356,15 @@ def _cheapest_fitting(llm: Candidate, encs: list[list[Candidate]], cap: float) -
             yield combo
 
 
-def _homogeneous(llm: Candidate, encs: tuple[Candidate, ...], num_mb: int) -> HomogeneousOption:
+def _homogeneous(
+    llm: Candidate, encs: tuple[Candidate, ...], num_mb: int, boundary_s: float = 0.0
+) -> HomogeneousOption:
     pp = llm.layout.pp
     # encoder work joins stage 0's per-micro-batch time: the slowest stage sets the 1F1B pace
     enc_work = sum(c.cost.time_s - c.cost.dp_s for c in encs)
     llm_stage = llm.cost.compute_s + llm.cost.tp_s + llm.cost.cp_s + llm.cost.ep_s + llm.cost.pp_p2p_s
     per_mb = (llm_stage + enc_work) / num_mb
-    step = per_mb * (num_mb + pp - 1) + llm.cost.dp_s + sum(c.cost.dp_s for c in encs)
+    step = per_mb * (num_mb + pp - 1) + llm.cost.dp_s + sum(c.cost.dp_s for c in encs) + boundary_s
     return HomogeneousOption(llm, encs, step, llm.memory_gb + sum(c.memory_gb for c in encs))
 
 

@@ -208,7 +208,9 @@ def _compute_seconds(
         else:
             rest = fwd - layer_share
             rest_s = rest * passes / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * cluster.mfu)
-        return block * layers * scale + max(rest_s, 0.0) + mod.step_overhead_s
+        # the post-balancing orchestrator's measured per-step work (announce, dispatch, input routes): the LLM's row
+        balance_s = profile.balance_step_s if profile is not None and m.kind == ModuleKind.LLM else 0.0
+        return block * layers * scale + max(rest_s, 0.0) + mod.step_overhead_s + balance_s
     tokens_per_gpu = micro_batch * w.stats.mean / layout.cp
     eff = cluster.mfu * gemm_efficiency(m, layout.tp, tokens_per_gpu, cfg)
     return (fwd * passes + extra) / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * eff)

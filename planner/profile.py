@@ -43,7 +43,8 @@ class ModuleProfile(_Model):
         default=0.0,
         ge=0,
         description="fixed seconds per step: gradient sync of the module's parameter tensors and its optimizer step "
-        "(the LLM also carries the step's batch assembly, boundary all-to-alls and metric collectives)",
+        "(the LLM also carries the step's batch assembly and metric collectives; the boundary moves and the "
+        "orchestrator are Profile.boundary and Profile.balance_step_s)",
     )
 
 
@@ -52,6 +53,16 @@ class LinkFit(_Model):
 
     alpha_s: float = Field(ge=0)
     gbps: float = Field(gt=0)
+
+
+class BoundaryFit(_Model):
+    """The runtime's encoder -> LLM boundary move (runtime/transport.py, forward and backward together), per
+    encoder per step: t = alpha_s + bytes / (gbps·1e9), bytes = the encoder outputs one rank holds at the
+    source (mean over ranks), at the profile's dtype (`elem_bytes` per element)."""
+
+    alpha_s: float = Field(ge=0)
+    gbps: float = Field(gt=0)
+    elem_bytes: int = Field(default=4, ge=1)
 
 
 class CollectiveRow(_Model):
@@ -79,3 +90,11 @@ class Profile(_Model):
     nproc: int = Field(default=1, ge=1, description="processes that ran the benchmark concurrently")
     ranks_per_node: int = Field(default=1, ge=1)
     quick: bool = False
+    boundary: BoundaryFit | None = Field(
+        default=None, description="measured boundary move (transport.move, fwd+bwd) per encoder per step"
+    )
+    balance_step_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="the post-balancing orchestrator's per-step work: length announce, dispatch and input routes",
+    )

@@ -10,7 +10,9 @@ What is timed is what the runtime executes (runtime/executor.py): a Block (a DTe
 over a real TP group when tp > 1) forward+backward on a packed micro-batch of k samples with
 per-sample attention; the module's parts outside the blocks; the per-step fixed work (one
 coalesced gradient all_reduce per module, the optimizer step, batch assembly and the metric
-collectives); and nccl-tests-style collectives inside a node and across nodes.
+collectives); the runtime's own per-step work through its code (`_time_runtime`: the orchestrator's
+announce, dispatch and input routes, and the boundary moves forward and backward); and
+nccl-tests-style collectives inside a node and across nodes.
 
 `profile_rank` needs only an initialised process group, so a Slurm job can call it unchanged.
 """
@@ -27,10 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from orch.planner.errors import OrchError
-from orch.planner.profile import CollectiveRow, ComputeFit, LinkFit, ModuleProfile, Profile
+from orch.planner.profile import BoundaryFit, CollectiveRow, ComputeFit, LinkFit, ModuleProfile, Profile
 from orch.planner.specs import DataSpec, ModelSpec, ModuleKind
 from orch.runtime.profile_fit import bandwidths, fit_alpha_beta, fit_compute, median
 
+_ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
+BOUNDARY_SCALES = (1, 4)  # row multipliers of the boundary case: two message sizes for the alpha-beta fit
+RUNTIME_REPS = 10  # at least this many repetitions of the runtime case (tens of ms each: medians of 3 are noisy)
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
 
@@ -169,6 +174,7 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
         cases += [("rest", n, "1", str(k), str(length)) for length in lengths for k in ks]
         cases.append(("overhead", n))
     cases.append(("step",))
+    cases.append(("runtime",))
     sizes = cfg.sizes()
     for kind in ("intra_node", "inter_node"):
         if nodes > 1 or kind == "intra_node":
@@ -270,6 +276,8 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
                     opt.zero_grad(set_to_none=False)
 
                 results[key] = _time(run, cfg.reps, sync)
+            elif case[0] == "runtime":
+                results.update(_time_runtime(model, data, cfg, rank, world, dtype))
             elif case[0] == "step":
                 counter = [0]
 
@@ -282,18 +290,7 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
                     for _ in model.modules:
                         for i in range(rank, batch.size, world):
                             batch.sample(i, dtype)
-                    for e in model.encoder_names:
-                        # the boundary move of this encoder's outputs into the LLM layout and its gradient back:
-                        # one all_to_all_single each way (runtime/transport.py), this rank's share of the rows
-                        # (equal splits sized by the rank holding most rows: every rank knows the whole batch)
-                        rows = max(
-                            sum(batch.projected(e, i) for i in range(r, batch.size, world)) for r in range(world)
-                        )
-                        per_peer = -(-rows // world)
-                        send = torch.zeros(per_peer * world, model.llm.hidden, dtype=dtype, device=dev)
-                        recv = torch.empty_like(send)
-                        for _ in range(2):
-                            dist.all_to_all_single(recv, send)
+                    # (the boundary moves and the orchestrator's work are the "runtime" case)
                     dist.all_reduce(torch.zeros((), dtype=torch.float64))
                     everyone: list[Any] = [None] * world
                     dist.all_gather_object(everyone, {"step": 0.0})
@@ -317,6 +314,91 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
     mem = {k: median([e["memory"][k] for e in everyone if k in e["memory"]]) for k in memory}
     group_sizes = {kind: len(groups[kind][1]) for kind in groups}
     return {"times": merged, "memory": mem, "group_sizes": group_sizes, "device": _device_name(dev)}
+
+
+def _time_runtime(
+    model: ModelSpec, data: DataSpec, cfg: ProfileConfig, rank: int, world: int, dtype: Any
+) -> dict[str, float]:
+    """The runtime's per-step work outside the modules, through its own code (runtime/executor.py's step):
+
+    - "balance": the post-balancing orchestrator (runtime/orchestrator.py) on a synthetic batch of the
+      DataSpec: announce (length all_gather), dispatch on its worker thread and the wait for it, then the
+      input routes (one transport.move per module: encoder features, the LLM's text and label ids);
+    - "boundary/<enc>/<scale>": each encoder's boundary move into the LLM layout by the orchestrator's
+      composed table, forward and backward (transport.routed), encoder outputs of the batch's sizes with
+      the rows multiplied by `scale`; "boundary_bytes/..." the mean encoder-output bytes per rank.
+
+    Every module on dp = world, tp = 1 (the plan-independent part); each repetition starts after a barrier,
+    so what is timed is the work itself, not the skew between ranks.
+    """
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    from orch.planner.balance.batch import Mode
+    from orch.runtime.data import GlobalBatch, encoder_order
+    from orch.runtime.grid import Grid
+    from orch.runtime.model import AUDIO_STEM_STRIDE, encoder_modality
+    from orch.runtime.orchestrator import Orchestrator
+    from orch.runtime.transport import Route, move, routed
+
+    ranks = tuple(range(world))
+    grids = {n: Grid(n, 1, 1, world, 1, ranks) for n in model.modules}
+    plan = types.SimpleNamespace(model=model, ranks_per_node=cfg.ranks_per_node)
+    orch = Orchestrator(plan, grids, Mode.ORCH, _ELEM_BYTES[cfg.dtype])  # type: ignore[arg-type]
+    llm, hidden = model.llm_name, model.llm.hidden
+    encs = encoder_order(model)
+    samples: dict[str, list[float]] = {}
+    nbytes: dict[str, list[float]] = {}
+
+    def inputs(name: str, batch: GlobalBatch, tables: Any) -> None:
+        # runtime/executor.py Executor._inputs: this rank's origin samples to their balanced DP index
+        if name == llm:
+            rows, width, pdt = batch.text_tokens, 2, torch.int64
+        else:
+            audio = encoder_modality(name, model.modules[name]) == "audio"
+            rows = tuple(t[name] * (AUDIO_STEM_STRIDE if audio else 1) for t in batch.enc_tokens)
+            width, pdt = model.modules[name].input_dim or 1, dtype
+        here = [batch.sample(i, dtype) for i, d in enumerate(tables.origin[name]) if d == rank]
+        parts = [torch.stack([s.text, s.labels], 1) if name == llm else s.feats[name] for s in here]
+        x = torch.cat(parts).to(pdt) if parts else torch.zeros(0, width, dtype=pdt)
+        move(x, Route(tables.input_table(name), grids[name], grids[name], tuple(rows)), rank, world)
+
+    try:
+        for step in range(max(cfg.reps, RUNTIME_REPS) + 1):  # the first is a warm-up; short cases: more reps
+            batch = GlobalBatch.build(model, data, cfg.seed, 1_000 + step)
+            dist.barrier()
+            t = time.perf_counter()
+            orch.prefetch(batch, rank, world)
+            tables = orch.tables(batch, rank, world)
+            for name in [*encs, llm]:
+                inputs(name, batch, tables)
+            took = time.perf_counter() - t
+            if step:
+                samples.setdefault("balance", []).append(took)
+            for e in encs:
+                for scale in BOUNDARY_SCALES:
+                    rows = tuple(scale * batch.projected(e, i) for i in range(batch.size))
+                    held = sum(rows[i] for i, d in enumerate(tables.dest[e]) if d == rank)
+                    x = torch.randn(held, hidden, dtype=dtype).requires_grad_()
+                    route = Route(tables.boundary_table(e), grids[e], grids[llm], rows)
+                    dist.barrier()
+                    t = time.perf_counter()
+                    y = routed(x, route, rank, world)
+                    y.backward(torch.ones_like(y))
+                    took = time.perf_counter() - t
+                    if step:
+                        key = f"{e}/{scale}"
+                        samples.setdefault(f"boundary/{key}", []).append(took)
+                        nbytes.setdefault(f"boundary_bytes/{key}", []).append(
+                            sum(rows) * hidden * _ELEM_BYTES[cfg.dtype] / world
+                        )
+    finally:
+        orch.close()
+    out = {k: median(v) for k, v in samples.items()}
+    out.update({k: median(v) for k, v in nbytes.items()})
+    return out
 
 
 def _time_collective(
@@ -402,6 +484,13 @@ def build_profile(raw: dict[str, Any], model: ModelSpec, cfg: ProfileConfig, wor
         if len(pts) >= 2:
             alpha, gbps = fit_alpha_beta(pts)
             links[kind] = LinkFit(alpha_s=alpha, gbps=gbps)
+    boundary = None
+    bpts = [
+        (times[k.replace("boundary/", "boundary_bytes/", 1)], v) for k, v in times.items() if k.startswith("boundary/")
+    ]
+    if len({b for b, _ in bpts}) >= 2:
+        alpha, gbps = fit_alpha_beta(sorted(bpts))
+        boundary = BoundaryFit(alpha_s=alpha, gbps=gbps, elem_bytes=_ELEM_BYTES[cfg.dtype])
     return Profile(
         cluster=f"local x{world}",
         device=raw["device"],
@@ -416,6 +505,8 @@ def build_profile(raw: dict[str, Any], model: ModelSpec, cfg: ProfileConfig, wor
         nproc=world,
         ranks_per_node=cfg.ranks_per_node,
         quick=cfg.quick,
+        boundary=boundary,
+        balance_step_s=times.get("balance", 0.0),
     )
 
 

@@ -8,7 +8,7 @@ import yaml
 from orch.planner.costs import module_cost
 from orch.planner.loading import load_cluster, load_data, load_model
 from orch.planner.plan import Layout, Recompute
-from orch.planner.profile import CollectiveRow, ComputeFit, LinkFit, ModuleProfile, Profile
+from orch.planner.profile import BoundaryFit, CollectiveRow, ComputeFit, LinkFit, ModuleProfile, Profile
 from orch.runtime.profile_fit import bandwidths, bus_factor, fit_alpha_beta, fit_compute
 
 
@@ -132,6 +132,57 @@ def test_cost_model_adds_call_rest_and_step_overhead():
     with_rest = base.model_copy(update={"rest": ComputeFit(c0=0.0, c1=0.0, call_s=0.01)})
     rest = compute(Profile(device="cpu", backend="gloo", modules={"llm": with_rest}))
     assert rest == pytest.approx(compute(plain) - _datasheet_rest(plain, compute) + 0.01 * calls)
+
+
+def test_profile_round_trips_the_runtime_fields():
+    prof = _profile().model_copy(update={"boundary": BoundaryFit(alpha_s=3e-3, gbps=0.2), "balance_step_s": 0.03})
+    back = Profile.model_validate_json(prof.model_dump_json())
+    assert back == prof and back.boundary is not None and back.boundary.elem_bytes == 4
+    assert back.balance_step_s == 0.03
+    old = json.loads(prof.model_dump_json())
+    old.pop("boundary"), old.pop("balance_step_s")
+    assert Profile.model_validate(old).boundary is None  # files without the runtime fields: datasheet boundary
+
+
+def test_cost_model_adds_the_measured_orchestrator_step_to_the_llm_only():
+    model, data, cluster = load_model("tiny"), load_data("tiny-mix"), load_cluster("local-cpu")
+    lay = Layout(dp=4)
+    mods = {n: ModuleProfile(block={1: ComputeFit(c0=1e-4, c1=1e-6)}) for n in ("vision", "llm")}
+    plain = Profile(device="cpu", backend="gloo", modules=mods)
+    balanced = plain.model_copy(update={"balance_step_s": 0.04})
+
+    def compute(name: str, prof: Profile) -> float:
+        return module_cost(model, data, cluster, name, lay, 2, Recompute.NONE, in_flight=1, profile=prof).compute_s
+
+    assert compute("llm", balanced) == pytest.approx(compute("llm", plain) + 0.04)
+    assert compute("vision", balanced) == pytest.approx(compute("vision", plain))
+
+
+def test_measured_boundary_replaces_the_datasheet_move_also_when_homogeneous():
+    from orch.planner.candidates import SearchInput, _recv_s, _send_s, homogeneous_options
+    from orch.planner.costs import GB, workload
+    from orch.planner.plan import Placement
+
+    model, data, cluster = load_model("tiny"), load_data("tiny-mix"), load_cluster("local-cpu")
+    fit = BoundaryFit(alpha_s=5e-3, gbps=0.5, elem_bytes=4)
+    plain = _profile()
+    measured = plain.model_copy(update={"boundary": fit})
+    inp_plain = SearchInput(model=model, data=data, cluster=cluster, profile=plain)
+    inp = SearchInput(model=model, data=data, cluster=cluster, profile=measured)
+    lay = Layout(dp=4)
+
+    def move(e: str, dp: int) -> float:
+        return fit.alpha_s + workload(model, data, e).out_tokens * model.llm.hidden * 4 / dp / (fit.gbps * GB)
+
+    assert _send_s(inp, "vision", lay, Placement.COLOCATED) == pytest.approx(move("vision", 4))
+    assert _send_s(inp_plain, "vision", lay, Placement.COLOCATED) != pytest.approx(move("vision", 4))
+    assert dict(_recv_s(inp, lay, Placement.COLOCATED)) == pytest.approx({e: move(e, 4) for e in model.encoder_names})
+    # homogeneous: the runtime moves too, so the measured moves join the step
+    by_layout = {o.llm.describe(): o.step_s for o in homogeneous_options(inp_plain)}
+    for o in homogeneous_options(inp):
+        if o.llm.layout == lay:
+            want = by_layout[o.llm.describe()] + sum(move(e, 4) for e in model.encoder_names)
+            assert o.step_s == pytest.approx(want)
 
 
 def _datasheet_rest(prof: Profile, compute) -> float:

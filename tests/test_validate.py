@@ -139,6 +139,8 @@ def test_profile_plan_launch_validate_end_to_end(cli, tmp_path, monkeypatch):
     assert set(profile.modules["llm"].block) == {1, 2}
     assert profile.modules["llm"].step_overhead_s > 0 and profile.modules["llm"].rest is not None
     assert profile.nproc == 2 and profile.backend == "gloo" and "intra_node" in profile.links
+    # the runtime's own per-step work, measured through its code: boundary moves and the orchestrator
+    assert profile.boundary is not None and profile.boundary.alpha_s >= 0 and profile.balance_step_s > 0
     assert {row.op for row in profile.collectives} >= {"all_reduce", "all_gather", "all_to_all", "send_recv"}
 
     plan = tmp_path / "plan.yaml"
