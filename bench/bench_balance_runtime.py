@@ -138,17 +138,13 @@ def summarise(records: list[dict], model: ModelSpec) -> dict[str, float]:
 def _worker(rank: int, port: int, plan_json: str, data_json: str, steps: int, dtype: str, out: str) -> None:
     """Both modes in one process group, step k of each back to back (order alternating per step),
     so that the machine's drifting load hits both alike."""
-    from datetime import timedelta
 
-    import torch
     import torch.distributed as dist
 
     from orch.runtime.executor import Executor
+    from orch.runtime.procgroup import init_rank
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=300)
-    )
+    init_rank(rank, 2, master="127.0.0.1", port=port, timeout_s=300)
     try:
         plan, data = Plan.model_validate_json(plan_json), DataSpec.model_validate_json(data_json)
         exs = {
@@ -179,7 +175,7 @@ def _worker(rank: int, port: int, plan_json: str, data_json: str, steps: int, dt
 def main() -> None:
     import torch.multiprocessing as mp
 
-    from orch.runtime.local import _free_port
+    from orch.runtime.procgroup import free_port
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
@@ -189,7 +185,7 @@ def main() -> None:
     plan = bench_plan(model, data)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "records.json"
-        job = (_free_port(), plan.model_dump_json(), data.model_dump_json(), args.steps, args.dtype, str(path))
+        job = (free_port(), plan.model_dump_json(), data.model_dump_json(), args.steps, args.dtype, str(path))
         mp.start_processes(_worker, args=job, nprocs=plan.world_size, start_method="spawn")
         runs: dict[str, list[dict]] = json.loads(path.read_text())
     worst = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(runs["orch"], runs["none"], strict=True))

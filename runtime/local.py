@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 from orch.planner.errors import OrchError
@@ -20,6 +18,7 @@ from orch.planner.io import write_text_atomic
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
 from orch.runtime.executor import RunConfig
+from orch.runtime.procgroup import free_port, init_rank
 
 
 class LaunchError(OrchError):
@@ -40,12 +39,6 @@ class _Job:
     timeout_s: float
     start: int = 0  # completed steps of the checkpoint to resume from (0: a fresh run)
     master: str = "127.0.0.1"  # rendezvous host (the Slurm launcher passes the allocation's first node)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _failure_dir(workdir: str) -> Path:
@@ -84,21 +77,13 @@ def _first_failure(workdir: Path) -> tuple[int, str] | None:
 def _run_rank(rank: int, job: _Job) -> None:
     import time
 
-    import torch
     import torch.distributed as dist
 
     from orch.runtime import checkpoint
     from orch.runtime.executor import Executor
     from orch.runtime.trace import RankTrace, write_trace
 
-    torch.set_num_threads(1)  # shared 2-core machines: one thread per rank
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://{job.master}:{job.port}",
-        rank=rank,
-        world_size=job.world,
-        timeout=timedelta(seconds=job.timeout_s),
-    )
+    init_rank(rank, job.world, master=job.master, port=job.port, timeout_s=job.timeout_s)
     try:
         plan = Plan.model_validate_json(job.plan_json)
         data = DataSpec.model_validate_json(job.data_json)
@@ -179,7 +164,7 @@ def run_local(
         write_text_atomic(metrics, "".join(ln + "\n" for ln in kept))
     if start >= cfg.steps:
         return _records(metrics)
-    job = _Job(plan.model_dump_json(), data.model_dump_json(), cfg, str(out), _free_port(), nproc, timeout_s, start)
+    job = _Job(plan.model_dump_json(), data.model_dump_json(), cfg, str(out), free_port(), nproc, timeout_s, start)
     shutil.rmtree(_failure_dir(str(out)), ignore_errors=True)
     try:
         mp.start_processes(_worker, args=(job,), nprocs=nproc, join=True, start_method="spawn")

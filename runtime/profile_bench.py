@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from orch.planner.errors import OrchError
 from orch.planner.profile import BoundaryFit, CollectiveRow, ComputeFit, LinkFit, ModuleProfile, Profile
 from orch.planner.specs import DataSpec, ModelSpec, ModuleKind
+from orch.runtime.procgroup import free_port, init_rank
 from orch.runtime.profile_fit import bandwidths, fit_alpha_beta, fit_compute, median
 
 _ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
@@ -541,24 +541,10 @@ class _Job:
     timeout_s: float
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _worker(rank: int, job: _Job) -> None:
-    import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)  # shared 2-core machines: one thread per rank, as `orch launch` runs
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{job.port}",
-        rank=rank,
-        world_size=job.world,
-        timeout=timedelta(seconds=job.timeout_s),
-    )
+    init_rank(rank, job.world, master="127.0.0.1", port=job.port, timeout_s=job.timeout_s)
     try:
         raw = profile_rank(rank, job.world, job.cfg)
         if raw is not None:
@@ -580,7 +566,7 @@ def run_profile_local(
     out.mkdir(parents=True, exist_ok=True)
     raw_path = out / "profile-raw.json"
     raw_path.unlink(missing_ok=True)
-    job = _Job(cfg, _free_port(), nproc, str(raw_path), 300.0)
+    job = _Job(cfg, free_port(), nproc, str(raw_path), 300.0)
     try:
         mp.start_processes(_worker, args=(job,), nprocs=nproc, join=True, start_method="spawn")
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:

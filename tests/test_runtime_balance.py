@@ -14,11 +14,11 @@ a launch of its own.
 """
 
 import random
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+from equivalence import assert_close, merged
 
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
@@ -210,11 +210,9 @@ def _runs_worker(
     from orch.planner.plan import Plan
     from orch.planner.specs import DataSpec
     from orch.runtime.executor import Executor
+    from orch.runtime.procgroup import init_rank
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4, timeout=timedelta(seconds=120)
-    )
+    init_rank(rank, 4, master="127.0.0.1", port=port, timeout_s=120)
     try:
         data = DataSpec.model_validate_json(data_json)
         for name, plan_json, mode in runs:
@@ -247,20 +245,20 @@ def gloo(specs, tmp_path_factory):
 
     import torch.multiprocessing as mp
 
-    from orch.runtime.local import _free_port
+    from orch.runtime.procgroup import free_port
 
     _, data = specs
     out = tmp_path_factory.mktemp("gloo")
     tables, batch = _tables(specs, "colocated_enc_dp4_llm_dp2_tp2", "orch")
     rows = tuple(random.Random(0).randint(1, 4) for _ in range(batch.size))
     runs = [(name, _plan(specs, name).model_dump_json(), mode) for name, mode in RUNS]
-    args = (_free_port(), runs, data.model_dump_json(), (tables, rows), str(out))
+    args = (free_port(), runs, data.model_dump_json(), (tables, rows), str(out))
     mp.start_processes(_runs_worker, args=args, nprocs=4, start_method="spawn")
     results = {}
     for name, mode in RUNS:
         workdir = out / f"{name}-{mode}"
         records = json.loads((workdir / "metrics.json").read_text())
-        results[(name, mode)] = (records, _merged(workdir, "grads"), _merged(workdir, "params"))
+        results[(name, mode)] = (records, merged(workdir, "grads"), merged(workdir, "params"))
     moves = [torch.load(out / f"move.rank{r}.pt") for r in range(4)]
     return results, (tables, rows, moves)
 
@@ -284,21 +282,6 @@ def reference(specs):
     return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64)
 
 
-def _merged(workdir: Path, what: str) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(workdir.glob(f"{what}.rank*.pt")):
-        out.update(torch.load(f))
-    return out
-
-
-def _assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], rel: float) -> None:
-    assert set(got) == set(want)
-    for name, ref in want.items():
-        scale = max(ref.abs().max().item(), 1e-300)
-        err = (got[name] - ref).abs().max().item()
-        assert err <= rel * scale, f"{name}: max error {err:.3e} vs scale {scale:.3e}"
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "mode"), RUNS)
 def test_balanced_training_matches_reference(specs, reference, gloo, name, mode):
@@ -307,8 +290,8 @@ def test_balanced_training_matches_reference(specs, reference, gloo, name, mode)
     assert [r["step"] for r in records] == list(range(STEPS))
     for r, want in zip(records, reference.losses, strict=True):
         assert r["loss"] == pytest.approx(want, rel=1e-9, abs=0)
-    _assert_close(grads, reference.grads, 1e-9)
-    _assert_close(params, reference.params, 1e-8)
+    assert_close(grads, reference.grads, 1e-9)
+    assert_close(params, reference.params, 1e-8)
 
     # Every sample is processed exactly once per phase per step, with all of its tokens.
     plan = _plan(specs, name)
@@ -346,8 +329,8 @@ def test_balanced_equals_unbalanced(gloo, name, mode):
     got, grads, params = gloo[0][(name, mode)]
     for a, b in zip(got, base, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-9, abs=0)
-    _assert_close(grads, base_grads, 1e-9)
-    _assert_close(params, base_params, 1e-8)
+    assert_close(grads, base_grads, 1e-9)
+    assert_close(params, base_params, 1e-8)
     if mode == "orch":
         assert any(r["balance"]["llm"]["max_cost"] < r["balance"]["llm"]["max_cost_before"] for r in got)
     assert all(r["balance"]["llm"]["max_cost"] == r["balance"]["llm"]["max_cost_before"] for r in base)

@@ -4,10 +4,9 @@ Loss within 1e-9 relative at every step, every parameter's gradient of step 0 wi
 and every parameter after 3 SGD steps within 1e-8 (relative to the tensor's largest entry).
 """
 
-from pathlib import Path
-
 import pytest
 import torch
+from equivalence import assert_close, merged
 
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
@@ -50,21 +49,6 @@ def reference(specs):
     return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64)
 
 
-def _merged(workdir: Path, what: str) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(workdir.glob(f"{what}.rank*.pt")):
-        out.update(torch.load(f))
-    return out
-
-
-def _assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], rel: float) -> None:
-    assert set(got) == set(want)
-    for name, ref in want.items():
-        scale = max(ref.abs().max().item(), 1e-300)
-        err = (got[name] - ref).abs().max().item()
-        assert err <= rel * scale, f"{name}: max error {err:.3e} vs scale {scale:.3e}"
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(PLANS))
 def test_plan_matches_reference(name, specs, reference, tmp_path):
@@ -76,8 +60,8 @@ def test_plan_matches_reference(name, specs, reference, tmp_path):
     assert [r["step"] for r in records] == list(range(STEPS))
     for r, want in zip(records, reference.losses, strict=True):
         assert r["loss"] == pytest.approx(want, rel=1e-9, abs=0)
-    _assert_close(_merged(tmp_path, "grads"), reference.grads, 1e-9)
-    _assert_close(_merged(tmp_path, "params"), reference.params, 1e-8)
+    assert_close(merged(tmp_path, "grads"), reference.grads, 1e-9)
+    assert_close(merged(tmp_path, "params"), reference.params, 1e-8)
 
 
 @pytest.mark.slow

@@ -1,0 +1,31 @@
+"""Starting a rank's process group: one place for the port, the backend and the timeout."""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for a rendezvous on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_rank(rank: int, world: int, *, master: str, port: int, timeout_s: float) -> None:
+    """Join the world group (gloo) with a timeout, so a rank blocked on a dead peer cannot hang forever.
+
+    One thread per rank: ranks share this machine's cores, as they do in `orch launch`.
+    """
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{master}:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+    )

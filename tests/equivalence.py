@@ -1,0 +1,22 @@
+"""Comparing a parallel run's tensors with the single-process reference (float64 equivalence)."""
+
+from pathlib import Path
+
+import torch
+
+
+def merged(workdir: Path, what: str) -> dict[str, torch.Tensor]:
+    """The full tensors every rank wrote as `{what}.rank*.pt`, merged by name."""
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(workdir.glob(f"{what}.rank*.pt")):
+        out.update(torch.load(f))
+    return out
+
+
+def assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], rel: float) -> None:
+    """Same names, and every tensor within `rel` of the reference's largest magnitude."""
+    assert set(got) == set(want)
+    for name, ref in want.items():
+        scale = max(ref.abs().max().item(), 1e-300)
+        err = (got[name] - ref).abs().max().item()
+        assert err <= rel * scale, f"{name}: max error {err:.3e} vs scale {scale:.3e}"
