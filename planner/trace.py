@@ -13,10 +13,13 @@ from typing import Any
 from orch.planner.plan import Placement, Plan
 
 
-def one_f_one_b(
-    stages: int, micro_batches: int, fwd: float, bwd: float, start: float = 0.0
-) -> list[tuple[int, str, int, float, float]]:
-    """Simulate non-interleaved 1F1B: (stage, 'F'|'B', micro-batch, start, end) per op."""
+def one_f_one_b_order(stages: int, micro_batches: int) -> list[list[tuple[str, int]]]:
+    """Non-interleaved 1F1B, per stage: ('F'|'B', micro-batch) in execution order.
+
+    Stage s runs min(stages - s - 1, micro_batches) warm-up forwards, then alternates one
+    forward and one backward, then drains the backwards. The runtime executes this order
+    (runtime/pipeline.py); `one_f_one_b` simulates its timing.
+    """
     order: list[list[tuple[str, int]]] = []
     for s in range(stages):
         warm = min(stages - s - 1, micro_batches)
@@ -29,6 +32,14 @@ def one_f_one_b(
             ops.append(("B", b))
             b += 1
         order.append(ops)
+    return order
+
+
+def one_f_one_b(
+    stages: int, micro_batches: int, fwd: float, bwd: float, start: float = 0.0
+) -> list[tuple[int, str, int, float, float]]:
+    """Simulate non-interleaved 1F1B: (stage, 'F'|'B', micro-batch, start, end) per op."""
+    order = one_f_one_b_order(stages, micro_batches)
     done: dict[tuple[int, str, int], float] = {}
     free = [start] * stages
     pos = [0] * stages

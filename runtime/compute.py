@@ -29,7 +29,11 @@ def encode(encoder: nn.Module, name: str, samples: list[Sample], dtype: torch.dt
 def text_loss(llm: nn.Module, prefixes: list[torch.Tensor], samples: list[Sample], label_tokens: int) -> torch.Tensor:
     """Sum of the samples' text-token cross-entropies divided by the GLOBAL label-token count."""
     logits = llm(prefixes, [s.text for s in samples])
-    labels = torch.cat([s.labels for s in samples])
+    return label_loss(logits, torch.cat([s.labels for s in samples]), label_tokens)
+
+
+def label_loss(logits: torch.Tensor, labels: torch.Tensor, label_tokens: int) -> torch.Tensor:
+    """Summed cross-entropy of packed text logits over the global batch's label-token count."""
     return F.cross_entropy(logits, labels, reduction="sum") / label_tokens
 
 

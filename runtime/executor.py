@@ -16,7 +16,11 @@ input features move from their origin to the encoder's balanced DP index (one al
 per encoder), the text tokens move to the LLM's balanced DP index, and the boundary move uses the
 composed table Π_llm ∘ B ∘ Π_enc⁻¹. With `balance="none"` nothing moves before phase 1 and the
 boundary table is the unbalanced one: exactly the step without the orchestrator.
-TODO(runtime): PP, CP, EP, graph-aware 1F1B for disaggregated plans.
+
+Pipeline parallelism (LLM only, runtime/pipeline.py): phase 2 is the stage's 1F1B order; the
+boundary delivers encoder outputs to the first stage, the LLM's token ids go to the first stage
+and its labels to the last. With pp == 1 the same code runs one stage (F0 B0 F1 B1 ...).
+TODO(runtime): CP, EP, graph-aware 1F1B for disaggregated plans.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -34,12 +39,13 @@ from orch.planner.errors import OrchError
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
 from orch.runtime.boundary import Boundary
-from orch.runtime.compute import build_optimizer, encode, text_loss
+from orch.runtime.compute import build_optimizer, encode, label_loss
 from orch.runtime.data import GlobalBatch, Sample, encoder_order
 from orch.runtime.grid import Grid, build_grids, build_meshes
-from orch.runtime.model import AUDIO_STEM_STRIDE, build_model, encoder_modality
+from orch.runtime.model import AUDIO_STEM_STRIDE, LLM, build_model, encoder_modality
 from orch.runtime.orchestrator import Orchestrator, StepTables, shared_calibration
 from orch.runtime.parallelize import apply_tp
+from orch.runtime.pipeline import MicroBatch, PipelineStage
 from orch.runtime.transport import Route, move
 
 
@@ -80,6 +86,9 @@ class StepMetrics:
     processed: dict[str, dict[int, int]] = field(default_factory=dict)  # module -> sample id -> tokens (DP leaders)
 
 
+T = TypeVar("T")
+
+
 class UnsupportedPlan(OrchError):
     pass
 
@@ -87,9 +96,14 @@ class UnsupportedPlan(OrchError):
 def check_supported(plan: Plan) -> None:
     """Raise UnsupportedPlan for what this executor cannot run yet (before any process starts)."""
     for name, mp in plan.modules.items():
-        for axis in ("pp", "cp", "ep"):
+        for axis in ("cp", "ep"):
             if mp.layout.degree(axis) > 1:
                 raise UnsupportedPlan(f"modules.{name}.layout.{axis}: {mp.layout.degree(axis)} is not executed yet")
+        if mp.layout.pp > 1 and name != plan.model.llm_name:
+            raise UnsupportedPlan(f"modules.{name}.layout.pp: {mp.layout.pp}: only the LLM runs pipeline stages")
+        layers = plan.model.modules[name].layers
+        if mp.layout.pp > layers:
+            raise UnsupportedPlan(f"modules.{name}.layout.pp: {mp.layout.pp} stages for {layers} layers")
     for e in plan.model.encoder_names:
         if not any(edge.src == e and edge.dst == plan.model.llm_name for edge in plan.edges):
             raise UnsupportedPlan(f"edges: no edge from {e} to {plan.model.llm_name}")
@@ -108,6 +122,15 @@ class Executor:
         build_meshes(self.grids)
         self.served = [n for n in self.model.modules if self.grids[n].coord(rank) is not None]
         self.modules: dict[str, nn.Module] = build_model(self.model, cfg.seed, cfg.torch_dtype, self.served)
+        llm_grid = self.grids[self.model.llm_name]
+        self.stage: PipelineStage | None = None
+        if self.model.llm_name in self.modules:
+            llm = self.modules[self.model.llm_name]
+            assert isinstance(llm, LLM)
+            coord = llm_grid.coord(rank)
+            assert coord is not None
+            llm.keep_stage(coord.pp, llm_grid.pp)  # after init: every stage's weights come from the full model's
+            self.stage = PipelineStage(llm, llm_grid, rank, self.model.llm.hidden, cfg.torch_dtype)
         for name, module in self.modules.items():
             apply_tp(module, tp_mesh=self.grids[name].submesh("tp"))
         params = [p for m in self.modules.values() for p in m.parameters()]
@@ -143,13 +166,22 @@ class Executor:
             audio = encoder_modality(name, self.model.modules[name]) == "audio"
             rows = tuple(t[name] * (AUDIO_STEM_STRIDE if audio else 1) for t in batch.enc_tokens)
             width, pack_dtype = self.model.modules[name].input_dim or 1, dtype
-        x = torch.zeros(0, width, dtype=pack_dtype)
-        if serves:
-            here = [batch.sample(i, dtype) for i in self._held(name, tables, origin=True)]
-            parts = [torch.stack([s.text, s.labels], 1) if llm else s.feats[name] for s in here]
-            x = torch.cat(parts) if parts else x
-        y = move(x, Route(tables.input_table(name), grid, grid, tuple(rows)), self.rank, self.world)
-        if not serves:
+        empty_x = torch.zeros(0, width, dtype=pack_dtype)
+        # The LLM's token ids go to its first pipeline stage and its labels to its last: one move per stage.
+        stages = sorted({0, grid.pp - 1}) if llm else [0]
+        coord = grid.coord(self.rank)
+        y = empty_x
+        for stage in stages:
+            x = empty_x
+            if coord is not None and coord.pp == stage:
+                here = [batch.sample(i, dtype) for i in self._held(name, tables, origin=True)]
+                parts = [torch.stack([s.text, s.labels], 1) if llm else s.feats[name] for s in here]
+                x = torch.cat(parts) if parts else x
+            route = Route(tables.input_table(name), grid, grid, tuple(rows), src_stage=stage, dst_stage=stage)
+            got = move(x, route, self.rank, self.world)
+            if coord is not None and coord.pp == stage:
+                y = got
+        if not serves or (coord is not None and coord.pp not in stages):
             return []
         ids = self._held(name, tables)
         empty = torch.zeros(0, dtype=torch.int64)
@@ -166,10 +198,20 @@ class Executor:
             for sid, n in counts.items():
                 mine[sid] = mine.get(sid, 0) + n
 
-    def _chunks(self, name: str, items: list[Sample]) -> list[list[Sample]]:
+    def _chunks(self, name: str, items: list[T]) -> list[list[T]]:
         n = min(self.plan.modules[name].num_micro_batches, max(1, len(items)))
         size = -(-len(items) // n) if items else 0
         return [items[k : k + size] for k in range(0, len(items), size)] if items else [[]]
+
+    def _micro_batches(self, name: str, ids: list[int], batch: GlobalBatch) -> list[MicroBatch]:
+        """This DP index's LLM micro-batches (the same on every stage: from the global lengths)."""
+        out = []
+        for m, chunk in enumerate(c for c in self._chunks(name, ids) if c):
+            projected = [sum(batch.projected(e, i) for e in encoder_order(self.model)) for i in chunk]
+            text = [batch.text_tokens[i] for i in chunk]
+            seqlens = tuple(p + n for p, n in zip(projected, text, strict=True))
+            out.append(MicroBatch(m, tuple(chunk), seqlens, tuple(text)))
+        return out
 
     def step(self, k: int) -> StepMetrics:
         t0 = time.perf_counter()
@@ -222,27 +264,34 @@ class Executor:
             spans.append((e, "boundary", t, now))
             t = now
 
-        # Phase 2: the LLM over micro-batches; boundary activations are leaves that collect gradients.
+        # Phase 2: the LLM's 1F1B over micro-batches (one stage when pp == 1); boundary activations
+        # are leaves on the first stage that collect the gradients.
         leaves = {e: moved[e].detach().requires_grad_() for e in moved}
         loss_sum = torch.zeros((), dtype=torch.float64)
-        texts = self._inputs(llm_name, batch, tables, dtype)
+        texts = {s.id: s for s in self._inputs(llm_name, batch, tables, dtype)}
         now = time.perf_counter()
         phases[f"{llm_name}.route"] = now - t
         t = now
-        if llm_name in self.modules:
+        if self.stage is not None:
             ids = self._held(llm_name, tables)
-            rows = {e: leaves[e].split([batch.projected(e, i) for i in ids]) for e in leaves}
+            micro = self._micro_batches(llm_name, ids, batch)
+            stage = self.stage
+            rows: dict[str, tuple[torch.Tensor, ...]] = {}
+            if stage.is_first:
+                rows = {e: leaves[e].split([batch.projected(e, i) for i in ids]) for e in leaves}
             pos = {sid: j for j, sid in enumerate(ids)}
-            for chunk in self._chunks(llm_name, texts):
-                if not chunk:
-                    continue
-                prefixes = [torch.cat([rows[e][pos[s.id]] for e in encoder_order(self.model)]) for s in chunk]
-                lens = {s.id: p.shape[0] + s.text.shape[0] for s, p in zip(chunk, prefixes, strict=True)}
-                self._count(processed, llm_name, lens)
-                loss = text_loss(self.modules[llm_name], prefixes, chunk, batch.label_tokens)
-                loss.backward()
-                loss_sum += loss.detach().to(torch.float64)
-            spans.append((llm_name, "forward+backward", t, time.perf_counter()))
+
+            def first_inputs(mb: MicroBatch) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                prefixes = [torch.cat([rows[e][pos[i]] for e in encoder_order(self.model)]) for i in mb.ids]
+                self._count(processed, llm_name, dict(zip(mb.ids, mb.seqlens, strict=True)))
+                return prefixes, [texts[i].text for i in mb.ids]
+
+            def loss_of(mb: MicroBatch, logits: torch.Tensor) -> torch.Tensor:
+                return label_loss(logits, torch.cat([texts[i].labels for i in mb.ids]), batch.label_tokens)
+
+            run = stage.run(micro, first_inputs, loss_of)
+            loss_sum += run.loss_sum
+            spans += [(llm_name, op, a, b) for op, a, b in run.spans]
         phases[f"{llm_name}.fwd_bwd"] = time.perf_counter() - t
         t = time.perf_counter()
 

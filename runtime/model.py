@@ -161,27 +161,66 @@ class Encoder(nn.Module):
 
 
 class LLM(nn.Module):
+    """Decoder-only LLM in three pieces, so a pipeline stage runs only its share:
+    `embed_inputs` (first stage), `run_blocks` (every stage, its layers), `text_logits` (last).
+
+    Blocks live in a ModuleDict keyed by layer index, so parameter names ("blocks.3.attn.q.weight")
+    are the same in the full model and in a stage that keeps layers 2-3 (`keep_stage`).
+    """
+
     def __init__(self, spec: ModuleSpec) -> None:
         super().__init__()
         assert spec.vocab is not None
-        self.embed = nn.Embedding(spec.vocab, spec.hidden)
-        self.blocks = nn.ModuleList(Block(spec, causal=True) for _ in range(spec.layers))
-        self.norm = RMSNorm(spec.hidden)
-        self.head = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        self.embed: nn.Embedding | None = nn.Embedding(spec.vocab, spec.hidden)
+        self.blocks = nn.ModuleDict({str(i): Block(spec, causal=True) for i in range(spec.layers)})
+        self.norm: RMSNorm | None = RMSNorm(spec.hidden)
+        self.head: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
 
-    def forward(self, prefixes: list[torch.Tensor], texts: list[torch.Tensor]) -> torch.Tensor:
-        """Per sample: encoder tokens (prefix) then text tokens. Returns logits of the text positions, packed."""
+    def keep_stage(self, stage: int, stages: int) -> None:
+        """Drop what pipeline stage `stage` of `stages` does not run (after init: names are kept)."""
+        keep = stage_layers(len(self.blocks), stages, stage)
+        for key in [k for k in self.blocks if int(k) not in keep]:
+            del self.blocks[key]
+        if stage != 0:
+            self.embed = None
+        if stage != stages - 1:
+            self.norm = self.head = None
+
+    def embed_inputs(self, prefixes: list[torch.Tensor], texts: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+        """Per sample: encoder tokens (prefix) then embedded text tokens, packed; and the sequence lengths."""
+        assert self.embed is not None, "embed_inputs runs on the first pipeline stage"
         parts, seqlens = [], []
         for prefix, text in zip(prefixes, texts, strict=True):
             parts += [prefix, self.embed(text)]
             seqlens.append(prefix.shape[0] + text.shape[0])
-        x_TD = torch.cat(parts)
-        for block in self.blocks:
+        return torch.cat(parts), seqlens
+
+    def run_blocks(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
+        for block in self.blocks.values():
             x_TD = block(x_TD, seqlens)
+        return x_TD
+
+    def text_logits(self, x_TD: torch.Tensor, seqlens: list[int], text_lens: list[int]) -> torch.Tensor:
+        """Logits of the text positions (each sample's last text_len tokens), packed."""
+        assert self.norm is not None and self.head is not None, "text_logits runs on the last pipeline stage"
         text_rows = torch.cat(
-            [torch.arange(s - t.shape[0], s) + off for s, t, off in zip(seqlens, texts, _offsets(seqlens), strict=True)]
+            [torch.arange(s - t, s) + off for s, t, off in zip(seqlens, text_lens, _offsets(seqlens), strict=True)]
         )
         return self.head(self.norm(x_TD[text_rows]))
+
+    def forward(self, prefixes: list[torch.Tensor], texts: list[torch.Tensor]) -> torch.Tensor:
+        """Per sample: encoder tokens (prefix) then text tokens. Returns logits of the text positions, packed."""
+        x_TD, seqlens = self.embed_inputs(prefixes, texts)
+        return self.text_logits(self.run_blocks(x_TD, seqlens), seqlens, [t.shape[0] for t in texts])
+
+
+def stage_layers(layers: int, stages: int, stage: int) -> range:
+    """The layer indices of one pipeline stage: contiguous, as even as possible, earlier stages +1."""
+    if not 0 <= stage < stages or stages > layers:
+        raise ValueError(f"stage {stage} of {stages} for {layers} layers")
+    base, extra = divmod(layers, stages)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (1 if stage < extra else 0))
 
 
 def _offsets(seqlens: list[int]) -> list[int]:

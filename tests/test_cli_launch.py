@@ -63,11 +63,11 @@ def test_launch_wrong_nproc(cli, plan_file):
 def test_launch_unsupported_layout_fails_before_starting(cli, plan_file, tmp_path):
     path, _, _ = plan_file
     doc = yaml.safe_load(path.read_text())
-    doc["modules"]["llm"]["layout"].update({"tp": 1, "pp": 2})
+    doc["modules"]["vision"]["layout"] = {"tp": 1, "cp": 1, "dp": 1, "pp": 2, "ep": 1}
     path.write_text(yaml.safe_dump(doc))
     result = cli("launch", str(path), "--workdir", str(tmp_path / "w"))
     assert result.exit_code == 1
-    assert "error: modules.llm.layout.pp: 2 is not executed yet" in result.output
+    assert "error: modules.vision.layout.pp: 2: only the LLM runs pipeline stages" in result.output
 
 
 @pytest.mark.slow

@@ -48,6 +48,12 @@ PLANS = {
         "audio": (Layout(dp=4), [0, 1, 2, 3]),
     },
     "homogeneous_dp4": {"llm": (Layout(dp=4), [0, 1, 2, 3])},
+    # LLM pipeline: token ids go to stage 0, labels to stage 1, encoder outputs to stage 0
+    "colocated_enc_dp4_llm_pp2_dp2": {
+        "llm": (Layout(pp=2, dp=2), [0, 1, 2, 3]),
+        "vision": (Layout(dp=4), [0, 1, 2, 3]),
+        "audio": (Layout(dp=4), [0, 1, 2, 3]),
+    },
     # encoder island on node 0, LLM island on node 1
     "disaggregated_enc_dp2_llm_dp2": {
         "llm": (Layout(dp=2), [2, 3]),
@@ -60,7 +66,10 @@ MODES = ("none", "orch", "paper", "lpt")
 # homogeneous plan balanced once; `none` is the baseline the balanced runs must equal, and
 # equals the reference.
 EQUAL_TO_NONE = ("colocated_enc_dp4_llm_dp2_tp2", "disaggregated_enc_dp2_llm_dp2")
-RUNS = [(name, mode) for name in EQUAL_TO_NONE for mode in MODES] + [("homogeneous_dp4", "orch")]
+RUNS = [(name, mode) for name in EQUAL_TO_NONE for mode in MODES] + [
+    ("homogeneous_dp4", "orch"),
+    ("colocated_enc_dp4_llm_pp2_dp2", "orch"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,26 @@ PLANS = {
         "vision": (Layout(dp=1), [0]),
         "audio": (Layout(dp=1), [0]),
     },
+    "disaggregated_enc1_llm_pp3": {
+        "llm": (Layout(pp=3), [1, 2, 3]),
+        "vision": (Layout(dp=1), [0]),
+        "audio": (Layout(dp=1), [0]),
+    },
+    "disaggregated_two_encoders_llm_pp2": {
+        "llm": (Layout(pp=2), [2, 3]),
+        "vision": (Layout(dp=1), [0]),
+        "audio": (Layout(dp=1), [1]),
+    },
+    "colocated_enc_dp4_llm_pp2_tp2": {
+        "llm": (Layout(pp=2, tp=2), [0, 1, 2, 3]),
+        "vision": (Layout(dp=4), [0, 1, 2, 3]),
+        "audio": (Layout(dp=4), [0, 1, 2, 3]),
+    },
+    "colocated_enc_dp4_llm_pp2_dp2": {
+        "llm": (Layout(pp=2, dp=2), [0, 1, 2, 3]),
+        "vision": (Layout(dp=4), [0, 1, 2, 3]),
+        "audio": (Layout(dp=4), [0, 1, 2, 3]),
+    },
     "disaggregated_enc_dp2_llm_dp3": {
         "llm": (Layout(dp=3), [2, 3, 4]),
         "vision": (Layout(dp=2), [0, 1]),

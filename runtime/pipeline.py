@@ -1,0 +1,124 @@
+"""Pipeline parallelism for the LLM: one rank's stage and its non-interleaved 1F1B schedule.
+
+A stage keeps its contiguous share of the LLM's layers (`LLM.keep_stage`); the first also
+embeds (text embedding joined to the boundary's encoder rows), the last also computes the loss.
+Micro-batches are packed variable-length sequences whose sizes every stage knows from the
+global batch's lengths, so activations and gradients go between neighbouring stages by plain
+send/recv of [rows, hidden] with no shape exchange.
+
+The order of one stage is `planner.trace.one_f_one_b_order` (the schedule the planner prices).
+Sends are non-blocking (`isend`, waited at the end of the step) and receives block: a stage only
+ever waits for data its neighbour produces earlier in that neighbour's order, so the schedule
+cannot deadlock. Every TP (and CP) rank of a stage exchanges with the same TP (CP) rank of its
+neighbour: activations are replicated over TP, so each pair carries the full tensor.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from orch.planner.trace import one_f_one_b_order
+from orch.runtime.grid import Grid
+from orch.runtime.model import LLM
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch of one DP index: its samples (ascending ids) and their LLM lengths."""
+
+    index: int
+    ids: tuple[int, ...]
+    seqlens: tuple[int, ...]  # LLM tokens per sample: projected encoder tokens + text
+    text_lens: tuple[int, ...]  # text (and label) tokens per sample
+
+    @property
+    def rows(self) -> int:
+        return sum(self.seqlens)
+
+
+# First stage: the micro-batch's (prefixes, text ids) per sample. Last stage: its loss from logits.
+FirstInputs = Callable[[MicroBatch], tuple[list[torch.Tensor], list[torch.Tensor]]]
+LossOf = Callable[[MicroBatch, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class StageRun:
+    """What one step of a stage produced: the summed loss (last stage) and timed ops."""
+
+    loss_sum: torch.Tensor
+    spans: list[tuple[str, float, float]]  # (op such as "F3" / "B0", start, end)
+
+
+class PipelineStage:
+    """This rank's stage of the LLM's pipeline (a single stage when pp == 1)."""
+
+    def __init__(self, llm: LLM, grid: Grid, rank: int, width: int, dtype: torch.dtype) -> None:
+        c = grid.coord(rank)
+        assert c is not None, f"rank {rank} does not serve {grid.name}"
+        self.llm, self.width, self.dtype = llm, width, dtype
+        self.stage, self.stages = c.pp, grid.pp
+        self.prev = grid.rank_at(c.pp - 1, c.dp, c.cp, c.tp) if c.pp > 0 else None
+        self.next = grid.rank_at(c.pp + 1, c.dp, c.cp, c.tp) if c.pp < grid.pp - 1 else None
+
+    @property
+    def is_first(self) -> bool:
+        return self.prev is None
+
+    @property
+    def is_last(self) -> bool:
+        return self.next is None
+
+    def run(self, micro: list[MicroBatch], first_inputs: FirstInputs, loss_of: LossOf) -> StageRun:
+        """Forward and backward of every micro-batch in 1F1B order; gradients accumulate in .grad."""
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        spans: list[tuple[str, float, float]] = []
+        saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}  # m -> (received input, output or loss)
+        sends: list[Any] = []
+        for kind, m in one_f_one_b_order(self.stages, len(micro))[self.stage]:
+            mb, t0 = micro[m], time.perf_counter()
+            if kind == "F":
+                saved[m], loss = self._forward(mb, first_inputs, loss_of, sends)
+                if loss is not None:
+                    loss_sum += loss
+            else:
+                self._backward(mb, *saved.pop(m), sends)
+            spans.append((f"{kind}{m}", t0, time.perf_counter()))
+        for work in sends:
+            work.wait()
+        return StageRun(loss_sum, spans)
+
+    def _forward(
+        self, mb: MicroBatch, first_inputs: FirstInputs, loss_of: LossOf, sends: list[Any]
+    ) -> tuple[tuple[torch.Tensor | None, torch.Tensor], torch.Tensor | None]:
+        seqlens = list(mb.seqlens)
+        received: torch.Tensor | None = None
+        if self.is_first:
+            x_TD, got = self.llm.embed_inputs(*first_inputs(mb))
+            assert got == seqlens, f"micro-batch {mb.index}: lengths {got} != {seqlens}"
+        else:
+            received = torch.empty(mb.rows, self.width, dtype=self.dtype)
+            dist.recv(received, src=self.prev, tag=2 * mb.index)
+            x_TD = received.requires_grad_()
+        y_TD = self.llm.run_blocks(x_TD, seqlens)
+        if self.is_last:
+            loss = loss_of(mb, self.llm.text_logits(y_TD, seqlens, list(mb.text_lens)))
+            return (received, loss), loss.detach().to(torch.float64)
+        sends.append(dist.isend(y_TD.detach().contiguous(), dst=self.next, tag=2 * mb.index))
+        return (received, y_TD), None
+
+    def _backward(self, mb: MicroBatch, received: torch.Tensor | None, out: torch.Tensor, sends: list[Any]) -> None:
+        if self.is_last:
+            out.backward()
+        else:
+            grad = torch.empty_like(out)
+            dist.recv(grad, src=self.next, tag=2 * mb.index + 1)
+            torch.autograd.backward(out, grad)
+        if received is not None:
+            assert received.grad is not None
+            sends.append(dist.isend(received.grad.contiguous(), dst=self.prev, tag=2 * mb.index + 1))
