@@ -18,7 +18,7 @@ from orch.planner.plan import Edge, EdgeKind, Transport
 from orch.planner.routing import RouteTable
 from orch.runtime.data import GlobalBatch, initial_dp_index
 from orch.runtime.grid import Grid
-from orch.runtime.transport import Route, routed
+from orch.runtime.transport import P2P, Route, routed
 
 
 def expected_kind(src_dp: int, dst_dp: int) -> EdgeKind:
@@ -43,11 +43,12 @@ class Boundary:
         if self.edge.transport == Transport.P2P and shared:
             raise ValueError(f"edge {self.edge.src}->{self.edge.dst}: p2p but ranks {sorted(shared)[:3]} are shared")
 
-    def route(self, batch: GlobalBatch, table: RouteTable | None = None) -> Route:
+    def route(self, batch: GlobalBatch, table: RouteTable | None = None, only: frozenset[int] | None = None) -> Route:
         """This step's table: each sample from its encoder DP index to its LLM DP index.
 
         Without `table`, the unbalanced one (initial placement on both sides); the orchestrator
-        passes its composed table (runtime/orchestrator.py, StepTables.boundary_table).
+        passes its composed table (runtime/orchestrator.py, StepTables.boundary_table). With
+        `only`, the other samples carry no rows (one micro-batch's move of the graph schedule).
         """
         n = batch.size
         if table is None:
@@ -57,14 +58,25 @@ class Boundary:
                 self.src.dp,
                 self.dst.dp,
             )
-        rows = tuple(batch.projected(self.edge.src, i) for i in range(n))
+        rows = tuple(batch.projected(self.edge.src, i) if only is None or i in only else 0 for i in range(n))
         return Route(table, self.src, self.dst, rows, src_stage=self.src.pp - 1, dst_stage=0)
 
     def forward(
-        self, x: torch.Tensor, batch: GlobalBatch, rank: int, world: int, table: RouteTable | None = None
+        self,
+        x: torch.Tensor,
+        batch: GlobalBatch,
+        rank: int,
+        world: int,
+        table: RouteTable | None = None,
+        *,
+        only: frozenset[int] | None = None,
+        p2p: P2P | None = None,
     ) -> torch.Tensor:
-        """Autograd-aware move of this rank's encoder rows (ascending sample ids) into the LLM layout."""
+        """Autograd-aware move of this rank's encoder rows (ascending sample ids) into the LLM layout.
+
+        `only` and `p2p`: one micro-batch's samples, point to point (the graph-aware 1F1B).
+        """
         if not x.requires_grad:
             # The backward is a collective every rank must join: give it a graph node on every rank.
             x = x.detach().requires_grad_()
-        return routed(x, self.route(batch, table), rank, world)
+        return routed(x, self.route(batch, table, only), rank, world, p2p)

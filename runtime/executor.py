@@ -20,15 +20,18 @@ boundary table is the unbalanced one: exactly the step without the orchestrator.
 Pipeline parallelism (LLM only, runtime/pipeline.py): phase 2 is the stage's 1F1B order; the
 boundary delivers encoder outputs to the first stage, the LLM's token ids go to the first stage
 and its labels to the last. With pp == 1 the same code runs one stage (F0 B0 F1 B1 ...).
-TODO(runtime): CP, EP, graph-aware 1F1B for disaggregated plans.
+A disaggregated plan whose schedule is graph_1f1b runs `_graph_phases` instead: the encoder
+islands are one more pipeline stage in front of the LLM's first (its docstring).
+TODO(runtime): CP, EP.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -38,6 +41,7 @@ from orch.planner.balance.batch import Mode
 from orch.planner.errors import OrchError
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
+from orch.planner.trace import one_f_one_b_order
 from orch.runtime.boundary import Boundary
 from orch.runtime.compute import build_optimizer, encode, label_loss
 from orch.runtime.data import GlobalBatch, Sample, encoder_order
@@ -46,7 +50,7 @@ from orch.runtime.model import AUDIO_STEM_STRIDE, LLM, build_model, encoder_moda
 from orch.runtime.orchestrator import Orchestrator, StepTables, shared_calibration
 from orch.runtime.parallelize import apply_tp
 from orch.runtime.pipeline import MicroBatch, PipelineStage
-from orch.runtime.transport import Route, move
+from orch.runtime.transport import P2P, Route, move
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,9 @@ class RunConfig:
     # time the modules at startup for the dispatcher's cost model (orchestrator.calibrate_module);
     # None: when balancing (a `none` run's cost statistics then use the FLOP model alone)
     calibrate: bool | None = None
+    # "three_phase" runs a disaggregated plan's islands one after the other instead of its graph-aware
+    # 1F1B (benchmarks compare the two); None: the plan's schedule
+    schedule: str | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -141,6 +148,11 @@ class Executor:
         }
         calibrate = cfg.calibrate if cfg.calibrate is not None else Mode(cfg.balance) != Mode.NONE
         calibration = shared_calibration(self.model, cfg.torch_dtype, rank) if calibrate else None
+        # The graph-aware 1F1B needs the encoders and the LLM on disjoint ranks (each island runs its own order).
+        llm_ranks = set(llm_grid.ranks)
+        disjoint = all(not set(self.grids[e].ranks) & llm_ranks for e in self.model.encoder_names)
+        schedule = cfg.schedule or plan.schedule
+        self.graph = schedule == "graph_1f1b" and disjoint and bool(self.model.encoder_names)
         self.orch = Orchestrator(plan, self.grids, cfg.balance, torch.finfo(cfg.torch_dtype).bits // 8, calibration)
 
     def _held(self, name: str, tables: StepTables, *, origin: bool = False) -> list[int]:
@@ -219,10 +231,7 @@ class Executor:
             raise RuntimeError(f"injected failure at step {k}")
         phases: dict[str, float] = {}
         spans: list[tuple[str, str, float, float]] = []
-        dtype = self.cfg.torch_dtype
         batch = GlobalBatch.build(self.model, self.data, self.cfg.seed, k)
-        llm_name = self.model.llm_name
-        width = self.model.llm.hidden
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
 
@@ -231,12 +240,145 @@ class Executor:
         tables = self.orch.tables(batch, self.rank, self.world)
         if k + 1 < self.cfg.steps:
             self.orch.prefetch(GlobalBatch.build(self.model, self.data, self.cfg.seed, k + 1), self.rank, self.world)
-        balanced = self.orch.mode != Mode.NONE
         processed: dict[str, dict[int, int]] = {}
-        now = time.perf_counter()
-        phases["dispatch"] = now - t
-        t = now
+        phases["dispatch"] = time.perf_counter() - t
 
+        schedule = self._graph_phases if self.graph else self._three_phases
+        loss_sum = schedule(batch, tables, phases, spans, processed)
+        t = time.perf_counter()
+        self._sync_grads(spans)
+        phases["grad_sync"] = time.perf_counter() - t
+        t = time.perf_counter()
+        if self.cfg.dump_dir is not None and k == 0:
+            self._dump("grads", lambda p: p.grad)
+        if self.optimizer is not None:
+            self.optimizer.step()
+            spans.append(("optimizer", "optimizer", t, time.perf_counter()))
+        phases["optimizer"] = time.perf_counter() - t
+
+        loss_total = self._global_loss(loss_sum)
+        balance = {"mode": self.orch.mode.value, **self.orch.record(tables, batch)}
+        return StepMetrics(
+            k, loss_total, batch.label_tokens, time.perf_counter() - t0, phases, spans, balance, processed
+        )
+
+    def _run_llm(
+        self,
+        batch: GlobalBatch,
+        tables: StepTables,
+        texts: dict[int, Sample],
+        encoder_rows: Callable[[MicroBatch], dict[str, list[torch.Tensor]]],
+        spans: list[tuple[str, str, float, float]],
+        processed: dict[str, dict[int, int]],
+    ) -> torch.Tensor:
+        """This rank's LLM stage over its micro-batches (1F1B); `encoder_rows` gives the first stage each
+        micro-batch's encoder rows per sample. Returns the summed loss (last stage; zero elsewhere)."""
+        assert self.stage is not None
+        llm_name = self.model.llm_name
+        micro = self._micro_batches(llm_name, self._held(llm_name, tables), batch)
+
+        def first_inputs(mb: MicroBatch) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+            per_encoder = encoder_rows(mb)
+            prefixes = [torch.cat([per_encoder[e][j] for e in encoder_order(self.model)]) for j in range(len(mb.ids))]
+            self._count(processed, llm_name, dict(zip(mb.ids, mb.seqlens, strict=True)))
+            return prefixes, [texts[i].text for i in mb.ids]
+
+        def loss_of(mb: MicroBatch, logits: torch.Tensor) -> torch.Tensor:
+            return label_loss(logits, torch.cat([texts[i].labels for i in mb.ids]), batch.label_tokens)
+
+        run = self.stage.run(micro, first_inputs, loss_of)
+        spans += [(llm_name, op, a, b) for op, a, b in run.spans]
+        return run.loss_sum
+
+    def _graph_phases(
+        self,
+        batch: GlobalBatch,
+        tables: StepTables,
+        phases: dict[str, float],
+        spans: list[tuple[str, str, float, float]],
+        processed: dict[str, dict[int, int]],
+    ) -> torch.Tensor:
+        """The graph-aware 1F1B of a disaggregated plan: the encoder islands are one more pipeline stage.
+
+        Encoder work is cut into the LLM's micro-batches (micro-batch m of every LLM DP index at once).
+        An encoder island runs the first stage's order of a (pp + 1)-stage 1F1B: forward of chunk m,
+        then its rows go point to point to the LLM's first stage (`transport.P2P`, tag per edge and
+        micro-batch), which takes them as its F(m) starts; the boundary gradient of m comes back when
+        the LLM's first stage has run B(m), and the encoder backward of m follows. So the encoders of
+        m + 1 run while the LLM computes m, and neither island waits for the other's whole step.
+        """
+        dtype, llm_name, width = self.cfg.torch_dtype, self.model.llm_name, self.model.llm.hidden
+        balanced = self.orch.mode != Mode.NONE
+        encs = encoder_order(self.model)
+        t = time.perf_counter()
+        inputs = {e: self._inputs(e, batch, tables, dtype) for e in encs}  # world collectives first, same order
+        texts = {s.id: s for s in self._inputs(llm_name, batch, tables, dtype)}
+        phases["route"] = time.perf_counter() - t
+        micro_of: dict[int, int] = {}
+        for j in range(self.grids[llm_name].dp):
+            for mb in self._micro_batches(llm_name, tables.held(llm_name, j), batch):
+                micro_of.update(dict.fromkeys(mb.ids, mb.index))
+        count = max(micro_of.values(), default=-1) + 1
+        members = [frozenset(i for i, m in micro_of.items() if m == k) for k in range(count)]
+        table = {e: tables.boundary_table(e) if balanced else None for e in encs}
+        pending: list[Any] = []
+
+        def p2p(e: str, m: int) -> P2P:
+            return P2P(tag=2 * (encs.index(e) * count + m), pending=pending)
+
+        t = time.perf_counter()
+        if self.stage is not None:
+
+            def encoder_rows(mb: MicroBatch) -> dict[str, list[torch.Tensor]]:
+                out = {}
+                for e in encs:
+                    leaf = torch.zeros(0, width, dtype=dtype, requires_grad=True)
+                    got = self.boundaries[e].forward(
+                        leaf, batch, self.rank, self.world, table[e], only=members[mb.index], p2p=p2p(e, mb.index)
+                    )
+                    out[e] = list(got.split([batch.projected(e, i) for i in mb.ids]))
+                return out
+
+            loss_sum = self._run_llm(batch, tables, texts, encoder_rows, spans, processed)
+            phases[f"{llm_name}.fwd_bwd"] = time.perf_counter() - t
+        else:
+            loss_sum = torch.zeros((), dtype=torch.float64)
+            served = [e for e in encs if e in self.modules]
+            moved: dict[tuple[str, int], torch.Tensor] = {}
+            for kind, m in one_f_one_b_order(self.grids[llm_name].pp + 1, count)[0]:
+                for e in served if kind == "F" else reversed(served):
+                    t_op = time.perf_counter()
+                    if kind == "F":
+                        chunk = [s for s in inputs[e] if micro_of[s.id] == m]
+                        fpt = 2 if getattr(self.modules[e], "is_audio", False) else 1
+                        self._count(processed, e, {s.id: s.feats[e].shape[0] // fpt for s in chunk})
+                        out = encode(self.modules[e], e, chunk, dtype)
+                        moved[(e, m)] = self.boundaries[e].forward(
+                            out, batch, self.rank, self.world, table[e], only=members[m], p2p=p2p(e, m)
+                        )
+                    else:
+                        done = moved.pop((e, m))
+                        torch.autograd.backward(done, torch.zeros_like(done))
+                    now = time.perf_counter()
+                    key = f"{e}.fwd" if kind == "F" else f"{e}.bwd"
+                    phases[key] = phases.get(key, 0.0) + now - t_op
+                    spans.append((e, f"{kind}{m}", t_op, now))
+        for work in pending:
+            work.wait()
+        return loss_sum
+
+    def _three_phases(
+        self,
+        batch: GlobalBatch,
+        tables: StepTables,
+        phases: dict[str, float],
+        spans: list[tuple[str, str, float, float]],
+        processed: dict[str, dict[int, int]],
+    ) -> torch.Tensor:
+        """Encoder forwards of the whole step, the LLM's 1F1B, encoder backwards (module docstring)."""
+        dtype, llm_name, width = self.cfg.torch_dtype, self.model.llm_name, self.model.llm.hidden
+        balanced = self.orch.mode != Mode.NONE
+        t = time.perf_counter()
         # Phase 1: encoder forwards (inputs moved to their balanced ranks), then the boundary moves.
         moved: dict[str, torch.Tensor] = {}
         outs: dict[str, torch.Tensor] = {}
@@ -274,24 +416,15 @@ class Executor:
         t = now
         if self.stage is not None:
             ids = self._held(llm_name, tables)
-            micro = self._micro_batches(llm_name, ids, batch)
-            stage = self.stage
             rows: dict[str, tuple[torch.Tensor, ...]] = {}
-            if stage.is_first:
+            if self.stage.is_first:
                 rows = {e: leaves[e].split([batch.projected(e, i) for i in ids]) for e in leaves}
             pos = {sid: j for j, sid in enumerate(ids)}
 
-            def first_inputs(mb: MicroBatch) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-                prefixes = [torch.cat([rows[e][pos[i]] for e in encoder_order(self.model)]) for i in mb.ids]
-                self._count(processed, llm_name, dict(zip(mb.ids, mb.seqlens, strict=True)))
-                return prefixes, [texts[i].text for i in mb.ids]
+            def encoder_rows(mb: MicroBatch) -> dict[str, list[torch.Tensor]]:
+                return {e: [rows[e][pos[i]] for i in mb.ids] for e in rows}
 
-            def loss_of(mb: MicroBatch, logits: torch.Tensor) -> torch.Tensor:
-                return label_loss(logits, torch.cat([texts[i].labels for i in mb.ids]), batch.label_tokens)
-
-            run = stage.run(micro, first_inputs, loss_of)
-            loss_sum += run.loss_sum
-            spans += [(llm_name, op, a, b) for op, a, b in run.spans]
+            loss_sum += self._run_llm(batch, tables, texts, encoder_rows, spans, processed)
         phases[f"{llm_name}.fwd_bwd"] = time.perf_counter() - t
         t = time.perf_counter()
 
@@ -311,21 +444,7 @@ class Executor:
         phases["encoders.bwd"] = time.perf_counter() - t
         t = time.perf_counter()
 
-        self._sync_grads(spans)
-        phases["grad_sync"] = time.perf_counter() - t
-        t = time.perf_counter()
-        if self.cfg.dump_dir is not None and k == 0:
-            self._dump("grads", lambda p: p.grad)
-        if self.optimizer is not None:
-            self.optimizer.step()
-            spans.append(("optimizer", "optimizer", t, time.perf_counter()))
-        phases["optimizer"] = time.perf_counter() - t
-
-        loss_total = self._global_loss(loss_sum)
-        balance = {"mode": self.orch.mode.value, **self.orch.record(tables, batch)}
-        return StepMetrics(
-            k, loss_total, batch.label_tokens, time.perf_counter() - t0, phases, spans, balance, processed
-        )
+        return loss_sum
 
     def _sync_grads(self, spans: list[tuple[str, str, float, float]]) -> None:
         """Sum each module's gradients over its DP group (no averaging: the loss is globally normalised).

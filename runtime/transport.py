@@ -69,10 +69,24 @@ def _replica_group(grid: Grid) -> Any:
     return grid.submesh("tp").get_group()
 
 
-def move(x: torch.Tensor, route: Route, rank: int, world: int) -> torch.Tensor:
+@dataclass
+class P2P:
+    """Point-to-point instead of the world all_to_all: only the ranks a move concerns take part.
+
+    For schedules where the two sides of a boundary run different programs at the same time
+    (the graph-aware 1F1B): leaders exchange by isend/irecv under `tag` (the inverse move, in
+    backward, uses tag + 1), and the sends stay in `pending` until the caller waits for them.
+    """
+
+    tag: int
+    pending: list[Any]
+
+
+def move(x: torch.Tensor, route: Route, rank: int, world: int, p2p: P2P | None = None) -> torch.Tensor:
     """Rows of the samples this rank holds at the source (ascending ids) -> rows it holds at the destination.
 
-    Every world rank calls this, in the same order. Ranks outside the destination stage get [0, width].
+    Every world rank calls this, in the same order (with `p2p`: the source and destination ranks of the
+    route, in the same order per pair). Ranks outside the destination stage get [0, width].
     """
     width = x.shape[1]
     table, src, dst = route.table, route.src, route.dst
@@ -97,8 +111,11 @@ def move(x: torch.Tensor, route: Route, rank: int, world: int) -> torch.Tensor:
         for i in rplan.ids:
             out_splits[src.leader(table.src[i], route.src_stage)] += route.rows[i] * width
 
-    recv = x.new_empty(sum(out_splits))
-    dist.all_to_all_single(recv, send.reshape(-1).contiguous(), out_splits, in_splits)
+    if p2p is None:
+        recv = x.new_empty(sum(out_splits))
+        dist.all_to_all_single(recv, send.reshape(-1).contiguous(), out_splits, in_splits)
+    else:
+        recv = _exchange(send.reshape(-1).contiguous(), in_splits, out_splits, rank, p2p)
     recv = recv.view(-1, width)
 
     if d_idx is None:
@@ -113,21 +130,46 @@ def move(x: torch.Tensor, route: Route, rank: int, world: int) -> torch.Tensor:
     return recv
 
 
+def _exchange(send: torch.Tensor, in_splits: list[int], out_splits: list[int], rank: int, p2p: P2P) -> torch.Tensor:
+    """The all_to_all_single of `move` as point-to-point: sends queued in p2p.pending, receives waited."""
+    recv = send.new_empty(sum(out_splits))
+    offsets = [0]
+    for n in out_splits:
+        offsets.append(offsets[-1] + n)
+    pieces = send.split(in_splits)
+    for peer, (piece, n) in enumerate(zip(pieces, in_splits, strict=True)):
+        if n and peer != rank:
+            p2p.pending.append(dist.isend(piece.contiguous(), dst=peer, tag=p2p.tag))
+    works = []
+    for peer, n in enumerate(out_splits):
+        if n and peer != rank:
+            works.append(dist.irecv(recv[offsets[peer] : offsets[peer + 1]], src=peer, tag=p2p.tag))
+        elif n:
+            recv[offsets[peer] : offsets[peer + 1]] = pieces[peer]
+    for work in works:
+        work.wait()
+    return recv
+
+
 class _Move(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, route: Route, rank: int, world: int) -> torch.Tensor:  # type: ignore[override]
-        ctx.route, ctx.rank, ctx.world = route, rank, world
-        return move(x.detach(), route, rank, world)
+    def forward(  # type: ignore[override]
+        ctx: Any, x: torch.Tensor, route: Route, rank: int, world: int, p2p: P2P | None
+    ) -> torch.Tensor:
+        ctx.route, ctx.rank, ctx.world, ctx.p2p = route, rank, world, p2p
+        return move(x.detach(), route, rank, world, p2p)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
-        return move(grad.contiguous(), ctx.route.inverse(), ctx.rank, ctx.world), None, None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:  # type: ignore[override]
+        p2p = ctx.p2p if ctx.p2p is None else P2P(ctx.p2p.tag + 1, ctx.p2p.pending)
+        return move(grad.contiguous(), ctx.route.inverse(), ctx.rank, ctx.world, p2p), None, None, None, None
 
 
-def routed(x: torch.Tensor, route: Route, rank: int, world: int) -> torch.Tensor:
+def routed(x: torch.Tensor, route: Route, rank: int, world: int, p2p: P2P | None = None) -> torch.Tensor:
     """Autograd-aware `move`: forward by the route, backward by its inverse.
 
     Every world rank must run the backward too (it is a collective): `x` must require grad on
-    every rank, a [0, width] leaf where the rank holds nothing at the source.
+    every rank, a [0, width] leaf where the rank holds nothing at the source. With `p2p`, only
+    the route's source and destination ranks take part, forward and backward.
     """
-    return _Move.apply(x, route, rank, world)
+    return _Move.apply(x, route, rank, world, p2p)
