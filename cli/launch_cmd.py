@@ -38,6 +38,9 @@ def launch(
     setup: str | None = typer.Option(
         None, "--setup", help="Setup file rendered into the sbatch script (default: templates/slurm/default-setup.sh)."
     ),
+    model_factory: str | None = typer.Option(
+        None, "--model-factory", help="package.module:function returning your own modules (docs: runtime/factory.py)."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the sbatch script and plan summary; submit nothing."),
     wait: bool = typer.Option(False, "--wait", help="Follow the Slurm job until it ends; non-zero exit if it fails."),
 ) -> None:
@@ -71,6 +74,7 @@ def launch(
 
     check_supported(plan)
     cfg = RunConfig(
+        model_factory=model_factory,
         steps=steps,
         seed=seed,
         dtype=dtype,
@@ -79,6 +83,10 @@ def launch(
         resume=resume,
         balance=balance,
     )
+    if model_factory is not None:
+        from orch.runtime.factory import build_from_factory
+
+        build_from_factory(model_factory, plan.model, seed, cfg.torch_dtype)  # fail here, not in every rank
     if executor == "slurm":
         from orch.cli.jobs_cmd import launch_slurm
         from orch.runtime.slurm_sbatch import SlurmOptions

@@ -21,7 +21,7 @@ def encode(encoder: nn.Module, name: str, samples: list[Sample], dtype: torch.dt
     seqlens = [f.shape[0] // frames_per_token for f in feats]
     if sum(seqlens) == 0:
         # No tokens of this modality here (text-only samples, or no samples): an empty, shape-correct result.
-        width = encoder.projector.proj.out_features  # type: ignore[union-attr]
+        width = getattr(encoder, "output_dim", None) or encoder.projector.proj.out_features  # type: ignore[union-attr]
         return torch.zeros(0, width, dtype=dtype)
     return encoder(torch.cat(feats), seqlens)
 

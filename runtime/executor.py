@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,7 @@ from orch.planner.trace import one_f_one_b_order
 from orch.runtime.boundary import Boundary
 from orch.runtime.compute import build_optimizer, encode, label_loss
 from orch.runtime.data import GlobalBatch, Sample, encoder_order
+from orch.runtime.factory import build_from_factory
 from orch.runtime.grid import Grid, build_grids, build_meshes
 from orch.runtime.model import AUDIO_STEM_STRIDE, LLM, build_model, encoder_modality
 from orch.runtime.orchestrator import Orchestrator, StepTables, shared_calibration
@@ -73,6 +74,7 @@ class RunConfig:
     # "three_phase" runs a disaggregated plan's islands one after the other instead of its graph-aware
     # 1F1B (benchmarks compare the two); None: the plan's schedule
     schedule: str | None = None
+    model_factory: str | None = None  # "package.module:function" building the modules (runtime/factory.py)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -128,16 +130,22 @@ class Executor:
         self.grids: dict[str, Grid] = build_grids(plan.modules)
         build_meshes(self.grids)
         self.served = [n for n in self.model.modules if self.grids[n].coord(rank) is not None]
-        self.modules: dict[str, nn.Module] = build_model(self.model, cfg.seed, cfg.torch_dtype, self.served)
+        self.modules: dict[str, nn.Module] = (
+            build_from_factory(cfg.model_factory, self.model, cfg.seed, cfg.torch_dtype, self.served)
+            if cfg.model_factory
+            else build_model(self.model, cfg.seed, cfg.torch_dtype, self.served)
+        )
         llm_grid = self.grids[self.model.llm_name]
         self.stage: PipelineStage | None = None
         if self.model.llm_name in self.modules:
             llm = self.modules[self.model.llm_name]
-            assert isinstance(llm, LLM)
             coord = llm_grid.coord(rank)
             assert coord is not None
-            llm.keep_stage(coord.pp, llm_grid.pp)  # after init: every stage's weights come from the full model's
-            self.stage = PipelineStage(llm, llm_grid, rank, self.model.llm.hidden, cfg.torch_dtype)
+            if llm_grid.pp > 1:
+                if not hasattr(llm, "keep_stage"):
+                    raise UnsupportedPlan(f"modules.{self.model.llm_name}: a pipeline needs the LLM's keep_stage")
+                llm.keep_stage(coord.pp, llm_grid.pp)  # after init: every stage's weights come from the full model's
+            self.stage = PipelineStage(cast(LLM, llm), llm_grid, rank, self.model.llm.hidden, cfg.torch_dtype)
         for name, module in self.modules.items():
             apply_tp(module, tp_mesh=self.grids[name].submesh("tp"))
         params = [p for m in self.modules.values() for p in m.parameters()]

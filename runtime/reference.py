@@ -12,6 +12,7 @@ import torch
 from orch.planner.specs import DataSpec, ModelSpec
 from orch.runtime.compute import build_optimizer, encode, text_loss
 from orch.runtime.data import GlobalBatch, encoder_order
+from orch.runtime.factory import build_from_factory
 from orch.runtime.model import build_model
 
 
@@ -31,8 +32,12 @@ def run_reference(
     dtype: torch.dtype = torch.float64,
     optimizer: str = "sgd",
     lr: float = 0.1,
+    model_factory: str | None = None,
 ) -> ReferenceResult:
-    modules = build_model(model, seed, dtype)
+    if model_factory:
+        modules = build_from_factory(model_factory, model, seed, dtype)
+    else:
+        modules = build_model(model, seed, dtype)
     params = [p for m in modules.values() for p in m.parameters()]
     opt = build_optimizer(params, optimizer, lr)
     losses: list[float] = []
