@@ -29,7 +29,7 @@ def encode(encoder: nn.Module, name: str, samples: list[Sample], dtype: torch.dt
 def text_loss(llm: nn.Module, prefixes: list[torch.Tensor], samples: list[Sample], label_tokens: int) -> torch.Tensor:
     """Sum of the samples' text-token cross-entropies divided by the GLOBAL label-token count."""
     logits = llm(prefixes, [s.text for s in samples])
-    labels = torch.cat([s.labels for s in samples])
+    labels = torch.cat([s.labels for s in samples]) if samples else torch.zeros(0, dtype=torch.int64)
     return F.cross_entropy(logits, labels, reduction="sum") / label_tokens
 
 
