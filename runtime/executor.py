@@ -36,6 +36,7 @@ from orch.planner.specs import DataSpec
 from orch.runtime.boundary import Boundary
 from orch.runtime.compute import build_optimizer, encode, text_loss
 from orch.runtime.data import GlobalBatch, Sample, encoder_order
+from orch.runtime.expert_parallel import build_expert_parallel, is_expert_param, unsupported_ep
 from orch.runtime.grid import Grid, build_grids, build_meshes
 from orch.runtime.model import AUDIO_STEM_STRIDE, build_model, encoder_modality
 from orch.runtime.orchestrator import Orchestrator, StepTables, shared_calibration
@@ -87,9 +88,12 @@ class UnsupportedPlan(OrchError):
 def check_supported(plan: Plan) -> None:
     """Raise UnsupportedPlan for what this executor cannot run yet (before any process starts)."""
     for name, mp in plan.modules.items():
-        for axis in ("pp", "cp", "ep"):
+        for axis in ("pp", "cp"):
             if mp.layout.degree(axis) > 1:
                 raise UnsupportedPlan(f"modules.{name}.layout.{axis}: {mp.layout.degree(axis)} is not executed yet")
+        why = unsupported_ep(name, mp, plan.model.modules[name].experts, name == plan.model.llm_name)
+        if why is not None:
+            raise UnsupportedPlan(why)
     for e in plan.model.encoder_names:
         if not any(edge.src == e and edge.dst == plan.model.llm_name for edge in plan.edges):
             raise UnsupportedPlan(f"edges: no edge from {e} to {plan.model.llm_name}")
@@ -108,6 +112,9 @@ class Executor:
         build_meshes(self.grids)
         self.served = [n for n in self.model.modules if self.grids[n].coord(rank) is not None]
         self.modules: dict[str, nn.Module] = build_model(self.model, cfg.seed, cfg.torch_dtype, self.served)
+        # EP/EDP groups on every rank (world collective), then only the local experts are kept.
+        ep = {n: mp.layout.ep for n, mp in plan.modules.items()}
+        self.ep = build_expert_parallel(self.grids, ep, self.modules, rank)
         for name, module in self.modules.items():
             apply_tp(module, tp_mesh=self.grids[name].submesh("tp"))
         params = [p for m in self.modules.values() for p in m.parameters()]
@@ -169,7 +176,10 @@ class Executor:
     def _chunks(self, name: str, items: list[Sample]) -> list[list[Sample]]:
         n = min(self.plan.modules[name].num_micro_batches, max(1, len(items)))
         size = -(-len(items) // n) if items else 0
-        return [items[k : k + size] for k in range(0, len(items), size)] if items else [[]]
+        chunks = [items[k : k + size] for k in range(0, len(items), size)] if items else [[]]
+        if self.plan.modules[name].layout.ep > 1:  # EP all_to_alls: every rank runs num_micro_batches, empty or not
+            chunks += [[] for _ in range(self.plan.modules[name].num_micro_batches - len(chunks))]
+        return chunks
 
     def step(self, k: int) -> StepMetrics:
         t0 = time.perf_counter()
@@ -234,7 +244,7 @@ class Executor:
             rows = {e: leaves[e].split([batch.projected(e, i) for i in ids]) for e in leaves}
             pos = {sid: j for j, sid in enumerate(ids)}
             for chunk in self._chunks(llm_name, texts):
-                if not chunk:
+                if not chunk and llm_name not in self.ep:
                     continue
                 prefixes = [torch.cat([rows[e][pos[s.id]] for e in encoder_order(self.model)]) for s in chunk]
                 lens = {s.id: p.shape[0] + s.text.shape[0] for s, p in zip(chunk, prefixes, strict=True)}
@@ -282,22 +292,26 @@ class Executor:
         """Sum each module's gradients over its DP group (no averaging: the loss is globally normalised).
 
         Coalesced: per module, the rank-local gradients (TP shards as they are) are flattened into one
-        buffer per dtype, summed by one all_reduce over the module's DP group, and copied back. Gloo
+        buffer per dtype, summed by one all_reduce over the module's DP group, and copied back (under
+        EP, the local experts' gradients form their own buffer, summed over the EDP group). Gloo
         sums element by element whatever the buffer, so this is the per-parameter sum at a fraction
         of the collectives (one per module and dtype instead of one per parameter tensor).
         """
         for name, module in self.modules.items():
             t = time.perf_counter()
             grid = self.grids[name]
-            group = grid.submesh("dp").get_group() if grid.dp > 1 else None
-            buckets: dict[torch.dtype, list[torch.Tensor]] = {}
-            for p in module.parameters():
+            dp_group = grid.submesh("dp").get_group() if grid.dp > 1 else None
+            ep = self.ep.get(name)
+            buckets: dict[tuple[bool, torch.dtype], list[torch.Tensor]] = {}
+            for pname, p in module.named_parameters():
                 if p.grad is None:  # no tokens of this modality on this rank
                     p.grad = torch.zeros_like(p)
                 local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                buckets.setdefault(local.dtype, []).append(local)
-            if group is not None:
-                for grads in buckets.values():
+                buckets.setdefault((ep is not None and is_expert_param(pname), local.dtype), []).append(local)
+            # Under EP, expert gradients (local experts only) sum over the expert-data-parallel group.
+            for (expert, _), grads in buckets.items():
+                group = ep.edp_group if ep is not None and expert else dp_group
+                if group is not None:
                     flat = torch.cat([g.reshape(-1) for g in grads])
                     dist.all_reduce(flat, group=group)
                     for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
@@ -320,7 +334,9 @@ class Executor:
             for pname, p in self.modules[name].named_parameters():
                 value = get(p)  # type: ignore[operator]
                 full = value.full_tensor() if hasattr(value, "full_tensor") else value
-                if c.dp == 0 and c.tp == 0:
+                # Under EP the first EP group's ranks (dp < ep) hold the experts between them.
+                writer = c.dp < self.ep[name].ep if name in self.ep and is_expert_param(pname) else c.dp == 0
+                if writer and c.tp == 0:
                     out[f"{name}.{pname}"] = full.detach().clone()
         assert self.cfg.dump_dir is not None
         torch.save(out, Path(self.cfg.dump_dir) / f"{what}.rank{self.rank}.pt")
