@@ -29,7 +29,8 @@ def encode(encoder: nn.Module, name: str, samples: list[Sample], dtype: torch.dt
 def text_loss(llm: nn.Module, prefixes: list[torch.Tensor], samples: list[Sample], label_tokens: int) -> torch.Tensor:
     """Sum of the samples' text-token cross-entropies divided by the GLOBAL label-token count."""
     logits = llm(prefixes, [s.text for s in samples])
-    return label_loss(logits, torch.cat([s.labels for s in samples]), label_tokens)
+    labels = torch.cat([s.labels for s in samples]) if samples else torch.zeros(0, dtype=torch.int64)
+    return label_loss(logits, labels, label_tokens)
 
 
 def label_loss(logits: torch.Tensor, labels: torch.Tensor, label_tokens: int) -> torch.Tensor:

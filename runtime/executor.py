@@ -45,6 +45,7 @@ from orch.planner.trace import one_f_one_b_order
 from orch.runtime.boundary import Boundary
 from orch.runtime.compute import build_optimizer, encode, label_loss
 from orch.runtime.data import GlobalBatch, Sample, encoder_order
+from orch.runtime.expert_parallel import build_expert_parallel, is_expert_param, unsupported_ep
 from orch.runtime.factory import build_from_factory
 from orch.runtime.grid import Grid, build_grids, build_meshes
 from orch.runtime.model import AUDIO_STEM_STRIDE, LLM, build_model, encoder_modality
@@ -105,14 +106,16 @@ class UnsupportedPlan(OrchError):
 def check_supported(plan: Plan) -> None:
     """Raise UnsupportedPlan for what this executor cannot run yet (before any process starts)."""
     for name, mp in plan.modules.items():
-        for axis in ("cp", "ep"):
-            if mp.layout.degree(axis) > 1:
-                raise UnsupportedPlan(f"modules.{name}.layout.{axis}: {mp.layout.degree(axis)} is not executed yet")
+        if mp.layout.cp > 1:
+            raise UnsupportedPlan(f"modules.{name}.layout.cp: {mp.layout.cp} is not executed yet")
         if mp.layout.pp > 1 and name != plan.model.llm_name:
             raise UnsupportedPlan(f"modules.{name}.layout.pp: {mp.layout.pp}: only the LLM runs pipeline stages")
         layers = plan.model.modules[name].layers
         if mp.layout.pp > layers:
             raise UnsupportedPlan(f"modules.{name}.layout.pp: {mp.layout.pp} stages for {layers} layers")
+        why = unsupported_ep(name, mp, plan.model.modules[name].experts, name == plan.model.llm_name)
+        if why is not None:
+            raise UnsupportedPlan(why)
     for e in plan.model.encoder_names:
         if not any(edge.src == e and edge.dst == plan.model.llm_name for edge in plan.edges):
             raise UnsupportedPlan(f"edges: no edge from {e} to {plan.model.llm_name}")
@@ -146,6 +149,9 @@ class Executor:
                     raise UnsupportedPlan(f"modules.{self.model.llm_name}: a pipeline needs the LLM's keep_stage")
                 llm.keep_stage(coord.pp, llm_grid.pp)  # after init: every stage's weights come from the full model's
             self.stage = PipelineStage(cast(LLM, llm), llm_grid, rank, self.model.llm.hidden, cfg.torch_dtype)
+        # EP/EDP groups on every rank (world collective), then only the local experts are kept.
+        ep = {n: mp.layout.ep for n, mp in plan.modules.items()}
+        self.ep = build_expert_parallel(self.grids, ep, self.modules, rank)
         for name, module in self.modules.items():
             apply_tp(module, tp_mesh=self.grids[name].submesh("tp"))
         params = [p for m in self.modules.values() for p in m.parameters()]
@@ -221,12 +227,16 @@ class Executor:
     def _chunks(self, name: str, items: list[T]) -> list[list[T]]:
         n = min(self.plan.modules[name].num_micro_batches, max(1, len(items)))
         size = -(-len(items) // n) if items else 0
-        return [items[k : k + size] for k in range(0, len(items), size)] if items else [[]]
+        chunks = [items[k : k + size] for k in range(0, len(items), size)] if items else [[]]
+        if self.plan.modules[name].layout.ep > 1:  # EP all_to_alls: every rank runs num_micro_batches, empty or not
+            chunks += [[] for _ in range(self.plan.modules[name].num_micro_batches - len(chunks))]
+        return chunks
 
     def _micro_batches(self, name: str, ids: list[int], batch: GlobalBatch) -> list[MicroBatch]:
         """This DP index's LLM micro-batches (the same on every stage: from the global lengths)."""
         out = []
-        for m, chunk in enumerate(c for c in self._chunks(name, ids) if c):
+        keep_empty = self.plan.modules[name].layout.ep > 1  # EP: every rank runs every micro-batch
+        for m, chunk in enumerate(c for c in self._chunks(name, ids) if c or keep_empty):
             projected = [sum(batch.projected(e, i) for e in encoder_order(self.model)) for i in chunk]
             text = [batch.text_tokens[i] for i in chunk]
             seqlens = tuple(p + n for p, n in zip(projected, text, strict=True))
@@ -292,7 +302,8 @@ class Executor:
             return prefixes, [texts[i].text for i in mb.ids]
 
         def loss_of(mb: MicroBatch, logits: torch.Tensor) -> torch.Tensor:
-            return label_loss(logits, torch.cat([texts[i].labels for i in mb.ids]), batch.label_tokens)
+            labels = [texts[i].labels for i in mb.ids] or [torch.zeros(0, dtype=torch.int64)]
+            return label_loss(logits, torch.cat(labels), batch.label_tokens)
 
         run = self.stage.run(micro, first_inputs, loss_of)
         spans += [(llm_name, op, a, b) for op, a, b in run.spans]
@@ -323,10 +334,11 @@ class Executor:
         texts = {s.id: s for s in self._inputs(llm_name, batch, tables, dtype)}
         phases["route"] = time.perf_counter() - t
         micro_of: dict[int, int] = {}
-        for j in range(self.grids[llm_name].dp):
+        llm_dp = self.grids[llm_name].dp
+        for j in range(llm_dp):
             for mb in self._micro_batches(llm_name, tables.held(llm_name, j), batch):
                 micro_of.update(dict.fromkeys(mb.ids, mb.index))
-        count = max(micro_of.values(), default=-1) + 1
+        count = max(len(self._micro_batches(llm_name, tables.held(llm_name, j), batch)) for j in range(llm_dp))
         members = [frozenset(i for i, m in micro_of.items() if m == k) for k in range(count)]
         table = {e: tables.boundary_table(e) if balanced else None for e in encs}
         pending: list[Any] = []
@@ -458,22 +470,26 @@ class Executor:
         """Sum each module's gradients over its DP group (no averaging: the loss is globally normalised).
 
         Coalesced: per module, the rank-local gradients (TP shards as they are) are flattened into one
-        buffer per dtype, summed by one all_reduce over the module's DP group, and copied back. Gloo
+        buffer per dtype, summed by one all_reduce over the module's DP group, and copied back (under
+        EP, the local experts' gradients form their own buffer, summed over the EDP group). Gloo
         sums element by element whatever the buffer, so this is the per-parameter sum at a fraction
         of the collectives (one per module and dtype instead of one per parameter tensor).
         """
         for name, module in self.modules.items():
             t = time.perf_counter()
             grid = self.grids[name]
-            group = grid.submesh("dp").get_group() if grid.dp > 1 else None
-            buckets: dict[torch.dtype, list[torch.Tensor]] = {}
-            for p in module.parameters():
+            dp_group = grid.submesh("dp").get_group() if grid.dp > 1 else None
+            ep = self.ep.get(name)
+            buckets: dict[tuple[bool, torch.dtype], list[torch.Tensor]] = {}
+            for pname, p in module.named_parameters():
                 if p.grad is None:  # no tokens of this modality on this rank
                     p.grad = torch.zeros_like(p)
                 local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                buckets.setdefault(local.dtype, []).append(local)
-            if group is not None:
-                for grads in buckets.values():
+                buckets.setdefault((ep is not None and is_expert_param(pname), local.dtype), []).append(local)
+            # Under EP, expert gradients (local experts only) sum over the expert-data-parallel group.
+            for (expert, _), grads in buckets.items():
+                group = ep.edp_group if ep is not None and expert else dp_group
+                if group is not None:
                     flat = torch.cat([g.reshape(-1) for g in grads])
                     dist.all_reduce(flat, group=group)
                     for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
@@ -496,7 +512,9 @@ class Executor:
             for pname, p in self.modules[name].named_parameters():
                 value = get(p)  # type: ignore[operator]
                 full = value.full_tensor() if hasattr(value, "full_tensor") else value
-                if c.dp == 0 and c.tp == 0:
+                # Under EP the first EP group's ranks (dp < ep) hold the experts between them.
+                writer = c.dp < self.ep[name].ep if name in self.ep and is_expert_param(pname) else c.dp == 0
+                if writer and c.tp == 0:
                     out[f"{name}.{pname}"] = full.detach().clone()
         assert self.cfg.dump_dir is not None
         torch.save(out, Path(self.cfg.dump_dir) / f"{what}.rank{self.rank}.pt")

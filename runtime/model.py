@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -96,15 +97,86 @@ class GeluMLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
+def dense_mlp(spec: ModuleSpec) -> nn.Module:
+    """The module's MLP kind at its full width (one expert of a MoE block is one of these)."""
+    return SwiGLU(spec.hidden, spec.ffn) if spec.mlp_kind == "swiglu" else GeluMLP(spec.hidden, spec.ffn)
+
+
+class ExpertExchange(Protocol):
+    """Runs a MoE block's expert rows somewhere (runtime/expert_parallel.py: the EP all_to_all)."""
+
+    def __call__(self, moe: MoE, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor: ...
+
+
+class MoE(nn.Module):
+    """Dropless top-k Mixture-of-Experts MLP: a replicated router and `experts` MLPs of the module's kind.
+
+    Per token t: p = softmax(router(x_t)) over all experts; the k largest (torch.topk, so ties go
+    to the lower expert index) are chosen and their gates renormalised over the chosen k,
+    g_j = p_j / sum_chosen p (Mixtral convention); y_t = sum_j g_j * expert_j(x_t). No capacity
+    and no dropped tokens, so a token's output never depends on which tokens share its micro-batch
+    or rank: any grouping gives the reference result. No load-balancing auxiliary loss (it is a
+    statistic of the whole batch, which per-micro-batch losses would not reproduce exactly).
+
+    Experts live in a ModuleDict keyed by their global index, so parameter names (and the
+    name-seeded init) are the same whichever experts a rank holds. `exchange` is None when every
+    expert is local; expert parallelism (runtime/expert_parallel.py) keeps only this rank's
+    experts and sets `exchange` to the all_to_all that carries rows to their owners and back.
+    Under TP the experts stay unsharded: every TP rank sees the same tokens and computes the same
+    experts (apply_tp leaves MoE blocks alone; only attention is TP-sharded).
+    """
+
+    def __init__(self, spec: ModuleSpec) -> None:
+        super().__init__()
+        self.num_experts, self.top_k = spec.experts, spec.top_k
+        self.router = nn.Linear(spec.hidden, spec.experts, bias=False)
+        self.experts = nn.ModuleDict({str(e): dense_mlp(spec) for e in range(spec.experts)})
+        self.exchange: ExpertExchange | None = None
+
+    def route(self, x_TD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(chosen experts [T, k], renormalised gates [T, k]) of every token."""
+        probs_TE = self.router(x_TD).softmax(-1)
+        top_TK, idx_TK = probs_TE.topk(self.top_k, dim=-1)
+        return idx_TK, top_TK / top_TK.sum(-1, keepdim=True)
+
+    def run_experts(self, x_ND: torch.Tensor, counts: list[int], experts: list[int]) -> torch.Tensor:
+        """Rows grouped by expert (counts[i] rows for experts[i], in that order) through their experts."""
+        parts = x_ND.split(counts)
+        outs = [self.experts[str(e)](part) for e, part in zip(experts, parts, strict=True)]
+        return torch.cat(outs) if outs else x_ND
+
+    def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
+        t, d = x_TD.shape
+        idx_TK, gates_TK = self.route(x_TD)
+        # One row per (token, choice), sorted by expert (stable: token order within an expert).
+        order_N = torch.argsort(idx_TK.reshape(-1), stable=True)
+        x_ND = x_TD[order_N // self.top_k]
+        counts_E = torch.bincount(idx_TK.reshape(-1), minlength=self.num_experts)
+        if self.exchange is None:
+            y_ND = self.run_experts(x_ND, counts_E.tolist(), list(range(self.num_experts)))
+        else:
+            y_ND = self.exchange(self, x_ND, counts_E)
+        y_TKD = y_ND[inverse_permutation(order_N)].view(t, self.top_k, d)
+        return (gates_TK.unsqueeze(-1) * y_TKD).sum(1)
+
+
+def inverse_permutation(perm: torch.Tensor) -> torch.Tensor:
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), dtype=perm.dtype)
+    return inv
+
+
 class Block(nn.Module):
     def __init__(self, spec: ModuleSpec, causal: bool) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(spec.hidden)
         self.attn = Attention(spec.hidden, spec.heads, spec.num_kv_heads, causal)
         self.mlp_norm = RMSNorm(spec.hidden)
-        self.mlp = SwiGLU(spec.hidden, spec.ffn) if spec.mlp_kind == "swiglu" else GeluMLP(spec.hidden, spec.ffn)
+        self.mlp = MoE(spec) if spec.experts > 1 else dense_mlp(spec)
 
     def forward(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
+        if x_TD.shape[0] == 0:  # an empty micro-batch (EP ranks run them): no attention; the MoE exchange runs
+            return x_TD + self.mlp(self.mlp_norm(x_TD))
         x_TD = x_TD + self.attn(self.attn_norm(x_TD), seqlens)
         return x_TD + self.mlp(self.mlp_norm(x_TD))
 
@@ -193,7 +265,8 @@ class LLM(nn.Module):
         for prefix, text in zip(prefixes, texts, strict=True):
             parts += [prefix, self.embed(text)]
             seqlens.append(prefix.shape[0] + text.shape[0])
-        return torch.cat(parts), seqlens
+        # No samples (an empty micro-batch that EP ranks still run): zero rows that keep a graph.
+        return (torch.cat(parts) if parts else self.embed(torch.zeros(0, dtype=torch.int64))), seqlens
 
     def run_blocks(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
         for block in self.blocks.values():
@@ -205,6 +278,7 @@ class LLM(nn.Module):
         assert self.norm is not None and self.head is not None, "text_logits runs on the last pipeline stage"
         text_rows = torch.cat(
             [torch.arange(s - t, s) + off for s, t, off in zip(seqlens, text_lens, _offsets(seqlens), strict=True)]
+            or [torch.zeros(0, dtype=torch.int64)]
         )
         return self.head(self.norm(x_TD[text_rows]))
 

@@ -4,7 +4,10 @@ Megatron-style: q/k/v and the MLP's first projections column-parallel (each rank
 heads/tp heads and ffn/tp columns), o and the MLP's last projection row-parallel (partial
 sums all-reduced). Embedding, norms, stems, projectors and the LM head stay replicated: at
 these widths their compute is negligible, and replicated inputs give every TP rank the full
-gradient of a replicated activation, which the boundary communicators rely on.
+gradient of a replicated activation, which the boundary communicators rely on. MoE blocks
+(runtime/model.py `MoE`) keep router and experts unsharded: only their attention is TP-sharded,
+and every TP rank runs the same experts on the same tokens (expert parallelism splits experts
+over DP indices instead, runtime/expert_parallel.py).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from orch.runtime.model import Block, GeluMLP
+from orch.runtime.model import Block, GeluMLP, MoE
 
 
 def _block_plan(block: Block) -> dict[str, ColwiseParallel | RowwiseParallel]:
@@ -23,6 +26,8 @@ def _block_plan(block: Block) -> dict[str, ColwiseParallel | RowwiseParallel]:
         "attn.v": ColwiseParallel(),
         "attn.o": RowwiseParallel(),
     }
+    if isinstance(block.mlp, MoE):  # experts stay unsharded: every TP rank computes the same experts
+        return plan
     if isinstance(block.mlp, GeluMLP):
         plan |= {"mlp.fc1": ColwiseParallel(), "mlp.fc2": RowwiseParallel()}
     else:

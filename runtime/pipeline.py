@@ -102,23 +102,26 @@ class PipelineStage:
             x_TD, got = self.llm.embed_inputs(*first_inputs(mb))
             assert got == seqlens, f"micro-batch {mb.index}: lengths {got} != {seqlens}"
         else:
-            received = torch.empty(mb.rows, self.width, dtype=self.dtype)
-            dist.recv(received, src=self.prev, tag=2 * mb.index)
+            received = torch.zeros(mb.rows, self.width, dtype=self.dtype)
+            if mb.rows:  # an empty micro-batch (EP pads them) is known empty on both sides: nothing to send
+                dist.recv(received, src=self.prev, tag=2 * mb.index)
             x_TD = received.requires_grad_()
         y_TD = self.llm.run_blocks(x_TD, seqlens)
         if self.is_last:
             loss = loss_of(mb, self.llm.text_logits(y_TD, seqlens, list(mb.text_lens)))
             return (received, loss), loss.detach().to(torch.float64)
-        sends.append(dist.isend(y_TD.detach().contiguous(), dst=self.next, tag=2 * mb.index))
+        if mb.rows:
+            sends.append(dist.isend(y_TD.detach().contiguous(), dst=self.next, tag=2 * mb.index))
         return (received, y_TD), None
 
     def _backward(self, mb: MicroBatch, received: torch.Tensor | None, out: torch.Tensor, sends: list[Any]) -> None:
         if self.is_last:
             out.backward()
         else:
-            grad = torch.empty_like(out)
-            dist.recv(grad, src=self.next, tag=2 * mb.index + 1)
+            grad = torch.zeros_like(out)
+            if mb.rows:
+                dist.recv(grad, src=self.next, tag=2 * mb.index + 1)
             torch.autograd.backward(out, grad)
-        if received is not None:
+        if received is not None and mb.rows:
             assert received.grad is not None
             sends.append(dist.isend(received.grad.contiguous(), dst=self.prev, tag=2 * mb.index + 1))

@@ -8,7 +8,12 @@ import yaml
 from orch.planner.loading import preset_names
 from orch.planner.plan import Plan
 
-CLUSTER_FOR = {"tiny": ("local-cpu", "2"), "llava-1b-14b": ("h100-80g", "2"), "vit-12b-120b": ("h100-80g", "16")}
+CLUSTER_FOR = {
+    "tiny": ("local-cpu", "2"),
+    "tiny-moe": ("local-cpu", "2"),
+    "llava-1b-14b": ("h100-80g", "2"),
+    "vit-12b-120b": ("h100-80g", "16"),
+}
 
 
 @pytest.mark.parametrize("model", preset_names("model"))
