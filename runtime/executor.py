@@ -16,7 +16,11 @@ input features move from their origin to the encoder's balanced DP index (one al
 per encoder), the text tokens move to the LLM's balanced DP index, and the boundary move uses the
 composed table Π_llm ∘ B ∘ Π_enc⁻¹. With `balance="none"` nothing moves before phase 1 and the
 boundary table is the unbalanced one: exactly the step without the orchestrator.
-TODO(runtime): PP, CP, EP, graph-aware 1F1B for disaggregated plans.
+Context parallelism (runtime/context_parallel.py): a module with cp > 1 gets its inputs
+replicated over each DP index's (cp, tp) ranks and shards every micro-batch's sequences over
+its CP group inside the model; gradients are then summed over the flattened (dp, cp) group and
+the loss over every TP-0 rank.
+TODO(runtime): PP, EP, graph-aware 1F1B for disaggregated plans.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
 from orch.runtime.boundary import Boundary
 from orch.runtime.compute import build_optimizer, encode, text_loss
+from orch.runtime.context_parallel import cp_group
 from orch.runtime.data import GlobalBatch, Sample, encoder_order
 from orch.runtime.grid import Grid, build_grids, build_meshes
 from orch.runtime.model import AUDIO_STEM_STRIDE, build_model, encoder_modality
@@ -87,7 +92,7 @@ class UnsupportedPlan(OrchError):
 def check_supported(plan: Plan) -> None:
     """Raise UnsupportedPlan for what this executor cannot run yet (before any process starts)."""
     for name, mp in plan.modules.items():
-        for axis in ("pp", "cp", "ep"):
+        for axis in ("pp", "ep"):
             if mp.layout.degree(axis) > 1:
                 raise UnsupportedPlan(f"modules.{name}.layout.{axis}: {mp.layout.degree(axis)} is not executed yet")
     for e in plan.model.encoder_names:
@@ -107,6 +112,7 @@ class Executor:
         self.grids: dict[str, Grid] = build_grids(plan.modules)
         build_meshes(self.grids)
         self.served = [n for n in self.model.modules if self.grids[n].coord(rank) is not None]
+        self.cp = {n: cp_group(self.grids[n], rank) for n in self.served}  # None without CP
         self.modules: dict[str, nn.Module] = build_model(self.model, cfg.seed, cfg.torch_dtype, self.served)
         for name, module in self.modules.items():
             apply_tp(module, tp_mesh=self.grids[name].submesh("tp"))
@@ -206,7 +212,7 @@ class Executor:
             if e in self.modules:
                 fpt = 2 if getattr(self.modules[e], "is_audio", False) else 1
                 self._count(processed, e, {s.id: s.feats[e].shape[0] // fpt for s in samples})
-                out = torch.cat([encode(self.modules[e], e, c, dtype) for c in self._chunks(e, samples)])
+                out = torch.cat([encode(self.modules[e], e, c, dtype, self.cp[e]) for c in self._chunks(e, samples)])
             else:
                 out = torch.zeros(0, width, dtype=dtype)
             outs[e] = out
@@ -239,7 +245,7 @@ class Executor:
                 prefixes = [torch.cat([rows[e][pos[s.id]] for e in encoder_order(self.model)]) for s in chunk]
                 lens = {s.id: p.shape[0] + s.text.shape[0] for s, p in zip(chunk, prefixes, strict=True)}
                 self._count(processed, llm_name, lens)
-                loss = text_loss(self.modules[llm_name], prefixes, chunk, batch.label_tokens)
+                loss = text_loss(self.modules[llm_name], prefixes, chunk, batch.label_tokens, self.cp[llm_name])
                 loss.backward()
                 loss_sum += loss.detach().to(torch.float64)
             spans.append((llm_name, "forward+backward", t, time.perf_counter()))
@@ -281,6 +287,9 @@ class Executor:
     def _sync_grads(self, spans: list[tuple[str, str, float, float]]) -> None:
         """Sum each module's gradients over its DP group (no averaging: the loss is globally normalised).
 
+        With CP every rank's gradients are partial (its positions only): the sum is over the
+        flattened (dp, cp) group instead.
+
         Coalesced: per module, the rank-local gradients (TP shards as they are) are flattened into one
         buffer per dtype, summed by one all_reduce over the module's DP group, and copied back. Gloo
         sums element by element whatever the buffer, so this is the per-parameter sum at a fraction
@@ -290,6 +299,8 @@ class Executor:
             t = time.perf_counter()
             grid = self.grids[name]
             group = grid.submesh("dp").get_group() if grid.dp > 1 else None
+            if grid.cp > 1:
+                group = grid.flat_group("dp", "cp")
             buckets: dict[torch.dtype, list[torch.Tensor]] = {}
             for p in module.parameters():
                 if p.grad is None:  # no tokens of this modality on this rank
@@ -305,14 +316,14 @@ class Executor:
             spans.append((name, "grad_sync", t, time.perf_counter()))
 
     def _global_loss(self, loss_sum: torch.Tensor) -> float:
-        """Sum of the LLM DP leaders' partial losses (TP replicas hold copies, counted once)."""
+        """Sum of the LLM's TP-0 ranks' partial losses (TP replicas hold copies, counted once; CP ranks hold parts)."""
         c = self.grids[self.model.llm_name].coord(self.rank)
-        mine = loss_sum if c is not None and c.tp == 0 and c.cp == 0 else torch.zeros_like(loss_sum)
+        mine = loss_sum if c is not None and c.tp == 0 else torch.zeros_like(loss_sum)
         dist.all_reduce(mine)
         return float(mine.item())
 
     def _dump(self, what: str, get: object) -> None:
-        """Full tensors of every served module, written by its (dp 0, tp 0) rank; all TP ranks join the gather."""
+        """Full tensors of every served module, written by its (dp 0, cp 0, tp 0) rank; all TP ranks join the gather."""
         out: dict[str, torch.Tensor] = {}
         for name in sorted(self.modules):
             c = self.grids[name].coord(self.rank)
@@ -320,7 +331,7 @@ class Executor:
             for pname, p in self.modules[name].named_parameters():
                 value = get(p)  # type: ignore[operator]
                 full = value.full_tensor() if hasattr(value, "full_tensor") else value
-                if c.dp == 0 and c.tp == 0:
+                if c.dp == 0 and c.tp == 0 and c.cp == 0:
                     out[f"{name}.{pname}"] = full.detach().clone()
         assert self.cfg.dump_dir is not None
         torch.save(out, Path(self.cfg.dump_dir) / f"{what}.rank{self.rank}.pt")
