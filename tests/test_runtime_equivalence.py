@@ -35,6 +35,22 @@ PLANS = {
         "vision": (Layout(dp=2), [0, 1]),
         "audio": (Layout(dp=2), [0, 1]),
     },
+    # context parallelism (runtime/context_parallel.py): in the LLM, with DP and with TP, and in an encoder
+    "colocated_llm_cp2": {
+        "llm": (Layout(cp=2, dp=2), [0, 1, 2, 3]),
+        "vision": (Layout(dp=4), [0, 1, 2, 3]),
+        "audio": (Layout(dp=4), [0, 1, 2, 3]),
+    },
+    "llm_cp2_tp2": {
+        "llm": (Layout(cp=2, tp=2), [0, 1, 2, 3]),
+        "vision": (Layout(dp=4), [0, 1, 2, 3]),
+        "audio": (Layout(dp=4), [0, 1, 2, 3]),
+    },
+    "enc_cp2_llm_dp2_tp2": {
+        "llm": (Layout(tp=2, dp=2), [0, 1, 2, 3]),
+        "vision": (Layout(cp=2, dp=2), [0, 1, 2, 3]),
+        "audio": (Layout(cp=2, tp=2), [0, 1, 2, 3]),  # the stride-2 stem and downsample 2 under CP, with TP
+    },
 }
 
 
