@@ -11,11 +11,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from orch.runtime.context_parallel import CPGroup
 from orch.runtime.data import Sample
 
 
-def encode(encoder: nn.Module, name: str, samples: list[Sample], dtype: torch.dtype) -> torch.Tensor:
-    """Packed projected tokens of `samples` (ascending id order), [sum projected, llm_hidden]."""
+def encode(
+    encoder: nn.Module, name: str, samples: list[Sample], dtype: torch.dtype, cp: CPGroup | None = None
+) -> torch.Tensor:
+    """Packed projected tokens of `samples` (ascending id order), [sum projected, llm_hidden].
+
+    With `cp` the samples are sharded over the CP group in units of the projector's downsample;
+    the result is still every projected row (replicated over the group).
+    """
     feats = [s.feats[name] for s in samples]
     frames_per_token = 2 if getattr(encoder, "is_audio", False) else 1
     seqlens = [f.shape[0] // frames_per_token for f in feats]
@@ -23,11 +30,26 @@ def encode(encoder: nn.Module, name: str, samples: list[Sample], dtype: torch.dt
         # No tokens of this modality here (text-only samples, or no samples): an empty, shape-correct result.
         width = getattr(encoder, "output_dim", None) or encoder.projector.proj.out_features  # type: ignore[union-attr]
         return torch.zeros(0, width, dtype=dtype)
+    if cp is not None:
+        return encoder(torch.cat(feats), seqlens, cp.shard(seqlens, unit=encoder.projector.downsample))  # type: ignore[union-attr]
     return encoder(torch.cat(feats), seqlens)
 
 
-def text_loss(llm: nn.Module, prefixes: list[torch.Tensor], samples: list[Sample], label_tokens: int) -> torch.Tensor:
-    """Sum of the samples' text-token cross-entropies divided by the GLOBAL label-token count."""
+def text_loss(
+    llm: nn.Module, prefixes: list[torch.Tensor], samples: list[Sample], label_tokens: int, cp: CPGroup | None = None
+) -> torch.Tensor:
+    """Sum of the samples' text-token cross-entropies divided by the GLOBAL label-token count.
+
+    With `cp`: this CP rank's share only (its text positions); the CP ranks' losses sum to the whole.
+    """
+    if cp is not None:
+        shard = cp.shard([p.shape[0] + s.text.shape[0] for p, s in zip(prefixes, samples, strict=True)])
+        logits = llm(prefixes, [s.text for s in samples], shard)
+        mine = [
+            s.labels[shard.text_index(i, p.shape[0])] for i, (p, s) in enumerate(zip(prefixes, samples, strict=True))
+        ]
+        labels = torch.cat(mine)
+        return F.cross_entropy(logits, labels, reduction="sum") / label_tokens
     logits = llm(prefixes, [s.text for s in samples])
     labels = torch.cat([s.labels for s in samples]) if samples else torch.zeros(0, dtype=torch.int64)
     return label_loss(logits, labels, label_tokens)

@@ -22,7 +22,15 @@ boundary delivers encoder outputs to the first stage, the LLM's token ids go to 
 and its labels to the last. With pp == 1 the same code runs one stage (F0 B0 F1 B1 ...).
 A disaggregated plan whose schedule is graph_1f1b runs `_graph_phases` instead: the encoder
 islands are one more pipeline stage in front of the LLM's first (its docstring).
-TODO(runtime): CP, EP.
+
+Context parallelism (runtime/context_parallel.py): a module with cp > 1 gets its inputs
+replicated over each DP index's (cp, tp) ranks and shards every micro-batch's sequences over
+its CP group inside the model; gradients are then summed over the flattened (dp, cp) group and
+the loss over every TP-0 rank.
+
+Expert parallelism (runtime/expert_parallel.py): the LLM's MoE experts are split over EP groups
+of consecutive DP indices; tokens reach their experts by all_to_all inside each MoE layer, so
+every rank of an EP group runs every micro-batch, empty ones included.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from orch.planner.specs import DataSpec
 from orch.planner.trace import one_f_one_b_order
 from orch.runtime.boundary import Boundary
 from orch.runtime.compute import build_optimizer, encode, label_loss
+from orch.runtime.context_parallel import CPShard, cp_group
 from orch.runtime.data import GlobalBatch, Sample, encoder_order
 from orch.runtime.expert_parallel import build_expert_parallel, is_expert_param, unsupported_ep
 from orch.runtime.factory import build_from_factory
@@ -106,13 +115,15 @@ class UnsupportedPlan(OrchError):
 def check_supported(plan: Plan) -> None:
     """Raise UnsupportedPlan for what this executor cannot run yet (before any process starts)."""
     for name, mp in plan.modules.items():
-        if mp.layout.cp > 1:
-            raise UnsupportedPlan(f"modules.{name}.layout.cp: {mp.layout.cp} is not executed yet")
         if mp.layout.pp > 1 and name != plan.model.llm_name:
             raise UnsupportedPlan(f"modules.{name}.layout.pp: {mp.layout.pp}: only the LLM runs pipeline stages")
         layers = plan.model.modules[name].layers
         if mp.layout.pp > layers:
             raise UnsupportedPlan(f"modules.{name}.layout.pp: {mp.layout.pp} stages for {layers} layers")
+        if mp.layout.cp > 1 and mp.layout.ep > 1:
+            raise UnsupportedPlan(
+                f"modules.{name}.layout: cp {mp.layout.cp} with ep {mp.layout.ep} is not executed yet"
+            )
         why = unsupported_ep(name, mp, plan.model.modules[name].experts, name == plan.model.llm_name)
         if why is not None:
             raise UnsupportedPlan(why)
@@ -133,6 +144,7 @@ class Executor:
         self.grids: dict[str, Grid] = build_grids(plan.modules)
         build_meshes(self.grids)
         self.served = [n for n in self.model.modules if self.grids[n].coord(rank) is not None]
+        self.cp = {n: cp_group(self.grids[n], rank) for n in self.served}  # None without CP
         self.modules: dict[str, nn.Module] = (
             build_from_factory(cfg.model_factory, self.model, cfg.seed, cfg.torch_dtype, self.served)
             if cfg.model_factory
@@ -148,7 +160,8 @@ class Executor:
                 if not hasattr(llm, "keep_stage"):
                     raise UnsupportedPlan(f"modules.{self.model.llm_name}: a pipeline needs the LLM's keep_stage")
                 llm.keep_stage(coord.pp, llm_grid.pp)  # after init: every stage's weights come from the full model's
-            self.stage = PipelineStage(cast(LLM, llm), llm_grid, rank, self.model.llm.hidden, cfg.torch_dtype)
+            llm_cp = self.cp[self.model.llm_name]
+            self.stage = PipelineStage(cast(LLM, llm), llm_grid, rank, self.model.llm.hidden, cfg.torch_dtype, llm_cp)
         # EP/EDP groups on every rank (world collective), then only the local experts are kept.
         ep = {n: mp.layout.ep for n, mp in plan.modules.items()}
         self.ep = build_expert_parallel(self.grids, ep, self.modules, rank)
@@ -301,9 +314,12 @@ class Executor:
             self._count(processed, llm_name, dict(zip(mb.ids, mb.seqlens, strict=True)))
             return prefixes, [texts[i].text for i in mb.ids]
 
-        def loss_of(mb: MicroBatch, logits: torch.Tensor) -> torch.Tensor:
-            labels = [texts[i].labels for i in mb.ids] or [torch.zeros(0, dtype=torch.int64)]
-            return label_loss(logits, torch.cat(labels), batch.label_tokens)
+        def loss_of(mb: MicroBatch, logits: torch.Tensor, shard: CPShard | None) -> torch.Tensor:
+            labels = [texts[i].labels for i in mb.ids]
+            if shard is not None:  # this CP rank's text positions only
+                prefix = [n - t for n, t in zip(mb.seqlens, mb.text_lens, strict=True)]
+                labels = [y[shard.text_index(j, p)] for j, (y, p) in enumerate(zip(labels, prefix, strict=True))]
+            return label_loss(logits, torch.cat(labels or [torch.zeros(0, dtype=torch.int64)]), batch.label_tokens)
 
         run = self.stage.run(micro, first_inputs, loss_of)
         spans += [(llm_name, op, a, b) for op, a, b in run.spans]
@@ -372,7 +388,7 @@ class Executor:
                         chunk = [s for s in inputs[e] if micro_of[s.id] == m]
                         fpt = 2 if getattr(self.modules[e], "is_audio", False) else 1
                         self._count(processed, e, {s.id: s.feats[e].shape[0] // fpt for s in chunk})
-                        out = encode(self.modules[e], e, chunk, dtype)
+                        out = encode(self.modules[e], e, chunk, dtype, self.cp[e])
                         moved[(e, m)] = self.boundaries[e].forward(
                             out, batch, self.rank, self.world, table[e], only=members[m], p2p=p2p(e, m)
                         )
@@ -410,7 +426,7 @@ class Executor:
             if e in self.modules:
                 fpt = 2 if getattr(self.modules[e], "is_audio", False) else 1
                 self._count(processed, e, {s.id: s.feats[e].shape[0] // fpt for s in samples})
-                out = torch.cat([encode(self.modules[e], e, c, dtype) for c in self._chunks(e, samples)])
+                out = torch.cat([encode(self.modules[e], e, c, dtype, self.cp[e]) for c in self._chunks(e, samples)])
             else:
                 out = torch.zeros(0, width, dtype=dtype)
             outs[e] = out
@@ -469,6 +485,9 @@ class Executor:
     def _sync_grads(self, spans: list[tuple[str, str, float, float]]) -> None:
         """Sum each module's gradients over its DP group (no averaging: the loss is globally normalised).
 
+        With CP every rank's gradients are partial (its positions only): the sum is over the
+        flattened (dp, cp) group instead.
+
         Coalesced: per module, the rank-local gradients (TP shards as they are) are flattened into one
         buffer per dtype, summed by one all_reduce over the module's DP group, and copied back (under
         EP, the local experts' gradients form their own buffer, summed over the EDP group). Gloo
@@ -479,6 +498,8 @@ class Executor:
             t = time.perf_counter()
             grid = self.grids[name]
             dp_group = grid.submesh("dp").get_group() if grid.dp > 1 else None
+            if grid.cp > 1:
+                dp_group = grid.flat_group("dp", "cp")
             ep = self.ep.get(name)
             buckets: dict[tuple[bool, torch.dtype], list[torch.Tensor]] = {}
             for pname, p in module.named_parameters():
@@ -497,14 +518,14 @@ class Executor:
             spans.append((name, "grad_sync", t, time.perf_counter()))
 
     def _global_loss(self, loss_sum: torch.Tensor) -> float:
-        """Sum of the LLM DP leaders' partial losses (TP replicas hold copies, counted once)."""
+        """Sum of the LLM's TP-0 ranks' partial losses (TP replicas hold copies, counted once; CP ranks hold parts)."""
         c = self.grids[self.model.llm_name].coord(self.rank)
-        mine = loss_sum if c is not None and c.tp == 0 and c.cp == 0 else torch.zeros_like(loss_sum)
+        mine = loss_sum if c is not None and c.tp == 0 else torch.zeros_like(loss_sum)
         dist.all_reduce(mine)
         return float(mine.item())
 
     def _dump(self, what: str, get: object) -> None:
-        """Full tensors of every served module, written by its (dp 0, tp 0) rank; all TP ranks join the gather."""
+        """Full tensors of every served module, written by its (dp 0, cp 0, tp 0) rank; all TP ranks join the gather."""
         out: dict[str, torch.Tensor] = {}
         for name in sorted(self.modules):
             c = self.grids[name].coord(self.rank)
@@ -514,7 +535,7 @@ class Executor:
                 full = value.full_tensor() if hasattr(value, "full_tensor") else value
                 # Under EP the first EP group's ranks (dp < ep) hold the experts between them.
                 writer = c.dp < self.ep[name].ep if name in self.ep and is_expert_param(pname) else c.dp == 0
-                if writer and c.tp == 0:
+                if writer and c.tp == 0 and c.cp == 0:
                     out[f"{name}.{pname}"] = full.detach().clone()
         assert self.cfg.dump_dir is not None
         torch.save(out, Path(self.cfg.dump_dir) / f"{what}.rank{self.rank}.pt")

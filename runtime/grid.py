@@ -7,14 +7,16 @@ Nothing is global: each module gets its own frozen grid, passed to whatever comm
 
 Building a DeviceMesh creates one process group per axis with `new_group`, a collective over
 the whole world: every rank must build every module's mesh, in the same order, even the
-meshes it is not part of (`build_meshes`). The mesh is lazy so that pure code (routing,
-tests without a process group) never touches torch.distributed.
+meshes it is not part of (`build_meshes`). With CP, `build_meshes` also creates two flattened
+groups per grid (`flat_group`): (cp, tp), the replicas of one DP index (transport broadcast),
+and (dp, cp), the ranks whose parameter gradients are summed. The mesh is lazy so that pure
+code (routing, tests without a process group) never touches torch.distributed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orch.planner.plan import Axis, ModulePlan
 
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 MESH_AXES: tuple[Axis, ...] = (Axis.PP, Axis.DP, Axis.CP, Axis.TP)  # outermost first
+# Flattened groups a grid with CP needs (build_meshes creates them, in this order).
+FLAT_GROUPS: tuple[tuple[str, ...], ...] = (("cp", "tp"), ("dp", "cp"))
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class Grid:
     ranks: tuple[int, ...]
     device: str = "cpu"
     _cache: dict[str, DeviceMesh] = field(default_factory=dict, compare=False, repr=False)
+    _groups: dict[tuple[str, ...], Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.ranks) != self.tp * self.cp * self.dp * self.pp:
@@ -100,6 +105,29 @@ class Grid:
             self._cache[key] = self.mesh[key]
         return self._cache[key]
 
+    def flat_ranks(self, axes: tuple[str, ...]) -> list[list[int]]:
+        """Every group of ranks that differ only in `axes` (in mesh order), one list per coordinate of the rest."""
+        import itertools
+
+        names = [str(a) for a in MESH_AXES]
+        rest = [a for a in names if a not in axes]
+        out = []
+        for fixed in itertools.product(*(range(self.degree(a)) for a in rest)):
+            group = []
+            for varied in itertools.product(*(range(self.degree(a)) for a in axes)):
+                at = dict(zip(rest, fixed, strict=True)) | dict(zip(axes, varied, strict=True))
+                group.append(self.rank_at(at["pp"], at["dp"], at["cp"], at["tp"]))
+            out.append(sorted(group))
+        return out
+
+    def flat_group(self, *axes: str) -> Any:
+        """This rank's process group over the flattened `axes` (created on first use: a world collective)."""
+        if axes not in self._groups:
+            import torch.distributed as dist
+
+            self._groups[axes], _ = dist.new_subgroups_by_enumeration(self.flat_ranks(axes))
+        return self._groups[axes]
+
 
 def build_grids(modules: dict[str, ModulePlan], device: str = "cpu") -> dict[str, Grid]:
     return {name: Grid.from_plan(name, mp, device) for name, mp in sorted(modules.items())}
@@ -109,3 +137,6 @@ def build_meshes(grids: dict[str, Grid]) -> None:
     """Create every grid's mesh on this rank, in name order: new_group is a world collective."""
     for name in sorted(grids):
         _ = grids[name].mesh
+        if grids[name].cp > 1:
+            for axes in FLAT_GROUPS:
+                grids[name].flat_group(*axes)

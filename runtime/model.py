@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from orch.planner.specs import Modality, ModelSpec, ModuleKind, ModuleSpec
+
+if TYPE_CHECKING:
+    from orch.runtime.context_parallel import CPShard
 
 # Audio frames merged by the conv stem into one encoder token (Whisper-style stride-2 stem);
 # the DataSpec's audio length counts encoder tokens, so a sample carries STEM x that many frames.
@@ -47,30 +50,40 @@ class Attention(nn.Module):
         self.v = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
         self.o = nn.Linear(heads * self.head_dim, hidden, bias=False)
 
-    def forward(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
-        t = x_TD.shape[0]
+    def forward(self, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
         # Local head counts from the local widths: under TP each rank holds heads/tp of them.
-        q_THd = self.q(x_TD).view(t, -1, self.head_dim)
-        k_THd = self.k(x_TD).view(t, -1, self.head_dim)
-        v_THd = self.v(x_TD).view(t, -1, self.head_dim)
+        # (unflatten, not view(t, -1, d): a CP rank may hold t = 0 rows)
+        q_THd = self.q(x_TD).unflatten(-1, (-1, self.head_dim))
+        k_THd = self.k(x_TD).unflatten(-1, (-1, self.head_dim))
+        v_THd = self.v(x_TD).unflatten(-1, (-1, self.head_dim))
         group = q_THd.shape[1] // k_THd.shape[1]
+        kv_lens, q_pos = seqlens, [None] * len(seqlens)
+        if cp is not None:  # CP: my query rows against every sample's whole K/V (runtime/context_parallel.py)
+            k_THd, v_THd = cp.gather_kv(k_THd, v_THd)
+            kv_lens, q_pos = cp.lens, [cp.mine(i) for i in range(len(seqlens))]
         outs = []
-        for q, k, v in zip(q_THd.split(seqlens), k_THd.split(seqlens), v_THd.split(seqlens), strict=True):
-            outs.append(attend(q, k, v, group, self.causal, q_offset=0))
+        for q, k, v, qp in zip(q_THd.split(seqlens), k_THd.split(kv_lens), v_THd.split(kv_lens), q_pos, strict=True):
+            outs.append(attend(q, k, v, group, self.causal, q_offset=0, q_pos=qp))
         y_THd = torch.cat(outs) if outs else q_THd
-        return self.o(y_THd.reshape(t, -1))
+        return self.o(y_THd.flatten(1))
 
 
 def attend(
-    q_QHd: torch.Tensor, k_KHd: torch.Tensor, v_KHd: torch.Tensor, group: int, causal: bool, q_offset: int
+    q_QHd: torch.Tensor,
+    k_KHd: torch.Tensor,
+    v_KHd: torch.Tensor,
+    group: int,
+    causal: bool,
+    q_offset: int,
+    q_pos: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Softmax attention of one sample; query i sits at key position q_offset + i (for CP shards)."""
+    """Softmax attention of one sample; query i sits at key position q_pos[i] (CP shards), else q_offset + i."""
     if group > 1:  # GQA: query heads [g*j, g*j+g) share kv head j, also on a TP shard
         k_KHd = k_KHd.repeat_interleave(group, dim=1)
         v_KHd = v_KHd.repeat_interleave(group, dim=1)
     scores_HQK = torch.einsum("qhd,khd->hqk", q_QHd, k_KHd) / math.sqrt(q_QHd.shape[-1])
     if causal:
-        qpos = torch.arange(q_QHd.shape[0]).unsqueeze(1) + q_offset
+        qpos = (q_pos if q_pos is not None else torch.arange(q_QHd.shape[0]) + q_offset).unsqueeze(1)
         kpos = torch.arange(k_KHd.shape[0]).unsqueeze(0)
         scores_HQK = scores_HQK.masked_fill(kpos > qpos, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores_HQK.softmax(-1), v_KHd)
@@ -174,10 +187,10 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(spec.hidden)
         self.mlp = MoE(spec) if spec.experts > 1 else dense_mlp(spec)
 
-    def forward(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
-        if x_TD.shape[0] == 0:  # an empty micro-batch (EP ranks run them): no attention; the MoE exchange runs
+    def forward(self, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
+        if x_TD.shape[0] == 0 and cp is None:  # an empty micro-batch (EP ranks run them): the MoE exchange runs
             return x_TD + self.mlp(self.mlp_norm(x_TD))
-        x_TD = x_TD + self.attn(self.attn_norm(x_TD), seqlens)
+        x_TD = x_TD + self.attn(self.attn_norm(x_TD), seqlens, cp)
         return x_TD + self.mlp(self.mlp_norm(x_TD))
 
 
@@ -220,16 +233,26 @@ class Encoder(nn.Module):
         self.norm = RMSNorm(spec.hidden)
         self.projector = Projector(spec.hidden, llm_hidden, spec.downsample)
 
-    def forward(self, feats_TF: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
-        """feats_TF: packed input features; seqlens: encoder tokens per sample. Returns packed LLM-width tokens."""
-        if self.is_audio:
+    def forward(self, feats_TF: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
+        """feats_TF: packed input features; seqlens: encoder tokens per sample. Returns packed LLM-width tokens.
+
+        With `cp` (sharded in units of the projector's downsample): my tokens' features in, every
+        rank's projected rows out (runtime/context_parallel.py).
+        """
+        if cp is not None:
+            feats_TF = cp.take(feats_TF, AUDIO_STEM_STRIDE if self.is_audio else 1)
+            seqlens = cp.local_lens
+        if self.is_audio and feats_TF.shape[0] == 0:  # a CP rank without tokens here: the conv refuses 0 frames
+            x_TD = feats_TF.new_zeros(0, self.stem.out_channels)
+        elif self.is_audio:
             # Every sample has STEM x tokens frames, so the strided conv never straddles two samples.
             x_TD = self.stem(feats_TF.t().unsqueeze(0)).squeeze(0).t()
         else:
             x_TD = self.stem(feats_TF)
         for block in self.blocks:
-            x_TD = block(x_TD, seqlens)
-        return self.projector(self.norm(x_TD), seqlens)
+            x_TD = block(x_TD, seqlens, cp)
+        out = self.projector(self.norm(x_TD), seqlens)
+        return cp.gather_units(out) if cp is not None else out
 
 
 class LLM(nn.Module):
@@ -258,9 +281,17 @@ class LLM(nn.Module):
         if stage != stages - 1:
             self.norm = self.head = None
 
-    def embed_inputs(self, prefixes: list[torch.Tensor], texts: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
-        """Per sample: encoder tokens (prefix) then embedded text tokens, packed; and the sequence lengths."""
+    def embed_inputs(
+        self, prefixes: list[torch.Tensor], texts: list[torch.Tensor], cp: CPShard | None = None
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Per sample: encoder tokens (prefix) then embedded text tokens, packed; and the sequence lengths.
+
+        With `cp`: only this CP rank's positions and their per-sample counts (CPShard.llm_input).
+        """
         assert self.embed is not None, "embed_inputs runs on the first pipeline stage"
+        if cp is not None:
+            x_TD, local_lens, _ = cp.llm_input(prefixes, texts, self.embed)
+            return x_TD, local_lens
         parts, seqlens = [], []
         for prefix, text in zip(prefixes, texts, strict=True):
             parts += [prefix, self.embed(text)]
@@ -268,24 +299,31 @@ class LLM(nn.Module):
         # No samples (an empty micro-batch that EP ranks still run): zero rows that keep a graph.
         return (torch.cat(parts) if parts else self.embed(torch.zeros(0, dtype=torch.int64))), seqlens
 
-    def run_blocks(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
+    def run_blocks(self, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
+        """`seqlens`: rows per sample as packed in x_TD (this CP rank's counts under CP)."""
         for block in self.blocks.values():
-            x_TD = block(x_TD, seqlens)
+            x_TD = block(x_TD, seqlens, cp)
         return x_TD
 
-    def text_logits(self, x_TD: torch.Tensor, seqlens: list[int], text_lens: list[int]) -> torch.Tensor:
-        """Logits of the text positions (each sample's last text_len tokens), packed."""
+    def text_logits(
+        self, x_TD: torch.Tensor, seqlens: list[int], text_lens: list[int], cp: CPShard | None = None
+    ) -> torch.Tensor:
+        """Logits of the text positions (each sample's last text_len tokens; under CP, this rank's), packed."""
         assert self.norm is not None and self.head is not None, "text_logits runs on the last pipeline stage"
+        if cp is not None:
+            return self.head(self.norm(x_TD[cp.text_rows(text_lens)]))
         text_rows = torch.cat(
             [torch.arange(s - t, s) + off for s, t, off in zip(seqlens, text_lens, _offsets(seqlens), strict=True)]
             or [torch.zeros(0, dtype=torch.int64)]
         )
         return self.head(self.norm(x_TD[text_rows]))
 
-    def forward(self, prefixes: list[torch.Tensor], texts: list[torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self, prefixes: list[torch.Tensor], texts: list[torch.Tensor], cp: CPShard | None = None
+    ) -> torch.Tensor:
         """Per sample: encoder tokens (prefix) then text tokens. Returns logits of the text positions, packed."""
-        x_TD, seqlens = self.embed_inputs(prefixes, texts)
-        return self.text_logits(self.run_blocks(x_TD, seqlens), seqlens, [t.shape[0] for t in texts])
+        x_TD, seqlens = self.embed_inputs(prefixes, texts, cp)
+        return self.text_logits(self.run_blocks(x_TD, seqlens, cp), seqlens, [t.shape[0] for t in texts], cp)
 
 
 def stage_layers(layers: int, stages: int, stage: int) -> range:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from orch.planner.trace import one_f_one_b_order
+from orch.runtime.context_parallel import CPGroup, CPShard
 from orch.runtime.grid import Grid
 from orch.runtime.model import LLM
 
@@ -42,9 +43,10 @@ class MicroBatch:
         return sum(self.seqlens)
 
 
-# First stage: the micro-batch's (prefixes, text ids) per sample. Last stage: its loss from logits.
+# First stage: the micro-batch's (prefixes, text ids) per sample. Last stage: its loss from the logits
+# of the text positions it computed (under CP, the shard's: CPShard.text_index picks their labels).
 FirstInputs = Callable[[MicroBatch], tuple[list[torch.Tensor], list[torch.Tensor]]]
-LossOf = Callable[[MicroBatch, torch.Tensor], torch.Tensor]
+LossOf = Callable[[MicroBatch, torch.Tensor, "CPShard | None"], torch.Tensor]
 
 
 @dataclass
@@ -58,10 +60,12 @@ class StageRun:
 class PipelineStage:
     """This rank's stage of the LLM's pipeline (a single stage when pp == 1)."""
 
-    def __init__(self, llm: LLM, grid: Grid, rank: int, width: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, llm: LLM, grid: Grid, rank: int, width: int, dtype: torch.dtype, cp: CPGroup | None = None
+    ) -> None:
         c = grid.coord(rank)
         assert c is not None, f"rank {rank} does not serve {grid.name}"
-        self.llm, self.width, self.dtype = llm, width, dtype
+        self.llm, self.width, self.dtype, self.cp = llm, width, dtype, cp
         self.stage, self.stages = c.pp, grid.pp
         self.prev = grid.rank_at(c.pp - 1, c.dp, c.cp, c.tp) if c.pp > 0 else None
         self.next = grid.rank_at(c.pp + 1, c.dp, c.cp, c.tp) if c.pp < grid.pp - 1 else None
@@ -96,21 +100,24 @@ class PipelineStage:
     def _forward(
         self, mb: MicroBatch, first_inputs: FirstInputs, loss_of: LossOf, sends: list[Any]
     ) -> tuple[tuple[torch.Tensor | None, torch.Tensor], torch.Tensor | None]:
-        seqlens = list(mb.seqlens)
+        # Under CP every stage cuts the micro-batch the same way (from the lengths) and passes its shard on.
+        shard = self.cp.shard(list(mb.seqlens)) if self.cp is not None else None
+        seqlens = shard.local_lens if shard is not None else list(mb.seqlens)
+        rows = sum(seqlens)
         received: torch.Tensor | None = None
         if self.is_first:
-            x_TD, got = self.llm.embed_inputs(*first_inputs(mb))
+            x_TD, got = self.llm.embed_inputs(*first_inputs(mb), shard)
             assert got == seqlens, f"micro-batch {mb.index}: lengths {got} != {seqlens}"
         else:
-            received = torch.zeros(mb.rows, self.width, dtype=self.dtype)
-            if mb.rows:  # an empty micro-batch (EP pads them) is known empty on both sides: nothing to send
+            received = torch.zeros(rows, self.width, dtype=self.dtype)
+            if rows:  # an empty micro-batch (EP pads them) is known empty on both sides: nothing to send
                 dist.recv(received, src=self.prev, tag=2 * mb.index)
             x_TD = received.requires_grad_()
-        y_TD = self.llm.run_blocks(x_TD, seqlens)
+        y_TD = self.llm.run_blocks(x_TD, seqlens, shard)
         if self.is_last:
-            loss = loss_of(mb, self.llm.text_logits(y_TD, seqlens, list(mb.text_lens)))
+            loss = loss_of(mb, self.llm.text_logits(y_TD, seqlens, list(mb.text_lens), shard), shard)
             return (received, loss), loss.detach().to(torch.float64)
-        if mb.rows:
+        if rows:
             sends.append(dist.isend(y_TD.detach().contiguous(), dst=self.next, tag=2 * mb.index))
         return (received, y_TD), None
 
@@ -119,9 +126,9 @@ class PipelineStage:
             out.backward()
         else:
             grad = torch.zeros_like(out)
-            if mb.rows:
+            if out.shape[0]:
                 dist.recv(grad, src=self.next, tag=2 * mb.index + 1)
             torch.autograd.backward(out, grad)
-        if received is not None and mb.rows:
+        if received is not None and received.shape[0]:
             assert received.grad is not None
             sends.append(dist.isend(received.grad.contiguous(), dst=self.prev, tag=2 * mb.index + 1))

@@ -10,7 +10,8 @@ splits, then the destination leader broadcasts inside its TP x CP replica group.
 form `all_to_all` with uneven sizes does not work on gloo, hence the single flat buffer.
 
 Gradients: activations are replicated over TP/CP and the modules are Megatron-style, so
-every replica holds the same full gradient of a boundary activation; the backward is the
+every replica holds the same full gradient of a boundary activation (under CP the LLM sums
+its ranks' partial prefix gradients over the CP group to keep this, runtime/context_parallel.py); the backward is the
 same move by the inverse route (leader's gradient only, then broadcast at the source).
 """
 
@@ -63,9 +64,8 @@ class Route:
 
 
 def _replica_group(grid: Grid) -> Any:
-    if grid.cp > 1:
-        # TODO(runtime): a flattened (cp, tp) group once CP lands; the leader broadcast is unchanged.
-        raise NotImplementedError("boundary broadcast over a CP group")
+    if grid.cp > 1:  # the flattened (cp, tp) group, created by build_meshes
+        return grid.flat_group("cp", "tp")
     return grid.submesh("tp").get_group()
 
 

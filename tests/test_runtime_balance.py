@@ -60,15 +60,22 @@ PLANS = {
         "vision": (Layout(dp=2), [0, 1]),
         "audio": (Layout(dp=2), [0, 1]),
     },
+    # context parallelism in the LLM and in an encoder: balanced inputs are broadcast over (cp, tp)
+    "colocated_cp2": {
+        "llm": (Layout(cp=2, dp=2), [0, 1, 2, 3]),
+        "vision": (Layout(cp=2, dp=2), [0, 1, 2, 3]),
+        "audio": (Layout(dp=4), [0, 1, 2, 3]),
+    },
 }
 MODES = ("none", "orch", "paper", "lpt")
 # Every mode on the colocated (encoders DP4, LLM DP2xTP2) and the disaggregated plan, and the
-# homogeneous plan balanced once; `none` is the baseline the balanced runs must equal, and
+# homogeneous and the CP plan balanced once; `none` is the baseline the balanced runs must equal, and
 # equals the reference.
 EQUAL_TO_NONE = ("colocated_enc_dp4_llm_dp2_tp2", "disaggregated_enc_dp2_llm_dp2")
 RUNS = [(name, mode) for name in EQUAL_TO_NONE for mode in MODES] + [
     ("homogeneous_dp4", "orch"),
     ("colocated_enc_dp4_llm_pp2_dp2", "orch"),
+    ("colocated_cp2", "orch"),
 ]
 
 

@@ -50,10 +50,36 @@ PLANS = {
         "vision": (Layout(dp=4), [0, 1, 2, 3]),
         "audio": (Layout(dp=4), [0, 1, 2, 3]),
     },
+    "colocated_enc_dp4_llm_pp2_cp2": {
+        "llm": (Layout(pp=2, cp=2), [0, 1, 2, 3]),
+        "vision": (Layout(dp=4), [0, 1, 2, 3]),
+        "audio": (Layout(dp=4), [0, 1, 2, 3]),
+    },
+    "disaggregated_enc1_llm_cp3": {
+        "llm": (Layout(cp=3), [1, 2, 3]),
+        "vision": (Layout(dp=1), [0]),
+        "audio": (Layout(dp=1), [0]),
+    },
     "disaggregated_enc_dp2_llm_dp3": {
         "llm": (Layout(dp=3), [2, 3, 4]),
         "vision": (Layout(dp=2), [0, 1]),
         "audio": (Layout(dp=2), [0, 1]),
+    },
+    # context parallelism (runtime/context_parallel.py): in the LLM, with DP and with TP, and in an encoder
+    "colocated_llm_cp2": {
+        "llm": (Layout(cp=2, dp=2), [0, 1, 2, 3]),
+        "vision": (Layout(dp=4), [0, 1, 2, 3]),
+        "audio": (Layout(dp=4), [0, 1, 2, 3]),
+    },
+    "llm_cp2_tp2": {
+        "llm": (Layout(cp=2, tp=2), [0, 1, 2, 3]),
+        "vision": (Layout(dp=4), [0, 1, 2, 3]),
+        "audio": (Layout(dp=4), [0, 1, 2, 3]),
+    },
+    "enc_cp2_llm_dp2_tp2": {
+        "llm": (Layout(tp=2, dp=2), [0, 1, 2, 3]),
+        "vision": (Layout(cp=2, dp=2), [0, 1, 2, 3]),
+        "audio": (Layout(cp=2, tp=2), [0, 1, 2, 3]),  # the stride-2 stem and downsample 2 under CP, with TP
     },
 }
 
