@@ -1,10 +1,9 @@
 """Close the loop on this machine: profile -> plan -> launch -> validate, through the `orch` CLI.
 
 1. `orch profile --model tiny --nproc 4 --quick` (4 gloo processes, 2 emulated nodes x 2);
-2. `orch plan --cluster local-cpu --profile` twice, restricted to what the runtime executes
-   (cp = pp = ep = 1): the homogeneous baseline, and a heterogeneous colocated plan (the LLM
-   pinned to tp=2, the encoders left to the planner: a colocated plan with every module at
-   dp=4 would be the homogeneous plan under another name);
+2. `orch plan --cluster local-cpu --profile` once per placement: the homogeneous baseline and
+   the planner's own best colocated and best disaggregated plans (no pins: the runtime executes
+   every layout the planner emits for tiny);
 3. `orch launch` each for 20 steps; 4. `orch validate --json` each.
 
 Prints predicted vs measured step time, the relative error (target: within 20%) and whether
@@ -25,8 +24,7 @@ import time
 from pathlib import Path
 
 ORCH = str(Path(sys.executable).with_name("orch"))
-RUNNABLE = [f"{m}.{a}=1" for m in ("vision", "audio", "llm") for a in ("cp", "pp")] + ["llm.ep=1"]
-PLANS = {"homogeneous": ("homogeneous", []), "colocated": ("colocated", ["llm.tp=2"])}
+PLANS = {"homogeneous": "homogeneous", "colocated": "colocated", "disaggregated": "disaggregated"}
 TARGET = 0.20
 
 
@@ -67,9 +65,8 @@ def main() -> None:
         profile_s = time.perf_counter() - t
         (out_dir / ("profile_full.json" if args.full else "profile_quick.json")).write_text(prof.read_text())
         rows = {}
-        for label, (placement, pins) in PLANS.items():
+        for label, placement in PLANS.items():
             plan = work / f"{label}.yaml"
-            fixes = [x for p in RUNNABLE + pins for x in ("--fix", p)]
             plan_json = json.loads(
                 _orch(
                     "plan",
@@ -81,7 +78,6 @@ def main() -> None:
                     str(prof),
                     "--placement",
                     placement,
-                    *fixes,
                     "--out",
                     str(plan),
                     "--json",
