@@ -1,7 +1,7 @@
 """Run a Plan on torch.distributed: each rank builds the modules it serves and runs the schedule.
 
-One step, every placement (the colocated three-phase schedule; a disaggregated plan runs the
-same phases, each island idle in the other's):
+One step of a homogeneous or colocated plan (the three-phase schedule; a disaggregated plan runs
+the graph-aware 1F1B below instead):
 
 1. encoder forwards of the whole step, then one boundary move per edge (encoder -> LLM layout);
 2. the LLM over its micro-batches, forward and backward, into detached boundary leaves;
