@@ -144,6 +144,7 @@ class _StopOnSignal:
             if self._requeued:
                 return
             self._requeued = True
+        _allow_requeue()
         if callable(self.submitit_handler):
             self.submitit_handler(self.signum, None)
 
@@ -157,6 +158,23 @@ class _StopOnSignal:
             self.requeue()
         finally:
             os._exit(1)  # a thread cannot sys.exit the process; the requeued job resumes from `latest`
+
+
+def _allow_requeue() -> None:
+    """orch submits with --no-requeue, so that a node failure ends the job rather than requeueing it to wait for
+    nodes; its own requeue at the warning signal needs the job requeueable (`scontrol requeue` refuses otherwise)."""
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        return
+    try:
+        done = subprocess.run(
+            ["scontrol", "update", f"jobid={job_id}", "Requeue=1"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"orch: cannot make job {job_id} requeueable: {exc}", file=sys.stderr, flush=True)
+        return
+    if done.returncode != 0:
+        print(f"orch: scontrol update Requeue=1: {done.stderr.strip()}", file=sys.stderr, flush=True)
 
 
 class RankTask:
