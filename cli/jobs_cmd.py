@@ -57,7 +57,7 @@ def _job_failed(status: JobStatus) -> Exception:
 
     if status.failure is not None:
         f = status.failure
-        return OrchError(f"job {status.job_id} {status.state}: rank {f.rank} failed: {f.error} (log: {f.log})")
+        return OrchError(f"job {status.job_id} {status.state}: {f.summary} (log: {f.log})")
     return OrchError(f"job {status.job_id} ended {status.state} (exit {status.exit_code}; logs: {status.log_folder})")
 
 
@@ -88,6 +88,8 @@ def status(
     json_out: bool = typer.Option(False, "--json", help="Print the status as JSON on stdout."),
 ) -> None:
     """State, elapsed time, latest step/loss and, for a failed job, the failing rank, its error and log."""
+    from rich.markup import escape
+
     from orch.cli.output import console, print_json
     from orch.runtime.slurm import job_status
 
@@ -96,11 +98,12 @@ def status(
         print_json(st)
         return
     out = console()
+    # soft_wrap: paths stay on one line (copy-pastable) whatever the terminal's width.
     out.print(_line(st))
-    out.print(f"workdir {st.workdir}  logs {st.log_folder}")
+    out.print(f"workdir {st.workdir}  logs {st.log_folder}", soft_wrap=True)
     if st.failure is not None:
-        out.print(f"[red]rank {st.failure.rank} failed[/]: {st.failure.error}")
-        out.print(f"log: {st.failure.log}")
+        out.print(f"[red]{escape(st.failure.summary)}[/]", soft_wrap=True)
+        out.print(f"log: {st.failure.log}", soft_wrap=True)
 
 
 def logs(

@@ -178,6 +178,18 @@ def test_launch_mem_reaches_the_script_and_is_validated(cli, plan_file, tmp_path
     assert bad.exit_code == 1 and bad.output.startswith("error: --mem: expected a memory size")
 
 
+def test_out_of_memory_errors_are_recognised():
+    import torch
+
+    from orch.runtime.local import is_out_of_memory
+
+    assert is_out_of_memory(MemoryError())
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9"))
+    assert not is_out_of_memory(RuntimeError("injected failure at step 1"))
+    assert not is_out_of_memory(ValueError("out of memory"))
+
+
 def test_launch_rejects_hostile_partition(cli, plan_file):
     path, _, _ = plan_file
     result = cli("launch", str(path), "--executor", "slurm", "--dry-run", "--partition", "gpu; rm -rf /")
