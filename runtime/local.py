@@ -39,6 +39,7 @@ class _Job:
     timeout_s: float
     start: int = 0  # completed steps of the checkpoint to resume from (0: a fresh run)
     master: str = "127.0.0.1"  # rendezvous host (the Slurm launcher passes the allocation's first node)
+    log_steps: bool = False  # rank 0 prints "orch: step K loss L" per step on stdout (the Slurm job's log)
 
 
 def _failure_dir(workdir: str) -> Path:
@@ -139,6 +140,8 @@ def _run_rank(rank: int, job: _Job) -> None:
                     record["processed"] = {str(r): p[1] for r, p in enumerate(everyone) if p}
                 with open(Path(job.workdir) / "metrics.jsonl", "a") as f:
                     f.write(json.dumps(record) + "\n")
+                if job.log_steps:
+                    print(f"orch: step {m.step} loss {m.loss:.6f}", flush=True)
             every = job.cfg.checkpoint_every
             saved = every > 0 and (k + 1) % every == 0
             if saved:

@@ -252,6 +252,7 @@ class RankTask:
             self.timeout_s,
             start,
             master=env.hostnames[0],
+            log_steps=True,
         )
         _worker(env.global_rank, job)
         step = checkpoint.stopped_at()

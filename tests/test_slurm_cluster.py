@@ -6,9 +6,11 @@ bounded; a job still alive at the end of a test is cancelled.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from orch.planner.plan import Layout
 from orch.runtime.executor import RunConfig
 from orch.runtime.plans import hand_plan
 from orch.runtime.reference import run_reference
-from orch.runtime.slurm import job_status, submit
+from orch.runtime.slurm import job_status, log_path, submit
 from orch.runtime.slurm_sbatch import SlurmOptions
 
 JOB_TIMEOUT_S = 150
@@ -131,6 +133,13 @@ def test_cli_launch_two_nodes_four_ranks(slurm_cluster, state_dir, specs, tmp_pa
     assert all(set(r["ranks"]) == {"0", "1", "2", "3"} for r in records)
     for r, want in zip(records, _reference(specs, 2), strict=True):
         assert r["loss"] == pytest.approx(want, rel=1e-9, abs=0)
+    # --wait's view (not a terminal here: one line per change of state or step): the states it went through,
+    # then the final state with the elapsed time and the last step and loss of metrics.jsonl.
+    views = re.findall(r"^job (\d+)\s+(\w+)\s+elapsed (\S+)\s+step (\S+)\s+loss (\S+)$", result.output, re.M)
+    assert views and {v[0] for v in views} == {job_id}, result.output
+    assert views[-1][1:2] + views[-1][3:] == ("COMPLETED", "1", f"{records[-1]['loss']:.6f}"), result.output
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", views[-1][2]), views[-1]
+    assert all(v[1] in ("PENDING", "RUNNING", "COMPLETED") for v in views) and "RUNNING" in {v[1] for v in views}
     status = cli("status", job_id, "--json")
     assert status.exit_code == 0, status.output
     assert json.loads(status.stdout)["state"] == "COMPLETED"
@@ -225,6 +234,44 @@ def test_failing_rank_is_reported_and_wait_fails(slurm_cluster, state_dir, specs
     assert st.failure.log in str(exc.value)
     status = cli("status", record.stem)
     assert status.exit_code == 0 and "rank 2 failed" in status.output
+
+
+def test_logs_follow_streams_a_running_job_and_returns_when_it_ends(slurm_cluster, state_dir, specs, tmp_path):
+    steps = 12
+    cfg = RunConfig(steps=steps, seed=SEED, dtype="float64")
+    record = submit(_plan(specs, HOMOGENEOUS), specs[1], cfg, SlurmOptions(time="5"), workdir=tmp_path / "run")
+    follow = subprocess.Popen(
+        [*ORCH, "logs", record.job_id, "--rank", "0", "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        for ln in follow.stdout:
+            lines.append((time.monotonic(), ln))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        # Streamed: the first step's line arrives while the job still runs.
+        first = _wait(record.job_id, lambda s: any("orch: step 0 loss" in ln for _, ln in lines), poll_s=0.2)
+        assert not first.done, first
+        done = _wait(record.job_id, lambda s: s.done)
+        assert done.state == "COMPLETED", done
+        t_done = time.monotonic()
+        follow.wait(timeout=30)  # it returns by itself, soon after the job ends
+        reader.join(10)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+    assert follow.returncode == 0, follow.stderr.read()
+    assert time.monotonic() - t_done < 30
+    logged = [int(m.group(1)) for _, ln in lines if (m := re.match(r"orch: step (\d+) loss", ln))]
+    assert logged == list(range(steps))
+    text = "".join(ln for _, ln in lines)
+    assert text == log_path(record, 0).read_text()  # everything, once, in order
 
 
 def _node_processes(node: str, job_id: str) -> set[int]:
