@@ -341,7 +341,13 @@ def test_node_death_is_reported_and_wait_fails(node2_comes_back, state_dir, spec
     """node2 dies mid-run: its slurmd and the job's processes on it are killed at once (a node that loses
     power). slurmctld declares it down when it stops answering (SlurmdTimeout) and ends the job NODE_FAIL
     (orch submits --no-requeue: no requeue to wait for a node). `--wait` exits non-zero naming the node and
-    its ranks; the ranks that survived do not outlive the job."""
+    its ranks; the ranks that survived do not outlive the job.
+
+    Why not `scontrol update nodename=node2 state=down`: Slurm ends the job NODE_FAIL the same way (same
+    code path, at once), but node2's slurmd is alive and kills the tasks itself, so neither a node that stops
+    answering (SlurmdTimeout) nor peers that lose their ranks mid-collective would be exercised. Killing
+    only slurmd is not a dead node either: its slurmstepd and ranks keep running (and training) until
+    slurmctld gives up on the node."""
     node = node2_comes_back
     plan_path = tmp_path / "plan.yaml"
     plan_path.write_text(yaml.safe_dump(_plan(specs, HOMOGENEOUS).model_dump(mode="json")))
