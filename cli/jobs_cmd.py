@@ -38,13 +38,16 @@ def launch_slurm(
         f"{cfg.steps} steps, {cfg.dtype}, time limit {params['time']} min"
     )
     if dry_run:
-        out.print(summary)
+        out.print(summary, soft_wrap=True)
         print_json_text(script)
         out.print("dry run: nothing submitted")
         return
     record = submit(plan, data, cfg, opts, workdir=workdir)
-    out.print(summary)
-    out.print(f"submitted job [bold]{record.job_id}[/]; logs in {record.log_folder}, metrics in {record.workdir}")
+    out.print(summary, soft_wrap=True)
+    out.print(
+        f"submitted job [bold]{record.job_id}[/]; logs in {record.log_folder}, metrics in {record.workdir}",
+        soft_wrap=True,
+    )
     typer.echo(record.job_id)
     if wait:
         final = _watch(record.job_id)
@@ -57,7 +60,7 @@ def _job_failed(status: JobStatus) -> Exception:
 
     if status.failure is not None:
         f = status.failure
-        return OrchError(f"job {status.job_id} {status.state}: rank {f.rank} failed: {f.error} (log: {f.log})")
+        return OrchError(f"job {status.job_id} {status.state}: {f.summary} (log: {f.log})")
     return OrchError(f"job {status.job_id} ended {status.state} (exit {status.exit_code}; logs: {status.log_folder})")
 
 
@@ -68,14 +71,28 @@ def _line(status: JobStatus) -> str:
 
 
 def _watch(job_id: str) -> JobStatus:
-    """A live line (state, elapsed, latest step/loss) until the job reaches a terminal state."""
+    """A live line (state, elapsed, latest step/loss) until the job reaches a terminal state.
+
+    On a terminal the line is redrawn in place; otherwise (a CI log, a pipe) rich would only print the final
+    line, so a line is printed whenever the state or the step changes, and the final one."""
     from rich.live import Live
 
     from orch.cli.output import console
     from orch.runtime.slurm import job_status
 
+    out = console()
     status = job_status(job_id)
-    with Live(_line(status), console=console(), refresh_per_second=2, transient=False) as live:
+    if not out.is_terminal:
+        seen = (status.state, status.step)
+        out.print(_line(status))
+        while not status.done:
+            time.sleep(_POLL_S)
+            status = job_status(job_id)
+            if (status.state, status.step) != seen or status.done:
+                seen = (status.state, status.step)
+                out.print(_line(status))
+        return status
+    with Live(_line(status), console=out, refresh_per_second=2, transient=False) as live:
         while not status.done:
             time.sleep(_POLL_S)
             status = job_status(job_id)
@@ -88,6 +105,8 @@ def status(
     json_out: bool = typer.Option(False, "--json", help="Print the status as JSON on stdout."),
 ) -> None:
     """State, elapsed time, latest step/loss and, for a failed job, the failing rank, its error and log."""
+    from rich.markup import escape
+
     from orch.cli.output import console, print_json
     from orch.runtime.slurm import job_status
 
@@ -96,11 +115,12 @@ def status(
         print_json(st)
         return
     out = console()
+    # soft_wrap: paths stay on one line (copy-pastable) whatever the terminal's width.
     out.print(_line(st))
-    out.print(f"workdir {st.workdir}  logs {st.log_folder}")
+    out.print(f"workdir {st.workdir}  logs {st.log_folder}", soft_wrap=True)
     if st.failure is not None:
-        out.print(f"[red]rank {st.failure.rank} failed[/]: {st.failure.error}")
-        out.print(f"log: {st.failure.log}")
+        out.print(f"[red]{escape(st.failure.summary)}[/]", soft_wrap=True)
+        out.print(f"log: {st.failure.log}", soft_wrap=True)
 
 
 def logs(

@@ -34,6 +34,9 @@ def launch(
     partition: str | None = typer.Option(None, "--partition", help="Slurm partition (--executor slurm)."),
     account: str | None = typer.Option(None, "--account", help="Slurm account (--executor slurm)."),
     qos: str | None = typer.Option(None, "--qos", help="Slurm QOS (--executor slurm)."),
+    mem: str | None = typer.Option(
+        None, "--mem", help="Slurm memory per node, e.g. 64G (--executor slurm; default: the cluster's)."
+    ),
     time_limit: str = typer.Option("4:00:00", "--time", help="Slurm time limit, e.g. 4:00:00 (--executor slurm)."),
     setup: str | None = typer.Option(
         None, "--setup", help="Setup file rendered into the sbatch script (default: templates/slurm/default-setup.sh)."
@@ -91,7 +94,7 @@ def launch(
         from orch.cli.jobs_cmd import launch_slurm
         from orch.runtime.slurm_sbatch import SlurmOptions
 
-        opts = SlurmOptions(partition=partition, account=account, qos=qos, time=time_limit, setup=setup)
+        opts = SlurmOptions(partition=partition, account=account, qos=qos, time=time_limit, setup=setup, mem=mem)
         launch_slurm(plan, data_spec, cfg, opts, workdir=workdir, dry_run=dry_run, wait=wait)
         return
     out = console()

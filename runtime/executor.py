@@ -73,6 +73,9 @@ class RunConfig:
     lr: float = 0.1
     dump_dir: str | None = None  # write rank-local grads (step 0) and final params here (tests)
     fail_at: tuple[int, int] | None = None  # (rank, step) that raises: fault injection for launcher tests
+    # (rank, step, MiB): that rank allocates and touches MiB of memory at that step and holds it (fault injection:
+    # an out-of-memory; `inject_oom`)
+    oom_at: tuple[int, int, int] | None = None
     trace: str | None = None  # write a Chrome trace of the measured phases here (runtime/trace.py)
     checkpoint_every: int = 0  # save a checkpoint every this many steps (0: never; runtime/checkpoint.py)
     resume: bool = True  # continue from the newest complete checkpoint of the workdir, if any
@@ -106,6 +109,35 @@ class StepMetrics:
 
 
 T = TypeVar("T")
+
+
+def inject_oom(mib: int, chunk_mib: int = 64, pause_s: float = 0.02) -> None:
+    """Fault injection: allocate `mib` MiB the way a rank that runs out of memory does; never returns normally.
+
+    A request larger than this machine's memory is one allocation, which the allocator refuses at once (a
+    RuntimeError from torch's CPU allocator, as a CUDA out-of-memory is refused by the caching allocator): the
+    in-rank path. A smaller one is touched chunk by chunk, so that a memory limit enforced from outside (Slurm's
+    --mem) sees the resident size grow and kills the rank. If nothing stopped it, it raises an error that is not
+    an out-of-memory, so a test expecting one fails.
+    """
+    total = mib << 20
+    if total > _physical_memory():
+        big = torch.empty(total, dtype=torch.uint8)  # raises: more than the machine has
+        del big
+        raise RuntimeError(f"fault injection: allocating {mib} MiB succeeded (memory overcommit?)")
+    held = []
+    while total > 0:
+        n = min(chunk_mib << 20, total)
+        held.append(torch.ones(n, dtype=torch.uint8))  # ones: the pages are touched, so they are resident
+        total -= n
+        time.sleep(pause_s)
+    raise RuntimeError(f"fault injection: {mib} MiB allocated and no memory limit stopped this rank")
+
+
+def _physical_memory() -> int:
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class UnsupportedPlan(OrchError):
@@ -260,6 +292,8 @@ class Executor:
         t0 = time.perf_counter()
         if self.cfg.fail_at == (self.rank, k):
             raise RuntimeError(f"injected failure at step {k}")
+        if self.cfg.oom_at is not None and self.cfg.oom_at[:2] == (self.rank, k):
+            inject_oom(self.cfg.oom_at[2])
         phases: dict[str, float] = {}
         spans: list[tuple[str, str, float, float]] = []
         batch = GlobalBatch.build(self.model, self.data, self.cfg.seed, k)

@@ -39,6 +39,7 @@ class _Job:
     timeout_s: float
     start: int = 0  # completed steps of the checkpoint to resume from (0: a fresh run)
     master: str = "127.0.0.1"  # rendezvous host (the Slurm launcher passes the allocation's first node)
+    log_steps: bool = False  # rank 0 prints "orch: step K loss L" per step on stdout (the Slurm job's log)
 
 
 def _failure_dir(workdir: str) -> Path:
@@ -54,14 +55,38 @@ def _worker(rank: int, job: _Job) -> None:
         import time
         import traceback
 
-        record = {"time": time.time(), "rank": rank, "error": _last_line("".join(traceback.format_exception(exc)))}
+        error = _last_line("".join(traceback.format_exception(exc)))
+        kind = "oom" if is_out_of_memory(exc) else "error"
+        if kind == "oom":
+            error = f"out of memory: {error}"
+        record = {"time": time.time(), "rank": rank, "error": error, "kind": kind}
         folder = _failure_dir(job.workdir)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"rank{rank}.json").write_text(json.dumps(record))
         raise
 
 
+# What allocators say when a request cannot be met: torch's CPU allocator raises a plain RuntimeError.
+_OOM_MESSAGES = ("out of memory", "can't allocate memory", "not enough memory", "cannot allocate memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """MemoryError (Python), torch.OutOfMemoryError (CUDA and other device allocators), or an allocator's
+    RuntimeError saying it cannot allocate (torch's CPU allocator)."""
+    import torch
+
+    if isinstance(exc, MemoryError | torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _OOM_MESSAGES)
+
+
 def _first_failure(workdir: Path) -> tuple[int, str] | None:
+    first = first_failure_record(workdir)
+    return None if first is None else (int(first["rank"]), str(first["error"]))
+
+
+def first_failure_record(workdir: Path) -> dict[str, object] | None:
+    """The earliest failure record of the ranks ({time, rank, error, kind}), or None."""
     records = []
     for path in sorted(_failure_dir(str(workdir)).glob("rank*.json")):
         try:
@@ -70,8 +95,8 @@ def _first_failure(workdir: Path) -> tuple[int, str] | None:
             continue
     if not records:
         return None
-    first = min(records, key=lambda r: r["time"])
-    return int(first["rank"]), str(first["error"])
+    first: dict[str, object] = min(records, key=lambda r: r["time"])
+    return first
 
 
 def _run_rank(rank: int, job: _Job) -> None:
@@ -115,6 +140,8 @@ def _run_rank(rank: int, job: _Job) -> None:
                     record["processed"] = {str(r): p[1] for r, p in enumerate(everyone) if p}
                 with open(Path(job.workdir) / "metrics.jsonl", "a") as f:
                     f.write(json.dumps(record) + "\n")
+                if job.log_steps:
+                    print(f"orch: step {m.step} loss {m.loss:.6f}", flush=True)
             every = job.cfg.checkpoint_every
             saved = every > 0 and (k + 1) % every == 0
             if saved:

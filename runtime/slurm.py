@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,12 +50,25 @@ class JobRecord(BaseModel):
     log_folder: str
     world_size: int
     steps: int
+    tasks_per_node: int | None = None  # None in records written before it was kept: world_size / nodes
 
 
 class Failure(BaseModel):
+    """Why a job failed. `kind`: "error" (a rank raised), "oom" (a rank ran out of memory: its allocator
+    refused, or Slurm killed its node's ranks over --mem) or "node_fail" (a node of the allocation died)."""
+
     rank: int
     error: str
     log: str
+    kind: str = "error"
+    node: str | None = None
+    ranks: list[int] = []  # node_fail: the ranks that were on the failed node
+
+    @property
+    def summary(self) -> str:
+        if self.kind == "node_fail":
+            return self.error
+        return f"rank {self.rank} failed: {self.error}"
 
 
 class JobStatus(BaseModel):
@@ -62,6 +76,7 @@ class JobStatus(BaseModel):
     state: str
     elapsed: str = ""
     exit_code: str = ""
+    nodes: str = ""  # the allocation's node list (Slurm's notation)
     workdir: str
     log_folder: str
     step: int | None = None
@@ -80,6 +95,16 @@ def state_dir() -> Path:
 def log_path(record: JobRecord, rank: int, stream: str = "out") -> Path:
     """submitit's per-task log: FOLDER/%j_%t_log.{out,err} (the folder is WORKDIR/slurm/%j)."""
     return Path(record.log_folder) / f"{record.job_id}_{rank}_log.{stream}"
+
+
+def _ranks_dir(workdir: Path) -> Path:
+    return workdir / ".ranks"
+
+
+def _record_node(workdir: Path, job_id: str, rank: int) -> None:
+    """Each task records the node it runs on: the job's real task layout, for `orch status` after a node dies."""
+    node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+    write_text_atomic(_ranks_dir(workdir) / f"rank{rank}.json", json.dumps({"job_id": job_id, "node": node}))
 
 
 def _prepare(workdir: Path, cfg: RunConfig, rank: int) -> int:
@@ -144,6 +169,7 @@ class _StopOnSignal:
             if self._requeued:
                 return
             self._requeued = True
+        _allow_requeue()
         if callable(self.submitit_handler):
             self.submitit_handler(self.signum, None)
 
@@ -157,6 +183,23 @@ class _StopOnSignal:
             self.requeue()
         finally:
             os._exit(1)  # a thread cannot sys.exit the process; the requeued job resumes from `latest`
+
+
+def _allow_requeue() -> None:
+    """orch submits with --no-requeue, so that a node failure ends the job rather than requeueing it to wait for
+    nodes; its own requeue at the warning signal needs the job requeueable (`scontrol requeue` refuses otherwise)."""
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        return
+    try:
+        done = subprocess.run(
+            ["scontrol", "update", f"jobid={job_id}", "Requeue=1"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"orch: cannot make job {job_id} requeueable: {exc}", file=sys.stderr, flush=True)
+        return
+    if done.returncode != 0:
+        print(f"orch: scontrol update Requeue=1: {done.stderr.strip()}", file=sys.stderr, flush=True)
 
 
 class RankTask:
@@ -191,6 +234,7 @@ class RankTask:
             raise OrchError(f"the allocation has {env.num_tasks} tasks, the plan needs {plan.world_size}")
         workdir = Path(self.workdir)
         workdir.mkdir(parents=True, exist_ok=True)
+        _record_node(workdir, str(env.job_id), env.global_rank)
         start = _prepare(workdir, self.cfg, env.global_rank)
         if start >= self.cfg.steps:
             return
@@ -208,6 +252,7 @@ class RankTask:
             self.timeout_s,
             start,
             master=env.hostnames[0],
+            log_steps=True,
         )
         _worker(env.global_rank, job)
         step = checkpoint.stopped_at()
@@ -273,6 +318,7 @@ def submit(
         log_folder=str(job.paths.folder),
         world_size=plan.world_size,
         steps=cfg.steps,
+        tasks_per_node=int(params["ntasks_per_node"]),  # type: ignore[call-overload]
     )
     write_text_atomic(state_dir() / f"{record.job_id}.json", record.model_dump_json(indent=2) + "\n")
     return record
@@ -297,29 +343,53 @@ def _run(cmd: list[str], timeout: float = 20) -> str:
         raise OrchError(f"{cmd[0]} did not answer: {exc}") from None
 
 
-def slurm_state(job_id: str) -> tuple[str, str, str]:
-    """(state, elapsed, exit code) from sacct (the allocation's own line), else squeue, else UNKNOWN."""
-    lines = _run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State,Elapsed,ExitCode"]).strip().splitlines()
+class Accounting(BaseModel):
+    """The allocation's own sacct line (or squeue's, before accounting has it)."""
+
+    state: str = "UNKNOWN"
+    elapsed: str = ""
+    exit_code: str = ""
+    nodes: str = ""
+    start: str = ""
+    end: str = ""
+
+
+def accounting(job_id: str) -> Accounting:
+    """State, elapsed time, exit code, node list, start and end from sacct, else squeue, else UNKNOWN."""
+    fields = ["State", "Elapsed", "ExitCode", "NodeList", "Start", "End"]
+    lines = _run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", ",".join(fields)]).strip().splitlines()
     if lines:
-        state, elapsed, code = [*lines[-1].split("|"), "", "", ""][:3]
-        return state.split()[0] if state else "UNKNOWN", elapsed, code
-    queued = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%M"]).strip().splitlines()
+        state, elapsed, code, nodes, start, end = [*lines[-1].split("|"), *[""] * 6][:6]
+        return Accounting(
+            state=state.split()[0] if state else "UNKNOWN",
+            elapsed=elapsed,
+            exit_code=code,
+            nodes="" if nodes == "None assigned" else nodes,
+            start=start,
+            end=end,
+        )
+    queued = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%M|%N"]).strip().splitlines()
     if queued:
-        state, elapsed = [*queued[0].split("|"), ""][:2]
-        return state, elapsed, ""
-    return "UNKNOWN", "", ""
+        state, elapsed, nodes = [*queued[0].split("|"), "", ""][:3]
+        return Accounting(state=state, elapsed=elapsed, nodes=nodes)
+    return Accounting()
+
+
+def slurm_state(job_id: str) -> tuple[str, str, str]:
+    """(state, elapsed, exit code) of the allocation."""
+    acct = accounting(job_id)
+    return acct.state, acct.elapsed, acct.exit_code
 
 
 def job_status(job_id: str) -> JobStatus:
-    from orch.runtime.local import _first_failure
-
     record = load_record(job_id)
-    state, elapsed, code = slurm_state(job_id)
+    acct = accounting(job_id)
     status = JobStatus(
         job_id=job_id,
-        state=state,
-        elapsed=elapsed,
-        exit_code=code,
+        state=acct.state,
+        elapsed=acct.elapsed,
+        exit_code=acct.exit_code,
+        nodes=acct.nodes,
         workdir=record.workdir,
         log_folder=record.log_folder,
     )
@@ -332,11 +402,178 @@ def job_status(job_id: str) -> JobStatus:
                 status.step, status.loss = int(last["step"]), float(last["loss"])
             except (json.JSONDecodeError, KeyError, ValueError):
                 pass
-    first = _first_failure(Path(record.workdir))
-    if first is not None and state != "COMPLETED":
-        rank, message = first
-        status.failure = Failure(rank=rank, error=message, log=str(log_path(record, rank, "err")))
+    if acct.state != "COMPLETED":
+        status.failure = _failure(record, acct)
     return status
+
+
+def _failure(record: JobRecord, acct: Accounting) -> Failure | None:
+    """The root cause, most specific first: a rank whose allocator refused memory, Slurm's memory limit, a failed
+    node, then the first rank that raised (peers of a dead rank fail after it, with connection errors)."""
+    from orch.runtime.local import first_failure_record
+
+    first = first_failure_record(Path(record.workdir))
+    if first is not None and first.get("kind") == "oom":
+        rank = int(str(first["rank"]))
+        return Failure(rank=rank, error=str(first["error"]), log=str(log_path(record, rank, "err")), kind="oom")
+    if acct.state in TERMINAL:
+        oom = _memory_limit_failure(record, acct)
+        if oom is not None:
+            return oom
+    if acct.state == "NODE_FAIL":
+        return _node_failure(record, acct)
+    if first is not None:
+        rank = int(str(first["rank"]))
+        return Failure(rank=rank, error=str(first["error"]), log=str(log_path(record, rank, "err")))
+    return None
+
+
+# slurmstepd's line when jobacct_gather's OverMemoryKill (or a job-level limit) kills a step, in the task logs.
+_MEM_KILL = re.compile(
+    r"slurmstepd-(\S+): error: (?:StepId=|Step |Job )?\S* ?exceeded (?:job )?memory limit \((\d+) > (\d+)\)"
+)
+
+
+def _memory_limit_failure(record: JobRecord, acct: Accounting) -> Failure | None:
+    """Slurm killed ranks over the job's --mem: the job ends OUT_OF_MEMORY (cgroup enforcement) or, with
+    jobacct_gather's OverMemoryKill (no cgroups), FAILED/CANCELLED with slurmstepd's "exceeded memory limit" in
+    the logs. The limit is per node: the rank named is the one sacct saw largest (MaxRSSTask) on that node."""
+    found, where_logged = None, None
+    for path in sorted(Path(record.log_folder).glob(f"{record.job_id}_*_log.err")):
+        m = _MEM_KILL.search(_tail(path))
+        if m:
+            found, where_logged = m, path
+            break
+    if found is None and acct.state != "OUT_OF_MEMORY":
+        return None
+    node, used, limit = (found.group(1), int(found.group(2)), int(found.group(3))) if found else (None, 0, 0)
+    rank, peak, peak_node = _largest_task(record.job_id)
+    node = node or peak_node
+    if rank is None:
+        layout = _rank_layout(record, _hostnames(acct.nodes))
+        on_node = sorted(r for r, n in layout.items() if n == node)
+        rank = on_node[0] if on_node else 0
+    where = f" on {node}" if node else ""
+    detail = f" ({_mib(used)} > {_mib(limit)} per node)" if found else ""
+    error = f"out of memory: Slurm killed the ranks{where} over the job's memory limit{detail}"
+    if peak:
+        error += f"; rank {rank} had the largest resident size ({_mib(_slurm_bytes(peak))})"
+    if where_logged is not None and where_logged != log_path(record, rank, "err"):
+        error += f"; slurmstepd's message is in {where_logged.name}"
+    return Failure(rank=rank, error=error, log=str(log_path(record, rank, "err")), kind="oom", node=node)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+def _slurm_bytes(size: str) -> int:
+    """sacct's sizes: 1652668K, 1.5G, 512M, 1024 (bytes)."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    try:
+        if size and size[-1].upper() in units:
+            return int(float(size[:-1]) * units[size[-1].upper()])
+        return int(float(size))
+    except ValueError:
+        return 0
+
+
+def _largest_task(job_id: str) -> tuple[int | None, str, str | None]:
+    """(rank, MaxRSS, node) of the ranks' step's largest task, from sacct (jobacct_gather); (None, "", None)."""
+    lines = _run(["sacct", "-j", job_id, "-n", "-P", "-o", "JobID,MaxRSS,MaxRSSNode,MaxRSSTask"]).splitlines()
+    for line in lines:
+        step, rss, node, task = [*line.split("|"), "", "", ""][:4]
+        if step.startswith(f"{job_id}.") and step.split(".", 1)[1].isdigit() and task.isdigit():
+            return int(task), rss, node or None
+    return None, "", None
+
+
+def _node_failure(record: JobRecord, acct: Accounting) -> Failure:
+    """NODE_FAIL: which node died (accounting's node events during the job, else srun's "Node failure on X" in
+    the batch log, else a node of the allocation that is down now) and which ranks were on it."""
+    hosts = _hostnames(acct.nodes)
+    failed = _down_events(hosts, acct.start, acct.end) or _srun_node_failures(record) or _down_now(hosts)
+    layout = _rank_layout(record, hosts)
+    ranks = sorted(r for r, n in layout.items() if n in failed)
+    names = ", ".join(failed) if failed else "of the allocation"
+    on = f"ranks {', '.join(map(str, ranks))} were on it" if ranks else "its ranks are unknown"
+    rank = ranks[0] if ranks else 0
+    log = str(log_path(record, rank, "err"))
+    error = f"node {names} failed ({acct.state}): {on}"
+    return Failure(rank=rank, error=error, log=log, kind="node_fail", node=failed[0] if failed else None, ranks=ranks)
+
+
+def _hostnames(nodelist: str) -> list[str]:
+    if not nodelist:
+        return []
+    return _run(["scontrol", "show", "hostnames", nodelist]).split()
+
+
+def _rank_layout(record: JobRecord, hosts: list[str]) -> dict[int, str]:
+    """rank -> node: what each task recorded at its start, else Slurm's block distribution over `hosts`."""
+    layout: dict[int, str] = {}
+    per_node = record.tasks_per_node or (record.world_size // len(hosts) if hosts else 0)
+    for rank in range(record.world_size):
+        if per_node and rank // per_node < len(hosts):
+            layout[rank] = hosts[rank // per_node]
+    for path in _ranks_dir(Path(record.workdir)).glob("rank*.json"):
+        try:
+            seen = json.loads(path.read_text())
+            rank = int(path.stem[len("rank") :])
+        except (OSError, ValueError):
+            continue
+        if str(seen.get("job_id")) == record.job_id and 0 <= rank < record.world_size:
+            layout[rank] = str(seen["node"])
+    return layout
+
+
+def _down_events(hosts: list[str], start: str, end: str) -> list[str]:
+    """Nodes of `hosts` that accounting saw go down between the job's start and a minute after its end."""
+    from datetime import datetime, timedelta
+
+    if not hosts or not start or start == "Unknown":
+        return []
+    try:
+        t0 = datetime.fromisoformat(start)
+        t1 = datetime.fromisoformat(end) + timedelta(minutes=1) if end and end != "Unknown" else datetime.max
+    except ValueError:
+        return []
+    nodes = ",".join(hosts)
+    out = _run(
+        ["sacctmgr", "-n", "-P", "list", "event", f"nodes={nodes}", f"start={start}", "format=NodeName,TimeStart,State"]
+    )
+    failed = []
+    for line in out.splitlines():
+        node, when, state = [*line.split("|"), "", ""][:3]
+        try:
+            at = datetime.fromisoformat(when)
+        except ValueError:
+            continue
+        if node in hosts and t0 <= at <= t1 and "DOWN" in state.upper() and node not in failed:
+            failed.append(node)
+    return failed
+
+
+def _srun_node_failures(record: JobRecord) -> list[str]:
+    batch = log_path(record, 0, "err")  # the batch script's stderr (submitit's %j_0_log.err)
+    found = re.findall(r"srun: error: Node failure on (\S+)", _tail(batch)) if batch.exists() else []
+    return list(dict.fromkeys(found))
+
+
+def _down_now(hosts: list[str]) -> list[str]:
+    if not hosts:
+        return []
+    out = _run(["sinfo", "-h", "-N", "-n", ",".join(hosts), "-o", "%N|%t"])
+    return [n for n, st in (ln.split("|", 1) for ln in out.splitlines() if "|" in ln) if st.startswith("down")]
+
+
+def _tail(path: Path, limit: int = 1 << 16) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def cancel(job_id: str) -> None:
@@ -354,4 +591,15 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "unknown error"
 
 
-__all__ = ["JobRecord", "JobStatus", "RankTask", "cancel", "job_status", "load_record", "log_path", "submit"]
+__all__ = [
+    "Failure",
+    "JobRecord",
+    "JobStatus",
+    "RankTask",
+    "accounting",
+    "cancel",
+    "job_status",
+    "load_record",
+    "log_path",
+    "submit",
+]

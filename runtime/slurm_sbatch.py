@@ -19,6 +19,8 @@ from orch.planner.plan import Plan
 
 # Slurm partition/account/QOS names: letters, digits and a few separators, nothing a shell or sbatch reads.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+# Slurm memory sizes as sbatch --mem takes them: an integer and an optional unit (K, M, G, T; default M).
+_MEM = re.compile(r"^([1-9][0-9]{0,9})([KMGT]?)$")
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_]+)\s*\}\}")
 # Cap the warning before the time limit at a quarter of it: submitit's default 90 s on a 2-minute job
@@ -36,6 +38,7 @@ class SlurmOptions:
     time: str = "4:00:00"
     job_name: str | None = None  # None: orch-<model name>
     setup: str | None = None  # path of a setup file; None: templates/slurm/default-setup.sh
+    mem: str | None = None  # memory per node (sbatch --mem, e.g. 64G); None: the cluster's default
 
 
 def default_setup_text() -> str:
@@ -46,6 +49,16 @@ def check_name(flag: str, value: str | None) -> str | None:
     if value is not None and not _NAME.match(value):
         raise SpecError(flag, "", f"expected a Slurm name ([A-Za-z0-9_.+-], at most 64), got {value!r}")
     return value
+
+
+def check_mem(value: str | None) -> str | None:
+    """`--mem`: a Slurm memory size per node (`4096`, `1500M`, `64G`); normalised to upper-case units."""
+    if value is None:
+        return None
+    m = _MEM.match(value.strip().upper())
+    if not m:
+        raise SpecError("--mem", "", f"expected a memory size per node such as 4096, 1500M or 64G, got {value!r}")
+    return m.group(1) + m.group(2)
 
 
 def parse_time(value: str) -> int:
@@ -125,7 +138,14 @@ def executor_parameters(plan: Plan, opts: SlurmOptions, workdir: str, setup_text
         "setup": render_setup(setup_text, values),
         # One rank failing ends the step: the peers do not wait in a collective until their timeout.
         "srun_args": ["--kill-on-bad-exit=1"],
+        # A node failure ends the job (NODE_FAIL) instead of requeueing it to wait for nodes that may never
+        # come back; orch's own checkpoint/requeue at the warning signal turns requeue on just before it
+        # requeues (runtime/slurm.py `_StopOnSignal.requeue`).
+        "additional_parameters": {"no_requeue": True},
     }
+    mem = check_mem(opts.mem)
+    if mem is not None:
+        params["mem"] = mem
     for key, value in (("partition", opts.partition), ("account", opts.account), ("qos", opts.qos)):
         if value is not None:
             params[key] = value
@@ -144,4 +164,12 @@ def sbatch_text(params: dict[str, object], folder: str | Path, python: str) -> s
     return _make_sbatch_string(command=submitit_command(python, str(folder)), folder=folder, **params)  # type: ignore[arg-type]
 
 
-__all__ = ["SlurmOptions", "allocation", "executor_parameters", "parse_time", "render_setup", "sbatch_text"]
+__all__ = [
+    "SlurmOptions",
+    "allocation",
+    "check_mem",
+    "executor_parameters",
+    "parse_time",
+    "render_setup",
+    "sbatch_text",
+]

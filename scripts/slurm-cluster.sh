@@ -9,7 +9,9 @@
 # (submitit reads job states from sacct: without accounting a killed job's result() never returns), slurmctld
 # (6817) and one `slurmd -N nodeK` per emulated node (17001..), with fake GPUs as gres (symlinks to /dev/null:
 # slurmd 22.05 drops a File-less gpu gres and leaves the node INVAL). The node names resolve to 127.0.0.1 through
-# /etc/hosts so a task can use JobEnvironment().hostnames[0] as the torch master address.
+# /etc/hosts so a task can use JobEnvironment().hostnames[0] as the torch master address. Memory limits (--mem)
+# are enforced without cgroups (jobacct_gather/linux + OverMemoryKill: a step over its limit is killed and the
+# job ends FAILED with slurmstepd's "exceeded memory limit" in the task logs, not OUT_OF_MEMORY).
 # Facts it respects: /work/shared/slurm/README.md.
 #
 # Settings: ORCH_SLURM_DIR (/tmp/orch-slurm-cluster), ORCH_SLURM_NODES (2), ORCH_SLURM_CPUS (8 per node),
@@ -85,8 +87,13 @@ install_missing() {
 
 # ------------------------------------------------------------------ configs
 slurm_conf() {
-  local gres="" types="" mem ports=17001
+  local gres="" types="" mem per_cpu ports=17001
   mem=$(awk '/^MemTotal:/ {print int($2 / 1024 * 0.8)}' /proc/meminfo)
+  # Each CPU's share of the node, at least 2 GiB (a torch rank must fit under the default limit on a small
+  # machine); the node then declares at least that much (config_overrides: the nodes share one machine anyway).
+  per_cpu=$((mem / CPUS))
+  ((per_cpu >= 2048)) || per_cpu=2048
+  ((mem >= per_cpu * CPUS)) || mem=$((per_cpu * CPUS))
   ((GPUS > 0)) && { types="GresTypes=gpu"; gres="Gres=gpu:$GPUS"; }
   ((NODES > 1)) && ports="[17001-$((17000 + NODES))]"
   cat <<CONF
@@ -115,8 +122,16 @@ SlurmctldLogFile=$LOG_DIR/slurmctld.log
 SlurmdLogFile=$LOG_DIR/slurmd-%n.log
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-JobAcctGatherType=jobacct_gather/none
+# Memory is a consumable resource: only then does slurmctld give slurmstepd the job's --mem to enforce
+# (OverMemoryKill below; tested: with CR_Core nothing is killed). A job without --mem gets its CPUs' share of
+# the node (DefMemPerCPU), so jobs still pack by CPUs as before.
+SelectTypeParameters=CR_Core_Memory
+DefMemPerCPU=$per_cpu
+# Memory limits without cgroups: slurmstepd samples each task's RSS from /proc every second and kills a step
+# whose tasks on a node use more than the job's --mem (the job ends OUT_OF_MEMORY); sacct then has MaxRSS.
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherParams=OverMemoryKill
+JobAcctGatherFrequency=task=1
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStoragePort=6819

@@ -118,3 +118,13 @@ def test_failing_rank_is_reported_and_nothing_hangs(specs, tmp_path):
     with pytest.raises(LaunchError, match="injected failure at step 1") as info:
         run_local(plan, data, cfg, nproc=plan.world_size, workdir=tmp_path, timeout_s=30)
     assert info.value.rank == 2
+
+
+@pytest.mark.slow
+def test_out_of_memory_in_a_rank_is_reported_as_such(specs, tmp_path):
+    """An allocation the allocator refuses (as CUDA's does on OOM) is recorded as the rank's out-of-memory."""
+    model, data = specs
+    plan = hand_plan(model, data, PLANS["disaggregated_enc1_llm_dp3"])
+    cfg = RunConfig(steps=2, seed=SEED, dtype="float64", oom_at=(1, 1, 1 << 30))  # 1 PiB: more than any machine
+    with pytest.raises(LaunchError, match=r"rank 1 failed: out of memory: RuntimeError: .*can't allocate memory"):
+        run_local(plan, data, cfg, nproc=plan.world_size, workdir=tmp_path, timeout_s=30)

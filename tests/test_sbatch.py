@@ -58,6 +58,21 @@ def test_sbatch_fields(plan4):
     srun = next(line for line in lines if line.startswith("srun "))
     assert "--kill-on-bad-exit=1" in srun and srun.endswith(f"python3 -u -m submitit.core._submit {WORKDIR}/slurm/%j")
     assert "export OMP_NUM_THREADS=1" in lines and f"mkdir -p {WORKDIR}" in lines
+    # A node failure ends the job instead of requeueing it (orch re-enables requeue for its own checkpoint).
+    assert "#SBATCH --no-requeue" in lines
+    assert "mem" not in flags  # the cluster's default unless --mem
+
+
+@pytest.mark.parametrize(("value", "flag"), [("1500m", "1500M"), ("64G", "64G"), ("4096", "4096"), (" 2t ", "2T")])
+def test_mem_is_one_sbatch_field(plan4, value, flag):
+    lines = _script(plan4, mem=value).splitlines()
+    assert [line for line in lines if line.startswith("#SBATCH --mem")] == [f"#SBATCH --mem={flag}"]
+
+
+@pytest.mark.parametrize("value", ["", "1.5G", "-1", "0", "1G; rm -rf /", "$(id)", "1G\n#SBATCH --uid=0", "1GB", "G"])
+def test_hostile_or_malformed_mem_is_rejected(plan4, value):
+    with pytest.raises(SpecError, match="--mem: expected a memory size"):
+        _script(plan4, mem=value)
 
 
 def test_allocation_follows_plan_and_cluster(plan4):
@@ -151,6 +166,28 @@ def test_dry_run_prints_the_script_and_submits_nothing(cli, plan_file, tmp_path)
     assert "homogeneous" in result.output or "colocated" in result.output
     assert "nothing submitted" in result.output
     assert not workdir.exists()
+
+
+def test_launch_mem_reaches_the_script_and_is_validated(cli, plan_file, tmp_path):
+    path, _, _ = plan_file
+    args = ["launch", str(path), "--executor", "slurm", "--dry-run", "--workdir", str(tmp_path / "run")]
+    result = cli(*args, "--mem", "3G")
+    assert result.exit_code == 0, result.output
+    assert "#SBATCH --mem=3G" in result.output.splitlines()
+    bad = cli(*args, "--mem", "3G --uid=0")
+    assert bad.exit_code == 1 and bad.output.startswith("error: --mem: expected a memory size")
+
+
+def test_out_of_memory_errors_are_recognised():
+    import torch
+
+    from orch.runtime.local import is_out_of_memory
+
+    assert is_out_of_memory(MemoryError())
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9"))
+    assert not is_out_of_memory(RuntimeError("injected failure at step 1"))
+    assert not is_out_of_memory(ValueError("out of memory"))
 
 
 def test_launch_rejects_hostile_partition(cli, plan_file):

@@ -6,7 +6,11 @@ bounded; a job still alive at the end of a test is cancelled.
 
 import json
 import os
+import re
+import signal
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,11 +23,14 @@ from orch.planner.plan import Layout
 from orch.runtime.executor import RunConfig
 from orch.runtime.plans import hand_plan
 from orch.runtime.reference import run_reference
-from orch.runtime.slurm import job_status, submit
+from orch.runtime.slurm import job_status, log_path, submit
 from orch.runtime.slurm_sbatch import SlurmOptions
 
 JOB_TIMEOUT_S = 150
 SEED = 3
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slurm-cluster.sh"
+# `orch` in a subprocess, from the same checkout as this test (the job's python resolves orch the same way).
+ORCH = [sys.executable, "-c", "from orch.cli.app import main; main()"]
 
 
 def _cluster_answers() -> str | None:
@@ -126,6 +133,13 @@ def test_cli_launch_two_nodes_four_ranks(slurm_cluster, state_dir, specs, tmp_pa
     assert all(set(r["ranks"]) == {"0", "1", "2", "3"} for r in records)
     for r, want in zip(records, _reference(specs, 2), strict=True):
         assert r["loss"] == pytest.approx(want, rel=1e-9, abs=0)
+    # --wait's view (not a terminal here: one line per change of state or step): the states it went through,
+    # then the final state with the elapsed time and the last step and loss of metrics.jsonl.
+    views = re.findall(r"^job (\d+)\s+(\w+)\s+elapsed (\S+)\s+step (\S+)\s+loss (\S+)$", result.output, re.M)
+    assert views and {v[0] for v in views} == {job_id}, result.output
+    assert views[-1][1:2] + views[-1][3:] == ("COMPLETED", "1", f"{records[-1]['loss']:.6f}"), result.output
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", views[-1][2]), views[-1]
+    assert all(v[1] in ("PENDING", "RUNNING", "COMPLETED") for v in views) and "RUNNING" in {v[1] for v in views}
     status = cli("status", job_id, "--json")
     assert status.exit_code == 0, status.output
     assert json.loads(status.stdout)["state"] == "COMPLETED"
@@ -220,6 +234,220 @@ def test_failing_rank_is_reported_and_wait_fails(slurm_cluster, state_dir, specs
     assert st.failure.log in str(exc.value)
     status = cli("status", record.stem)
     assert status.exit_code == 0 and "rank 2 failed" in status.output
+
+
+def test_logs_follow_streams_a_running_job_and_returns_when_it_ends(slurm_cluster, state_dir, specs, tmp_path):
+    steps = 12
+    cfg = RunConfig(steps=steps, seed=SEED, dtype="float64")
+    record = submit(_plan(specs, HOMOGENEOUS), specs[1], cfg, SlurmOptions(time="5"), workdir=tmp_path / "run")
+    follow = subprocess.Popen(
+        [*ORCH, "logs", record.job_id, "--rank", "0", "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        for ln in follow.stdout:
+            lines.append((time.monotonic(), ln))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        # Streamed: the first step's line arrives while the job still runs.
+        first = _wait(record.job_id, lambda s: any("orch: step 0 loss" in ln for _, ln in lines), poll_s=0.2)
+        assert not first.done, first
+        done = _wait(record.job_id, lambda s: s.done)
+        assert done.state == "COMPLETED", done
+        t_done = time.monotonic()
+        follow.wait(timeout=30)  # it returns by itself, soon after the job ends
+        reader.join(10)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+    assert follow.returncode == 0, follow.stderr.read()
+    assert time.monotonic() - t_done < 30
+    logged = [int(m.group(1)) for _, ln in lines if (m := re.match(r"orch: step (\d+) loss", ln))]
+    assert logged == list(range(steps))
+    text = "".join(ln for _, ln in lines)
+    assert text == log_path(record, 0).read_text()  # everything, once, in order
+
+
+def _node_processes(node: str, job_id: str) -> set[int]:
+    """PIDs of the job's tasks on `node` (SLURMD_NODENAME in their environment) and of their slurmstepd."""
+    want = {f"SLURM_JOB_ID={job_id}".encode(), f"SLURMD_NODENAME={node}".encode()}
+    found: set[int] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = set((proc / "environ").read_bytes().split(b"\0"))
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            parent = Path(f"/proc/{ppid}/comm").read_text().strip()
+        except (OSError, ValueError, IndexError):
+            continue
+        if want <= env:
+            found.add(int(proc.name))
+            if parent.startswith("slurmstepd"):
+                found.add(ppid)
+    return found
+
+
+def _job_processes(job_id: str) -> set[int]:
+    tag = f"SLURM_JOB_ID={job_id}".encode()
+    found = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and tag in (proc / "environ").read_bytes().split(b"\0"):
+                found.add(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def _slurm_dir() -> Path:
+    return Path(os.environ.get("ORCH_SLURM_DIR") or "/tmp/orch-slurm-cluster")
+
+
+def _until_alone_on(node: str, job_id: str, timeout_s: float = 60) -> None:
+    """On a shared cluster, give other jobs on `node` a bounded time to end: the node's death would end them too."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        queued = subprocess.run(["squeue", "-h", "-w", node, "-o", "%i"], capture_output=True, text=True)
+        if set(queued.stdout.split()) <= {job_id}:
+            return
+        time.sleep(1)
+
+
+@pytest.fixture
+def node2_comes_back(slurm_cluster):
+    """Whatever the test does to node2, it is back (slurmd restarted, state resumed, idle) afterwards."""
+    if os.geteuid() != 0 or not (_slurm_dir() / "run" / "slurmd-node2.pid").exists():
+        pytest.skip("needs root and the cluster of scripts/slurm-cluster.sh (it kills and restarts node2's slurmd)")
+    yield "node2"
+    subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, timeout=180, check=False)
+    subprocess.run(["scontrol", "update", "nodename=node2", "state=resume"], capture_output=True, check=False)
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        state = subprocess.run(["sinfo", "-h", "-N", "-n", "node2", "-o", "%t"], capture_output=True, text=True)
+        if state.stdout.strip() in ("idle", "mix", "alloc"):
+            return
+        time.sleep(1)
+    raise AssertionError(f"node2 did not come back: {state.stdout.strip()}")
+
+
+def test_node_death_is_reported_and_wait_fails(node2_comes_back, state_dir, specs, tmp_path, cli):
+    """node2 dies mid-run: its slurmd and the job's processes on it are killed at once (a node that loses
+    power). slurmctld declares it down when it stops answering (SlurmdTimeout) and ends the job NODE_FAIL
+    (orch submits --no-requeue: no requeue to wait for a node). `--wait` exits non-zero naming the node and
+    its ranks; the ranks that survived do not outlive the job.
+
+    Why not `scontrol update nodename=node2 state=down`: Slurm ends the job NODE_FAIL the same way (same
+    code path, at once), but node2's slurmd is alive and kills the tasks itself, so neither a node that stops
+    answering (SlurmdTimeout) nor peers that lose their ranks mid-collective would be exercised. Killing
+    only slurmd is not a dead node either: its slurmstepd and ranks keep running (and training) until
+    slurmctld gives up on the node."""
+    node = node2_comes_back
+    plan_path = tmp_path / "plan.yaml"
+    plan_path.write_text(yaml.safe_dump(_plan(specs, HOMOGENEOUS).model_dump(mode="json")))
+    workdir = tmp_path / "run"
+    args = ["launch", str(plan_path), "--executor", "slurm", "--steps", "1000", "--dtype", "float64"]
+    launch = subprocess.Popen(
+        [*ORCH, *args, "--time", "5", "--workdir", str(workdir), "--wait"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    job_id = ""
+    try:
+        end = time.monotonic() + 60
+        while not job_id and time.monotonic() < end:
+            job_id = next((p.stem for p in state_dir.glob("*.json")), "") if state_dir.exists() else ""
+            time.sleep(0.2)
+        assert job_id, "no job record"
+        _wait(job_id, lambda s: s.step is not None and s.step >= 1, poll_s=0.5)
+        _until_alone_on(node, job_id)
+        slurmd = int((_slurm_dir() / "run" / f"slurmd-{node}.pid").read_text())
+        os.kill(slurmd, signal.SIGKILL)
+        victims = _node_processes(node, job_id)
+        assert len(victims) >= 3, victims  # its two ranks and their slurmstepd
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        output, _ = launch.communicate(timeout=JOB_TIMEOUT_S)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+        if job_id:
+            subprocess.run(["scancel", job_id], check=False)
+    assert launch.returncode == 1, output
+    log = f"{workdir.absolute()}/slurm/{job_id}/{job_id}_2_log.err"
+    assert f"job {job_id} NODE_FAIL: node {node} failed (NODE_FAIL): ranks 2, 3 were on it (log: {log})" in output
+    st = json.loads(cli("status", job_id, "--json").stdout)
+    assert st["state"] == "NODE_FAIL"
+    assert st["failure"]["kind"] == "node_fail" and st["failure"]["node"] == node
+    assert st["failure"]["ranks"] == [2, 3] and st["failure"]["log"] == log
+    shown = cli("status", job_id)
+    assert f"node {node} failed (NODE_FAIL): ranks 2, 3 were on it" in shown.output and f"log: {log}" in shown.output
+    # The surviving ranks (node1) end with the job: nothing of it is left running.
+    end = time.monotonic() + 60
+    while _job_processes(job_id) and time.monotonic() < end:
+        time.sleep(1)
+    assert not _job_processes(job_id)
+
+
+def test_rank_over_the_memory_limit_is_reported_out_of_memory(slurm_cluster, state_dir, specs, tmp_path, cli):
+    """Slurm's --mem, enforced without cgroups (jobacct_gather/linux + OverMemoryKill in the test cluster):
+    rank 3 grows past its node's limit at step 1 and is killed (with rank 2, its node's other rank); status names
+    rank 3 (sacct's MaxRSSTask), out of memory, with its log."""
+    from orch.cli.jobs_cmd import launch_slurm
+
+    workdir = tmp_path / "run"
+    # A tiny rank is ~0.4 GB resident: two fit in 1500M; rank 3 then allocates up to 6 GiB at step 1.
+    cfg = RunConfig(steps=3, seed=SEED, dtype="float64", oom_at=(3, 1, 6144))
+    with pytest.raises(OrchError, match=r"rank 3 failed: out of memory: Slurm killed the ranks on node2") as exc:
+        launch_slurm(
+            _plan(specs, HOMOGENEOUS),
+            specs[1],
+            cfg,
+            SlurmOptions(time="5", mem="1500M"),
+            workdir=str(workdir),
+            dry_run=False,
+            wait=True,
+        )
+    (record,) = state_dir.glob("*.json")
+    st = job_status(record.stem)
+    assert st.done and st.state != "COMPLETED" and st.failure is not None
+    assert st.failure.kind == "oom" and st.failure.rank == 3 and st.failure.node == "node2"
+    assert st.failure.log.endswith(f"{record.stem}_3_log.err") and st.failure.log in str(exc.value)
+    assert "exceeded memory limit" in "".join(p.read_text() for p in Path(st.log_folder).glob("*_log.err"))
+    assert _metrics(workdir)[-1]["step"] == 0  # killed during step 1
+    status = cli("status", record.stem)
+    assert "rank 3 failed: out of memory" in status.output and f"log: {st.failure.log}" in status.output
+
+
+def test_allocation_refused_in_a_rank_is_reported_out_of_memory(slurm_cluster, state_dir, specs, tmp_path):
+    """The in-rank path (a CUDA OutOfMemoryError is the same): rank 1's allocator refuses a request larger
+    than the machine; the rank records an out-of-memory failure and status names it, with its log."""
+    from orch.cli.jobs_cmd import launch_slurm
+
+    workdir = tmp_path / "run"
+    cfg = RunConfig(steps=3, seed=SEED, dtype="float64", oom_at=(1, 1, 1 << 30))  # 1 PiB
+    with pytest.raises(OrchError, match=r"rank 1 failed: out of memory: RuntimeError: .*can't allocate memory"):
+        launch_slurm(
+            _plan(specs, HOMOGENEOUS),
+            specs[1],
+            cfg,
+            SlurmOptions(time="5"),
+            workdir=str(workdir),
+            dry_run=False,
+            wait=True,
+        )
+    (record,) = state_dir.glob("*.json")
+    st = job_status(record.stem)
+    assert st.state == "FAILED" and st.failure is not None and st.failure.kind == "oom" and st.failure.rank == 1
+    assert st.failure.log.endswith(f"{record.stem}_1_log.err")
+    assert "can't allocate memory" in Path(st.failure.log).read_text()
 
 
 def test_status_of_unknown_job_is_one_line(state_dir, cli):
