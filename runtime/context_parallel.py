@@ -121,6 +121,14 @@ class CPShard:
         return self.pos[self.cp.rank][i]
 
     @cached_property
+    def _mine_on_device(self) -> list[torch.Tensor]:
+        return [p.to(self.cp.device) for p in self.pos[self.cp.rank]]
+
+    def mine_on_device(self, i: int) -> torch.Tensor:
+        """`mine(i)` on the rank's device, moved once per shard (attention's query positions, every layer)."""
+        return self._mine_on_device[i]
+
+    @cached_property
     def local_lens(self) -> list[int]:
         return [p.numel() for p in self.pos[self.cp.rank]]
 

@@ -60,7 +60,7 @@ class Attention(nn.Module):
         kv_lens, q_pos = seqlens, [None] * len(seqlens)
         if cp is not None:  # CP: my query rows against every sample's whole K/V (runtime/context_parallel.py)
             k_THd, v_THd = cp.gather_kv(k_THd, v_THd)
-            kv_lens, q_pos = cp.lens, [cp.mine(i) for i in range(len(seqlens))]
+            kv_lens, q_pos = cp.lens, [cp.mine_on_device(i) for i in range(len(seqlens))]
         outs = []
         for q, k, v, qp in zip(q_THd.split(seqlens), k_THd.split(kv_lens), v_THd.split(kv_lens), q_pos, strict=True):
             outs.append(attend(q, k, v, group, self.causal, q_offset=0, q_pos=qp))

@@ -124,3 +124,31 @@ def test_launch_bad_device_value(cli, plan_file):
     result = cli("launch", str(path), "--device", "tpu")
     assert result.exit_code == 1
     assert result.output.strip() == "error: --device: expected one of auto, cpu, cuda, got 'tpu'"
+
+
+def test_executor_threads_its_device_through(tmp_path):
+    """One gloo rank in this process: the Executor hands its device to every part that creates tensors."""
+    import torch.distributed as dist
+
+    from orch.planner.loading import load_data, load_model
+    from orch.planner.plan import Layout
+    from orch.runtime.executor import Executor, RunConfig
+    from orch.runtime.plans import hand_plan
+    from orch.runtime.procgroup import free_port, init_rank
+
+    model = load_model("tiny")
+    data = load_data("tiny-mix").model_copy(update={"global_batch": 2, "seq_len": 32})
+    plan = hand_plan(model, data, {"llm": (Layout(), [0])})
+    dev = rank_device("auto", 0, 1)
+    init_rank(0, 1, master="127.0.0.1", port=free_port(), timeout_s=30, backend=dev.backend, device=dev.device)
+    try:
+        ex = Executor(plan, data, RunConfig(device="cpu", balance="orch", calibrate=False), 0, 1, device=dev.device)
+        assert ex.device == dev.device
+        assert ex.stage is not None and ex.stage.device == dev.device
+        assert ex.orch.device == dev.device
+        assert {g.device for g in ex.grids.values()} == {dev.type}
+        assert {p.device for m in ex.modules.values() for p in m.parameters()} == {dev.device}
+        assert ex.step(0).loss > 0
+        ex.finish()
+    finally:
+        dist.destroy_process_group()
