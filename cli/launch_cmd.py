@@ -1,4 +1,6 @@
-"""`orch launch`: run a plan for real (local gloo processes, or Slurm through submitit: cli/jobs_cmd.py).
+"""`orch launch`: run a plan for real (local processes, or Slurm through submitit: cli/jobs_cmd.py).
+
+`--device auto|cpu|cuda` (runtime/device.py): CUDA with NCCL, one GPU per local rank, or the CPU with gloo.
 
 torch and the runtime are imported inside the command so `orch --help` stays fast.
 """
@@ -10,6 +12,7 @@ import typer
 EXECUTORS = ("local", "slurm")
 DTYPES = ("float32", "bfloat16", "float64")
 BALANCE = ("orch", "paper", "lpt", "none")  # post-balancing modes (runtime/orchestrator.py)
+DEVICES = ("auto", "cpu", "cuda")  # runtime/device.py DEVICES (not imported: it imports torch)
 
 
 def launch(
@@ -19,6 +22,11 @@ def launch(
     steps: int = typer.Option(3, "--steps", help="Optimizer steps to run."),
     seed: int = typer.Option(0, "--seed", help="Seed of the initialisation and of the data."),
     dtype: str = typer.Option("float32", "--dtype", help=f"One of {', '.join(DTYPES)}."),
+    device: str = typer.Option(
+        "auto",
+        "--device",
+        help="auto (CUDA + NCCL if there is a GPU per local rank, else CPU + gloo), cpu or cuda.",
+    ),
     workdir: str = typer.Option("orch-run", "--workdir", help="Where metrics.jsonl is written."),
     data: str | None = typer.Option(None, "--data", "-d", help="Data spec file or preset (default: the plan's)."),
     trace: str | None = typer.Option(None, "--trace", help="Write a Chrome trace of the measured phases here."),
@@ -61,6 +69,8 @@ def launch(
         raise SpecError("--dtype", "", f"expected one of {', '.join(DTYPES)}, got '{dtype}'")
     if balance not in BALANCE:
         raise SpecError("--balance", "", f"expected one of {', '.join(BALANCE)}, got '{balance}'")
+    if device not in DEVICES:
+        raise SpecError("--device", "", f"expected one of {', '.join(DEVICES)}, got '{device}'")
     if steps <= 0:
         raise SpecError("--steps", "", f"expected a positive step count, got {steps}")
     if checkpoint_every < 0:
@@ -72,10 +82,16 @@ def launch(
     if world != plan.world_size:
         raise SpecError("--nproc", "", f"the plan needs {plan.world_size} processes, got {world}")
 
+    from orch.runtime.device import DeviceError, device_kind
     from orch.runtime.executor import RunConfig, check_supported
     from orch.runtime.local import run_local
 
     check_supported(plan)
+    if executor == "local":  # Slurm tasks choose on their nodes (the submitting host may have no GPU)
+        try:
+            device = device_kind(device, world)
+        except DeviceError as exc:
+            raise SpecError("--device", "", str(exc)) from None
     cfg = RunConfig(
         model_factory=model_factory,
         steps=steps,
@@ -85,6 +101,7 @@ def launch(
         checkpoint_every=checkpoint_every,
         resume=resume,
         balance=balance,
+        device=device,
     )
     if model_factory is not None:
         from orch.runtime.factory import build_from_factory
@@ -98,7 +115,8 @@ def launch(
         launch_slurm(plan, data_spec, cfg, opts, workdir=workdir, dry_run=dry_run, wait=wait)
         return
     out = console()
-    out.print(f"launching {plan.placement} plan on {world} local processes ({dtype}, seed {seed})")
+    backend = "nccl" if device == "cuda" else "gloo"
+    out.print(f"launching {plan.placement} plan on {world} local processes ({device}/{backend}, {dtype}, seed {seed})")
     records = run_local(plan, data_spec, cfg, nproc=world, workdir=workdir)
     for r in records:
         out.print(f"step {r['step']}: loss {r['loss']:.6f}  tokens {r['tokens']}  step {r['step_time_s']:.3f} s")

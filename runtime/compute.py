@@ -29,7 +29,7 @@ def encode(
     if sum(seqlens) == 0:
         # No tokens of this modality here (text-only samples, or no samples): an empty, shape-correct result.
         width = getattr(encoder, "output_dim", None) or encoder.projector.proj.out_features  # type: ignore[union-attr]
-        return torch.zeros(0, width, dtype=dtype)
+        return torch.zeros(0, width, dtype=dtype, device=_device_of(encoder))
     if cp is not None:
         return encoder(torch.cat(feats), seqlens, cp.shard(seqlens, unit=encoder.projector.downsample))  # type: ignore[union-attr]
     return encoder(torch.cat(feats), seqlens)
@@ -51,8 +51,16 @@ def text_loss(
         labels = torch.cat(mine)
         return F.cross_entropy(logits, labels, reduction="sum") / label_tokens
     logits = llm(prefixes, [s.text for s in samples])
-    labels = torch.cat([s.labels for s in samples]) if samples else torch.zeros(0, dtype=torch.int64)
+    labels = (
+        torch.cat([s.labels for s in samples]) if samples else torch.zeros(0, dtype=torch.int64, device=logits.device)
+    )
     return label_loss(logits, labels, label_tokens)
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    """Where a module computes: its parameters' device (the CPU for a module without parameters)."""
+    p = next(module.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
 
 
 def label_loss(logits: torch.Tensor, labels: torch.Tensor, label_tokens: int) -> torch.Tensor:

@@ -47,6 +47,9 @@ if TYPE_CHECKING:
     from orch.runtime.grid import Grid
 
 
+_CPU = torch.device("cpu")
+
+
 def zigzag_bounds(n: int, cp: int) -> list[int]:
     """Boundaries of 2·cp near-equal chunks of n units (sizes differ by at most one)."""
     return [j * n // (2 * cp) for j in range(2 * cp + 1)]
@@ -69,11 +72,16 @@ def _offsets(lens: list[int]) -> list[int]:
 
 @dataclass(frozen=True)
 class CPGroup:
-    """One rank's CP group of a module: the process group, its size and this rank's index in it."""
+    """One rank's CP group of a module: the process group, its size and this rank's index in it.
+
+    `device`: where the shard's row indices live (the rank's device: they index its activations).
+    Positions (`CPShard.pos`, `units`) stay on the CPU: they only give counts and comparisons.
+    """
 
     group: Any
     size: int
     rank: int
+    device: torch.device = _CPU
 
     def shard(self, lens: list[int], unit: int = 1) -> CPShard:
         """The shard plan of one micro-batch whose samples have `lens` rows (tokens), in units of `unit` rows."""
@@ -90,12 +98,12 @@ class CPGroup:
         return CPShard(self, lens, pos, n_units, units)
 
 
-def cp_group(grid: Grid, rank: int) -> CPGroup | None:
+def cp_group(grid: Grid, rank: int, device: torch.device | str = "cpu") -> CPGroup | None:
     """This rank's CP group of `grid`, None without CP (or outside the grid)."""
     c = grid.coord(rank)
     if grid.cp == 1 or c is None:
         return None
-    return CPGroup(grid.submesh("cp").get_group(), grid.cp, c.cp)
+    return CPGroup(grid.submesh("cp").get_group(), grid.cp, c.cp, torch.device(device))
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,14 @@ class CPShard:
         return self.pos[self.cp.rank][i]
 
     @cached_property
+    def _mine_on_device(self) -> list[torch.Tensor]:
+        return [p.to(self.cp.device) for p in self.pos[self.cp.rank]]
+
+    def mine_on_device(self, i: int) -> torch.Tensor:
+        """`mine(i)` on the rank's device, moved once per shard (attention's query positions, every layer)."""
+        return self._mine_on_device[i]
+
+    @cached_property
     def local_lens(self) -> list[int]:
         return [p.numel() for p in self.pos[self.cp.rank]]
 
@@ -123,7 +139,7 @@ class CPShard:
             ((off + p).unsqueeze(1) * per + step).reshape(-1)
             for off, p in zip(_offsets(self.lens), self.pos[r], strict=True)
         ]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+        return (torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)).to(self.cp.device)
 
     @cached_property
     def _token_index(self) -> list[torch.Tensor]:
@@ -131,7 +147,7 @@ class CPShard:
 
     def _unit_index(self, r: int) -> torch.Tensor:
         parts = [off + u for off, u in zip(_offsets(self.n_units), self.units[r], strict=True)]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+        return (torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)).to(self.cp.device)
 
     def take(self, x: torch.Tensor, per: int = 1) -> torch.Tensor:
         """My rows of a packed, replicated full tensor (`per` rows per token: audio frames)."""
@@ -157,7 +173,7 @@ class CPShard:
         mine = [self.mine(i) for i in range(len(prefixes))]
         prefix_rows = [m[m < n] for m, n in zip(mine, plens, strict=True)]
         if sum(plens) > 0:  # the same on every CP rank: the prefixes are replicated
-            index = torch.cat([off + r for off, r in zip(_offsets(plens), prefix_rows, strict=True)])
+            index = torch.cat([off + r for off, r in zip(_offsets(plens), prefix_rows, strict=True)]).to(self.cp.device)
             local_prefix = _TakeSummed.apply(torch.cat(prefixes), index, self.cp)
         else:
             local_prefix = prefixes[0].new_zeros(0, prefixes[0].shape[1])
@@ -171,7 +187,7 @@ class CPShard:
             strict=True,
         ):
             parts += [pre, emb]
-            text_rows.append(torch.arange(emb.shape[0]) + off + p_rows.numel())
+            text_rows.append(torch.arange(emb.shape[0], device=self.cp.device) + off + p_rows.numel())
             off += p_rows.numel() + emb.shape[0]
         return torch.cat(parts), self.local_lens, torch.cat(text_rows)
 
@@ -184,12 +200,12 @@ class CPShard:
             before = int((m < self.lens[i] - t).sum())
             rows.append(torch.arange(m.numel() - before) + off + before)
             off += m.numel()
-        return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64)
+        return (torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64)).to(self.cp.device)
 
     def text_index(self, i: int, prefix_len: int) -> torch.Tensor:
         """Indices into sample i's text of the text positions this rank computes."""
         m = self.mine(i)
-        return m[m >= prefix_len] - prefix_len
+        return (m[m >= prefix_len] - prefix_len).to(self.cp.device)
 
 
 class _Gather(torch.autograd.Function):

@@ -95,18 +95,20 @@ class GlobalBatch:
             out[e] = AUDIO_STEM_STRIDE if audio else 1
         return out
 
-    def sample(self, sample_id: int, dtype: torch.dtype) -> Sample:
+    def sample(self, sample_id: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> Sample:
+        """Sample `sample_id`'s tensors on `device`: drawn on the CPU from its seed (the same numbers on
+        every device and layout), then moved."""
         gen = torch.Generator().manual_seed(_mix("sample", self.seed, self.step, sample_id))
         feats = {}
         for e in encoder_order(self.model):
             spec = self.model.modules[e]
             frames = self.enc_tokens[sample_id][e] * self._frames_per_token[e]
-            feats[e] = torch.randn(frames, spec.input_dim or 1, generator=gen, dtype=torch.float64).to(dtype)
+            feats[e] = torch.randn(frames, spec.input_dim or 1, generator=gen, dtype=torch.float64).to(device, dtype)
         vocab = self.model.llm.vocab or 1
         n = self.text_tokens[sample_id]
         text = torch.randint(0, vocab, (n,), generator=gen)
         labels = torch.randint(0, vocab, (n,), generator=gen)
-        return Sample(sample_id, feats, text, labels)
+        return Sample(sample_id, feats, text.to(device), labels.to(device))
 
 
 __all__ = ["GlobalBatch", "Sample", "initial_dp_index"]

@@ -31,6 +31,11 @@ the loss over every TP-0 rank.
 Expert parallelism (runtime/expert_parallel.py): the LLM's MoE experts are split over EP groups
 of consecutive DP indices; tokens reach their experts by all_to_all inside each MoE layer, so
 every rank of an EP group runs every micro-batch, empty ones included.
+
+Device (runtime/device.py): `Executor.device` is this rank's device (`cuda:{local_rank}` under
+NCCL, else the CPU under gloo). Parameters move there after initialisation (before TP sharding),
+samples are generated on the CPU from the seed and then moved, and every buffer, leaf and tensor
+handed to a collective is created there. The planner's tables and split sizes stay on the CPU.
 """
 
 from __future__ import annotations
@@ -88,6 +93,8 @@ class RunConfig:
     # 1F1B (benchmarks compare the two); None: the plan's schedule
     schedule: str | None = None
     model_factory: str | None = None  # "package.module:function" building the modules (runtime/factory.py)
+    # "auto" | "cpu" | "cuda": where the ranks compute (runtime/device.py; run_local resolves "auto" before starting)
+    device: str = "auto"
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -167,16 +174,26 @@ def check_supported(plan: Plan) -> None:
 class Executor:
     """One rank's share of a plan: its modules, their grids, boundaries and optimizer."""
 
-    def __init__(self, plan: Plan, data: DataSpec, cfg: RunConfig, rank: int, world: int) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        data: DataSpec,
+        cfg: RunConfig,
+        rank: int,
+        world: int,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        """`device`: this rank's device, matching the process group's backend (runtime/device.py `rank_device`)."""
         check_supported(plan)
         if world != plan.world_size:
             raise ValueError(f"plan needs {plan.world_size} ranks, launched with {world}")
         self.plan, self.data, self.cfg, self.rank, self.world = plan, data, cfg, rank, world
+        self.device = torch.device(device)
         self.model = plan.model
-        self.grids: dict[str, Grid] = build_grids(plan.modules)
+        self.grids: dict[str, Grid] = build_grids(plan.modules, self.device.type)
         build_meshes(self.grids)
         self.served = [n for n in self.model.modules if self.grids[n].coord(rank) is not None]
-        self.cp = {n: cp_group(self.grids[n], rank) for n in self.served}  # None without CP
+        self.cp = {n: cp_group(self.grids[n], rank, self.device) for n in self.served}  # None without CP
         self.modules: dict[str, nn.Module] = (
             build_from_factory(cfg.model_factory, self.model, cfg.seed, cfg.torch_dtype, self.served)
             if cfg.model_factory
@@ -193,11 +210,14 @@ class Executor:
                     raise UnsupportedPlan(f"modules.{self.model.llm_name}: a pipeline needs the LLM's keep_stage")
                 llm.keep_stage(coord.pp, llm_grid.pp)  # after init: every stage's weights come from the full model's
             llm_cp = self.cp[self.model.llm_name]
-            self.stage = PipelineStage(cast(LLM, llm), llm_grid, rank, self.model.llm.hidden, cfg.torch_dtype, llm_cp)
+            self.stage = PipelineStage(
+                cast(LLM, llm), llm_grid, rank, self.model.llm.hidden, cfg.torch_dtype, llm_cp, self.device
+            )
         # EP/EDP groups on every rank (world collective), then only the local experts are kept.
         ep = {n: mp.layout.ep for n, mp in plan.modules.items()}
         self.ep = build_expert_parallel(self.grids, ep, self.modules, rank)
         for name, module in self.modules.items():
+            module.to(self.device)  # initialised on the CPU from the seed (and pruned to the stage/experts), then moved
             apply_tp(module, tp_mesh=self.grids[name].submesh("tp"))
         params = [p for m in self.modules.values() for p in m.parameters()]
         self.optimizer = build_optimizer(params, cfg.optimizer, cfg.lr) if params else None
@@ -206,13 +226,15 @@ class Executor:
             e: Boundary(edges[e], self.grids[e], self.grids[self.model.llm_name]) for e in self.model.encoder_names
         }
         calibrate = cfg.calibrate if cfg.calibrate is not None else Mode(cfg.balance) != Mode.NONE
-        calibration = shared_calibration(self.model, cfg.torch_dtype, rank) if calibrate else None
+        calibration = shared_calibration(self.model, cfg.torch_dtype, rank, self.device) if calibrate else None
         # The graph-aware 1F1B needs the encoders and the LLM on disjoint ranks (each island runs its own order).
         llm_ranks = set(llm_grid.ranks)
         disjoint = all(not set(self.grids[e].ranks) & llm_ranks for e in self.model.encoder_names)
         schedule = cfg.schedule or plan.schedule
         self.graph = schedule == "graph_1f1b" and disjoint and bool(self.model.encoder_names)
-        self.orch = Orchestrator(plan, self.grids, cfg.balance, torch.finfo(cfg.torch_dtype).bits // 8, calibration)
+        self.orch = Orchestrator(
+            plan, self.grids, cfg.balance, torch.finfo(cfg.torch_dtype).bits // 8, calibration, self.device
+        )
 
     def _held(self, name: str, tables: StepTables, *, origin: bool = False) -> list[int]:
         c = self.grids[name].coord(self.rank)
@@ -228,7 +250,7 @@ class Executor:
         """
         serves = name in self.modules
         if self.orch.mode == Mode.NONE:
-            return [batch.sample(i, dtype) for i in self._held(name, tables)] if serves else []
+            return [batch.sample(i, dtype, self.device) for i in self._held(name, tables)] if serves else []
         grid, llm = self.grids[name], name == self.model.llm_name
         if llm:
             rows = batch.text_tokens
@@ -237,7 +259,7 @@ class Executor:
             audio = encoder_modality(name, self.model.modules[name]) == "audio"
             rows = tuple(t[name] * (AUDIO_STEM_STRIDE if audio else 1) for t in batch.enc_tokens)
             width, pack_dtype = self.model.modules[name].input_dim or 1, dtype
-        empty_x = torch.zeros(0, width, dtype=pack_dtype)
+        empty_x = torch.zeros(0, width, dtype=pack_dtype, device=self.device)
         # The LLM's token ids go to its first pipeline stage and its labels to its last: one move per stage.
         stages = sorted({0, grid.pp - 1}) if llm else [0]
         coord = grid.coord(self.rank)
@@ -245,7 +267,7 @@ class Executor:
         for stage in stages:
             x = empty_x
             if coord is not None and coord.pp == stage:
-                here = [batch.sample(i, dtype) for i in self._held(name, tables, origin=True)]
+                here = [batch.sample(i, dtype, self.device) for i in self._held(name, tables, origin=True)]
                 parts = [torch.stack([s.text, s.labels], 1) if llm else s.feats[name] for s in here]
                 x = torch.cat(parts) if parts else x
             route = Route(tables.input_table(name), grid, grid, tuple(rows), src_stage=stage, dst_stage=stage)
@@ -255,7 +277,7 @@ class Executor:
         if not serves or (coord is not None and coord.pp not in stages):
             return []
         ids = self._held(name, tables)
-        empty = torch.zeros(0, dtype=torch.int64)
+        empty = torch.zeros(0, dtype=torch.int64, device=self.device)
         out = []
         for i, part in zip(ids, y.split([rows[i] for i in ids]), strict=True):
             out.append(Sample(i, {}, part[:, 0], part[:, 1]) if llm else Sample(i, {name: part}, empty, empty))
@@ -353,7 +375,8 @@ class Executor:
             if shard is not None:  # this CP rank's text positions only
                 prefix = [n - t for n, t in zip(mb.seqlens, mb.text_lens, strict=True)]
                 labels = [y[shard.text_index(j, p)] for j, (y, p) in enumerate(zip(labels, prefix, strict=True))]
-            return label_loss(logits, torch.cat(labels or [torch.zeros(0, dtype=torch.int64)]), batch.label_tokens)
+            empty = torch.zeros(0, dtype=torch.int64, device=logits.device)
+            return label_loss(logits, torch.cat(labels or [empty]), batch.label_tokens)
 
         run = self.stage.run(micro, first_inputs, loss_of)
         spans += [(llm_name, op, a, b) for op, a, b in run.spans]
@@ -402,7 +425,7 @@ class Executor:
             def encoder_rows(mb: MicroBatch) -> dict[str, list[torch.Tensor]]:
                 out = {}
                 for e in encs:
-                    leaf = torch.zeros(0, width, dtype=dtype, requires_grad=True)
+                    leaf = torch.zeros(0, width, dtype=dtype, device=self.device, requires_grad=True)
                     got = self.boundaries[e].forward(
                         leaf, batch, self.rank, self.world, table[e], only=members[mb.index], p2p=p2p(e, mb.index)
                     )
@@ -412,7 +435,7 @@ class Executor:
             loss_sum = self._run_llm(batch, tables, texts, encoder_rows, spans, processed)
             phases[f"{llm_name}.fwd_bwd"] = time.perf_counter() - t
         else:
-            loss_sum = torch.zeros((), dtype=torch.float64)
+            loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
             served = [e for e in encs if e in self.modules]
             moved: dict[tuple[str, int], torch.Tensor] = {}
             for kind, m in one_f_one_b_order(self.grids[llm_name].pp + 1, count)[0]:
@@ -462,7 +485,7 @@ class Executor:
                 self._count(processed, e, {s.id: s.feats[e].shape[0] // fpt for s in samples})
                 out = torch.cat([encode(self.modules[e], e, c, dtype, self.cp[e]) for c in self._chunks(e, samples)])
             else:
-                out = torch.zeros(0, width, dtype=dtype)
+                out = torch.zeros(0, width, dtype=dtype, device=self.device)
             outs[e] = out
             now = time.perf_counter()
             phases[f"{e}.fwd"] = now - t
@@ -479,7 +502,7 @@ class Executor:
         # Phase 2: the LLM's 1F1B over micro-batches (one stage when pp == 1); boundary activations
         # are leaves on the first stage that collect the gradients.
         leaves = {e: moved[e].detach().requires_grad_() for e in moved}
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         texts = {s.id: s for s in self._inputs(llm_name, batch, tables, dtype)}
         now = time.perf_counter()
         phases[f"{llm_name}.route"] = now - t
@@ -570,7 +593,7 @@ class Executor:
                 # Under EP the first EP group's ranks (dp < ep) hold the experts between them.
                 writer = c.dp < self.ep[name].ep if name in self.ep and is_expert_param(pname) else c.dp == 0
                 if writer and c.tp == 0 and c.cp == 0:
-                    out[f"{name}.{pname}"] = full.detach().clone()
+                    out[f"{name}.{pname}"] = full.detach().cpu().clone()  # readable on any machine
         assert self.cfg.dump_dir is not None
         torch.save(out, Path(self.cfg.dump_dir) / f"{what}.rank{self.rank}.pt")
 

@@ -107,7 +107,7 @@ class ExpertParallel:
         in_splits, out_splits = send_SL.sum(1).tolist(), recv_SL.sum(1).tolist()
         recv_ND = AllToAll.apply(x_ND, out_splits, in_splits, self.group)
         # Received rows are grouped by source, then by local expert: regroup them by local expert.
-        seg_S_L = torch.arange(self.ep * per).view(self.ep, per)
+        seg_S_L = torch.arange(self.ep * per, device=recv_SL.device).view(self.ep, per)
         expert_major = (seg_S_L % per) * self.ep + seg_S_L // per  # segment (s, l) -> position l * ep + s
         key_N = torch.repeat_interleave(expert_major.reshape(-1), recv_SL.reshape(-1))
         perm_N = torch.argsort(key_N, stable=True)

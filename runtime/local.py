@@ -1,4 +1,7 @@
-"""The local executor: N gloo processes on this machine run a plan (`orch launch --executor local`).
+"""The local executor: N processes on this machine run a plan (`orch launch --executor local`).
+
+Each rank runs on `cuda:{rank}` with NCCL when the machine has a GPU per rank (or `--device cuda`),
+else on the CPU with gloo (runtime/device.py); the choice is made once, before the processes start.
 
 A rank that raises terminates the others (torch.multiprocessing's ProcessContext) and the
 launcher raises LaunchError naming the rank and its error; process groups get a timeout so
@@ -10,13 +13,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orch.planner.errors import OrchError
 from orch.planner.io import write_text_atomic
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
+from orch.runtime.device import device_kind, rank_device
 from orch.runtime.executor import RunConfig
 from orch.runtime.procgroup import free_port, init_rank
 
@@ -40,6 +44,8 @@ class _Job:
     start: int = 0  # completed steps of the checkpoint to resume from (0: a fresh run)
     master: str = "127.0.0.1"  # rendezvous host (the Slurm launcher passes the allocation's first node)
     log_steps: bool = False  # rank 0 prints "orch: step K loss L" per step on stdout (the Slurm job's log)
+    local_rank: int | None = None  # this rank's index on its node (None: the global rank, one machine)
+    local_ranks: int | None = None  # ranks on its node (None: the world)
 
 
 def _failure_dir(workdir: str) -> Path:
@@ -108,12 +114,22 @@ def _run_rank(rank: int, job: _Job) -> None:
     from orch.runtime.executor import Executor
     from orch.runtime.trace import RankTrace, write_trace
 
-    init_rank(rank, job.world, master=job.master, port=job.port, timeout_s=job.timeout_s)
+    local_rank = rank if job.local_rank is None else job.local_rank
+    dev = rank_device(job.cfg.device, local_rank, job.world if job.local_ranks is None else job.local_ranks)
+    init_rank(
+        rank,
+        job.world,
+        master=job.master,
+        port=job.port,
+        timeout_s=job.timeout_s,
+        backend=dev.backend,
+        device=dev.device,
+    )
     try:
         plan = Plan.model_validate_json(job.plan_json)
         data = DataSpec.model_validate_json(job.data_json)
         t = time.perf_counter()
-        ex = Executor(plan, data, job.cfg, rank, job.world)
+        ex = Executor(plan, data, job.cfg, rank, job.world, device=dev.device)
         if job.start > 0:
             checkpoint.load(job.workdir, job.start, ex.modules, ex.optimizer)
         setup_s = time.perf_counter() - t
@@ -170,6 +186,8 @@ def run_local(
 ) -> list[dict[str, object]]:
     """Run `plan` up to step `cfg.steps` on `nproc` local processes; return the metrics records.
 
+    `cfg.device` is resolved here (DeviceError before any process starts if it cannot be had).
+
     With `cfg.resume` and a complete checkpoint in `workdir`, the run continues after it and
     appends to metrics.jsonl (dropping lines of steps past the checkpoint); otherwise it starts
     at step 0 with a fresh metrics file.
@@ -180,6 +198,7 @@ def run_local(
 
     if nproc != plan.world_size:
         raise OrchError(f"--nproc {nproc}: the plan needs {plan.world_size} ranks")
+    cfg = replace(cfg, device=device_kind(cfg.device, nproc))  # every rank the same device kind ("auto" resolved)
     out = Path(workdir)
     out.mkdir(parents=True, exist_ok=True)
     metrics = out / "metrics.jsonl"

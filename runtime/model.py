@@ -60,7 +60,7 @@ class Attention(nn.Module):
         kv_lens, q_pos = seqlens, [None] * len(seqlens)
         if cp is not None:  # CP: my query rows against every sample's whole K/V (runtime/context_parallel.py)
             k_THd, v_THd = cp.gather_kv(k_THd, v_THd)
-            kv_lens, q_pos = cp.lens, [cp.mine(i) for i in range(len(seqlens))]
+            kv_lens, q_pos = cp.lens, [cp.mine_on_device(i) for i in range(len(seqlens))]
         outs = []
         for q, k, v, qp in zip(q_THd.split(seqlens), k_THd.split(kv_lens), v_THd.split(kv_lens), q_pos, strict=True):
             outs.append(attend(q, k, v, group, self.causal, q_offset=0, q_pos=qp))
@@ -83,8 +83,10 @@ def attend(
         v_KHd = v_KHd.repeat_interleave(group, dim=1)
     scores_HQK = torch.einsum("qhd,khd->hqk", q_QHd, k_KHd) / math.sqrt(q_QHd.shape[-1])
     if causal:
-        qpos = (q_pos if q_pos is not None else torch.arange(q_QHd.shape[0]) + q_offset).unsqueeze(1)
-        kpos = torch.arange(k_KHd.shape[0]).unsqueeze(0)
+        dev = q_QHd.device  # positions on the activations' device (CP positions arrive on the CPU)
+        qpos = q_pos.to(dev) if q_pos is not None else torch.arange(q_QHd.shape[0], device=dev) + q_offset
+        qpos = qpos.unsqueeze(1)
+        kpos = torch.arange(k_KHd.shape[0], device=dev).unsqueeze(0)
         scores_HQK = scores_HQK.masked_fill(kpos > qpos, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores_HQK.softmax(-1), v_KHd)
 
@@ -175,7 +177,7 @@ class MoE(nn.Module):
 
 def inverse_permutation(perm: torch.Tensor) -> torch.Tensor:
     inv = torch.empty_like(perm)
-    inv[perm] = torch.arange(perm.numel(), dtype=perm.dtype)
+    inv[perm] = torch.arange(perm.numel(), dtype=perm.dtype, device=perm.device)
     return inv
 
 
@@ -297,7 +299,8 @@ class LLM(nn.Module):
             parts += [prefix, self.embed(text)]
             seqlens.append(prefix.shape[0] + text.shape[0])
         # No samples (an empty micro-batch that EP ranks still run): zero rows that keep a graph.
-        return (torch.cat(parts) if parts else self.embed(torch.zeros(0, dtype=torch.int64))), seqlens
+        empty = torch.zeros(0, dtype=torch.int64, device=self.embed.weight.device)
+        return (torch.cat(parts) if parts else self.embed(empty)), seqlens
 
     def run_blocks(self, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
         """`seqlens`: rows per sample as packed in x_TD (this CP rank's counts under CP)."""
@@ -312,9 +315,13 @@ class LLM(nn.Module):
         assert self.norm is not None and self.head is not None, "text_logits runs on the last pipeline stage"
         if cp is not None:
             return self.head(self.norm(x_TD[cp.text_rows(text_lens)]))
+        dev = x_TD.device
         text_rows = torch.cat(
-            [torch.arange(s - t, s) + off for s, t, off in zip(seqlens, text_lens, _offsets(seqlens), strict=True)]
-            or [torch.zeros(0, dtype=torch.int64)]
+            [
+                torch.arange(s - t, s, device=dev) + off
+                for s, t, off in zip(seqlens, text_lens, _offsets(seqlens), strict=True)
+            ]
+            or [torch.zeros(0, dtype=torch.int64, device=dev)]
         )
         return self.head(self.norm(x_TD[text_rows]))
 

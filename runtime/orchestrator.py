@@ -83,43 +83,64 @@ CALIBRATION_SHAPES = ((1, 2), (16, 2), (1, 64), (4, 64), (1, 256), (8, 16))
 CALIBRATION_REPEATS = 3  # the minimum of these (after one warm-up) is kept: this machine is shared
 
 
-def _time_module(model: ModelSpec, name: str, module: torch.nn.Module, k: int, n: int, dtype: torch.dtype) -> float:
-    """Seconds of one forward+backward of `module` on k samples of n tokens, as the executor runs it."""
+def _sync(device: torch.device) -> None:
+    """Wait for the device's queued kernels (CUDA runs asynchronously; the CPU needs nothing)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_module(
+    model: ModelSpec,
+    name: str,
+    module: torch.nn.Module,
+    k: int,
+    n: int,
+    dtype: torch.dtype,
+    device: torch.device = torch.device("cpu"),
+) -> float:
+    """Seconds of one forward+backward of `module` on k samples of n tokens, as the executor runs it on `device`."""
     from orch.runtime.compute import encode, text_loss
     from orch.runtime.data import Sample
 
     spec = model.modules[name]
-    gen = torch.Generator().manual_seed(k * 100_003 + n)
+    gen = torch.Generator().manual_seed(k * 100_003 + n)  # inputs drawn on the CPU, then moved
     if name == model.llm_name:
         vocab = spec.vocab or 1
-        samples = [Sample(i, {}, *torch.randint(0, vocab, (2, n), generator=gen)) for i in range(k)]
-        prefixes = [torch.zeros(0, spec.hidden, dtype=dtype) for _ in range(k)]
+        samples = [Sample(i, {}, *torch.randint(0, vocab, (2, n), generator=gen).to(device)) for i in range(k)]
+        prefixes = [torch.zeros(0, spec.hidden, dtype=dtype, device=device) for _ in range(k)]
+        _sync(device)
         t = time.perf_counter()
         text_loss(module, prefixes, samples, k * n).backward()
+        _sync(device)
         return time.perf_counter() - t
     frames = AUDIO_STEM_STRIDE if encoder_modality(name, spec) == "audio" else 1
-    empty = torch.zeros(0, dtype=torch.int64)
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
     samples = [
-        Sample(i, {name: torch.randn(n * frames, spec.input_dim or 1, generator=gen, dtype=dtype)}, empty, empty)
+        Sample(
+            i, {name: torch.randn(n * frames, spec.input_dim or 1, generator=gen, dtype=dtype).to(device)}, empty, empty
+        )
         for i in range(k)
     ]
+    _sync(device)
     t = time.perf_counter()
     encode(module, name, samples, dtype).sum().backward()
+    _sync(device)
     return time.perf_counter() - t
 
 
 @lru_cache(maxsize=16)
-def _calibrate(model_json: str, name: str, dtype_name: str) -> tuple[float, float]:
+def _calibrate(model_json: str, name: str, dtype_name: str, device_name: str = "cpu") -> tuple[float, float]:
     from orch.runtime.model import build_module
 
     model = ModelSpec.model_validate_json(model_json)
     dtype = getattr(torch, dtype_name)
-    module = build_module(name, model).to(dtype)
+    device = torch.device(device_name)
+    module = build_module(name, model).to(device, dtype)
     a, b = cost_coefficients(model.modules[name], causal=name == model.llm_name)
     rows, times = [], []
     for k, n in CALIBRATION_SHAPES:
-        _time_module(model, name, module, k, n, dtype)  # warm-up: first-touch allocations
-        times.append(min(_time_module(model, name, module, k, n, dtype) for _ in range(CALIBRATION_REPEATS)))
+        _time_module(model, name, module, k, n, dtype, device)  # warm-up: first-touch allocations
+        times.append(min(_time_module(model, name, module, k, n, dtype, device) for _ in range(CALIBRATION_REPEATS)))
         rows.append([1.0, k, k * a * n, k * b * n * n])
     x, y = np.array(rows), np.array(times)
     scale = x.max(axis=0)
@@ -129,20 +150,27 @@ def _calibrate(model_json: str, name: str, dtype_name: str) -> tuple[float, floa
     return max(float(c0), 0.0) / float(r1), max(float(r2), 0.0) / float(r1)
 
 
-def calibrate_module(model: ModelSpec, name: str, dtype: torch.dtype) -> tuple[float, float]:
-    """(c0 / r1, r2 / r1) of one module on this machine (module docstring): the per-sample cost in
-    FLOPs of linear work, and attention's per-pair rate relative to the matmuls'. Cached per process."""
-    return _calibrate(model.model_dump_json(), name, str(dtype).removeprefix("torch."))
+def calibrate_module(
+    model: ModelSpec, name: str, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> tuple[float, float]:
+    """(c0 / r1, r2 / r1) of one module on this machine's `device` (module docstring): the per-sample cost
+    in FLOPs of linear work, and attention's per-pair rate relative to the matmuls'. Cached per process."""
+    return _calibrate(model.model_dump_json(), name, str(dtype).removeprefix("torch."), str(torch.device(device)))
 
 
-def shared_calibration(model: ModelSpec, dtype: torch.dtype, rank: int) -> dict[str, tuple[float, float]]:
-    """Rank 0 calibrates every module and broadcasts the numbers, so every rank's dispatcher agrees."""
+def shared_calibration(
+    model: ModelSpec, dtype: torch.dtype, rank: int, device: torch.device | str = "cpu"
+) -> dict[str, tuple[float, float]]:
+    """Rank 0 calibrates every module on its `device` and broadcasts the numbers (from that device: NCCL
+    takes CUDA tensors only), so every rank's dispatcher agrees."""
     names = [*encoder_order(model), model.llm_name]
     values = torch.zeros(len(names), 2, dtype=torch.float64)
     if rank == 0:
         for j, m in enumerate(names):
-            values[j] = torch.tensor(calibrate_module(model, m, dtype), dtype=torch.float64)
+            values[j] = torch.tensor(calibrate_module(model, m, dtype, device), dtype=torch.float64)
+    values = values.to(device)
     dist.broadcast(values, src=0)
+    values = values.cpu()
     return {m: (float(values[j, 0]), float(values[j, 1])) for j, m in enumerate(names)}
 
 
@@ -219,9 +247,12 @@ class Orchestrator:
         mode: str | Mode,
         elem_bytes: int,
         calibration: dict[str, tuple[float, float]] | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
-        """`calibration`: per module (c0 / r1, r2 / r1) from `shared_calibration`; None: the FLOP model."""
+        """`calibration`: per module (c0 / r1, r2 / r1) from `shared_calibration`; None: the FLOP model.
+        `device`: the rank's device, where the lengths all_gather's buffers live (NCCL: CUDA only)."""
         self.plan, self.grids, self.mode = plan, grids, Mode(mode)
+        self.device = torch.device(device)
         self.model = plan.model
         self.modules = [*encoder_order(self.model), self.model.llm_name]
         self.elem_bytes = elem_bytes
@@ -246,10 +277,11 @@ class Orchestrator:
         mine = torch.full((per, len(self.modules)), -1, dtype=torch.int64)
         for k, i in enumerate(range(rank, n, world)):
             mine[k] = torch.tensor([cols[m][i] for m in self.modules])
+        mine = mine.to(self.device)
         gathered = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(gathered, mine)
         out: dict[str, list[int]] = {m: [0] * n for m in self.modules}
-        for r, rows in enumerate(gathered):
+        for r, rows in enumerate(g.cpu() for g in gathered):  # back on the CPU once: the dispatcher reads ints
             for k, i in enumerate(range(r, n, world)):
                 for j, m in enumerate(self.modules):
                     out[m][i] = int(rows[k, j])

@@ -61,11 +61,20 @@ class PipelineStage:
     """This rank's stage of the LLM's pipeline (a single stage when pp == 1)."""
 
     def __init__(
-        self, llm: LLM, grid: Grid, rank: int, width: int, dtype: torch.dtype, cp: CPGroup | None = None
+        self,
+        llm: LLM,
+        grid: Grid,
+        rank: int,
+        width: int,
+        dtype: torch.dtype,
+        cp: CPGroup | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
+        """`device`: where receive buffers and the loss sum live (the rank's device, runtime/device.py)."""
         c = grid.coord(rank)
         assert c is not None, f"rank {rank} does not serve {grid.name}"
         self.llm, self.width, self.dtype, self.cp = llm, width, dtype, cp
+        self.device = torch.device(device)
         self.stage, self.stages = c.pp, grid.pp
         self.prev = grid.rank_at(c.pp - 1, c.dp, c.cp, c.tp) if c.pp > 0 else None
         self.next = grid.rank_at(c.pp + 1, c.dp, c.cp, c.tp) if c.pp < grid.pp - 1 else None
@@ -80,7 +89,7 @@ class PipelineStage:
 
     def run(self, micro: list[MicroBatch], first_inputs: FirstInputs, loss_of: LossOf) -> StageRun:
         """Forward and backward of every micro-batch in 1F1B order; gradients accumulate in .grad."""
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         spans: list[tuple[str, float, float]] = []
         saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}  # m -> (received input, output or loss)
         sends: list[Any] = []
@@ -109,7 +118,7 @@ class PipelineStage:
             x_TD, got = self.llm.embed_inputs(*first_inputs(mb), shard)
             assert got == seqlens, f"micro-batch {mb.index}: lengths {got} != {seqlens}"
         else:
-            received = torch.zeros(rows, self.width, dtype=self.dtype)
+            received = torch.zeros(rows, self.width, dtype=self.dtype, device=self.device)
             if rows:  # an empty micro-batch (EP pads them) is known empty on both sides: nothing to send
                 dist.recv(received, src=self.prev, tag=2 * mb.index)
             x_TD = received.requires_grad_()

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import socket
 from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def free_port() -> int:
@@ -13,19 +17,32 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_rank(rank: int, world: int, *, master: str, port: int, timeout_s: float) -> None:
-    """Join the world group (gloo) with a timeout, so a rank blocked on a dead peer cannot hang forever.
+def init_rank(
+    rank: int,
+    world: int,
+    *,
+    master: str,
+    port: int,
+    timeout_s: float,
+    backend: str = "gloo",
+    device: torch.device | None = None,
+) -> None:
+    """Join the world group with a timeout, so a rank blocked on a dead peer cannot hang forever.
 
-    One thread per rank: ranks share this machine's cores, as they do in `orch launch`.
+    `backend`: "gloo" (CPU tensors) or "nccl" (CUDA tensors; `device` is then this rank's GPU,
+    already the current device: runtime/device.py `rank_device` gives both). One thread per
+    rank: ranks share this machine's cores, as they do in `orch launch`.
     """
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo",
+        backend,
         init_method=f"tcp://{master}:{port}",
         rank=rank,
         world_size=world,
         timeout=timedelta(seconds=timeout_s),
+        # NCCL: bound to this rank's GPU now (barriers and new_group then need no guess of the device).
+        device_id=device if backend == "nccl" else None,
     )

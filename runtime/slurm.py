@@ -253,6 +253,10 @@ class RankTask:
             start,
             master=env.hostnames[0],
             log_steps=True,
+            # Device and backend (runtime/device.py) are chosen in the task, on its node: cuda:{local_rank}
+            # with NCCL when the node has a GPU per task (one task per GPU, runtime/slurm_sbatch.py), else gloo.
+            local_rank=env.local_rank,
+            local_ranks=env.num_tasks // max(1, env.num_nodes),
         )
         _worker(env.global_rank, job)
         step = checkpoint.stopped_at()
