@@ -357,9 +357,11 @@ class Executor:
         encoder_rows: Callable[[MicroBatch], dict[str, list[torch.Tensor]]],
         spans: list[tuple[str, str, float, float]],
         processed: dict[str, dict[int, int]],
+        after_backward: Callable[[MicroBatch], None] | None = None,
     ) -> torch.Tensor:
         """This rank's LLM stage over its micro-batches (1F1B); `encoder_rows` gives the first stage each
-        micro-batch's encoder rows per sample. Returns the summed loss (last stage; zero elsewhere)."""
+        micro-batch's encoder rows per sample, `after_backward` runs after each B (PipelineStage.run).
+        Returns the summed loss (last stage; zero elsewhere)."""
         assert self.stage is not None
         llm_name = self.model.llm_name
         micro = self._micro_batches(llm_name, self._held(llm_name, tables), batch)
@@ -378,7 +380,7 @@ class Executor:
             empty = torch.zeros(0, dtype=torch.int64, device=logits.device)
             return label_loss(logits, torch.cat(labels or [empty]), batch.label_tokens)
 
-        run = self.stage.run(micro, first_inputs, loss_of)
+        run = self.stage.run(micro, first_inputs, loss_of, after_backward)
         spans += [(llm_name, op, a, b) for op, a, b in run.spans]
         return run.loss_sum
 
@@ -421,6 +423,9 @@ class Executor:
 
         t = time.perf_counter()
         if self.stage is not None:
+            # The moved rows enter the LLM as leaves; after B(m) their gradients go back edge by edge in
+            # reversed encoder order, the order the encoder islands receive them (NCCL has no tags).
+            arrived: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
             def encoder_rows(mb: MicroBatch) -> dict[str, list[torch.Tensor]]:
                 out = {}
@@ -429,10 +434,18 @@ class Executor:
                     got = self.boundaries[e].forward(
                         leaf, batch, self.rank, self.world, table[e], only=members[mb.index], p2p=p2p(e, mb.index)
                     )
-                    out[e] = list(got.split([batch.projected(e, i) for i in mb.ids]))
+                    rows = got.detach().requires_grad_()
+                    arrived[(e, mb.index)] = (got, rows)
+                    out[e] = list(rows.split([batch.projected(e, i) for i in mb.ids]))
                 return out
 
-            loss_sum = self._run_llm(batch, tables, texts, encoder_rows, spans, processed)
+            def send_back(mb: MicroBatch) -> None:
+                for e in reversed(encs):
+                    got, rows = arrived.pop((e, mb.index), (None, None))
+                    if got is not None and rows is not None:
+                        torch.autograd.backward(got, rows.grad if rows.grad is not None else torch.zeros_like(rows))
+
+            loss_sum = self._run_llm(batch, tables, texts, encoder_rows, spans, processed, send_back)
             phases[f"{llm_name}.fwd_bwd"] = time.perf_counter() - t
         else:
             loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
