@@ -44,3 +44,35 @@ def test_latest_ignores_tmp_and_unnamed_directories(tmp_path):
     (root / "step_00000002").mkdir()
     (root / "step_00000006").mkdir()  # newer but not named in `latest`
     assert latest_step(tmp_path) == 2
+
+
+@pytest.mark.slow
+def test_resume_with_pipeline_experts_and_context_parallel_shards(tmp_path):
+    """PP stages, local experts and CP-sharded encoders save and load their own shards (AdamW state too)."""
+    from orch.planner.loading import load_data, load_model
+    from orch.planner.plan import Layout
+    from orch.runtime.executor import RunConfig
+    from orch.runtime.local import run_local
+    from orch.runtime.plans import hand_plan
+
+    model = load_model("tiny-moe")
+    data = load_data("tiny-mix").model_copy(update={"global_batch": 8, "seq_len": 96})
+    layouts = {
+        "llm": (Layout(pp=2, dp=2, ep=2), [0, 1, 2, 3]),
+        "vision": (Layout(cp=2, dp=2), [0, 1, 2, 3]),
+        "audio": (Layout(dp=4), [0, 1, 2, 3]),
+    }
+    plan = hand_plan(model, data, layouts)
+
+    def run(workdir, steps, **kw):
+        cfg = RunConfig(steps=steps, seed=4, dtype="float64", optimizer="adamw", lr=0.01, **kw)
+        return run_local(plan, data, cfg, nproc=4, workdir=workdir)
+
+    want = [r["loss"] for r in run(tmp_path / "full", 4)]
+    first = run(tmp_path / "part", 2, checkpoint_every=2)
+    assert latest_step(tmp_path / "part") == 2
+    resumed = run(tmp_path / "part", 4)
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3]
+    assert resumed[:2] == first  # steps 0-1 are the first run's records: the second run started at step 2
+    for g, w in zip([r["loss"] for r in resumed], want, strict=True):
+        assert g == pytest.approx(w, rel=1e-12, abs=0)
