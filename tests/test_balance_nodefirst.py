@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orch.planner.balance.batch import PhaseSpec
-from orch.planner.balance.cost import build_phase_arrays, lower_bound, rank_costs, rank_tokens
+from orch.planner.balance.cost import build_phase_arrays, lower_bound, moved_bytes, rank_costs, rank_tokens
 from orch.planner.balance.greedy import lpt
 from orch.planner.balance.padded import (
     _jumps,
@@ -16,10 +16,11 @@ from orch.planner.balance.padded import (
     near_optimal_cap,
     node_runs,
     optimal_cap,
+    padded_runs,
     run_capacity,
     step_limits,
 )
-from orch.planner.balance.topology import SLACK, orch_padded, orch_unpadded
+from orch.planner.balance.topology import SLACK, orch_padded, orch_unpadded, refill_padded
 
 PADDED = PhaseSpec(linear=1.0, quadratic=1 / 8192, padded=True)
 QUAD = PhaseSpec(linear=1.0, quadratic=1 / 4096)
@@ -170,3 +171,38 @@ def test_lpt_with_equal_cost_blocks_is_the_heap_lpt(repeated, scattered, num_ran
     rng = np.random.default_rng(len(repeated))
     costs = costs[rng.permutation(costs.size)]
     assert lpt(costs, num_ranks).tolist() == _heap_lpt(costs, num_ranks).tolist()
+
+
+def _runs_on_ranks(ph):
+    """The exact padded runs, run k on rank k (`--mode lpt`), and their cap: a feasible start for refill."""
+    o = desc_order(ph.lengths)
+    cap = optimal_cap(ph.costs[o], ph.lengths[o], ph.num_ranks, ph.spec.max_tokens)
+    return padded_runs(ph.costs, ph.lengths, ph.num_ranks, ph.spec.max_tokens, cap), cap
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from([PADDED, PADDED_C]).flatmap(lambda spec: phases(spec, max_tokens=True)))
+def test_refill_keeps_the_cap_and_never_moves_more_bytes_across_nodes(ph):
+    dest, cap = _runs_on_ranks(ph)
+    out = refill_padded(ph, dest, cap)
+    assert ((out >= 0) & (out < ph.num_ranks)).all()
+    assert float(rank_costs(ph, out).max()) <= cap * (1 + 1e-9)
+    assert int(rank_tokens(ph, out).max()) <= ph.spec.max_tokens
+    assert moved_bytes(ph, out) <= moved_bytes(ph, dest)
+    assert refill_padded(ph, dest, cap).tolist() == out.tolist()  # deterministic
+
+
+def test_refill_brings_interchangeable_samples_home():
+    # two nodes of one rank; the runs swapped the nodes' samples: same class, so they can all go home
+    lengths = [100, 90, 100, 80]
+    origin = [0, 0, 1, 1]
+    ph = _phase(lengths, origin, 2, 1, PhaseSpec(linear=1.0, padded=True))
+    dest = np.array([1, 1, 0, 0])
+    out = refill_padded(ph, dest, 200.0)
+    assert out.tolist() == origin
+    # a sample its node's places do not admit (too long for k = 2 there) still crosses
+    ph = _phase([150, 90, 100, 80], origin, 2, 1, PhaseSpec(linear=1.0, padded=True))
+    dest = np.array([1, 0, 0, 0])  # rank 1 holds the 150 alone (k = 1); rank 0 the rest (k = 3 at 300)
+    out = refill_padded(ph, dest, 300.0)
+    assert float(rank_costs(ph, out).max()) <= 300.0
+    assert moved_bytes(ph, out)[0] < moved_bytes(ph, dest)[0]

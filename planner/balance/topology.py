@@ -32,9 +32,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from orch.planner.balance.cost import FloatArray, IntArray, PhaseArrays, lower_bound
+from orch.planner.balance.cost import (
+    FloatArray,
+    IntArray,
+    PhaseArrays,
+    lower_bound,
+    moved_bytes,
+    rank_costs,
+    rank_tokens,
+)
 from orch.planner.balance.greedy import improve, lpt, lpt_rounds
-from orch.planner.balance.padded import desc_order, greedy_starts, near_optimal_cap, node_runs, step_limits
+from orch.planner.balance.padded import (
+    desc_order,
+    greedy_starts,
+    near_optimal_cap,
+    node_runs,
+    run_capacity,
+    step_limits,
+)
 from orch.planner.errors import InfeasibleError
 
 SLACK = 0.006  # target max cost = lower bound × (1 + SLACK): room that lets samples stay home
@@ -625,7 +640,190 @@ def orch_padded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
         pool_node = _runs_to_free_nodes(pool_run, node[pool_idx], ph.bytes[pool_idx], free_ranks, len(starts))
         run_of[pool_idx] = kept_ids.size + pool_run
         run_node = np.concatenate([run_node, pool_node])
-    return match_runs_to_ranks(run_of, run_node, ph)
+    dest = match_runs_to_ranks(run_of, run_node, ph)
+    return refill_padded(ph, dest, cap)
+
+
+def _stay_counts(own: IntArray, places: IntArray) -> IntArray:
+    """How many of each bin's own samples of each class stay in the bin (kept[b, j]).
+
+    own[b, j]: samples at home in bin b whose class is j; places[b, j]: places bin b offers of
+    class j. Class j samples may take places of class <= j (nested: a lower class admits longer
+    samples), so a bin keeps, class by class upward, as many as its places allow, carrying unused
+    places upward. At every class boundary places are set aside for the samples that did not stay,
+    so that they still fit elsewhere (Hall's condition on the remainder): first places that no
+    later class of their bin needs, then those needed least. A loop over classes, numpy over bins.
+    """
+    num_bins, num_classes = own.shape
+    walk = np.cumsum(own - places, axis=1)  # later classes' own need beyond their places
+    later = np.maximum.accumulate(walk[:, ::-1], axis=1)[:, ::-1]
+    future = np.zeros_like(walk)
+    future[:, :-1] = np.maximum(later[:, 1:] - walk[:, :-1], 0)
+    own_t, places_t, future_t = own.T.copy(), places.T.copy(), future.T.copy()  # class-major rows
+    free = np.zeros(num_bins, dtype=np.int64)
+    kept = np.zeros_like(own_t)
+    unmatched = 0
+    reserved = 0
+    for j in range(num_classes):
+        free += places_t[j]
+        take = np.minimum(own_t[j], free)
+        kept[j] = take
+        free -= take
+        unmatched += int(own_t[j].sum() - take.sum())
+        need = unmatched - reserved
+        if need <= 0:
+            continue
+        reserved += need
+        spare = np.clip(free - future_t[j], 0, None)
+        before = np.cumsum(spare) - spare
+        r = np.clip(need - before, 0, spare)
+        free -= r
+        need -= int(r.sum())
+        if need > 0:
+            order = np.argsort(future_t[j] - free, kind="stable")
+            f = free[order]
+            before = np.cumsum(f) - f
+            free[order] -= np.clip(need - before, 0, f)
+    return np.ascontiguousarray(kept.T)
+
+
+def _allocate(room: IntArray, demand: IntArray) -> IntArray:
+    """x[b, j]: samples of class j placed in bin b, class by class upward, bins in order.
+
+    room[b, J]: how many samples of classes <= J bin b may still take (Hall's slack of its places);
+    demand[j]: samples of class j to place. Falls short (sum(x) < sum(demand)) only if no placement exists.
+    """
+    num_b, num_c = room.shape
+    # samples of classes <= J taken can never exceed any later room: suffix minimum
+    limit = np.minimum.accumulate(room[:, ::-1], axis=1)[:, ::-1]
+    x = np.zeros_like(room)
+    taken = np.zeros(num_b, dtype=np.int64)
+    for j in range(num_c):
+        avail = np.maximum(limit[:, j] - taken, 0)
+        before = np.cumsum(avail) - avail
+        t = np.clip(demand[j] - before, 0, avail)
+        x[:, j] = t
+        taken += t
+    return x
+
+
+def _sort_by(major: IntArray, span: int, minor: IntArray, n: int) -> IntArray:
+    """Order by (major, minor), minor unique in 0..n-1 within a major: one argsort of unique int64 keys."""
+    if (span + 1) * max(n, 1) >= 1 << 62:
+        return np.lexsort((minor, major))
+    return np.argsort(major * n + minor)
+
+
+def refill_padded(ph: PhaseArrays, dest: IntArray, cap: float) -> IntArray:
+    """Give the same ranks' padded shapes to the samples that are closest to them.
+
+    A rank whose longest sample costs c and whose cap allows k = floor(cap / c) samples (and
+    k × longest <= max_tokens) stays under the cap with any k samples that each allow k too: within
+    such a class, samples are interchangeable. So the ranks' classes stay as dest made them, and
+    samples are re-dealt: first each node keeps as many of its own samples as its ranks' places
+    allow (longest first in a class, places of a lower class admitting a higher class), keeping
+    places aside so that the rest still fit (_stay_counts); the rest go to nodes with places left;
+    then the same inside each node, rank by rank. Returned only if fewer bytes cross nodes (then
+    leave ranks) than in dest; every rank stays at most cap.
+    """
+    n, num_ranks, rpn, num_nodes = ph.n, ph.num_ranks, ph.ranks_per_node, ph.num_nodes
+    if n == 0 or num_nodes == 0:
+        return dest
+    tokens = ph.spec.max_tokens
+    count = np.bincount(dest, minlength=num_ranks)
+    longest = np.zeros(num_ranks, dtype=np.int64)
+    np.maximum.at(longest, dest, ph.lengths)
+    used = np.flatnonzero(count > 0)
+    lead_cost = np.zeros(num_ranks)
+    np.maximum.at(lead_cost, dest, ph.costs)
+    k_rank = np.zeros(num_ranks, dtype=np.int64)
+    k_rank[used] = run_capacity(lead_cost[used], longest[used], cap, tokens, limit=n)
+    if (k_rank[used] < count[used]).any():
+        return dest  # not an assignment at this cap: nothing to re-deal
+    k_sample = run_capacity(ph.costs, ph.lengths, cap, tokens, limit=n)
+    classes = np.unique(k_rank[used])
+    cls = np.searchsorted(classes, k_sample, side="right") - 1
+    if (cls < 0).any():
+        return dest
+    num_c = classes.size
+    rank_cls = np.searchsorted(classes, k_rank)
+    place = np.zeros((num_ranks, num_c), dtype=np.int64)
+    place[used, rank_cls[used]] = k_rank[used]
+    # nodes
+    onode = ph.origin // rpn
+    node_places = place.reshape(num_nodes, rpn, num_c).sum(axis=1)
+    own = np.bincount(onode * num_c + cls, minlength=num_nodes * num_c).reshape(num_nodes, num_c)
+    kept = _stay_counts(own, node_places)
+    # the samples that stay: per (node, class) the most bytes first
+    by_bytes = np.empty(n, dtype=np.int64)
+    top = int(ph.bytes.max())
+    if (top + 1) * n < 1 << 62:  # unique keys: any sort is stable
+        by_bytes[np.argsort((top - ph.bytes) * n + np.arange(n))] = np.arange(n)
+    else:
+        by_bytes[np.argsort(-ph.bytes, kind="stable")] = np.arange(n)
+    o = _sort_by(onode * num_c + cls, num_nodes * num_c, by_bytes, n)
+    key = onode[o] * num_c + cls[o]
+    seg = np.searchsorted(key, key, side="left")
+    stays = np.zeros(n, dtype=bool)
+    stays[o] = (np.arange(n) - seg) < kept.reshape(-1)[key]
+    node_of = onode.copy()
+    go = np.flatnonzero(~stays)
+    if go.size:
+        x = _allocate(np.cumsum(node_places - kept, axis=1), np.bincount(cls[go], minlength=num_c))
+        if int(x.sum()) != go.size:
+            return dest  # cannot happen when the reservations hold; never risk an invalid answer
+        # places in (class, node) order against the samples by class: the i-th with the i-th
+        go = go[np.argsort(cls[go], kind="stable")]
+        node_of[go] = np.repeat(np.tile(np.arange(num_nodes), num_c), x.T.reshape(-1))
+    # ranks: a rank has places of one class; its own samples that the node kept and its class admits
+    # stay, most bytes first; the node's other samples fill its places left, lowest class first
+    cls_at = rank_cls[ph.origin]
+    home_ok = (node_of == onode) & (cls >= cls_at) & (k_rank[ph.origin] > 0)
+    cand = np.flatnonzero(home_ok)
+    o = cand[_sort_by(ph.origin[cand], num_ranks, by_bytes[cand], n)]
+    rseg = np.searchsorted(ph.origin[o], ph.origin[o], side="left")
+    on_rank = np.zeros(n, dtype=bool)
+    on_rank[o] = (np.arange(o.size) - rseg) < k_rank[ph.origin[o]]
+    rank_node = np.arange(num_ranks) // rpn
+
+    def rooms(on: np.ndarray) -> tuple[IntArray, IntArray, IntArray]:
+        room = k_rank - np.bincount(ph.origin[on], minlength=num_ranks)
+        by_class = np.bincount(rank_node * num_c + rank_cls, weights=room, minlength=num_nodes * num_c)
+        rest = np.flatnonzero(~on)
+        need = np.bincount(node_of[rest] * num_c + cls[rest], minlength=num_nodes * num_c)
+        short = np.cumsum(by_class.reshape(num_nodes, num_c), axis=1) < np.cumsum(
+            need.reshape(num_nodes, num_c), axis=1
+        )
+        return room, rest, short.any(axis=1)
+
+    room, rest, bad = rooms(on_rank)
+    if bad.any():  # the node's other samples would not fit: nobody keeps its rank on that node
+        on_rank &= ~bad[node_of]
+        room, rest, _ = rooms(on_rank)
+    out = np.where(on_rank, ph.origin, -1)
+    if rest.size:
+        # per node, its places by class (then rank) against its samples by class: the i-th with the i-th
+        by_rank = np.argsort(rank_node * num_c + rank_cls, kind="stable")
+        places = np.repeat(by_rank, room[by_rank])
+        place_start = np.searchsorted(rank_node[places], np.arange(num_nodes))
+        r_sorted = rest[_sort_by(node_of[rest] * num_c + cls[rest], num_nodes * num_c, rest, n)]
+        g = node_of[r_sorted]
+        within = np.arange(r_sorted.size) - np.searchsorted(g, g, side="left")
+        if (np.bincount(g, minlength=num_nodes) > np.diff(np.append(place_start, places.size))).any():
+            return dest  # cannot happen when the node-level counts are right; never risk an invalid answer
+        out[r_sorted] = places[place_start[g] + within]
+    if not _valid_at_cap(ph, out, cap) or moved_bytes(ph, out) >= moved_bytes(ph, dest):
+        return dest
+    return out
+
+
+def _valid_at_cap(ph: PhaseArrays, dest: IntArray, cap: float) -> bool:
+    """Every sample on a rank, every rank at most cap (and max_tokens): the re-deal's own check."""
+    if dest.size and (dest.min() < 0 or dest.max() >= ph.num_ranks):
+        return False
+    if float(rank_costs(ph, dest).max(initial=0.0)) > cap * (1 + 1e-9):
+        return False
+    return ph.spec.max_tokens is None or int(rank_tokens(ph, dest).max(initial=0)) <= ph.spec.max_tokens
 
 
 def _runs_to_free_nodes(
