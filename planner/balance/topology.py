@@ -775,31 +775,33 @@ def refill_padded(ph: PhaseArrays, dest: IntArray, cap: float) -> IntArray:
         # places in (class, node) order against the samples by class: the i-th with the i-th
         go = go[np.argsort(cls[go], kind="stable")]
         node_of[go] = np.repeat(np.tile(np.arange(num_nodes), num_c), x.T.reshape(-1))
-    # ranks: a rank has places of one class; its own samples that the node kept and its class admits
-    # stay, most bytes first; the node's other samples fill its places left, lowest class first
-    cls_at = rank_cls[ph.origin]
-    home_ok = (node_of == onode) & (cls >= cls_at) & (k_rank[ph.origin] > 0)
-    cand = np.flatnonzero(home_ok)
-    o = cand[_sort_by(ph.origin[cand], num_ranks, by_bytes[cand], n)]
-    rseg = np.searchsorted(ph.origin[o], ph.origin[o], side="left")
-    on_rank = np.zeros(n, dtype=bool)
-    on_rank[o] = (np.arange(o.size) - rseg) < k_rank[ph.origin[o]]
+    # ranks: a rank has places of one class. Of the samples its node keeps, its own of exactly that
+    # class stay first (most bytes first): a place of a sample's own class leaves Hall's condition
+    # for the node's other samples as it was. Then its own of higher classes, as places are left;
+    # a node where these would leave its other samples without places keeps only the first.
     rank_node = np.arange(num_ranks) // rpn
-
-    def rooms(on: np.ndarray) -> tuple[IntArray, IntArray, IntArray]:
-        room = k_rank - np.bincount(ph.origin[on], minlength=num_ranks)
-        by_class = np.bincount(rank_node * num_c + rank_cls, weights=room, minlength=num_nodes * num_c)
-        rest = np.flatnonzero(~on)
-        need = np.bincount(node_of[rest] * num_c + cls[rest], minlength=num_nodes * num_c)
-        short = np.cumsum(by_class.reshape(num_nodes, num_c), axis=1) < np.cumsum(
-            need.reshape(num_nodes, num_c), axis=1
-        )
-        return room, rest, short.any(axis=1)
-
-    room, rest, bad = rooms(on_rank)
-    if bad.any():  # the node's other samples would not fit: nobody keeps its rank on that node
-        on_rank &= ~bad[node_of]
-        room, rest, _ = rooms(on_rank)
+    home = node_of == onode
+    rcls = rank_cls[ph.origin]
+    on_rank = np.zeros(n, dtype=bool)
+    left = k_rank.copy()
+    for pick in (home & (cls == rcls), home & (cls > rcls)):
+        cand = np.flatnonzero(pick)
+        o = cand[_sort_by(ph.origin[cand], num_ranks, by_bytes[cand], n)]
+        rseg = np.searchsorted(ph.origin[o], ph.origin[o], side="left")
+        stay = o[(np.arange(o.size) - rseg) < left[ph.origin[o]]]
+        on_rank[stay] = True
+        left -= np.bincount(ph.origin[stay], minlength=num_ranks)
+    exact = on_rank & (cls == rcls)
+    room = k_rank - np.bincount(ph.origin[on_rank], minlength=num_ranks)
+    by_class = np.bincount(rank_node * num_c + rank_cls, weights=room, minlength=num_nodes * num_c)
+    rest = np.flatnonzero(~on_rank)
+    need = np.bincount(node_of[rest] * num_c + cls[rest], minlength=num_nodes * num_c)
+    short = np.cumsum(by_class.reshape(num_nodes, num_c), axis=1) < np.cumsum(need.reshape(num_nodes, num_c), axis=1)
+    bad = np.asarray(short.any(axis=1), dtype=bool)
+    if bad.any():
+        on_rank &= exact | ~bad[node_of]
+        room = k_rank - np.bincount(ph.origin[on_rank], minlength=num_ranks)
+        rest = np.flatnonzero(~on_rank)
     out = np.where(on_rank, ph.origin, -1)
     if rest.size:
         # per node, its places by class (then rank) against its samples by class: the i-th with the i-th
