@@ -13,15 +13,19 @@ comes first (C = lower bound × (1 + SLACK)) and samples stay where they are unl
 4. a local search (greedy.improve) brings the max back to C, preferring ranks of the same node.
 If C is out of reach (coarse batches), the best global heuristic sets it: M = the better of what
 was reached and LPT, and a second pass runs against M × (1 + SLACK), so nodes keep their samples up
-to that cap. If that falls short too, LPT's own buckets (placed topology-aware) are the fallback:
-the max is never above LPT's × (1 + SLACK).
+to that cap (R × the cap per node). If a few ranks stay over, `repair` moves or swaps samples of the
+max rank with any rank that has room, fewest inter-node bytes first, until every rank is under it.
+If that falls short too, LPT's own buckets (placed topology-aware) are the fallback: the max is
+never above LPT's × (1 + SLACK).
 
 Padded phases: any assignment whose every rank has samples × cost(longest) <= C is as balanced
 as the optimal runs, with C = the optimum × (1 + SLACK). Node first: each node packs its own
 samples into greedy runs at C and keeps its fullest runs (at most R, at least θ full); the rest
 form a pool packed by the global greedy runs on the ranks left free, placed on nodes by bytes. θ
-is the smallest fill for which the pool still fits (a bisection). Near-equal lengths must share a
-run at the optimum, so dense padded batches still move many bytes (bench/bench_balance.py).
+is the smallest fill for which the pool still fits (a bisection). Then only the ranks' padded
+classes are kept (k = C / cost(longest) samples of cost <= C / k: interchangeable) and the samples
+are re-dealt node first (refill_padded). Near-equal lengths must still share a rank at the
+optimum, so dense padded batches still move many bytes (bench/bench_balance.py).
 
 One sort per phase (largest first) feeds every later ordering: a bin-then-size order is one
 argsort of unique int64 keys. Python loops run over rounds, runs, nodes or a few leftovers,
@@ -496,10 +500,11 @@ def orch_unpadded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
     When the bound is out of reach (few coarse samples per rank), the best global heuristic sets the
     cap instead: M = the better of what was reached and LPT (exact up to EXACT_LPT_SAMPLES samples, by
     rounds above). If the first pass reached M, it stands. Else a second pass runs against
-    M × (1 + slack), so nodes keep their samples up to that cap, and its local search then tries to
-    bring the max down to M; it is kept when its max is at most M × (1 + slack). Else the best of the
-    passes and LPT's own buckets (placed on ranks topology-aware) is kept. Either way the max is at
-    most LPT's × (1 + slack).
+    M × (1 + slack), nodes keeping up to R × that cap, and its local search then tries to bring the
+    max down to M; it is kept when its max is at most M × (1 + slack). Else `repair` brings its
+    over-cap ranks under M × (1 + slack) by moves and swaps, fewest inter-node bytes first. Else the
+    best of the passes and LPT's own buckets (placed on ranks topology-aware) is kept. Either way
+    the max is at most LPT's × (1 + slack).
     """
     if ph.n == 0:
         return ph.origin.copy()
@@ -528,7 +533,7 @@ def orch_unpadded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
         return dest
     target = min(reached, ref_max)
     loose = target * (1 + slack)
-    again = _orch_at_cap(ph, loose, rpn * (mean + 0.5 * (loose - mean)), pos, target=target)
+    again = _orch_at_cap(ph, loose, rpn * loose, pos, target=target)
     again_max = _max_cost(ph, again)
     if again_max <= loose * (1 + 1e-9):
         return again
