@@ -20,7 +20,7 @@ from orch.planner.balance.padded import (
     run_capacity,
     step_limits,
 )
-from orch.planner.balance.topology import SLACK, orch_padded, orch_unpadded, refill_padded
+from orch.planner.balance.topology import SLACK, orch_padded, orch_unpadded, refill_padded, repair
 
 PADDED = PhaseSpec(linear=1.0, quadratic=1 / 8192, padded=True)
 QUAD = PhaseSpec(linear=1.0, quadratic=1 / 4096)
@@ -206,3 +206,28 @@ def test_refill_brings_interchangeable_samples_home():
     out = refill_padded(ph, dest, 300.0)
     assert float(rank_costs(ph, out).max()) <= 300.0
     assert moved_bytes(ph, out)[0] < moved_bytes(ph, dest)[0]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from([QUAD, QUAD_C]).flatmap(lambda spec: phases(spec, max_tokens=True)), st.floats(1.0, 1.2))
+def test_repair_reaches_the_target_or_says_so_and_keeps_the_token_cap(ph, scale):
+    start = lpt(ph.costs, ph.num_ranks, ph.lengths, ph.spec.max_tokens)
+    target = float(rank_costs(ph, start).max()) * scale
+    messy = ph.origin.copy()  # every sample where it was: far over the target, nothing balanced
+    if int(rank_tokens(ph, messy).max()) > ph.spec.max_tokens:
+        messy = start
+    out, ok = repair(ph, messy, target)
+    assert ((out >= 0) & (out < ph.num_ranks)).all()
+    assert int(rank_tokens(ph, out).max()) <= ph.spec.max_tokens
+    assert ok == (float(rank_costs(ph, out).max()) <= target * (1 + 1e-9))
+    assert repair(ph, messy, target)[0].tolist() == out.tolist()
+
+
+def test_repair_swaps_where_no_single_move_fits():
+    # one node of two ranks: rank 0 holds 100 + 30 (130), rank 1 holds 90 + 10 (100); target 120.
+    # No move fits (moving the 30 makes rank 1 130); the swap 30 <-> 10 makes them 110 and 120.
+    ph = _phase([100, 30, 90, 10], [0, 0, 1, 1], 2, 2, PhaseSpec(linear=1.0))
+    out, ok = repair(ph, ph.origin.copy(), 120.0)
+    assert ok
+    assert float(rank_costs(ph, out).max()) <= 120.0
+    assert out.tolist() == [0, 1, 1, 0]  # the 30 and the 10 change places

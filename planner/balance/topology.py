@@ -404,8 +404,8 @@ def repair(ph: PhaseArrays, dest: IntArray, target: float, max_iters: int = _REP
     when no single step lowers the max), every step here must bring the max rank under the target
     on its own: a move of one of its samples to any rank with room for it, or a swap of one of its
     samples with a smaller one of any rank with room for the difference. Among those, the step that
-    adds the fewest inter-node bytes wins (a sample that goes back to its node counts negative),
-    then the fewest intra-node bytes. Coarse batches, where a few big samples per rank leave rooms
+    adds the fewest bytes wins, inter-node bytes weighing 4× intra-node ones (a sample that goes
+    back to its node counts negative). Coarse batches, where a few big samples per rank leave rooms
     smaller than most samples, need the swaps. Returns (dest, whether every rank is under target).
     Respects max_tokens. Each step costs O(samples) numpy work: a repair pass, not the main path.
     """
@@ -646,7 +646,8 @@ def orch_padded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
         run_of[pool_idx] = kept_ids.size + pool_run
         run_node = np.concatenate([run_node, pool_node])
     dest = match_runs_to_ranks(run_of, run_node, ph)
-    return refill_padded(ph, dest, cap)
+    # re-deal under the max the runs reached (<= cap): balance stays exactly as good
+    return refill_padded(ph, dest, float(rank_costs(ph, dest).max(initial=0.0)))
 
 
 def _stay_counts(own: IntArray, places: IntArray) -> IntArray:
