@@ -9,7 +9,9 @@ from orch.planner.balance.batch import PhaseSpec
 from orch.planner.balance.cost import build_phase_arrays, lower_bound, moved_bytes, rank_costs, rank_tokens
 from orch.planner.balance.greedy import lpt
 from orch.planner.balance.padded import (
+    _blocks,
     _jumps,
+    _run_count,
     _runs,
     desc_order,
     greedy_starts,
@@ -231,3 +233,32 @@ def test_repair_swaps_where_no_single_move_fits():
     assert ok
     assert float(rank_costs(ph, out).max()) <= 120.0
     assert out.tolist() == [0, 1, 1, 0]  # the 30 and the 10 change places
+
+
+def _run_count_walk(costs_desc, steps, cap, limit):
+    """The run count one leader at a time (what _run_count computes with block jumps)."""
+    n = len(costs_desc)
+    top = cap * (1 + 1e-12)
+    runs = i = 0
+    while i < n:
+        if runs > limit:
+            break
+        ci, k = costs_desc[i], steps[i]
+        if ci > 0 and top < ci * k:
+            k = int(top / ci)
+        if k < 1:
+            return n + 1
+        runs += 1
+        i += k
+    return runs
+
+
+@settings(max_examples=100, deadline=None)
+@given(phases(PADDED, max_tokens=True), st.floats(0.5, 3.0), st.integers(0, 12))
+def test_run_count_block_jumps_count_the_same_runs(ph, scale, limit):
+    o = desc_order(ph.lengths)
+    c, lens = ph.costs[o], ph.lengths[o]
+    steps = step_limits(lens, ph.spec.max_tokens, ph.n)
+    cap = float(c[0]) * scale
+    got = _run_count(c.tolist(), steps.tolist(), cap, limit, _blocks(c, steps))
+    assert got == _run_count_walk(c.tolist(), steps.tolist(), cap, limit)
