@@ -418,7 +418,8 @@ def repair(ph: PhaseArrays, dest: IntArray, target: float, max_iters: int = _REP
     max_tokens = float(ph.spec.max_tokens) if ph.spec.max_tokens is not None else np.inf
     tokens = np.bincount(dest, weights=lengths, minlength=num_ranks)
     tol = 1e-9 * max(target, 1.0)
-    rank_node = np.arange(num_ranks) // rpn
+    by_cost = np.argsort(costs, kind="stable")
+    sorted_costs = costs[by_cost]
     for _ in range(max_iters):
         top = int(np.argmax(loads))
         excess = float(loads[top]) - target
@@ -432,47 +433,52 @@ def repair(ph: PhaseArrays, dest: IntArray, target: float, max_iters: int = _REP
         away_a = ba * (oa != ntop)  # inter-node bytes sample a costs where it is now
         # (score, sample, to rank, swapped sample or -1); score = 4 × added inter bytes + added intra bytes
         best: tuple[float, int, int, int] | None = None
-        # moves: a sample that alone covers the excess, to a rank with room for it
+        # moves: a sample that alone covers the excess, to a rank with room for it: its own rank,
+        # else the first of its node's, else the first anywhere
         for k in np.flatnonzero(ca >= excess - tol).tolist():
             ok = (room >= ca[k] - tol) & (troom >= la[k])
             ok[top] = False
+            home_lo = int(oa[k]) * rpn
+            if ok[ra[k]]:
+                t, score = int(ra[k]), -4.0 * away_a[k]
+            elif ok[home_lo : home_lo + rpn].any():
+                t, score = home_lo + int(np.argmax(ok[home_lo : home_lo + rpn])), -4.0 * away_a[k] + ba[k]
+            elif ok.any():
+                t, score = int(np.argmax(ok)), 4.0 * (ba[k] - away_a[k])
+            else:
+                continue
+            if best is None or score < best[0]:
+                best = (float(score), int(mine[k]), t, -1)
+        # swaps: a sample of the max rank for a smaller one whose rank has room for the difference:
+        # its cost lies in [cost - most room, cost - excess], a window of the samples sorted by cost
+        most_room = float(room.max())
+        for k in range(mine.size):
+            lo = int(np.searchsorted(sorted_costs, ca[k] - most_room - tol, side="left"))
+            hi = int(np.searchsorted(sorted_costs, ca[k] - excess + tol, side="right"))
+            if hi <= lo:
+                continue
+            others = by_cost[lo:hi]
+            tb = dest[others]
+            diff = ca[k] - costs[others]
+            dtok = la[k] - lengths[others]
+            ok = (
+                (tb != top)
+                & (diff >= excess - tol)
+                & (diff <= room[tb] + tol)
+                & (dtok <= troom[tb])
+                & (-dtok <= troom[top])
+            )
             if not ok.any():
                 continue
-            cross = rank_node != oa[k]
-            score = np.where(
-                ok, 4.0 * (ba[k] * cross - away_a[k]) + ba[k] * (~cross & (np.arange(num_ranks) != ra[k])), np.inf
-            )
-            t = int(np.argmin(score))
-            if best is None or score[t] < best[0]:
-                best = (float(score[t]), int(mine[k]), t, -1)
-        # swaps: a sample of the max rank for a smaller one whose rank has room for the difference
-        others = np.flatnonzero((room[dest] > tol) & (dest != top) & (costs < ca.max(initial=0.0) - excess + tol))
-        if others.size:
-            cb, lb_, bb, ob, rb, tb = (
-                costs[others],
-                lengths[others],
-                bytes_[others],
-                onode[others],
-                origin[others],
-                dest[others],
-            )
-            nb = tb // rpn
-            b_now = bb * (ob != nb)
-            b_then = bb * (ob != ntop)
-            b_intra = bb * ((ob == ntop) & (rb != top))
-            for k in range(mine.size):
-                diff = ca[k] - cb
-                dtok = la[k] - lb_
-                ok = (diff >= excess - tol) & (diff <= room[tb] + tol) & (dtok <= troom[tb]) & (-dtok <= troom[top])
-                if not ok.any():
-                    continue
-                a_cross = nb != oa[k]
-                inter = ba[k] * a_cross - away_a[k] + b_then - b_now
-                intra = ba[k] * (~a_cross & (tb != ra[k])) + b_intra
-                score = np.where(ok, 4.0 * inter + intra, np.inf)
-                j = int(np.argmin(score))
-                if best is None or score[j] < best[0]:
-                    best = (float(score[j]), int(mine[k]), int(tb[j]), int(others[j]))
+            others, tb = others[ok], tb[ok]
+            bb, ob, nb = bytes_[others], onode[others], tb // rpn
+            a_cross = nb != oa[k]
+            inter = ba[k] * a_cross - away_a[k] + bb * (ob != ntop) - bb * (ob != nb)
+            intra = ba[k] * (~a_cross & (tb != ra[k])) + bb * ((ob == ntop) & (origin[others] != top))
+            score = 4.0 * inter + intra
+            j = int(np.argmin(score))
+            if best is None or score[j] < best[0]:
+                best = (float(score[j]), int(mine[k]), int(tb[j]), int(others[j]))
         if best is None:
             return dest, False
         _, a, t, b = best
