@@ -654,7 +654,7 @@ def orch_padded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
         run_node = np.concatenate([run_node, pool_node])
     dest = match_runs_to_ranks(run_of, run_node, ph)
     # re-deal under the max the runs reached (<= cap): balance stays exactly as good
-    return refill_padded(ph, dest, float(rank_costs(ph, dest).max(initial=0.0)))
+    return refill_padded(ph, dest, float(rank_costs(ph, dest).max(initial=0.0)), largest=gd)
 
 
 def _stay_counts(own: IntArray, places: IntArray) -> IntArray:
@@ -677,26 +677,26 @@ def _stay_counts(own: IntArray, places: IntArray) -> IntArray:
     kept = np.zeros_like(own_t)
     unmatched = 0
     reserved = 0
+    own_sum = own_t.sum(axis=1).tolist()
     for j in range(num_classes):
         free += places_t[j]
-        take = np.minimum(own_t[j], free)
-        kept[j] = take
+        take = np.minimum(own_t[j], free, out=kept[j])
         free -= take
-        unmatched += int(own_t[j].sum() - take.sum())
+        unmatched += own_sum[j] - int(take.sum())
         need = unmatched - reserved
         if need <= 0:
             continue
         reserved += need
-        spare = np.clip(free - future_t[j], 0, None)
-        before = np.cumsum(spare) - spare
-        r = np.clip(need - before, 0, spare)
+        spare = np.maximum(free - future_t[j], 0)
+        reach = np.cumsum(spare)  # places set aside: the first bins' spare places up to need
+        r = np.minimum(spare, np.maximum(need - (reach - spare), 0))
         free -= r
         need -= int(r.sum())
         if need > 0:
             order = np.argsort(future_t[j] - free, kind="stable")
             f = free[order]
             before = np.cumsum(f) - f
-            free[order] -= np.clip(need - before, 0, f)
+            free[order] -= np.minimum(f, np.maximum(need - before, 0))
     return np.ascontiguousarray(kept.T)
 
 
@@ -799,7 +799,13 @@ def _classes_to_nodes(
     return out
 
 
-def refill_padded(ph: PhaseArrays, dest: IntArray, cap: float, min_cross: float = REFILL_MIN_CROSS) -> IntArray:
+def refill_padded(
+    ph: PhaseArrays,
+    dest: IntArray,
+    cap: float,
+    min_cross: float = REFILL_MIN_CROSS,
+    largest: IntArray | None = None,
+) -> IntArray:
     """Keep the ranks' padded shapes, and deal the samples to them so that fewer bytes cross nodes.
 
     A rank whose longest sample costs c and whose cap allows k = floor(cap / c) samples (and
@@ -836,9 +842,12 @@ def refill_padded(ph: PhaseArrays, dest: IntArray, cap: float, min_cross: float 
     cls = np.searchsorted(classes, k_sample, side="right") - 1
     if (cls < 0).any():
         return dest
+    # every sample's place in a most-bytes-first order: `largest` (longest first) when bytes follow it
     by_bytes = np.empty(n, dtype=np.int64)
     top = int(ph.bytes.max())
-    if (top + 1) * n < 1 << 62:  # unique keys: any sort is stable
+    if largest is not None and largest.size == n and bool((np.diff(ph.bytes[largest]) <= 0).all()):
+        by_bytes[largest] = np.arange(n)
+    elif (top + 1) * n < 1 << 62:  # unique keys: any sort is stable
         by_bytes[np.argsort((top - ph.bytes) * n + np.arange(n))] = np.arange(n)
     else:
         by_bytes[np.argsort(-ph.bytes, kind="stable")] = np.arange(n)
