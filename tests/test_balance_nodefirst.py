@@ -6,20 +6,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orch.planner.balance.batch import PhaseSpec
-from orch.planner.balance.cost import build_phase_arrays, lower_bound, rank_costs, rank_tokens
+from orch.planner.balance.cost import build_phase_arrays, lower_bound, moved_bytes, rank_costs, rank_tokens
 from orch.planner.balance.greedy import lpt
 from orch.planner.balance.padded import (
+    _blocks,
     _jumps,
+    _run_count,
     _runs,
     desc_order,
     greedy_starts,
     near_optimal_cap,
     node_runs,
     optimal_cap,
+    padded_runs,
     run_capacity,
     step_limits,
 )
-from orch.planner.balance.topology import SLACK, orch_padded, orch_unpadded
+from orch.planner.balance.topology import SLACK, orch_padded, orch_unpadded, refill_padded, repair
 
 PADDED = PhaseSpec(linear=1.0, quadratic=1 / 8192, padded=True)
 QUAD = PhaseSpec(linear=1.0, quadratic=1 / 4096)
@@ -170,3 +173,92 @@ def test_lpt_with_equal_cost_blocks_is_the_heap_lpt(repeated, scattered, num_ran
     rng = np.random.default_rng(len(repeated))
     costs = costs[rng.permutation(costs.size)]
     assert lpt(costs, num_ranks).tolist() == _heap_lpt(costs, num_ranks).tolist()
+
+
+def _runs_on_ranks(ph):
+    """The exact padded runs, run k on rank k (`--mode lpt`), and their cap: a feasible start for refill."""
+    o = desc_order(ph.lengths)
+    cap = optimal_cap(ph.costs[o], ph.lengths[o], ph.num_ranks, ph.spec.max_tokens)
+    return padded_runs(ph.costs, ph.lengths, ph.num_ranks, ph.spec.max_tokens, cap), cap
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from([PADDED, PADDED_C]).flatmap(lambda spec: phases(spec, max_tokens=True)))
+def test_refill_keeps_the_cap_and_never_moves_more_bytes_across_nodes(ph):
+    dest, cap = _runs_on_ranks(ph)
+    out = refill_padded(ph, dest, cap, min_cross=0.0)
+    assert ((out >= 0) & (out < ph.num_ranks)).all()
+    assert float(rank_costs(ph, out).max()) <= cap * (1 + 1e-9)
+    assert int(rank_tokens(ph, out).max()) <= ph.spec.max_tokens
+    assert moved_bytes(ph, out) <= moved_bytes(ph, dest)
+    assert refill_padded(ph, dest, cap, min_cross=0.0).tolist() == out.tolist()  # deterministic
+
+
+def test_refill_brings_interchangeable_samples_home():
+    # two nodes of one rank; the runs swapped the nodes' samples: same class, so they can all go home
+    lengths = [100, 90, 100, 80]
+    origin = [0, 0, 1, 1]
+    ph = _phase(lengths, origin, 2, 1, PhaseSpec(linear=1.0, padded=True))
+    dest = np.array([1, 1, 0, 0])
+    out = refill_padded(ph, dest, 200.0)
+    assert out.tolist() == origin
+    # a sample its node's places do not admit (too long for k = 2 there) still crosses
+    ph = _phase([150, 90, 100, 80], origin, 2, 1, PhaseSpec(linear=1.0, padded=True))
+    dest = np.array([1, 0, 0, 0])  # rank 1 holds the 150 alone (k = 1); rank 0 the rest (k = 3 at 300)
+    out = refill_padded(ph, dest, 300.0)
+    assert float(rank_costs(ph, out).max()) <= 300.0
+    assert moved_bytes(ph, out)[0] < moved_bytes(ph, dest)[0]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from([QUAD, QUAD_C]).flatmap(lambda spec: phases(spec, max_tokens=True)), st.floats(1.0, 1.2))
+def test_repair_reaches_the_target_or_says_so_and_keeps_the_token_cap(ph, scale):
+    start = lpt(ph.costs, ph.num_ranks, ph.lengths, ph.spec.max_tokens)
+    target = float(rank_costs(ph, start).max()) * scale
+    messy = ph.origin.copy()  # every sample where it was: far over the target, nothing balanced
+    if int(rank_tokens(ph, messy).max()) > ph.spec.max_tokens:
+        messy = start
+    out, ok = repair(ph, messy, target)
+    assert ((out >= 0) & (out < ph.num_ranks)).all()
+    assert int(rank_tokens(ph, out).max()) <= ph.spec.max_tokens
+    assert ok == (float(rank_costs(ph, out).max()) <= target * (1 + 1e-9))
+    assert repair(ph, messy, target)[0].tolist() == out.tolist()
+
+
+def test_repair_swaps_where_no_single_move_fits():
+    # one node of two ranks: rank 0 holds 100 + 30 (130), rank 1 holds 90 + 10 (100); target 120.
+    # No move fits (moving the 30 makes rank 1 130); the swap 30 <-> 10 makes them 110 and 120.
+    ph = _phase([100, 30, 90, 10], [0, 0, 1, 1], 2, 2, PhaseSpec(linear=1.0))
+    out, ok = repair(ph, ph.origin.copy(), 120.0)
+    assert ok
+    assert float(rank_costs(ph, out).max()) <= 120.0
+    assert out.tolist() == [0, 1, 1, 0]  # the 30 and the 10 change places
+
+
+def _run_count_walk(costs_desc, steps, cap, limit):
+    """The run count one leader at a time (what _run_count computes with block jumps)."""
+    n = len(costs_desc)
+    top = cap * (1 + 1e-12)
+    runs = i = 0
+    while i < n:
+        if runs > limit:
+            break
+        ci, k = costs_desc[i], steps[i]
+        if ci > 0 and top < ci * k:
+            k = int(top / ci)
+        if k < 1:
+            return n + 1
+        runs += 1
+        i += k
+    return runs
+
+
+@settings(max_examples=100, deadline=None)
+@given(phases(PADDED, max_tokens=True), st.floats(0.5, 3.0), st.integers(0, 12))
+def test_run_count_block_jumps_count_the_same_runs(ph, scale, limit):
+    o = desc_order(ph.lengths)
+    c, lens = ph.costs[o], ph.lengths[o]
+    steps = step_limits(lens, ph.spec.max_tokens, ph.n)
+    cap = float(c[0]) * scale
+    got = _run_count(c.tolist(), steps.tolist(), cap, limit, _blocks(c, steps))
+    assert got == _run_count_walk(c.tolist(), steps.tolist(), cap, limit)

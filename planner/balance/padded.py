@@ -255,23 +255,42 @@ def greedy_starts(costs_desc: list[float], steps: list[int], cap: float, limit: 
     return starts
 
 
-def _run_count(costs_desc: list[float], steps: list[int], cap: float, limit: int) -> int:
-    """Greedy runs at cost cap C (as greedy_starts), counted up to limit + 1; n + 1 if a sample alone is over C."""
+def _run_count(costs_desc: list[float], steps: list[int], cap: float, limit: int, same_until: list[int]) -> int:
+    """Greedy runs at cost cap C (as greedy_starts), counted up to limit + 1; n + 1 if a sample alone is over C.
+
+    same_until[i]: where the block of samples with sample i's cost and step ends (_blocks). Inside such
+    a block every leader allows the same k samples, so m whole runs are one step: clipped lengths
+    (a cap at 576 or 1500 tokens) make blocks of thousands of samples.
+    """
     n = len(costs_desc)
     top = cap * (1 + _FUZZ)
     runs = 0
     i = 0
     while i < n:
         if runs > limit:
-            break
+            return limit + 1
         ci, k = costs_desc[i], steps[i]
         if ci > 0 and top < ci * k:
             k = int(top / ci)
         if k < 1:
             return n + 1
-        runs += 1
-        i += k
-    return runs
+        m = (same_until[i] - i) // k
+        if m > 1:
+            runs += m
+            i += m * k
+        else:
+            runs += 1
+            i += k
+    return min(runs, limit + 1)
+
+
+def _blocks(costs_desc: FloatArray, steps: IntArray) -> list[int]:
+    """same_until[i]: the end (exclusive) of the run of equal (cost, step) that holds sample i."""
+    n = costs_desc.size
+    change = np.flatnonzero((costs_desc[1:] != costs_desc[:-1]) | (steps[1:] != steps[:-1])) + 1
+    ends = np.append(change, n)
+    out: list[int] = ends[np.searchsorted(ends, np.arange(n), side="right")].tolist()
+    return out
 
 
 def near_optimal_cap(
@@ -287,7 +306,9 @@ def near_optimal_cap(
     n = costs_desc.size
     if n == 0:
         return 0.0
-    steps = step_limits(lengths_desc, max_tokens, n).tolist()
+    steps_arr = step_limits(lengths_desc, max_tokens, n)
+    same_until = _blocks(costs_desc, steps_arr)
+    steps = steps_arr.tolist()
     c = costs_desc.tolist()
     if greedy_starts(c, steps, math.inf, num_ranks) is None:
         raise InfeasibleError(f"no assignment of {n} samples to {num_ranks} ranks meets max_tokens {max_tokens}")
@@ -295,14 +316,14 @@ def near_optimal_cap(
     if lo <= 0:
         return 0.0
     count_limit = 2 * num_ranks
-    q_lo = _run_count(c, steps, lo, count_limit)
+    q_lo = _run_count(c, steps, lo, count_limit, same_until)
     if q_lo <= num_ranks:
         return lo * (1 + slack)
     # grow hi by the runs' excess until feasible: the run count falls roughly as 1 / C
     hi = lo
     while True:
         hi = hi * max(min(q_lo, count_limit) / num_ranks, 1 + slack) * (1 + slack)
-        q_hi = _run_count(c, steps, hi, count_limit)
+        q_hi = _run_count(c, steps, hi, count_limit, same_until)
         if q_hi <= num_ranks:
             break
         lo, q_lo = hi, q_hi
@@ -316,7 +337,7 @@ def near_optimal_cap(
         else:
             mid = math.sqrt(lo * hi)
         interpolate = not interpolate
-        q_mid = _run_count(c, steps, mid, count_limit)
+        q_mid = _run_count(c, steps, mid, count_limit, same_until)
         if q_mid > num_ranks:
             lo, q_lo = mid, q_mid
         else:

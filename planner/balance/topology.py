@@ -13,15 +13,19 @@ comes first (C = lower bound × (1 + SLACK)) and samples stay where they are unl
 4. a local search (greedy.improve) brings the max back to C, preferring ranks of the same node.
 If C is out of reach (coarse batches), the best global heuristic sets it: M = the better of what
 was reached and LPT, and a second pass runs against M × (1 + SLACK), so nodes keep their samples up
-to that cap. If that falls short too, LPT's own buckets (placed topology-aware) are the fallback:
-the max is never above LPT's × (1 + SLACK).
+to that cap (R × the cap per node). If a few ranks stay over, `repair` moves or swaps samples of the
+max rank with any rank that has room, fewest inter-node bytes first, until every rank is under it.
+If that falls short too, LPT's own buckets (placed topology-aware) are the fallback: the max is
+never above LPT's × (1 + SLACK).
 
 Padded phases: any assignment whose every rank has samples × cost(longest) <= C is as balanced
 as the optimal runs, with C = the optimum × (1 + SLACK). Node first: each node packs its own
 samples into greedy runs at C and keeps its fullest runs (at most R, at least θ full); the rest
 form a pool packed by the global greedy runs on the ranks left free, placed on nodes by bytes. θ
-is the smallest fill for which the pool still fits (a bisection). Near-equal lengths must share a
-run at the optimum, so dense padded batches still move many bytes (bench/bench_balance.py).
+is the smallest fill for which the pool still fits (a bisection). Then only the ranks' padded
+classes are kept (k = C / cost(longest) samples of cost <= C / k: interchangeable) and the samples
+are re-dealt node first (refill_padded). Near-equal lengths must still share a rank at the
+optimum, so dense padded batches still move many bytes (bench/bench_balance.py).
 
 One sort per phase (largest first) feeds every later ordering: a bin-then-size order is one
 argsort of unique int64 keys. Python loops run over rounds, runs, nodes or a few leftovers,
@@ -32,9 +36,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from orch.planner.balance.cost import FloatArray, IntArray, PhaseArrays, lower_bound
+from orch.planner.balance.cost import (
+    FloatArray,
+    IntArray,
+    PhaseArrays,
+    lower_bound,
+    moved_bytes,
+    rank_costs,
+    rank_tokens,
+)
 from orch.planner.balance.greedy import improve, lpt, lpt_rounds
-from orch.planner.balance.padded import desc_order, greedy_starts, near_optimal_cap, node_runs, step_limits
+from orch.planner.balance.padded import (
+    desc_order,
+    greedy_starts,
+    near_optimal_cap,
+    node_runs,
+    run_capacity,
+    step_limits,
+)
 from orch.planner.errors import InfeasibleError
 
 SLACK = 0.006  # target max cost = lower bound × (1 + SLACK): room that lets samples stay home
@@ -375,6 +394,108 @@ def _orch_at_cap(ph: PhaseArrays, cap: float, node_cap: float, pos: IntArray, ta
     return improve(costs, dest, num_ranks, rpn, cap if target is None else target, lengths=lengths, cap=tokens)
 
 
+_REPAIR_ITERS = 4096
+REFILL_MIN_CROSS = 0.06  # refill_padded leaves alone runs that cross at most this share of the bytes
+
+
+def repair(ph: PhaseArrays, dest: IntArray, target: float, max_iters: int = _REPAIR_ITERS) -> tuple[IntArray, bool]:
+    """Bring every rank to at most `target` by moves and swaps out of the max rank, fewest bytes across nodes first.
+
+    Unlike greedy.improve (which lowers the max rank against the few least loaded ranks and stops
+    when no single step lowers the max), every step here must bring the max rank under the target
+    on its own: a move of one of its samples to any rank with room for it, or a swap of one of its
+    samples with a smaller one of any rank with room for the difference. Among those, the step that
+    adds the fewest bytes wins, inter-node bytes weighing 4× intra-node ones (a sample that goes
+    back to its node counts negative). Coarse batches, where a few big samples per rank leave rooms
+    smaller than most samples, need the swaps. Returns (dest, whether every rank is under target).
+    Respects max_tokens. Each step costs O(samples) numpy work: a repair pass, not the main path.
+    """
+    dest = dest.copy()
+    num_ranks, rpn = ph.num_ranks, ph.ranks_per_node
+    costs, lengths, bytes_, origin = ph.costs, ph.lengths, ph.bytes.astype(np.float64), ph.origin
+    onode = origin // rpn
+    loads = np.bincount(dest, weights=costs, minlength=num_ranks)
+    max_tokens = float(ph.spec.max_tokens) if ph.spec.max_tokens is not None else np.inf
+    tokens = np.bincount(dest, weights=lengths, minlength=num_ranks)
+    tol = 1e-9 * max(target, 1.0)
+    by_cost = np.argsort(costs, kind="stable")
+    sorted_costs = costs[by_cost]
+    for _ in range(max_iters):
+        top = int(np.argmax(loads))
+        excess = float(loads[top]) - target
+        if excess <= tol:
+            return dest, True
+        room = target - loads
+        troom = max_tokens - tokens
+        ntop = top // rpn
+        mine = np.flatnonzero(dest == top)
+        ca, la, ba, oa, ra = costs[mine], lengths[mine], bytes_[mine], onode[mine], origin[mine]
+        away_a = ba * (oa != ntop)  # inter-node bytes sample a costs where it is now
+        # (score, sample, to rank, swapped sample or -1); score = 4 × added inter bytes + added intra bytes
+        best: tuple[float, int, int, int] | None = None
+        # moves: a sample that alone covers the excess, to a rank with room for it: its own rank,
+        # else the first of its node's, else the first anywhere
+        for k in np.flatnonzero(ca >= excess - tol).tolist():
+            ok = (room >= ca[k] - tol) & (troom >= la[k])
+            ok[top] = False
+            home_lo = int(oa[k]) * rpn
+            if ok[ra[k]]:
+                t, score = int(ra[k]), -4.0 * away_a[k]
+            elif ok[home_lo : home_lo + rpn].any():
+                t, score = home_lo + int(np.argmax(ok[home_lo : home_lo + rpn])), -4.0 * away_a[k] + ba[k]
+            elif ok.any():
+                t, score = int(np.argmax(ok)), 4.0 * (ba[k] - away_a[k])
+            else:
+                continue
+            if best is None or score < best[0]:
+                best = (float(score), int(mine[k]), t, -1)
+        # swaps: a sample of the max rank for a smaller one whose rank has room for the difference:
+        # its cost lies in [cost - most room, cost - excess], a window of the samples sorted by cost
+        most_room = float(room.max())
+        for k in range(mine.size):
+            lo = int(np.searchsorted(sorted_costs, ca[k] - most_room - tol, side="left"))
+            hi = int(np.searchsorted(sorted_costs, ca[k] - excess + tol, side="right"))
+            if hi <= lo:
+                continue
+            others = by_cost[lo:hi]
+            tb = dest[others]
+            diff = ca[k] - costs[others]
+            dtok = la[k] - lengths[others]
+            ok = (
+                (tb != top)
+                & (diff >= excess - tol)
+                & (diff <= room[tb] + tol)
+                & (dtok <= troom[tb])
+                & (-dtok <= troom[top])
+            )
+            if not ok.any():
+                continue
+            others, tb = others[ok], tb[ok]
+            bb, ob, nb = bytes_[others], onode[others], tb // rpn
+            a_cross = nb != oa[k]
+            inter = ba[k] * a_cross - away_a[k] + bb * (ob != ntop) - bb * (ob != nb)
+            intra = ba[k] * (~a_cross & (tb != ra[k])) + bb * ((ob == ntop) & (origin[others] != top))
+            score = 4.0 * inter + intra
+            j = int(np.argmin(score))
+            if best is None or score[j] < best[0]:
+                best = (float(score[j]), int(mine[k]), int(tb[j]), int(others[j]))
+        if best is None:
+            return dest, False
+        _, a, t, b = best
+        dest[a] = t
+        loads[top] -= costs[a]
+        loads[t] += costs[a]
+        tokens[top] -= lengths[a]
+        tokens[t] += lengths[a]
+        if b >= 0:
+            dest[b] = top
+            loads[t] -= costs[b]
+            loads[top] += costs[b]
+            tokens[t] -= lengths[b]
+            tokens[top] += lengths[b]
+    return dest, bool(loads.max() <= target + tol)
+
+
 def _max_cost(ph: PhaseArrays, dest: IntArray) -> float:
     return float(np.bincount(dest, weights=ph.costs, minlength=ph.num_ranks).max())
 
@@ -386,10 +507,11 @@ def orch_unpadded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
     When the bound is out of reach (few coarse samples per rank), the best global heuristic sets the
     cap instead: M = the better of what was reached and LPT (exact up to EXACT_LPT_SAMPLES samples, by
     rounds above). If the first pass reached M, it stands. Else a second pass runs against
-    M × (1 + slack), so nodes keep their samples up to that cap, and its local search then tries to
-    bring the max down to M; it is kept when its max is at most M × (1 + slack). Else the best of the
-    passes and LPT's own buckets (placed on ranks topology-aware) is kept. Either way the max is at
-    most LPT's × (1 + slack).
+    M × (1 + slack), nodes keeping up to R × that cap, and its local search then tries to bring the
+    max down to M; it is kept when its max is at most M × (1 + slack). Else `repair` brings its
+    over-cap ranks under M × (1 + slack) by moves and swaps, fewest inter-node bytes first. Else the
+    best of the passes and LPT's own buckets (placed on ranks topology-aware) is kept. Either way
+    the max is at most LPT's × (1 + slack).
     """
     if ph.n == 0:
         return ph.origin.copy()
@@ -418,11 +540,15 @@ def orch_unpadded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
         return dest
     target = min(reached, ref_max)
     loose = target * (1 + slack)
-    again = _orch_at_cap(ph, loose, rpn * (mean + 0.5 * (loose - mean)), pos, target=target)
+    again = _orch_at_cap(ph, loose, rpn * loose, pos, target=target)
     again_max = _max_cost(ph, again)
     if again_max <= loose * (1 + 1e-9):
         return again
-    candidates = [(reached, 1, dest), (again_max, 0, again)]
+    # coarse batches: the packing left a few ranks over; moves and swaps across the whole batch fix them
+    fixed, ok = repair(ph, again, loose)
+    if ok:
+        return fixed
+    candidates = [(reached, 1, dest), (again_max, 0, again), (_max_cost(ph, fixed), 0, fixed)]
     if ref is not None and min(c[0] for c in candidates) > ref_max * (1 + 1e-9):
         from orch.planner.balance.paper import runs_to_nodes_greedy
 
@@ -526,7 +652,292 @@ def orch_padded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
         pool_node = _runs_to_free_nodes(pool_run, node[pool_idx], ph.bytes[pool_idx], free_ranks, len(starts))
         run_of[pool_idx] = kept_ids.size + pool_run
         run_node = np.concatenate([run_node, pool_node])
-    return match_runs_to_ranks(run_of, run_node, ph)
+    dest = match_runs_to_ranks(run_of, run_node, ph)
+    # re-deal under the max the runs reached (<= cap): balance stays exactly as good
+    return refill_padded(ph, dest, float(rank_costs(ph, dest).max(initial=0.0)), largest=gd)
+
+
+def _stay_counts(own: IntArray, places: IntArray) -> IntArray:
+    """How many of each bin's own samples of each class stay in the bin (kept[b, j]).
+
+    own[b, j]: samples at home in bin b whose class is j; places[b, j]: places bin b offers of
+    class j. Class j samples may take places of class <= j (nested: a lower class admits longer
+    samples), so a bin keeps, class by class upward, as many as its places allow, carrying unused
+    places upward. At every class boundary places are set aside for the samples that did not stay,
+    so that they still fit elsewhere (Hall's condition on the remainder): first places that no
+    later class of their bin needs, then those needed least. A loop over classes, numpy over bins.
+    """
+    num_bins, num_classes = own.shape
+    walk = np.cumsum(own - places, axis=1)  # later classes' own need beyond their places
+    later = np.maximum.accumulate(walk[:, ::-1], axis=1)[:, ::-1]
+    future = np.zeros_like(walk)
+    future[:, :-1] = np.maximum(later[:, 1:] - walk[:, :-1], 0)
+    own_t, places_t, future_t = own.T.copy(), places.T.copy(), future.T.copy()  # class-major rows
+    free = np.zeros(num_bins, dtype=np.int64)
+    kept = np.zeros_like(own_t)
+    unmatched = 0
+    reserved = 0
+    own_sum = own_t.sum(axis=1).tolist()
+    for j in range(num_classes):
+        free += places_t[j]
+        take = np.minimum(own_t[j], free, out=kept[j])
+        free -= take
+        unmatched += own_sum[j] - int(take.sum())
+        need = unmatched - reserved
+        if need <= 0:
+            continue
+        reserved += need
+        spare = np.maximum(free - future_t[j], 0)
+        reach = np.cumsum(spare)  # places set aside: the first bins' spare places up to need
+        r = np.minimum(spare, np.maximum(need - (reach - spare), 0))
+        free -= r
+        need -= int(r.sum())
+        if need > 0:
+            order = np.argsort(future_t[j] - free, kind="stable")
+            f = free[order]
+            before = np.cumsum(f) - f
+            free[order] -= np.minimum(f, np.maximum(need - before, 0))
+    return np.ascontiguousarray(kept.T)
+
+
+def _allocate(room: IntArray, demand: IntArray) -> IntArray:
+    """x[b, j]: samples of class j placed in bin b, class by class upward, bins in order.
+
+    room[b, J]: how many samples of classes <= J bin b may still take (Hall's slack of its places);
+    demand[j]: samples of class j to place. Falls short (sum(x) < sum(demand)) only if no placement exists.
+    """
+    num_b, num_c = room.shape
+    # samples of classes <= J taken can never exceed any later room: suffix minimum
+    limit = np.minimum.accumulate(room[:, ::-1], axis=1)[:, ::-1]
+    x = np.zeros_like(room)
+    taken = np.zeros(num_b, dtype=np.int64)
+    for j in range(num_c):
+        avail = np.maximum(limit[:, j] - taken, 0)
+        before = np.cumsum(avail) - avail
+        t = np.clip(demand[j] - before, 0, avail)
+        x[:, j] = t
+        taken += t
+    return x
+
+
+def _sort_by(major: IntArray, span: int, minor: IntArray, n: int) -> IntArray:
+    """Order by (major, minor), minor unique in 0..n-1 within a major: one argsort of unique int64 keys."""
+    if (span + 1) * max(n, 1) >= 1 << 62:
+        return np.lexsort((minor, major))
+    return np.argsort(major * n + minor)
+
+
+def _classes_to_nodes(
+    ph: PhaseArrays, k_rank: IntArray, classes: IntArray, cls: IntArray, by_bytes: IntArray
+) -> IntArray:
+    """The same multiset of rank classes, dealt to the nodes whose own samples would fill them most.
+
+    A rank of class j (k places) at node m would keep its node's k samples of class j with the
+    most bytes (then the next k for a second such rank...): per (node, class, t-th rank) that is a
+    gain in bytes. Greedy by gain, a node hosting at most R ranks and class j at most as many as
+    dest had; classes left go to the nodes' places left. Inside a node, each hosted class goes to
+    the rank with the most bytes of its own samples of that class (greedy, all nodes at once).
+    Returns the new k per rank (0: an empty rank).
+    """
+    n, num_ranks, rpn, num_nodes = ph.n, ph.num_ranks, ph.ranks_per_node, ph.num_nodes
+    num_c = classes.size
+    used = k_rank > 0
+    per_class = np.bincount(np.searchsorted(classes, k_rank[used]), minlength=num_c)
+    onode = ph.origin // rpn
+    o = _sort_by(onode * num_c + cls, num_nodes * num_c, by_bytes, n)
+    key = onode[o] * num_c + cls[o]
+    chunk = (np.arange(n) - np.searchsorted(key, key, side="left")) // classes[cls[o]]
+    near = chunk < rpn  # a node hosts at most R ranks of a class
+    ekey = key[near] * rpn + chunk[near]
+    uniq, inv = np.unique(ekey, return_inverse=True)
+    gain = np.bincount(inv, weights=ph.bytes[o][near])
+    e_node = (uniq // rpn // num_c).tolist()
+    e_cls = ((uniq // rpn) % num_c).tolist()
+    node_left = [rpn] * num_nodes
+    cls_left = per_class.tolist()
+    took: list[int] = []  # entries hosted, in the order taken
+    wanted = int(per_class.sum())
+    # most bytes first, ties by (node, class, t): uniq is sorted, so a stable sort on -gain
+    for e in np.argsort(-gain, kind="stable").tolist():
+        m = e_node[e]
+        if node_left[m]:
+            j = e_cls[e]
+            if cls_left[j]:
+                node_left[m] -= 1
+                cls_left[j] -= 1
+                took.append(e)
+                if len(took) == wanted:
+                    break
+    hosted = np.full((num_nodes, rpn), -1, dtype=np.int64)
+    t_node = np.array([e_node[e] for e in took], dtype=np.int64)
+    order_t = np.argsort(t_node, kind="stable")
+    sn = t_node[order_t]
+    hosted[sn, np.arange(sn.size) - np.searchsorted(sn, sn, side="left")] = np.array(
+        [e_cls[took[i]] for i in order_t.tolist()], dtype=np.int64
+    )
+    rest = np.repeat(np.arange(num_c), cls_left)
+    free = np.flatnonzero(hosted.reshape(-1) < 0)
+    hosted.reshape(-1)[free[: rest.size]] = rest
+    # inside each node: hosted class a to rank b by the bytes of rank b's own samples of class a
+    own = np.bincount(ph.origin * num_c + cls, weights=ph.bytes, minlength=num_ranks * num_c).reshape(
+        num_nodes, rpn, num_c
+    )
+    w = np.take_along_axis(own, np.maximum(hosted, 0)[:, None, :].repeat(rpn, axis=1), axis=2)  # [m, rank, slot]
+    w = np.where(hosted[:, None, :] >= 0, w + 1.0, 0.0).transpose(0, 2, 1).copy()  # [m, slot, rank]
+    rank_of = np.full((num_nodes, rpn), -1, dtype=np.int64)
+    nodes = np.arange(num_nodes)
+    for _ in range(rpn):
+        flat = np.argmax(w.reshape(num_nodes, -1), axis=1)
+        a, b = np.divmod(flat, rpn)
+        ok = w[nodes, a, b] >= 0
+        rank_of[nodes[ok], a[ok]] = b[ok]
+        w[nodes, a, :] = -1.0
+        w[nodes, :, b] = -1.0
+    out = np.zeros(num_ranks, dtype=np.int64)
+    m_idx, slot = np.nonzero(hosted >= 0)
+    out[m_idx * rpn + rank_of[m_idx, slot]] = classes[hosted[m_idx, slot]]
+    return out
+
+
+def refill_padded(
+    ph: PhaseArrays,
+    dest: IntArray,
+    cap: float,
+    min_cross: float = REFILL_MIN_CROSS,
+    largest: IntArray | None = None,
+) -> IntArray:
+    """Keep the ranks' padded shapes, and deal the samples to them so that fewer bytes cross nodes.
+
+    A rank whose longest sample costs c and whose cap allows k = floor(cap / c) samples (and
+    k × longest <= max_tokens) stays under the cap with any k samples that each allow k too: within
+    such a class, samples are interchangeable. So only the multiset of the ranks' classes is kept
+    from dest; it is dealt to the nodes whose own samples would fill each class most
+    (_classes_to_nodes), and the samples are re-dealt (_redeal): first each node keeps as many of
+    its own samples as its ranks' places allow (most bytes first in a class, places of a lower class
+    admitting a higher class), keeping places aside so that the rest still fit (_stay_counts); the
+    rest go to nodes with places left; then inside each node, rank by rank. If that does not move
+    fewer bytes (inter-node, then intra-node) than dest, the same with the ranks' classes where dest
+    has them; else dest. Every rank stays at most cap (checked). Runs that cross at most min_cross
+    of the bytes are left alone: a re-deal costs ~5-10 ms at 2,560 ranks and gains little there.
+    """
+    n, num_ranks, num_nodes = ph.n, ph.num_ranks, ph.num_nodes
+    if n == 0 or num_nodes == 0:
+        return dest
+    before = moved_bytes(ph, dest)
+    if before[0] <= min_cross * float(ph.bytes.sum()):
+        return dest  # the runs keep nearly every byte on its node already: not worth the re-deal's time
+    tokens = ph.spec.max_tokens
+    count = np.bincount(dest, minlength=num_ranks)
+    longest = np.zeros(num_ranks, dtype=np.int64)
+    np.maximum.at(longest, dest, ph.lengths)
+    used = np.flatnonzero(count > 0)
+    lead_cost = np.zeros(num_ranks)
+    np.maximum.at(lead_cost, dest, ph.costs)
+    k_rank = np.zeros(num_ranks, dtype=np.int64)
+    k_rank[used] = run_capacity(lead_cost[used], longest[used], cap, tokens, limit=n)
+    if (k_rank[used] < count[used]).any():
+        return dest  # not an assignment at this cap: nothing to re-deal
+    k_sample = run_capacity(ph.costs, ph.lengths, cap, tokens, limit=n)
+    classes = np.unique(k_rank[used])
+    cls = np.searchsorted(classes, k_sample, side="right") - 1
+    if (cls < 0).any():
+        return dest
+    # every sample's place in a most-bytes-first order: `largest` (longest first) when bytes follow it
+    by_bytes = np.empty(n, dtype=np.int64)
+    top = int(ph.bytes.max())
+    if largest is not None and largest.size == n and bool((np.diff(ph.bytes[largest]) <= 0).all()):
+        by_bytes[largest] = np.arange(n)
+    elif (top + 1) * n < 1 << 62:  # unique keys: any sort is stable
+        by_bytes[np.argsort((top - ph.bytes) * n + np.arange(n))] = np.arange(n)
+    else:
+        by_bytes[np.argsort(-ph.bytes, kind="stable")] = np.arange(n)
+    # the classes dealt to the nodes whose samples fill them most, else the ranks' own classes
+    for profile in (_classes_to_nodes(ph, k_rank, classes, cls, by_bytes), k_rank):
+        out = _redeal(ph, profile, classes, cls, by_bytes, cap)
+        if out is not None and moved_bytes(ph, out) < before:
+            return out
+    return dest
+
+
+def _redeal(
+    ph: PhaseArrays, k_rank: IntArray, classes: IntArray, cls: IntArray, by_bytes: IntArray, cap: float
+) -> IntArray | None:
+    """Deal the samples (class cls) to ranks with k_rank places each (of class k), node first; None if it fails."""
+    n, num_ranks, rpn, num_nodes = ph.n, ph.num_ranks, ph.ranks_per_node, ph.num_nodes
+    num_c = classes.size
+    onode = ph.origin // rpn
+    used = np.flatnonzero(k_rank > 0)
+    rank_cls = np.searchsorted(classes, k_rank)
+    place = np.zeros((num_ranks, num_c), dtype=np.int64)
+    place[used, rank_cls[used]] = k_rank[used]
+    # nodes
+    node_places = place.reshape(num_nodes, rpn, num_c).sum(axis=1)
+    own = np.bincount(onode * num_c + cls, minlength=num_nodes * num_c).reshape(num_nodes, num_c)
+    kept = _stay_counts(own, node_places)
+    # the samples that stay: per (node, class) the most bytes first
+    o = _sort_by(onode * num_c + cls, num_nodes * num_c, by_bytes, n)
+    key = onode[o] * num_c + cls[o]
+    seg = np.searchsorted(key, key, side="left")
+    stays = np.zeros(n, dtype=bool)
+    stays[o] = (np.arange(n) - seg) < kept.reshape(-1)[key]
+    node_of = onode.copy()
+    go = np.flatnonzero(~stays)
+    if go.size:
+        x = _allocate(np.cumsum(node_places - kept, axis=1), np.bincount(cls[go], minlength=num_c))
+        if int(x.sum()) != go.size:
+            return None  # cannot happen when the reservations hold; never risk an invalid answer
+        # places in (class, node) order against the samples by class: the i-th with the i-th
+        go = go[np.argsort(cls[go], kind="stable")]
+        node_of[go] = np.repeat(np.tile(np.arange(num_nodes), num_c), x.T.reshape(-1))
+    # ranks: a rank has places of one class. Of the samples its node keeps, its own of exactly that
+    # class stay first (most bytes first): a place of a sample's own class leaves Hall's condition
+    # for the node's other samples as it was. Then its own of higher classes, as places are left;
+    # a node where these would leave its other samples without places keeps only the first.
+    rank_node = np.arange(num_ranks) // rpn
+    home = node_of == onode
+    rcls = rank_cls[ph.origin]
+    on_rank = np.zeros(n, dtype=bool)
+    left = k_rank.copy()
+    for pick in (home & (cls == rcls), home & (cls > rcls)):
+        cand = np.flatnonzero(pick)
+        o = cand[_sort_by(ph.origin[cand], num_ranks, by_bytes[cand], n)]
+        rseg = np.searchsorted(ph.origin[o], ph.origin[o], side="left")
+        stay = o[(np.arange(o.size) - rseg) < left[ph.origin[o]]]
+        on_rank[stay] = True
+        left -= np.bincount(ph.origin[stay], minlength=num_ranks)
+    exact = on_rank & (cls == rcls)
+    room = k_rank - np.bincount(ph.origin[on_rank], minlength=num_ranks)
+    by_class = np.bincount(rank_node * num_c + rank_cls, weights=room, minlength=num_nodes * num_c)
+    rest = np.flatnonzero(~on_rank)
+    need = np.bincount(node_of[rest] * num_c + cls[rest], minlength=num_nodes * num_c)
+    short = np.cumsum(by_class.reshape(num_nodes, num_c), axis=1) < np.cumsum(need.reshape(num_nodes, num_c), axis=1)
+    bad = np.asarray(short.any(axis=1), dtype=bool)
+    if bad.any():
+        on_rank &= exact | ~bad[node_of]
+        room = k_rank - np.bincount(ph.origin[on_rank], minlength=num_ranks)
+        rest = np.flatnonzero(~on_rank)
+    out = np.where(on_rank, ph.origin, -1)
+    if rest.size:
+        # per node, its places by class (then rank) against its samples by class: the i-th with the i-th
+        by_rank = np.argsort(rank_node * num_c + rank_cls, kind="stable")
+        places = np.repeat(by_rank, room[by_rank])
+        place_start = np.searchsorted(rank_node[places], np.arange(num_nodes))
+        r_sorted = rest[_sort_by(node_of[rest] * num_c + cls[rest], num_nodes * num_c, rest, n)]
+        g = node_of[r_sorted]
+        within = np.arange(r_sorted.size) - np.searchsorted(g, g, side="left")
+        if (np.bincount(g, minlength=num_nodes) > np.diff(np.append(place_start, places.size))).any():
+            return None  # cannot happen when the node-level counts are right; never risk an invalid answer
+        out[r_sorted] = places[place_start[g] + within]
+    return out if _valid_at_cap(ph, out, cap) else None
+
+
+def _valid_at_cap(ph: PhaseArrays, dest: IntArray, cap: float) -> bool:
+    """Every sample on a rank, every rank at most cap (and max_tokens): the re-deal's own check."""
+    if dest.size and (dest.min() < 0 or dest.max() >= ph.num_ranks):
+        return False
+    if float(rank_costs(ph, dest).max(initial=0.0)) > cap * (1 + 1e-9):
+        return False
+    return ph.spec.max_tokens is None or int(rank_tokens(ph, dest).max(initial=0)) <= ph.spec.max_tokens
 
 
 def _runs_to_free_nodes(
