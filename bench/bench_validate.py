@@ -85,12 +85,15 @@ def main() -> None:
                     "0",
                 )
             )
+            layouts = {n: m["layout"] for n, m in plan_json["modules"].items()}
+            if any(r["layouts_full"] == layouts for r in rows.values()):
+                print(f"{label}: the planner chose the same layouts as an earlier plan; not run twice")
+                continue
             run = work / f"run-{label}"
             _orch("launch", str(plan), "--steps", str(args.steps), "--workdir", str(run))
             v = json.loads(_orch("validate", "--plan", str(plan), "--metrics", str(run / "metrics.jsonl"), "--json"))
-            layouts = {n: m["layout"] for n, m in plan_json["modules"].items()}
             short = {n: "".join(f"{a}{d}" for a, d in lay.items() if d > 1) or "1" for n, lay in layouts.items()}
-            rows[label] = {**v, "layouts": short}
+            rows[label] = {**v, "layouts": short, "layouts_full": layouts}
     pred_rank = sorted(rows, key=lambda k: rows[k]["predicted_step_time_s"])
     meas_rank = sorted(rows, key=lambda k: rows[k]["measured_step_time_s"])
     print(f"profile (--quick={not args.full}) took {profile_s:.1f} s; {args.steps} steps per plan")
