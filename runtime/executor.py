@@ -159,10 +159,6 @@ def check_supported(plan: Plan) -> None:
         layers = plan.model.modules[name].layers
         if mp.layout.pp > layers:
             raise UnsupportedPlan(f"modules.{name}.layout.pp: {mp.layout.pp} stages for {layers} layers")
-        if mp.layout.cp > 1 and mp.layout.ep > 1:
-            raise UnsupportedPlan(
-                f"modules.{name}.layout: cp {mp.layout.cp} with ep {mp.layout.ep} is not executed yet"
-            )
         why = unsupported_ep(name, mp, plan.model.modules[name].experts, name == plan.model.llm_name)
         if why is not None:
             raise UnsupportedPlan(why)
@@ -578,9 +574,12 @@ class Executor:
                 local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
                 buckets.setdefault((ep is not None and is_expert_param(pname), local.dtype), []).append(local)
             # Under EP, expert gradients (local experts only) sum over the expert-data-parallel group.
+            # Under CP the local experts' gradients are partial over the CP group too (each CP rank
+            # routes its own positions' tokens inside its EP group): summed there after the EDP sum.
+            cp = self.cp.get(name)
             for (expert, _), grads in buckets.items():
-                group = ep.edp_group if ep is not None and expert else dp_group
-                if group is not None:
+                groups = [ep.edp_group, cp.group if cp is not None else None] if ep and expert else [dp_group]
+                for group in (g for g in groups if g is not None):
                     flat = torch.cat([g.reshape(-1) for g in grads])
                     dist.all_reduce(flat, group=group)
                     for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):

@@ -61,11 +61,12 @@ def _worker(rank: int, job: _Job) -> None:
         import time
         import traceback
 
-        error = _last_line("".join(traceback.format_exception(exc)))
+        text = "".join(traceback.format_exception(exc))
+        error = _last_line(text)
         kind = "oom" if is_out_of_memory(exc) else "error"
         if kind == "oom":
             error = f"out of memory: {error}"
-        record = {"time": time.time(), "rank": rank, "error": error, "kind": kind}
+        record = {"time": time.time(), "rank": rank, "error": error, "kind": kind, "traceback": text}
         folder = _failure_dir(job.workdir)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"rank{rank}.json").write_text(json.dumps(record))
@@ -87,12 +88,17 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def _first_failure(workdir: Path) -> tuple[int, str] | None:
+    """(rank, its error line and where its whole traceback is) of the earliest failure, or None."""
     first = first_failure_record(workdir)
-    return None if first is None else (int(first["rank"]), str(first["error"]))
+    if first is None:
+        return None
+    rank = int(first["rank"])
+    where = _failure_dir(str(workdir)) / f"rank{rank}.json"
+    return rank, f"{first['error']} (traceback: {where})" if "traceback" in first else str(first["error"])
 
 
 def first_failure_record(workdir: Path) -> dict[str, object] | None:
-    """The earliest failure record of the ranks ({time, rank, error, kind}), or None."""
+    """The earliest failure record of the ranks ({time, rank, error, kind, traceback}), or None."""
     records = []
     for path in sorted(_failure_dir(str(workdir)).glob("rank*.json")):
         try:

@@ -291,7 +291,7 @@ class LLM(nn.Module):
         With `cp`: only this CP rank's positions and their per-sample counts (CPShard.llm_input).
         """
         assert self.embed is not None, "embed_inputs runs on the first pipeline stage"
-        if cp is not None:
+        if cp is not None and prefixes:
             x_TD, local_lens, _ = cp.llm_input(prefixes, texts, self.embed)
             return x_TD, local_lens
         parts, seqlens = [], []

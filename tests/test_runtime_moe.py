@@ -102,6 +102,9 @@ PLANS = {
     "moe_llm_dp4_ep4_uneven": ({"llm": (Layout(dp=4, ep=4), [0, 1, 2, 3]), **ENC_DP4}, 7),
     # 3 samples over dp4: DP index 3 holds no sample at all and still joins every all_to_all.
     "moe_llm_dp4_ep2_empty_rank": ({"llm": (Layout(dp=4, ep=2), [0, 1, 2, 3]), **ENC_DP4}, 3),
+    # EP with CP: each CP rank routes its own positions' tokens; expert gradients sum over EDP and CP
+    "moe_llm_cp2_dp2_ep2": ({"llm": (Layout(cp=2, dp=2, ep=2), [0, 1, 2, 3]), **ENC_DP4}, 8),
+    "moe_llm_cp2_dp2_ep2_empty": ({"llm": (Layout(cp=2, dp=2, ep=2), [0, 1, 2, 3]), **ENC_DP4}, 3),
     # EP inside a pipeline stage, one DP index short of samples: empty micro-batches cross the stages
     "moe_llm_pp2_dp2_ep2_empty": ({"llm": (Layout(pp=2, dp=2, ep=2), [0, 1, 2, 3]), **ENC_DP4}, 3),
 }
