@@ -6,7 +6,7 @@ and every parameter after 3 SGD steps within 1e-8 (relative to the tensor's larg
 
 import pytest
 import torch
-from equivalence import assert_close, merged
+from equivalence import assert_close, run_plans
 
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
@@ -95,19 +95,29 @@ def reference(specs):
     return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64)
 
 
+@pytest.fixture(scope="module")
+def launched(specs, tmp_path_factory):
+    """Every plan's (losses, grads, params): one launch per world size (equivalence.run_plans)."""
+    model, data = specs
+    plans = {name: hand_plan(model, data, layouts) for name, layouts in PLANS.items()}
+    cfg = RunConfig(steps=STEPS, seed=SEED, dtype="float64")
+    out = tmp_path_factory.mktemp("plans")
+    results = {}
+    for world in sorted({p.world_size for p in plans.values()}):
+        group = {n: p for n, p in plans.items() if p.world_size == world}
+        results |= run_plans(group, data, cfg, out / f"world{world}")
+    return results
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(PLANS))
-def test_plan_matches_reference(name, specs, reference, tmp_path):
-    model, data = specs
-    plan = hand_plan(model, data, PLANS[name])
-    cfg = RunConfig(steps=STEPS, seed=SEED, dtype="float64", dump_dir=str(tmp_path))
-    records = run_local(plan, data, cfg, nproc=plan.world_size, workdir=tmp_path)
-
-    assert [r["step"] for r in records] == list(range(STEPS))
-    for r, want in zip(records, reference.losses, strict=True):
-        assert r["loss"] == pytest.approx(want, rel=1e-9, abs=0)
-    assert_close(merged(tmp_path, "grads"), reference.grads, 1e-9)
-    assert_close(merged(tmp_path, "params"), reference.params, 1e-8)
+def test_plan_matches_reference(name, reference, launched):
+    losses, grads, params = launched[name]
+    assert len(losses) == STEPS
+    for got, want in zip(losses, reference.losses, strict=True):
+        assert got == pytest.approx(want, rel=1e-9, abs=0)
+    assert_close(grads, reference.grads, 1e-9)
+    assert_close(params, reference.params, 1e-8)
 
 
 @pytest.mark.slow

@@ -7,14 +7,13 @@ steps within 1e-8, as in test_runtime_equivalence.py.
 
 import pytest
 import torch
-from equivalence import assert_close, merged
+from equivalence import assert_close, run_plans
 
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
 from orch.runtime.executor import RunConfig, UnsupportedPlan, check_supported
 from orch.runtime.expert_parallel import ep_groups, expert_owner, local_experts
 from orch.runtime.grid import Grid
-from orch.runtime.local import run_local
 from orch.runtime.model import MoE, build_model, init_module
 from orch.runtime.plans import hand_plan
 from orch.runtime.reference import run_reference
@@ -118,23 +117,33 @@ def _reference(model, global_batch):
     return _references[global_batch]
 
 
+@pytest.fixture(scope="module")
+def launched(moe_model, tmp_path_factory):
+    """Every plan's (losses, grads, params) and its output folder: one launch per (world, batch)."""
+    plans = {name: hand_plan(moe_model, _data(gb), layouts) for name, (layouts, gb) in PLANS.items()}
+    cfg = RunConfig(steps=STEPS, seed=SEED, dtype="float64")
+    root = tmp_path_factory.mktemp("moe")
+    results = {}
+    for key in sorted({(p.world_size, PLANS[n][1]) for n, p in plans.items()}):
+        group = {n: p for n, p in plans.items() if (p.world_size, PLANS[n][1]) == key}
+        out = root / f"world{key[0]}-batch{key[1]}"
+        results |= {n: (*r, out / n) for n, r in run_plans(group, _data(key[1]), cfg, out).items()}
+    return results
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(PLANS))
-def test_moe_plan_matches_reference(name, moe_model, tmp_path):
+def test_moe_plan_matches_reference(name, moe_model, launched):
     layouts, global_batch = PLANS[name]
-    data = _data(global_batch)
-    plan = hand_plan(moe_model, data, layouts)
     reference = _reference(moe_model, global_batch)
-    cfg = RunConfig(steps=STEPS, seed=SEED, dtype="float64", dump_dir=str(tmp_path))
-    records = run_local(plan, data, cfg, nproc=plan.world_size, workdir=tmp_path)
-
-    assert [r["step"] for r in records] == list(range(STEPS))
-    for r, want in zip(records, reference.losses, strict=True):
-        assert r["loss"] == pytest.approx(want, rel=1e-9, abs=0)
-    assert_close(merged(tmp_path, "grads"), reference.grads, 1e-9)
-    assert_close(merged(tmp_path, "params"), reference.params, 1e-8)
+    losses, grads, params, out = launched[name]
+    assert len(losses) == STEPS
+    for got, want in zip(losses, reference.losses, strict=True):
+        assert got == pytest.approx(want, rel=1e-9, abs=0)
+    assert_close(grads, reference.grads, 1e-9)
+    assert_close(params, reference.params, 1e-8)
     # Each writing rank held only its EP rank's experts (experts / ep of them).
-    ep = plan.modules["llm"].layout.ep
-    for f in tmp_path.glob("params.rank*.pt"):
+    ep = layouts["llm"][0].ep
+    for f in out.glob("params.rank*.pt"):
         held = {n.split(".experts.")[1].split(".")[0] for n in torch.load(f) if ".experts." in n}
         assert len(held) in (0, moe_model.llm.experts // ep), (f.name, held)
