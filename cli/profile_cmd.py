@@ -11,6 +11,8 @@ import typer
 
 if TYPE_CHECKING:
     from orch.planner.profile import Profile
+    from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec
+    from orch.runtime.profile_bench import ProfileConfig
     from orch.runtime.profile_validate import Validation
 
 EXECUTORS = ("local", "slurm")
@@ -28,6 +30,11 @@ def profile(
     out: str = typer.Option("profile.json", "--out", "-o", help="Where to write the profile (JSON or YAML)."),
     workdir: str = typer.Option("orch-profile", "--workdir", help="Scratch folder of the benchmark ranks."),
     json_out: bool = typer.Option(False, "--json", help="Print the profile as JSON on stdout."),
+    partition: str | None = typer.Option(None, "--partition", help="Slurm partition (--executor slurm)."),
+    account: str | None = typer.Option(None, "--account", help="Slurm account (--executor slurm)."),
+    qos: str | None = typer.Option(None, "--qos", help="Slurm QOS (--executor slurm)."),
+    time_limit: str = typer.Option("0:30:00", "--time", help="Slurm time limit (--executor slurm)."),
+    setup: str | None = typer.Option(None, "--setup", help="Slurm set-up lines (templates/slurm/default-setup.sh)."),
 ) -> None:
     """Time blocks and collectives on this cluster and write a profile for `orch plan --profile`."""
     from orch.cli.output import console, print_json
@@ -37,10 +44,9 @@ def profile(
 
     if executor not in EXECUTORS:
         raise SpecError("--executor", "", f"expected one of {', '.join(EXECUTORS)}, got '{executor}'")
-    if executor == "slurm":
-        # TODO(profile): submit `profile_rank` through the Slurm executor's launch path once it exists.
-        raise SpecError("--executor", "slurm", "not available yet (the Slurm executor is not built); use local")
-    if nodes is not None:
+    if executor == "slurm" and (nodes is None or nodes < 1):
+        raise SpecError("--nodes", "", "--executor slurm needs --nodes N (N >= 1): the nodes to benchmark")
+    if executor == "local" and nodes is not None:
         raise SpecError("--nodes", "", "only with --executor slurm; locally, --nproc sets the processes")
     if nproc < 1:
         raise SpecError("--nproc", "", f"expected a positive process count, got {nproc}")
@@ -52,6 +58,9 @@ def profile(
     if data_ref is None:
         raise SpecError(model, "data", "the model names no default data; pass --data")
     data_spec = load_data(data_ref)
+    if executor == "slurm":
+        assert nodes is not None
+        nproc = nodes * cluster_spec.gpus_per_node
     rpn = min(cluster_spec.gpus_per_node, nproc)
     if nproc % rpn:
         raise SpecError("--nproc", "", f"{nproc} is not a multiple of the cluster's {rpn} GPUs per node")
@@ -64,11 +73,16 @@ def profile(
         ranks_per_node=rpn,
         quick=quick,
         max_bytes=max_bytes,
-        progress=not json_out,
+        progress=not json_out and executor == "local",
     )
     con = console()
-    con.print(f"profiling {model_spec.name} on {nproc} local gloo processes ({nproc // rpn} nodes x {rpn})")
-    prof = run_profile_local(model_spec, data_spec, cfg, nproc=nproc, workdir=workdir)
+    if executor == "slurm":
+        prof = _profile_on_slurm(
+            model_spec, data_spec, cluster_spec, cfg, nodes or 1, workdir, partition, account, qos, time_limit, setup
+        )
+    else:
+        con.print(f"profiling {model_spec.name} on {nproc} local gloo processes ({nproc // rpn} nodes x {rpn})")
+        prof = run_profile_local(model_spec, data_spec, cfg, nproc=nproc, workdir=workdir)
     prof = prof.model_copy(update={"cluster": cluster_spec.name})
     text = (
         prof.model_dump_json(indent=2) if not out.endswith((".yaml", ".yml")) else to_yaml(prof.model_dump(mode="json"))
@@ -79,6 +93,39 @@ def profile(
         return
     render_profile(prof)
     con.print(f"profile written to [bold]{out}[/]")
+
+
+def _profile_on_slurm(
+    model: ModelSpec,
+    data: DataSpec,
+    cluster: ClusterSpec,
+    cfg: ProfileConfig,
+    nodes: int,
+    workdir: str,
+    partition: str | None,
+    account: str | None,
+    qos: str | None,
+    time_limit: str,
+    setup: str | None,
+) -> Profile:
+    """Submit the benchmark as one allocation (runtime/profile_slurm.py), follow it, build the profile."""
+    from orch.cli.jobs_cmd import _job_failed, _watch
+    from orch.cli.output import console
+    from orch.runtime.profile_slurm import collect_profile, submit_profile
+    from orch.runtime.slurm_sbatch import SlurmOptions
+
+    opts = SlurmOptions(partition=partition, account=account, qos=qos, time=time_limit, setup=setup)
+    record = submit_profile(model, cluster, cfg, nodes, opts, workdir=workdir)
+    con = console()
+    con.print(
+        f"profiling {model.name} on {nodes} node(s) x {cluster.gpus_per_node} task(s): job [bold]{record.job_id}[/], "
+        f"logs in {record.log_folder}",
+        soft_wrap=True,
+    )
+    final = _watch(record.job_id)
+    if final.state != "COMPLETED":
+        raise _job_failed(final)
+    return collect_profile(record, model, data, cfg)
 
 
 def render_profile(prof: Profile) -> None:

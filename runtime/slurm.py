@@ -302,16 +302,22 @@ def submit(
     plan: Plan, data: DataSpec, cfg: RunConfig, opts: SlurmOptions, *, workdir: str | os.PathLike[str]
 ) -> JobRecord:
     """Submit the plan as one allocation; return (and store) its job record."""
-    import submitit
-
     out = Path(workdir).absolute()
     params, _ = build_executor_parameters(plan, opts, out)
-    out.mkdir(parents=True, exist_ok=True)
-    executor = submitit.SlurmExecutor(folder=out / "slurm" / "%j", max_num_timeout=3)
-    executor.update_parameters(**params)
     # Half the warning signal's lead time to reach a step boundary and save; the rest to requeue and exit.
     grace_s = float(params["signal_delay_s"]) / 2  # type: ignore[arg-type]
     task = RankTask(plan.model_dump_json(), data.model_dump_json(), cfg, str(out), grace_s=grace_s)
+    return submit_task(task, params, out, world_size=plan.world_size, steps=cfg.steps)
+
+
+def submit_task(task: object, params: dict[str, object], out: Path, *, world_size: int, steps: int) -> JobRecord:
+    """Submit one submitit callable as an allocation with `params`; return (and store) its job record, so
+    `orch status`, `logs` and `cancel` know it."""
+    import submitit
+
+    out.mkdir(parents=True, exist_ok=True)
+    executor = submitit.SlurmExecutor(folder=out / "slurm" / "%j", max_num_timeout=3)
+    executor.update_parameters(**params)
     try:
         job = executor.submit(task)
     except (subprocess.CalledProcessError, FileNotFoundError, RuntimeError) as exc:
@@ -320,8 +326,8 @@ def submit(
         job_id=str(job.job_id),
         workdir=str(out),
         log_folder=str(job.paths.folder),
-        world_size=plan.world_size,
-        steps=cfg.steps,
+        world_size=world_size,
+        steps=steps,
         tasks_per_node=int(params["ntasks_per_node"]),  # type: ignore[call-overload]
     )
     write_text_atomic(state_dir() / f"{record.job_id}.json", record.model_dump_json(indent=2) + "\n")

@@ -112,13 +112,21 @@ def render_setup(text: str, values: dict[str, str | int]) -> list[str]:
 
 def executor_parameters(plan: Plan, opts: SlurmOptions, workdir: str, setup_text: str) -> dict[str, object]:
     """submitit SlurmExecutor parameters for one allocation of the plan (keys of `update_parameters`)."""
+    nodes, per_node = allocation(plan)
+    name = f"orch-{plan.model.name}"
+    return allocation_parameters(name, nodes, per_node, plan.cluster.cpus_per_gpu, opts, workdir, setup_text)
+
+
+def allocation_parameters(
+    default_name: str, nodes: int, per_node: int, cpus_per_task: int, opts: SlurmOptions, workdir: str, setup_text: str
+) -> dict[str, object]:
+    """submitit parameters of one allocation: `nodes` x `per_node` tasks, one GPU each (a plan's, a profile's)."""
     for flag, value in (("--partition", opts.partition), ("--account", opts.account), ("--qos", opts.qos)):
         check_name(flag, value)
-    job_name = opts.job_name if opts.job_name is not None else f"orch-{plan.model.name}"
+    job_name = opts.job_name if opts.job_name is not None else default_name
     check_name("job name", job_name)
     if any(c in workdir for c in "\n\r\0"):
         raise SpecError("--workdir", "", "must not contain newlines or NUL")
-    nodes, per_node = allocation(plan)
     minutes = parse_time(opts.time)
     values: dict[str, str | int] = {
         "workdir": workdir,
@@ -133,7 +141,7 @@ def executor_parameters(plan: Plan, opts: SlurmOptions, workdir: str, setup_text
         "nodes": nodes,
         "ntasks_per_node": per_node,
         "gpus_per_node": per_node,
-        "cpus_per_task": plan.cluster.cpus_per_gpu,
+        "cpus_per_task": cpus_per_task,
         "signal_delay_s": min(_MAX_SIGNAL_DELAY_S, minutes * 60 // 4),
         "setup": render_setup(setup_text, values),
         # One rank failing ends the step: the peers do not wait in a collective until their timeout.

@@ -213,7 +213,7 @@ def test_plan_with_profile_changes_the_predicted_compute(cli, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--executor", "slurm"], "--executor: slurm: not available yet"),
+        (["--executor", "slurm"], "--nodes: --executor slurm needs --nodes N"),
         (["--executor", "k8s"], "--executor: expected one of local, slurm, got 'k8s'"),
         (["--nproc", "0"], "--nproc: expected a positive process count, got 0"),
         (["--nproc", "3"], "--nproc: 3 is not a multiple of the cluster's 2 GPUs per node"),

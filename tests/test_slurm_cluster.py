@@ -455,3 +455,19 @@ def test_status_of_unknown_job_is_one_line(state_dir, cli):
     assert result.exit_code == 1 and result.output.startswith("error: job 999999: no record in")
     result = cli("cancel", "12; rm -rf /")
     assert result.exit_code == 1 and "is not a Slurm job id" in result.output
+
+
+def test_profile_runs_as_one_allocation_and_writes_the_profile(slurm_cluster, state_dir, tmp_path, cli):
+    """`orch profile --executor slurm --nodes 2`: 2 nodes x 2 tasks benchmark the cluster they run on."""
+    from orch.planner.profile import Profile
+
+    out = tmp_path / "profile.json"
+    args = ["profile", "-m", "tiny", "--executor", "slurm", "--nodes", "2", "--quick", "--max-bytes", "65536"]
+    result = cli(*args, "--out", str(out), "--workdir", str(tmp_path / "w"), "--time", "0:10:00")
+    assert result.exit_code == 0, result.output
+    assert "COMPLETED" in result.output
+    prof = Profile.model_validate_json(out.read_text())
+    assert prof.nproc == 4 and prof.ranks_per_node == 2 and prof.backend == "gloo"
+    assert set(prof.modules) == {"vision", "audio", "llm"}
+    # The job is a known orch job: its record is where `orch status` looks.
+    assert len(list(state_dir.glob("*.json"))) == 1
