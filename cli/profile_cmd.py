@@ -11,7 +11,7 @@ import typer
 
 if TYPE_CHECKING:
     from orch.planner.profile import Profile
-    from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec
+    from orch.planner.specs import ClusterSpec, ModelSpec
     from orch.runtime.profile_bench import ProfileConfig
     from orch.runtime.profile_validate import Validation
 
@@ -78,7 +78,7 @@ def profile(
     con = console()
     if executor == "slurm":
         prof = _profile_on_slurm(
-            model_spec, data_spec, cluster_spec, cfg, nodes or 1, workdir, partition, account, qos, time_limit, setup
+            model_spec, cluster_spec, cfg, nodes or 1, workdir, partition, account, qos, time_limit, setup
         )
     else:
         con.print(f"profiling {model_spec.name} on {nproc} local gloo processes ({nproc // rpn} nodes x {rpn})")
@@ -97,7 +97,6 @@ def profile(
 
 def _profile_on_slurm(
     model: ModelSpec,
-    data: DataSpec,
     cluster: ClusterSpec,
     cfg: ProfileConfig,
     nodes: int,
@@ -125,7 +124,7 @@ def _profile_on_slurm(
     final = _watch(record.job_id)
     if final.state != "COMPLETED":
         raise _job_failed(final)
-    return collect_profile(record, model, data, cfg)
+    return collect_profile(record, model, cfg)
 
 
 def render_profile(prof: Profile) -> None:

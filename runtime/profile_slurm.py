@@ -18,7 +18,7 @@ from pathlib import Path
 
 from orch.planner.errors import OrchError
 from orch.planner.profile import Profile
-from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec
+from orch.planner.specs import ClusterSpec, ModelSpec
 from orch.runtime.profile_bench import ProfileConfig, build_profile
 from orch.runtime.slurm import JobRecord, _python, submit_task
 from orch.runtime.slurm_sbatch import SlurmOptions, allocation_parameters, default_setup_text, sbatch_text
@@ -99,9 +99,8 @@ def submit_profile(
     return submit_task(ProfileTask(cfg, str(out), device), params, out, world_size=world, steps=0)
 
 
-def collect_profile(record: JobRecord, model: ModelSpec, data: DataSpec, cfg: ProfileConfig) -> Profile:
+def collect_profile(record: JobRecord, model: ModelSpec, cfg: ProfileConfig) -> Profile:
     """The profile of a completed job, from rank 0's raw results."""
-    del data  # the config carries the data spec; kept for symmetry with run_profile_local
     path = Path(record.workdir) / RAW
     try:
         raw = json.loads(path.read_text())
