@@ -287,6 +287,11 @@ class Executor:
             for sid, n in counts.items():
                 mine[sid] = mine.get(sid, 0) + n
 
+    def _count_encoder(self, processed: dict[str, dict[int, int]], name: str, samples: list[Sample]) -> None:
+        """The token-count hook for an encoder: its tokens per sample (audio: frames / stem stride)."""
+        fpt = AUDIO_STEM_STRIDE if getattr(self.modules[name], "is_audio", False) else 1
+        self._count(processed, name, {s.id: s.feats[name].shape[0] // fpt for s in samples})
+
     def _chunks(self, name: str, items: list[T]) -> list[list[T]]:
         n = min(self.plan.modules[name].num_micro_batches, max(1, len(items)))
         size = -(-len(items) // n) if items else 0
@@ -452,8 +457,7 @@ class Executor:
                     t_op = time.perf_counter()
                     if kind == "F":
                         chunk = [s for s in inputs[e] if micro_of[s.id] == m]
-                        fpt = 2 if getattr(self.modules[e], "is_audio", False) else 1
-                        self._count(processed, e, {s.id: s.feats[e].shape[0] // fpt for s in chunk})
+                        self._count_encoder(processed, e, chunk)
                         out = encode(self.modules[e], e, chunk, dtype, self.cp[e])
                         moved[(e, m)] = self.boundaries[e].forward(
                             out, batch, self.rank, self.world, table[e], only=members[m], p2p=p2p(e, m)
@@ -490,8 +494,7 @@ class Executor:
             phases[f"{e}.route"] = now - t
             t = now
             if e in self.modules:
-                fpt = 2 if getattr(self.modules[e], "is_audio", False) else 1
-                self._count(processed, e, {s.id: s.feats[e].shape[0] // fpt for s in samples})
+                self._count_encoder(processed, e, samples)
                 out = torch.cat([encode(self.modules[e], e, c, dtype, self.cp[e]) for c in self._chunks(e, samples)])
             else:
                 out = torch.zeros(0, width, dtype=dtype, device=self.device)

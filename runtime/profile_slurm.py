@@ -20,8 +20,8 @@ from orch.planner.errors import OrchError
 from orch.planner.profile import Profile
 from orch.planner.specs import ClusterSpec, ModelSpec
 from orch.runtime.profile_bench import ProfileConfig, build_profile
-from orch.runtime.slurm import JobRecord, _python, submit_task
-from orch.runtime.slurm_sbatch import SlurmOptions, allocation_parameters, default_setup_text, sbatch_text
+from orch.runtime.slurm import JobRecord, _python, rendezvous_port, setup_text, submit_task
+from orch.runtime.slurm_sbatch import SlurmOptions, allocation_parameters, sbatch_text
 
 RAW = "profile-raw.json"
 
@@ -46,8 +46,7 @@ class ProfileTask:
         env = submitit.JobEnvironment()
         per_node = env.num_tasks // max(1, env.num_nodes)
         dev = rank_device(self.device, env.local_rank, per_node)
-        job_id = int("".join(c for c in str(env.job_id) if c.isdigit()) or 0)
-        port = 20000 + (job_id * 7 + int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)) % 20000
+        port = rendezvous_port(env.job_id)
         init_rank(
             env.global_rank,
             env.num_tasks,
@@ -74,10 +73,9 @@ def profile_parameters(
     """(submitit parameters, sbatch text) of a profile over `nodes` nodes of `cluster`."""
     if nodes < 1:
         raise OrchError(f"--nodes {nodes}: expected at least 1 node")
-    setup = default_setup_text() if opts.setup is None else Path(opts.setup).read_text()
     out = str(Path(workdir).absolute())
     params = allocation_parameters(
-        f"orch-profile-{model.name}", nodes, cluster.gpus_per_node, cluster.cpus_per_gpu, opts, out, setup
+        f"orch-profile-{model.name}", nodes, cluster.gpus_per_node, cluster.cpus_per_gpu, opts, out, setup_text(opts)
     )
     return params, sbatch_text(params, str(Path(out) / "slurm" / "%j"), _python())
 

@@ -238,10 +238,7 @@ class RankTask:
         start = _prepare(workdir, self.cfg, env.global_rank)
         if start >= self.cfg.steps:
             return
-        # A port per job incarnation: a requeued job must not meet its predecessor's TIME_WAIT sockets.
-        restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        job_id = int("".join(c for c in str(env.job_id) if c.isdigit()) or 0)
-        port = 20000 + (job_id * 7 + restart) % 20000
+        port = rendezvous_port(env.job_id)
         job = _Job(
             self.plan_json,
             self.data_json,
@@ -279,7 +276,7 @@ def build_executor_parameters(
     plan: Plan, opts: SlurmOptions, workdir: str | os.PathLike[str]
 ) -> tuple[dict[str, object], str]:
     """(submitit parameters, sbatch text) for `plan`; validates every flag and setup value."""
-    setup = default_setup_text() if opts.setup is None else _read_setup(opts.setup)
+    setup = setup_text(opts)
     folder = str(Path(workdir).absolute() / "slurm" / "%j")
     params = executor_parameters(plan, opts, str(Path(workdir).absolute()), setup)
     return params, sbatch_text(params, folder, _python())
@@ -289,6 +286,19 @@ def _python() -> str:
     import shlex
 
     return shlex.quote(sys.executable)
+
+
+def rendezvous_port(job_id: object) -> int:
+    """The rank-0 port of a job: one per job incarnation, so a requeued job never meets its predecessor's
+    TIME_WAIT sockets."""
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    digits = int("".join(c for c in str(job_id) if c.isdigit()) or 0)
+    return 20000 + (digits * 7 + restart) % 20000
+
+
+def setup_text(opts: SlurmOptions) -> str:
+    """The set-up lines: the documented default or the user's --setup file."""
+    return default_setup_text() if opts.setup is None else _read_setup(opts.setup)
 
 
 def _read_setup(path: str) -> str:

@@ -209,22 +209,21 @@ def test_scancel_is_reported_cancelled(slurm_cluster, state_dir, specs, tmp_path
     assert st.state == "CANCELLED" and time.monotonic() - t0 < 60
 
 
-def test_failing_rank_is_reported_and_wait_fails(slurm_cluster, state_dir, specs, tmp_path, cli):
+def _launch_and_wait(specs, cfg, workdir, opts=None):
+    """`orch launch --executor slurm --wait` of the homogeneous plan, as the CLI calls it."""
     from orch.cli.jobs_cmd import launch_slurm
+
+    opts = opts or SlurmOptions(time="5")
+    launch_slurm(_plan(specs, HOMOGENEOUS), specs[1], cfg, opts, workdir=str(workdir), dry_run=False, wait=True)
+
+
+def test_failing_rank_is_reported_and_wait_fails(slurm_cluster, state_dir, specs, tmp_path, cli):
 
     workdir = tmp_path / "run"
     cfg = RunConfig(steps=3, seed=SEED, dtype="float64", fail_at=(2, 1))
     t0 = time.monotonic()
     with pytest.raises(OrchError, match=r"rank 2 failed: RuntimeError: injected failure at step 1") as exc:
-        launch_slurm(
-            _plan(specs, HOMOGENEOUS),
-            specs[1],
-            cfg,
-            SlurmOptions(time="5"),
-            workdir=str(workdir),
-            dry_run=False,
-            wait=True,
-        )
+        _launch_and_wait(specs, cfg, workdir)
     assert time.monotonic() - t0 < JOB_TIMEOUT_S
     (record,) = state_dir.glob("*.json")
     st = job_status(record.stem)
@@ -400,21 +399,12 @@ def test_rank_over_the_memory_limit_is_reported_out_of_memory(slurm_cluster, sta
     """Slurm's --mem, enforced without cgroups (jobacct_gather/linux + OverMemoryKill in the test cluster):
     rank 3 grows past its node's limit at step 1 and is killed (with rank 2, its node's other rank); status names
     rank 3 (sacct's MaxRSSTask), out of memory, with its log."""
-    from orch.cli.jobs_cmd import launch_slurm
 
     workdir = tmp_path / "run"
     # A tiny rank is ~0.4 GB resident: two fit in 1500M; rank 3 then allocates up to 6 GiB at step 1.
     cfg = RunConfig(steps=3, seed=SEED, dtype="float64", oom_at=(3, 1, 6144))
     with pytest.raises(OrchError, match=r"rank 3 failed: out of memory: Slurm killed the ranks on node2") as exc:
-        launch_slurm(
-            _plan(specs, HOMOGENEOUS),
-            specs[1],
-            cfg,
-            SlurmOptions(time="5", mem="1500M"),
-            workdir=str(workdir),
-            dry_run=False,
-            wait=True,
-        )
+        _launch_and_wait(specs, cfg, workdir, SlurmOptions(time="5", mem="1500M"))
     (record,) = state_dir.glob("*.json")
     st = job_status(record.stem)
     assert st.done and st.state != "COMPLETED" and st.failure is not None
@@ -429,20 +419,11 @@ def test_rank_over_the_memory_limit_is_reported_out_of_memory(slurm_cluster, sta
 def test_allocation_refused_in_a_rank_is_reported_out_of_memory(slurm_cluster, state_dir, specs, tmp_path):
     """The in-rank path (a CUDA OutOfMemoryError is the same): rank 1's allocator refuses a request larger
     than the machine; the rank records an out-of-memory failure and status names it, with its log."""
-    from orch.cli.jobs_cmd import launch_slurm
 
     workdir = tmp_path / "run"
     cfg = RunConfig(steps=3, seed=SEED, dtype="float64", oom_at=(1, 1, 1 << 30))  # 1 PiB
     with pytest.raises(OrchError, match=r"rank 1 failed: out of memory: RuntimeError: .*can't allocate memory"):
-        launch_slurm(
-            _plan(specs, HOMOGENEOUS),
-            specs[1],
-            cfg,
-            SlurmOptions(time="5"),
-            workdir=str(workdir),
-            dry_run=False,
-            wait=True,
-        )
+        _launch_and_wait(specs, cfg, workdir)
     (record,) = state_dir.glob("*.json")
     st = job_status(record.stem)
     assert st.state == "FAILED" and st.failure is not None and st.failure.kind == "oom" and st.failure.rank == 1

@@ -184,6 +184,25 @@ def karmarkar_karp(costs: FloatArray, num_ranks: int) -> IntArray:
     return bucket_of_rep[parent]
 
 
+def move_sample(
+    dest: IntArray,
+    loads: FloatArray,
+    tokens: IntArray | None,
+    costs: FloatArray,
+    lengths: IntArray | None,
+    sample: int,
+    src: int,
+    dst: int,
+) -> None:
+    """Move one sample from rank `src` to `dst` in place: its destination, the loads and the token counts."""
+    dest[sample] = dst
+    loads[src] -= costs[sample]
+    loads[dst] += costs[sample]
+    if tokens is not None and lengths is not None:
+        tokens[src] -= lengths[sample]
+        tokens[dst] += lengths[sample]
+
+
 def improve(
     costs: FloatArray,
     dest: IntArray,
@@ -249,17 +268,7 @@ def improve(
         if best is None:
             break
         _, s, t, u = best
-        dest[s] = t
-        loads[top] -= costs[s]
-        loads[t] += costs[s]
-        if tokens is not None and lengths is not None:
-            tokens[top] -= lengths[s]
-            tokens[t] += lengths[s]
-        if u >= 0:
-            dest[u] = top
-            loads[t] -= costs[u]
-            loads[top] += costs[u]
-            if tokens is not None and lengths is not None:
-                tokens[t] -= lengths[u]
-                tokens[top] += lengths[u]
+        move_sample(dest, loads, tokens, costs, lengths, s, top, t)
+        if u >= 0:  # a swap: the partner comes back
+            move_sample(dest, loads, tokens, costs, lengths, u, t, top)
     return dest

@@ -45,7 +45,7 @@ from orch.planner.balance.cost import (
     rank_costs,
     rank_tokens,
 )
-from orch.planner.balance.greedy import improve, lpt, lpt_rounds
+from orch.planner.balance.greedy import improve, lpt, lpt_rounds, move_sample
 from orch.planner.balance.padded import (
     desc_order,
     greedy_starts,
@@ -482,17 +482,9 @@ def repair(ph: PhaseArrays, dest: IntArray, target: float, max_iters: int = _REP
         if best is None:
             return dest, False
         _, a, t, b = best
-        dest[a] = t
-        loads[top] -= costs[a]
-        loads[t] += costs[a]
-        tokens[top] -= lengths[a]
-        tokens[t] += lengths[a]
-        if b >= 0:
-            dest[b] = top
-            loads[t] -= costs[b]
-            loads[top] += costs[b]
-            tokens[t] -= lengths[b]
-            tokens[top] += lengths[b]
+        move_sample(dest, loads, tokens, costs, lengths, a, top, t)
+        if b >= 0:  # a swap: the partner comes back
+            move_sample(dest, loads, tokens, costs, lengths, b, t, top)
     return dest, bool(loads.max() <= target + tol)
 
 
