@@ -51,19 +51,32 @@ def _edges(inp: SearchInput, choice: Choice) -> list[Edge]:
     ]
 
 
+def prediction_terms(inp: SearchInput, choice: Choice) -> dict[str, float]:
+    """The step's parts as the runtime times them (metrics.jsonl), per rank of the module that does them."""
+    terms = {f"{n} fwd+bwd": c.cost.work_s for n, c in choice.modules.items()}
+    llm = inp.model.llm_name
+    terms["boundaries"] = choice.phases.get("boundaries", 0.0) + sum(
+        choice.phases.get(f"{e}->{llm}", 0.0) for e in inp.model.encoder_names
+    )
+    terms["grad sync+optimizer"] = (
+        sum(c.cost.overhead_s * len(module_ranks(inp, choice, n)) for n, c in choice.modules.items()) / inp.world
+    )
+    terms["orchestrator"] = sum(c.cost.orchestrator_s for c in choice.modules.values())
+    return terms
+
+
 def prediction(inp: SearchInput, choice: Choice) -> Prediction:
-    llm = choice.modules[inp.model.llm_name]
     from orch.planner.costs import workload
 
     tokens = workload(inp.model, inp.data, inp.model.llm_name).tokens
     flops = sum(c.cost.model_flops for c in choice.modules.values())
     peak = inp.world * inp.cluster.gpu.peak_tflops * 1e12
-    del llm
     return Prediction(
         step_time_s=choice.step_s,
         tokens_per_s=tokens / choice.step_s if choice.step_s else 0.0,
         mfu=flops / (choice.step_s * peak) if choice.step_s else 0.0,
         phases=dict(choice.phases),
+        terms=prediction_terms(inp, choice),
     )
 
 

@@ -115,6 +115,7 @@ class HomogeneousOption:
     encoders: tuple[Candidate, ...]
     step_s: float
     memory_gb: float  # first pipeline stage: LLM stage 0 plus every encoder
+    boundary_s: float = 0.0  # the encoders' output moves into the LLM's layout, all of them
 
 
 def _divisors(n: int) -> list[int]:
@@ -258,7 +259,7 @@ def module_candidates(
                         module, placement, layout, mb, rc, cost, num_mb, recv_s=_recv_s(inp, layout, placement)
                     )
                 else:
-                    fill = cost.time_s / num_mb if placement == Placement.DISAGGREGATED else 0.0
+                    fill = cost.work_s / num_mb if placement == Placement.DISAGGREGATED else 0.0
                     send = _send_s(inp, module, layout, placement)
                     c = Candidate(module, placement, layout, mb, rc, cost, num_mb, send_s=send, fill_s=fill)
                 out.append(c)
@@ -361,11 +362,12 @@ def _homogeneous(
 ) -> HomogeneousOption:
     pp = llm.layout.pp
     # encoder work joins stage 0's per-micro-batch time: the slowest stage sets the 1F1B pace
-    enc_work = sum(c.cost.time_s - c.cost.dp_s for c in encs)
+    enc_work = sum(c.cost.work_s - c.cost.dp_s for c in encs)
     llm_stage = llm.cost.compute_s + llm.cost.tp_s + llm.cost.cp_s + llm.cost.ep_s + llm.cost.pp_p2p_s
     per_mb = (llm_stage + enc_work) / num_mb
-    step = per_mb * (num_mb + pp - 1) + llm.cost.dp_s + sum(c.cost.dp_s for c in encs) + boundary_s
-    return HomogeneousOption(llm, encs, step, llm.memory_gb + sum(c.memory_gb for c in encs))
+    fixed = llm.cost.fixed_s + sum(c.cost.fixed_s for c in encs)
+    step = per_mb * (num_mb + pp - 1) + llm.cost.dp_s + sum(c.cost.dp_s for c in encs) + boundary_s + fixed
+    return HomogeneousOption(llm, encs, step, llm.memory_gb + sum(c.memory_gb for c in encs), boundary_s)
 
 
 def island_sizes(inp: SearchInput) -> list[int]:

@@ -157,10 +157,22 @@ class ModuleCost:
     params_gb: float
     activations_gb: float
     model_flops: float  # train FLOPs of the step (no recompute), for MFU
+    overhead_s: float = 0.0  # measured fixed work per step: gradient sync and optimizer (LLM: + batch bookkeeping)
+    orchestrator_s: float = 0.0  # measured post-balancing work per step (announce, dispatch, input routes)
+
+    @property
+    def work_s(self) -> float:
+        """The module's forward and backward passes with their collectives and pipeline bubble."""
+        return self.compute_s + self.tp_s + self.cp_s + self.ep_s + self.pp_p2p_s + self.dp_s + self.bubble_s
+
+    @property
+    def fixed_s(self) -> float:
+        """Work once per step whatever the micro-batching: not stretched by a pipeline's fill."""
+        return self.overhead_s + self.orchestrator_s
 
     @property
     def time_s(self) -> float:
-        return self.compute_s + self.tp_s + self.cp_s + self.ep_s + self.pp_p2p_s + self.dp_s + self.bubble_s
+        return self.work_s + self.fixed_s
 
     @property
     def memory_gb(self) -> float:
@@ -185,7 +197,8 @@ def _compute_seconds(
     cluster: ClusterSpec,
     profile: Profile | None,
     cfg: CostConfig,
-) -> float:
+) -> tuple[float, float, float]:
+    """(forward+backward seconds, measured fixed seconds per step, orchestrator seconds per step)."""
     fwd = forward_flops(m, llm, w)
     layer_share = 2 * layer_params(m, active=True) * m.layers * w.tokens + 4 * m.hidden * w.tokens_sq * m.layers
     extra = {Recompute.NONE: 0.0, Recompute.SELECTIVE: 0.1 * layer_share, Recompute.FULL: layer_share}[recompute]
@@ -210,10 +223,10 @@ def _compute_seconds(
             rest_s = rest * passes / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * cluster.mfu)
         # the post-balancing orchestrator's measured per-step work (announce, dispatch, input routes): the LLM's row
         balance_s = profile.balance_step_s if profile is not None and m.kind == ModuleKind.LLM else 0.0
-        return block * layers * scale + max(rest_s, 0.0) + mod.step_overhead_s + balance_s
+        return block * layers * scale + max(rest_s, 0.0), mod.step_overhead_s, balance_s
     tokens_per_gpu = micro_batch * w.stats.mean / layout.cp
     eff = cluster.mfu * gemm_efficiency(m, layout.tp, tokens_per_gpu, cfg)
-    return (fwd * passes + extra) / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * eff)
+    return (fwd * passes + extra) / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * eff), 0.0, 0.0
 
 
 def module_cost(
@@ -243,7 +256,9 @@ def module_cost(
     per_dp = w.samples // dp
     num_mb = max(per_dp // micro_batch, 1)
 
-    compute = _compute_seconds(m, llm, name, w, layout, micro_batch, recompute, cluster, profile, cfg)
+    compute, overhead, orchestrator = _compute_seconds(
+        m, llm, name, w, layout, micro_batch, recompute, cluster, profile, cfg
+    )
 
     # tokens one GPU group (one DP index) handles per micro-batch, and per step
     tokens_mb = micro_batch * w.stats.mean
@@ -304,6 +319,8 @@ def module_cost(
         params_gb=params_gb,
         activations_gb=act_gb,
         model_flops=train_flops(m, llm, w),
+        overhead_s=overhead,
+        orchestrator_s=orchestrator,
     )
 
 

@@ -37,6 +37,8 @@ def evaluate_homogeneous(opt: HomogeneousOption) -> Choice:
     mods = {opt.llm.module: opt.llm, **{c.module: c for c in opt.encoders}}
     phases = {c.module: c.time_s for c in opt.encoders}
     phases[opt.llm.module] = opt.llm.time_s
+    if opt.boundary_s:
+        phases["boundaries"] = opt.boundary_s
     return Choice(Placement.HOMOGENEOUS, mods, opt.step_s, phases)
 
 

@@ -107,6 +107,11 @@ class Prediction(_Model):
     tokens_per_s: float = Field(ge=0)
     mfu: float = Field(ge=0)
     phases: dict[str, float] = Field(default_factory=dict, description="seconds per phase of one step")
+    terms: dict[str, float] = Field(
+        default_factory=dict,
+        description="seconds per step as the runtime times them, per rank that does the work: '<module> fwd+bwd', "
+        "'boundaries', 'grad sync+optimizer' (mean over all ranks), 'orchestrator' (`orch validate` compares these)",
+    )
 
 
 class BaselinePlan(_Model):

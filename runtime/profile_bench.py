@@ -20,6 +20,7 @@ nccl-tests-style collectives inside a node and across nodes.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ from orch.runtime.profile_fit import bandwidths, fit_alpha_beta, fit_compute, me
 _ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
 BOUNDARY_SCALES = (1, 4)  # row multipliers of the boundary case: two message sizes for the alpha-beta fit
 RUNTIME_REPS = 10  # at least this many repetitions of the runtime case (tens of ms each: medians of 3 are noisy)
+MIN_WINDOW_S = 0.02  # a timed window spans several scheduler slices (see _time)
+MAX_CALLS = 64
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
 
@@ -77,16 +80,41 @@ def _tp_degrees(model: ModelSpec, name: str, world: int, ranks_per_node: int) ->
     return [t for t in (1, 2, 4, 8) if t <= ranks_per_node and world % t == 0 and m.heads % t == 0 and m.ffn % t == 0]
 
 
-def _time(fn: Any, reps: int, sync: Any) -> float:
+def _time(fn: Any, reps: int, sync: Any, agree: Any = None) -> float:
+    """Median seconds of one call of `fn` over `reps` timed windows of at least MIN_WINDOW_S each.
+
+    One call of a tiny block is well under a scheduler time slice: where ranks share cores, a lone
+    call either runs undisturbed or waits a whole slice, and its median is neither. A window of
+    many calls sees the share of the core a rank really gets, as a training step does. `agree`
+    makes every rank use the largest call count (collective cases must call equally often).
+    """
     fn()  # warm-up: allocator, autograd graph, DTensor dispatch caches
     sync()
+    t = time.perf_counter()
+    fn()
+    sync()
+    one = time.perf_counter() - t
+    calls = max(1, min(MAX_CALLS, math.ceil(MIN_WINDOW_S / max(one, 1e-9))))
+    if agree is not None:
+        calls = agree(calls)
     times = []
     for _ in range(reps):
         t = time.perf_counter()
-        fn()
+        for _ in range(calls):
+            fn()
         sync()
-        times.append(time.perf_counter() - t)
+        times.append((time.perf_counter() - t) / calls)
     return median(times)
+
+
+def _agree(calls: int, device: Any, group: Any = None) -> int:
+    """The largest call count over the group (every rank of a collective case must call equally often)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([calls], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return int(t.item())
 
 
 def _saved_bytes(fn: Any) -> int:
@@ -146,6 +174,9 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
     def sync() -> None:
         if dev.type == "cuda":
             torch.cuda.synchronize()
+
+    def agree(calls: int) -> int:
+        return _agree(calls, dev)
 
     names = [n for n in model.modules if not cfg.modules or n in cfg.modules]
     rpn = cfg.ranks_per_node
@@ -222,7 +253,7 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
                 def run(blk: Any = blk, x: Any = x, seqlens: list[int] = seqlens) -> None:
                     blk(x, seqlens).sum().backward()
 
-                results[key] = _time(run, cfg.reps, sync)
+                results[key] = _time(run, cfg.reps, sync, agree)
                 if length == max(lengths) and k == max(ks):
                     memory[f"{n}/{t}"] = _peak_bytes(lambda blk=blk, x=x, s=seqlens: blk(x, s), dev) / (k * length)
             elif case[0] == "rest":
@@ -255,7 +286,7 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
                     def run(mod: Any = mod, f: Any = feats, s: list[int] = [length] * k) -> None:
                         mod(f, s).sum().backward()
 
-                results[key] = _time(run, cfg.reps, sync)
+                results[key] = _time(run, cfg.reps, sync, agree)
             elif case[0] == "overhead":
                 n = case[1]
                 full = build_module(n, model).to(dtype).to(dev)
@@ -275,7 +306,7 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
                     opt.step()
                     opt.zero_grad(set_to_none=False)
 
-                results[key] = _time(run, cfg.reps, sync)
+                results[key] = _time(run, cfg.reps, sync, agree)
             elif case[0] == "runtime":
                 results.update(_time_runtime(model, data, cfg, rank, world, dtype))
             elif case[0] == "step":
@@ -295,7 +326,7 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
                     everyone: list[Any] = [None] * world
                     dist.all_gather_object(everyone, {"step": 0.0})
 
-                results[key] = _time(run, cfg.reps, sync)
+                results[key] = _time(run, cfg.reps, sync, agree)
             else:
                 _, kind, op, b_s = case
                 if kind in groups:
@@ -435,7 +466,7 @@ def _time_collective(
                 r.wait()
 
     try:
-        return _time(fn, reps, sync)
+        return _time(fn, reps, sync, lambda c: _agree(c, dev, group))
     except (RuntimeError, NotImplementedError):
         return -1.0  # the backend lacks this op (gloo has no reduce_scatter); left out of the table
 

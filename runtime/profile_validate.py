@@ -2,15 +2,18 @@
 
 Measured step time is the median over steps of the slowest rank's step (the runtime's
 `step_time_s`), leaving out the first step (allocator, autograd and DTensor warm-up) when
-there are more. Phases are medians over steps of the mean over ranks. The plan predicts per
-module (compute, comms, grad sync and optimizer together) and per boundary; the measured
-phases are grouped to match: encoders = their forwards + the encoder backwards.
+there are more. Each row compares one of the plan's `predicted.terms` with the same part of
+the runtime's timings (medians over steps of the mean over the ranks that do the work): a
+module's forward+backward over its own ranks, the boundary moves, gradient sync + optimizer
+and the orchestrator over all ranks; "other" is what no row names (waits at collectives,
+Python). Under graph_1f1b an island's waits for the other island fall inside its module rows.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -64,63 +67,73 @@ def _rel(pred: float, meas: float) -> float:
     return (pred - meas) / meas if meas > 0 else 0.0
 
 
-def _measured_phases(records: list[dict[str, object]]) -> dict[str, float]:
-    per_step: list[dict[str, float]] = []
+def _ranks_of(records: list[dict[str, object]]) -> list[dict[str, dict[str, float]]]:
+    """Per step: rank -> its phase seconds."""
+    out = []
     for rec in records:
         ranks = rec.get("ranks")
-        if not isinstance(ranks, dict) or not ranks:
-            continue
-        keys = {k for r in ranks.values() if isinstance(r, dict) for k in r}
-        per_step.append(
-            {k: statistics.fmean(float(r.get(k, 0.0)) for r in ranks.values() if isinstance(r, dict)) for k in keys}
-        )
-    if not per_step:
-        return {}
-    keys = set().union(*per_step)
-    return {k: statistics.median(s.get(k, 0.0) for s in per_step) for k in keys}
+        if isinstance(ranks, dict) and ranks:
+            out.append({str(r): v for r, v in ranks.items() if isinstance(v, dict)})
+    return out
+
+
+def _median_mean(
+    steps: list[dict[str, dict[str, float]]], ranks: list[str], value: Callable[[dict[str, float]], float]
+) -> float:
+    """Median over steps of the mean over `ranks` of value(rank's phases)."""
+    per_step = [statistics.fmean(value(s.get(r, {})) for r in ranks) for s in steps if ranks]
+    return statistics.median(per_step) if per_step else 0.0
 
 
 def validate(plan: Plan, records: list[dict[str, object]]) -> Validation:
     used = records[1:] if len(records) > 1 else records
     measured = statistics.median(float(r["step_time_s"]) for r in used)  # type: ignore[arg-type]
     predicted = plan.predicted.step_time_s
-    pred = plan.predicted.phases
-    meas = _measured_phases(used)
+    terms = plan.predicted.terms
     encs = plan.model.encoder_names
     llm = plan.model.llm_name
+    steps = _ranks_of(used)
     rows: list[PhaseRow] = []
 
     def add(phase: str, p: float | None, m: float | None) -> None:
         err = _rel(p, m) if p is not None and m is not None else None
         rows.append(PhaseRow(phase=phase, predicted_s=p, measured_s=m, relative_error=err))
 
-    if meas:
-        enc_fwd = sum(meas.get(f"{e}.fwd", 0.0) for e in encs)
-        bnd_fwd = sum(meas.get(f"{e}.boundary", 0.0) for e in encs)
-        bnd_bwd = sum(meas.get(f"{e}.boundary_bwd", 0.0) for e in encs)
-        if any(f"{e}.bwd" in meas for e in encs):
-            enc_bwd = sum(meas.get(f"{e}.bwd", 0.0) for e in encs)
-        else:  # older runtimes time the boundary and encoder backwards together
-            enc_bwd = meas.get("encoders.bwd", 0.0) - bnd_bwd
-        llm_s = meas.get(f"{llm}.fwd_bwd", 0.0)
-        sync = meas.get("grad_sync", 0.0) + meas.get("optimizer", 0.0)
-        for e in encs:
-            add(e, pred.get(e), None)
-        add("encoders (fwd+bwd)", sum(pred.get(e, 0.0) for e in encs), enc_fwd + enc_bwd)
-        add("boundaries (fwd+bwd)", sum(pred.get(f"{e}->{llm}", 0.0) for e in encs), bnd_fwd + bnd_bwd)
-        add(llm, pred.get(llm), llm_s)
-        add("grad_sync+optimizer (in module rows)", None, sync)
-        add(
-            "modules incl. grad_sync+optimizer",
-            sum(pred.get(e, 0.0) for e in encs) + pred.get(llm, 0.0),
-            enc_fwd + enc_bwd + llm_s + sync,
-        )
-        phases_sum = meas.get("step", 0.0)
-        known = enc_fwd + enc_bwd + bnd_fwd + bnd_bwd + llm_s + sync
-        if phases_sum > known:
-            add("other (dispatch, routing, python)", None, phases_sum - known)
-        if "fill" in pred:
-            add("fill", pred["fill"], None)
+    def module_s(name: str, ph: dict[str, float]) -> float:
+        if name == llm:
+            return ph.get(f"{llm}.fwd_bwd", 0.0)
+        return ph.get(f"{name}.fwd", 0.0) + ph.get(f"{name}.bwd", 0.0)
+
+    def boundary_s(ph: dict[str, float]) -> float:
+        return sum(ph.get(f"{e}.boundary", 0.0) + ph.get(f"{e}.boundary_bwd", 0.0) for e in encs)
+
+    def sync_s(ph: dict[str, float]) -> float:
+        return ph.get("grad_sync", 0.0) + ph.get("optimizer", 0.0)
+
+    def orchestrator_s(ph: dict[str, float]) -> float:
+        return ph.get("dispatch", 0.0) + sum(v for k, v in ph.items() if k == "route" or k.endswith(".route"))
+
+    if steps:
+        everyone = sorted({r for s in steps for r in s}, key=int)
+        for name in plan.modules:
+            ranks = [str(r) for r in plan.modules[name].ranks]
+            add(
+                f"{name} fwd+bwd",
+                terms.get(f"{name} fwd+bwd"),
+                _median_mean(steps, ranks, lambda ph, n=name: module_s(n, ph)),
+            )
+        has_boundary = any(f"{e}.boundary" in ph for s in steps for ph in s.values() for e in encs)
+        add("boundaries", terms.get("boundaries"), _median_mean(steps, everyone, boundary_s) if has_boundary else None)
+        add("grad sync+optimizer", terms.get("grad sync+optimizer"), _median_mean(steps, everyone, sync_s))
+        add("orchestrator (dispatch, routes)", terms.get("orchestrator"), _median_mean(steps, everyone, orchestrator_s))
+
+        def rest(ph: dict[str, float]) -> float:
+            known = sum(module_s(n, ph) for n in plan.modules) + boundary_s(ph) + sync_s(ph) + orchestrator_s(ph)
+            return max(ph.get("step", 0.0) - known, 0.0)
+
+        add("other (waits, python)", None, _median_mean(steps, everyone, rest))
+        if "fill" in plan.predicted.phases:
+            add("fill", plan.predicted.phases["fill"], None)
     add("step", predicted, measured)
     return Validation(
         placement=str(plan.placement),

@@ -143,3 +143,31 @@ def test_profiled_tp_shard_is_not_charged_tp_traffic_twice():
     prof = Profile(device="cpu", backend="gloo", modules={"llm": ModuleProfile(block={2: fit})})
     measured = module_cost(model, data, cluster, "llm", lay, 1, Recompute.NONE, in_flight=1, profile=prof)
     assert plain.tp_s > 0 and measured.tp_s == 0
+
+
+def test_measured_per_step_work_is_not_stretched_by_the_pipeline():
+    """Gradient sync, optimizer and the orchestrator run once per step: a pipeline's fill and drain
+    (the bubble) scale the micro-batches' work, never these."""
+    from orch.planner.profile import ComputeFit, ModuleProfile, Profile
+
+    model = load_model("tiny")
+    data = load_data("tiny-mix")
+    cluster = load_cluster("local-cpu")
+    fit = ComputeFit(c0=0.0, c1=1e-4, c2=0.0)
+
+    def cost(overhead: float, balance: float):
+        prof = Profile(
+            device="cpu",
+            backend="gloo",
+            modules={"llm": ModuleProfile(block={1: fit}, step_overhead_s=overhead)},
+            balance_step_s=balance,
+        )
+        return module_cost(
+            model, data, cluster, "llm", Layout(pp=2, dp=2), 1, Recompute.NONE, in_flight=2, profile=prof
+        )
+
+    bare, loaded = cost(0.0, 0.0), cost(0.5, 0.25)
+    assert loaded.overhead_s == 0.5 and loaded.orchestrator_s == 0.25
+    assert loaded.bubble_s == pytest.approx(bare.bubble_s)
+    assert loaded.work_s == pytest.approx(bare.work_s)
+    assert loaded.time_s == pytest.approx(bare.time_s + 0.75)

@@ -170,3 +170,43 @@ def test_alternatives_show_the_best_of_every_other_placement():
     assert set(placements) | {plan.placement} == set(Placement)
     times = [a.predicted.step_time_s for a in plan.alternatives]
     assert times == sorted(times) and times[0] >= plan.predicted.step_time_s * (1 - 1e-6)
+
+
+def test_prediction_terms_add_up_to_the_homogeneous_step():
+    """`predicted.terms` splits the step the way the runtime times it: per module, boundaries, grad sync
+    and optimizer, orchestrator. A homogeneous plan without PP runs them one after another on every rank."""
+    from orch.planner.profile import BoundaryFit, ComputeFit, ModuleProfile, Profile
+
+    fit = ComputeFit(c0=1e-4, c1=1e-5, c2=1e-8, call_s=1e-3)
+    prof = Profile(
+        device="cpu",
+        backend="gloo",
+        modules={
+            n: ModuleProfile(block={1: fit}, step_overhead_s=0.01 * (i + 1))
+            for i, n in enumerate(("vision", "audio", "llm"))
+        },
+        boundary=BoundaryFit(alpha_s=0.002, gbps=0.5),
+        balance_step_s=0.03,
+    )
+    inp = SearchInput(
+        load_model("tiny"),
+        load_cluster("local-cpu"),
+        load_data("tiny-mix"),
+        profile=prof,
+        placements=(Placement.HOMOGENEOUS,),
+    )
+    plan = make_plan(inp)
+    terms = plan.predicted.terms
+    assert set(terms) == {
+        "vision fwd+bwd",
+        "audio fwd+bwd",
+        "llm fwd+bwd",
+        "boundaries",
+        "grad sync+optimizer",
+        "orchestrator",
+    }
+    assert plan.modules["llm"].layout.pp == 1
+    assert terms["grad sync+optimizer"] == pytest.approx(0.06)  # every module on every rank
+    assert terms["orchestrator"] == pytest.approx(0.03)
+    assert terms["boundaries"] > 2 * 0.002  # two encoders, each at least the fit's alpha
+    assert sum(terms.values()) == pytest.approx(plan.predicted.step_time_s)

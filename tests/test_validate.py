@@ -19,7 +19,16 @@ def known_plan(plan_file, tmp_path):
     path, _, _ = plan_file
     plan = Plan.model_validate(yaml.safe_load(path.read_text()))
     phases = {"vision": 0.1, "vision->llm": 0.02, "llm": 0.3}
-    plan = plan.model_copy(update={"predicted": Prediction(step_time_s=0.5, tokens_per_s=0, mfu=0, phases=phases)})
+    terms = {
+        "vision fwd+bwd": 0.1,
+        "audio fwd+bwd": 0.0,
+        "llm fwd+bwd": 0.2,
+        "boundaries": 0.02,
+        "grad sync+optimizer": 0.15,
+        "orchestrator": 0.01,
+    }
+    pred = Prediction(step_time_s=0.5, tokens_per_s=0, mfu=0, phases=phases, terms=terms)
+    plan = plan.model_copy(update={"predicted": pred})
     out = tmp_path / "known.yaml"
     out.write_text(yaml.safe_dump(plan.model_dump(mode="json")))
     return out
@@ -38,6 +47,8 @@ def _metrics(tmp_path, steps: list[float]):
                 "encoders.bwd": 0.06,
                 "grad_sync": 0.1,
                 "optimizer": 0.02,
+                "dispatch": 0.004,
+                "llm.route": 0.006,
                 "step": s,
             }
         )
@@ -57,17 +68,20 @@ def test_validate_on_a_hand_written_metrics_file(cli, tmp_path, known_plan):
     assert v.relative_error == pytest.approx(0.0)
     assert v.steps_used == 3
     rows = {r.phase: r for r in v.phases}
-    assert rows["encoders (fwd+bwd)"].measured_s == pytest.approx(0.10)
-    assert rows["encoders (fwd+bwd)"].relative_error == pytest.approx(0.0)
-    assert rows["boundaries (fwd+bwd)"].measured_s == pytest.approx(0.02)
-    assert rows["llm"].predicted_s == pytest.approx(0.3)
-    assert rows["llm"].relative_error == pytest.approx(0.05 / 0.25)
-    assert rows["grad_sync+optimizer (in module rows)"].measured_s == pytest.approx(0.12)
-    assert rows["modules incl. grad_sync+optimizer"].measured_s == pytest.approx(0.47)
+    assert rows["vision fwd+bwd"].measured_s == pytest.approx(0.10)
+    assert rows["vision fwd+bwd"].relative_error == pytest.approx(0.0)
+    assert rows["boundaries"].measured_s == pytest.approx(0.02)
+    assert rows["llm fwd+bwd"].predicted_s == pytest.approx(0.2)
+    assert rows["llm fwd+bwd"].relative_error == pytest.approx(-0.05 / 0.25)
+    assert rows["grad sync+optimizer"].measured_s == pytest.approx(0.12)
+    assert rows["grad sync+optimizer"].relative_error == pytest.approx(0.03 / 0.12)
+    assert rows["orchestrator (dispatch, routes)"].measured_s == pytest.approx(0.01)
+    # the step's median (0.5) less every named part: 0.10 + 0.25 + 0.02 + 0.12 + 0.01
+    assert rows["other (waits, python)"].measured_s == pytest.approx(0.0)
     # the table form prints the same rows
     table = cli("validate", "--plan", str(known_plan), "--metrics", str(metrics))
     assert table.exit_code == 0, table.output
-    assert "encoders (fwd+bwd)" in table.output and "+0%" in table.output
+    assert "vision fwd+bwd" in table.output and "+0%" in table.output
 
 
 def test_validate_relative_error_sign(cli, tmp_path, known_plan):
