@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orch.planner.data import TokenStats, token_stats
+from orch.planner.imbalance import residual_imbalance
 from orch.planner.plan import Layout, Recompute
 from orch.planner.profile import Profile
 from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec, ModuleKind, ModuleSpec
@@ -197,6 +198,8 @@ def _compute_seconds(
     cluster: ClusterSpec,
     profile: Profile | None,
     cfg: CostConfig,
+    data: DataSpec,
+    llm_name: str,
 ) -> tuple[float, float, float]:
     """(forward+backward seconds, measured fixed seconds per step, orchestrator seconds per step)."""
     fwd = forward_flops(m, llm, w)
@@ -211,13 +214,17 @@ def _compute_seconds(
         per_gpu_sq = w.tokens_sq / (layout.dp * layout.cp * layout.cp)
         samples = w.samples * w.stats.present / layout.dp
         calls = max(w.samples / layout.dp / max(micro_batch, 1), 1.0)  # packed micro-batch calls per DP rank
-        block = fit.c0 * samples + fit.c1 * per_gpu_tokens + fit.c2 * per_gpu_sq + fit.call_s * calls
+        # the slowest DP rank sets the pace: the balanced batch's residual max/mean (planner/imbalance.py)
+        dp_per_node = max(cluster.gpus_per_node // (layout.tp * layout.cp), 1)
+        slowest = residual_imbalance(data, name, llm_name, layout.dp, dp_per_node, (fit.c0, fit.c1, fit.c2))
+        block = (fit.c0 * samples + fit.c1 * per_gpu_tokens + fit.c2 * per_gpu_sq) * slowest + fit.call_s * calls
         layers = m.layers / layout.pp
         scale = (passes + (extra / fwd if fwd else 0)) / 3.0
         if mod.rest is not None:
             # measured stem/projector (encoders) or embedding/head/loss (LLM), on the first/last stage only
             r = mod.rest
-            rest_s = (r.c0 * samples + r.c1 * per_gpu_tokens + r.c2 * per_gpu_sq + r.call_s * calls) * passes / 3.0
+            per_sample = (r.c0 * samples + r.c1 * per_gpu_tokens + r.c2 * per_gpu_sq) * slowest
+            rest_s = (per_sample + r.call_s * calls) * passes / 3.0
         else:
             rest = fwd - layer_share
             rest_s = rest * passes / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * cluster.mfu)
@@ -257,7 +264,7 @@ def module_cost(
     num_mb = max(per_dp // micro_batch, 1)
 
     compute, overhead, orchestrator = _compute_seconds(
-        m, llm, name, w, layout, micro_batch, recompute, cluster, profile, cfg
+        m, llm, name, w, layout, micro_batch, recompute, cluster, profile, cfg, data, model.llm_name
     )
 
     # tokens one GPU group (one DP index) handles per micro-batch, and per step
