@@ -119,7 +119,8 @@ def test_cost_model_adds_call_rest_and_step_overhead():
     plain = Profile(device="cpu", backend="gloo", modules={"llm": base})
 
     def compute(prof: Profile, mb: int = 2) -> float:
-        return module_cost(model, data, cluster, "llm", lay, mb, Recompute.NONE, in_flight=1, profile=prof).compute_s
+        c = module_cost(model, data, cluster, "llm", lay, mb, Recompute.NONE, in_flight=1, profile=prof)
+        return c.compute_s + c.fixed_s
 
     with_call = base.model_copy(update={"block": {1: ComputeFit(c0=1e-4, c1=1e-6, call_s=1e-3)}})
     calls = data.global_batch / 4 / 2
@@ -152,7 +153,9 @@ def test_cost_model_adds_the_measured_orchestrator_step_to_the_llm_only():
     balanced = plain.model_copy(update={"balance_step_s": 0.04})
 
     def compute(name: str, prof: Profile) -> float:
-        return module_cost(model, data, cluster, name, lay, 2, Recompute.NONE, in_flight=1, profile=prof).compute_s
+        c = module_cost(model, data, cluster, name, lay, 2, Recompute.NONE, in_flight=1, profile=prof)
+        assert c.orchestrator_s == (prof.balance_step_s if name == "llm" else 0.0)
+        return c.compute_s + c.fixed_s
 
     assert compute("llm", balanced) == pytest.approx(compute("llm", plain) + 0.04)
     assert compute("vision", balanced) == pytest.approx(compute("vision", plain))
@@ -189,11 +192,13 @@ def _datasheet_rest(prof: Profile, compute) -> float:
     """The FLOP-based rest the measured one replaces: compute minus the blocks' share."""
     model, data = load_model("tiny"), load_data("tiny-mix")
     from orch.planner.costs import workload
+    from orch.planner.imbalance import residual_imbalance
 
     w = workload(model, data, "llm")
     fit = prof.modules["llm"].block[1]
     samples = w.samples * w.stats.present / 4
-    return compute(prof) - (fit.c0 * samples + fit.c1 * w.tokens / 4) * model.llm.layers
+    slowest = residual_imbalance(data, "llm", "llm", 4, 2, (fit.c0, fit.c1, fit.c2))  # the slowest of 4 DP ranks
+    return compute(prof) - (fit.c0 * samples + fit.c1 * w.tokens / 4) * slowest * model.llm.layers
 
 
 def test_plan_with_profile_changes_the_predicted_compute(cli, tmp_path):
