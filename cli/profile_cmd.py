@@ -169,6 +169,12 @@ def render_profile(prof: Profile) -> None:
     console().print(c)
     for kind, lf in prof.links.items():
         console().print(f"{kind}: alpha {lf.alpha_s * 1e6:.0f} µs, {lf.gbps:.2f} GB/s (send/recv fit)")
+    if prof.boundary is not None:
+        b = prof.boundary
+        console().print(f"boundary move (fwd+bwd, per encoder): alpha {b.alpha_s * 1e6:.0f} µs, {b.gbps:.2f} GB/s")
+    console().print(
+        f"per step: orchestrator {prof.balance_step_s * 1e3:.1f} ms, bookkeeping {prof.step_bookkeeping_s * 1e3:.1f} ms"
+    )
 
 
 def validate(

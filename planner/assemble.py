@@ -61,7 +61,9 @@ def prediction_terms(inp: SearchInput, choice: Choice) -> dict[str, float]:
     terms["grad sync+optimizer"] = (
         sum(c.cost.overhead_s * len(module_ranks(inp, choice, n)) for n, c in choice.modules.items()) / inp.world
     )
-    terms["orchestrator"] = sum(c.cost.orchestrator_s for c in choice.modules.values())
+    prof = inp.profile
+    terms["orchestrator"] = prof.balance_step_s if prof is not None else 0.0
+    terms["step bookkeeping"] = prof.step_bookkeeping_s if prof is not None else 0.0
     return terms
 
 

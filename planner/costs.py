@@ -159,7 +159,9 @@ class ModuleCost:
     activations_gb: float
     model_flops: float  # train FLOPs of the step (no recompute), for MFU
     overhead_s: float = 0.0  # measured fixed work per step: gradient sync and optimizer (LLM: + batch bookkeeping)
-    orchestrator_s: float = 0.0  # measured post-balancing work per step (announce, dispatch, input routes)
+    orchestrator_s: float = (
+        0.0  # measured runtime work per step: orchestrator (announce, dispatch, routes), bookkeeping
+    )
 
     @property
     def work_s(self) -> float:
@@ -229,7 +231,10 @@ def _compute_seconds(
             rest = fwd - layer_share
             rest_s = rest * passes / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * cluster.mfu)
         # the post-balancing orchestrator's measured per-step work (announce, dispatch, input routes): the LLM's row
-        balance_s = profile.balance_step_s if profile is not None and m.kind == ModuleKind.LLM else 0.0
+        # the runtime's measured per-step work outside the modules (orchestrator, batch bookkeeping): the LLM's row
+        balance_s = 0.0
+        if profile is not None and m.kind == ModuleKind.LLM:
+            balance_s = profile.balance_step_s + profile.step_bookkeeping_s
         return block * layers * scale + max(rest_s, 0.0), mod.step_overhead_s, balance_s
     tokens_per_gpu = micro_batch * w.stats.mean / layout.cp
     eff = cluster.mfu * gemm_efficiency(m, layout.tp, tokens_per_gpu, cfg)

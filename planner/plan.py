@@ -110,7 +110,8 @@ class Prediction(_Model):
     terms: dict[str, float] = Field(
         default_factory=dict,
         description="seconds per step as the runtime times them, per rank that does the work: '<module> fwd+bwd', "
-        "'boundaries', 'grad sync+optimizer' (mean over all ranks), 'orchestrator' (`orch validate` compares these)",
+        "'boundaries', 'grad sync+optimizer' (mean over all ranks), 'orchestrator', 'step bookkeeping' "
+        "(`orch validate` compares these)",
     )
 
 

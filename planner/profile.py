@@ -43,8 +43,9 @@ class ModuleProfile(_Model):
         default=0.0,
         ge=0,
         description="fixed seconds per step: gradient sync of the module's parameter tensors and its optimizer step "
-        "(the LLM also carries the step's batch assembly and metric collectives; the boundary moves and the "
-        "orchestrator are Profile.boundary and Profile.balance_step_s)",
+        "(the step's batch assembly and metric collectives are Profile.step_bookkeeping_s, the boundary moves and "
+        "the orchestrator Profile.boundary and Profile.balance_step_s; profiles written before step_bookkeeping_s "
+        "existed carry it in the LLM's)",
     )
 
 
@@ -97,4 +98,10 @@ class Profile(_Model):
         default=0.0,
         ge=0,
         description="the post-balancing orchestrator's per-step work: length announce, dispatch and input routes",
+    )
+    step_bookkeeping_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="the runtime's per-step work outside modules and orchestrator: batch assembly, the loss "
+        "all_reduce and the metrics gather",
     )

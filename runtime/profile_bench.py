@@ -495,8 +495,6 @@ def build_profile(raw: dict[str, Any], model: ModelSpec, cfg: ProfileConfig, wor
             continue
         rest_pts = _points(times, f"rest/{n}/1/")
         overhead = times.get(f"overhead/{n}", 0.0)
-        if model.modules[n].kind == ModuleKind.LLM:
-            overhead += times.get("step", 0.0)
         modules[n] = ModuleProfile(block=fits, rest=_fit(rest_pts, 0.0) if rest_pts else None, step_overhead_s=overhead)
     rows: list[CollectiveRow] = []
     links: dict[str, LinkFit] = {}
@@ -538,6 +536,7 @@ def build_profile(raw: dict[str, Any], model: ModelSpec, cfg: ProfileConfig, wor
         quick=cfg.quick,
         boundary=boundary,
         balance_step_s=times.get("balance", 0.0),
+        step_bookkeeping_s=times.get("step", 0.0),
     )
 
 

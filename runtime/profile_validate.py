@@ -3,10 +3,15 @@
 Measured step time is the median over steps of the slowest rank's step (the runtime's
 `step_time_s`), leaving out the first step (allocator, autograd and DTensor warm-up) when
 there are more. Each row compares one of the plan's `predicted.terms` with the same part of
-the runtime's timings (medians over steps of the mean over the ranks that do the work): a
-module's forward+backward over its own ranks, the boundary moves, gradient sync + optimizer
-and the orchestrator over all ranks; "other" is what no row names (waits at collectives,
-Python). Under graph_1f1b an island's waits for the other island fall inside its module rows.
+the runtime's timings, a median over steps of:
+- a module's forward+backward: the slowest of its ranks (the next collective waits for it; the
+  planner prices that rank too, planner/imbalance.py);
+- a collective (boundary moves, gradient sync, the orchestrator's dispatch and routes): the
+  rank that spent least in it, the last to arrive, whose time is the collective's own and not a
+  wait for the others;
+- the rest of the step (the slowest rank's step less the rows above): batch bookkeeping, the
+  waits no row names, Python; predicted as the profile's measured bookkeeping.
+Under graph_1f1b an island's waits for the other island fall inside its module rows.
 """
 
 from __future__ import annotations
@@ -77,17 +82,20 @@ def _ranks_of(records: list[dict[str, object]]) -> list[dict[str, dict[str, floa
     return out
 
 
-def _median_mean(
-    steps: list[dict[str, dict[str, float]]], ranks: list[str], value: Callable[[dict[str, float]], float]
-) -> float:
-    """Median over steps of the mean over `ranks` of value(rank's phases)."""
-    per_step = [statistics.fmean(value(s.get(r, {})) for r in ranks) for s in steps if ranks]
-    return statistics.median(per_step) if per_step else 0.0
+def _over_ranks(
+    steps: list[dict[str, dict[str, float]]],
+    ranks: list[str],
+    value: Callable[[dict[str, float]], float],
+    how: Callable[[list[float]], float],
+) -> list[float]:
+    """Per step: how(value(rank's phases) for rank in ranks)."""
+    return [how([value(s.get(r, {})) for r in ranks]) for s in steps] if ranks else []
 
 
 def validate(plan: Plan, records: list[dict[str, object]]) -> Validation:
     used = records[1:] if len(records) > 1 else records
-    measured = statistics.median(float(r["step_time_s"]) for r in used)  # type: ignore[arg-type]
+    step_times = [float(r["step_time_s"]) for r in used]  # type: ignore[arg-type]
+    measured = statistics.median(step_times)
     predicted = plan.predicted.step_time_s
     terms = plan.predicted.terms
     encs = plan.model.encoder_names
@@ -99,39 +107,58 @@ def validate(plan: Plan, records: list[dict[str, object]]) -> Validation:
         err = _rel(p, m) if p is not None and m is not None else None
         rows.append(PhaseRow(phase=phase, predicted_s=p, measured_s=m, relative_error=err))
 
-    def module_s(name: str, ph: dict[str, float]) -> float:
+    def module_s(name: str) -> Callable[[dict[str, float]], float]:
         if name == llm:
-            return ph.get(f"{llm}.fwd_bwd", 0.0)
-        return ph.get(f"{name}.fwd", 0.0) + ph.get(f"{name}.bwd", 0.0)
+            return lambda ph: ph.get(f"{llm}.fwd_bwd", 0.0)
+        return lambda ph: ph.get(f"{name}.fwd", 0.0) + ph.get(f"{name}.bwd", 0.0)
 
-    def boundary_s(ph: dict[str, float]) -> float:
-        return sum(ph.get(f"{e}.boundary", 0.0) + ph.get(f"{e}.boundary_bwd", 0.0) for e in encs)
+    def key_s(key: str) -> Callable[[dict[str, float]], float]:
+        return lambda ph: ph.get(key, 0.0)
 
-    def sync_s(ph: dict[str, float]) -> float:
-        return ph.get("grad_sync", 0.0) + ph.get("optimizer", 0.0)
+    def routes_s(ph: dict[str, float]) -> float:
+        return sum(v for k, v in ph.items() if k == "route" or k.endswith(".route"))
 
-    def orchestrator_s(ph: dict[str, float]) -> float:
-        return ph.get("dispatch", 0.0) + sum(v for k, v in ph.items() if k == "route" or k.endswith(".route"))
-
-    if steps:
+    if steps and len(steps) == len(step_times):
         everyone = sorted({r for s in steps for r in s}, key=int)
+        parts: list[list[float]] = []
+
+        def row(phase: str, pred: float | None, per_step: list[float]) -> None:
+            parts.append(per_step)
+            add(phase, pred, statistics.median(per_step))
+
+        # compute: the slowest of the module's ranks (the next collective waits for it)
         for name in plan.modules:
             ranks = [str(r) for r in plan.modules[name].ranks]
-            add(
-                f"{name} fwd+bwd",
-                terms.get(f"{name} fwd+bwd"),
-                _median_mean(steps, ranks, lambda ph, n=name: module_s(n, ph)),
+            row(f"{name} fwd+bwd", terms.get(f"{name} fwd+bwd"), _over_ranks(steps, ranks, module_s(name), max))
+        # collectives: the last rank to arrive waits least; its time is the collective's own
+        if any(f"{e}.boundary" in ph for s in steps for ph in s.values() for e in encs):
+            per = [0.0] * len(steps)
+            for e in encs:
+                for key in (f"{e}.boundary", f"{e}.boundary_bwd"):
+                    per = [a + b for a, b in zip(per, _over_ranks(steps, everyone, key_s(key), min), strict=True)]
+            row("boundaries", terms.get("boundaries"), per)
+        else:
+            add("boundaries", terms.get("boundaries"), None)
+        sync = [
+            a + b
+            for a, b in zip(
+                _over_ranks(steps, everyone, key_s("grad_sync"), min),
+                _over_ranks(steps, everyone, key_s("optimizer"), max),
+                strict=True,
             )
-        has_boundary = any(f"{e}.boundary" in ph for s in steps for ph in s.values() for e in encs)
-        add("boundaries", terms.get("boundaries"), _median_mean(steps, everyone, boundary_s) if has_boundary else None)
-        add("grad sync+optimizer", terms.get("grad sync+optimizer"), _median_mean(steps, everyone, sync_s))
-        add("orchestrator (dispatch, routes)", terms.get("orchestrator"), _median_mean(steps, everyone, orchestrator_s))
-
-        def rest(ph: dict[str, float]) -> float:
-            known = sum(module_s(n, ph) for n in plan.modules) + boundary_s(ph) + sync_s(ph) + orchestrator_s(ph)
-            return max(ph.get("step", 0.0) - known, 0.0)
-
-        add("other (waits, python)", None, _median_mean(steps, everyone, rest))
+        ]
+        row("grad sync+optimizer", terms.get("grad sync+optimizer"), sync)
+        orch = [
+            a + b
+            for a, b in zip(
+                _over_ranks(steps, everyone, key_s("dispatch"), min),
+                _over_ranks(steps, everyone, routes_s, min),
+                strict=True,
+            )
+        ]
+        row("orchestrator (dispatch, routes)", terms.get("orchestrator"), orch)
+        rest = [max(t - sum(p[i] for p in parts), 0.0) for i, t in enumerate(step_times)]
+        add("bookkeeping, waits, python", terms.get("step bookkeeping"), statistics.median(rest))
         if "fill" in plan.predicted.phases:
             add("fill", plan.predicted.phases["fill"], None)
     add("step", predicted, measured)

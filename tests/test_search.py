@@ -187,6 +187,7 @@ def test_prediction_terms_add_up_to_the_homogeneous_step():
         },
         boundary=BoundaryFit(alpha_s=0.002, gbps=0.5),
         balance_step_s=0.03,
+        step_bookkeeping_s=0.005,
     )
     inp = SearchInput(
         load_model("tiny"),
@@ -204,9 +205,11 @@ def test_prediction_terms_add_up_to_the_homogeneous_step():
         "boundaries",
         "grad sync+optimizer",
         "orchestrator",
+        "step bookkeeping",
     }
     assert plan.modules["llm"].layout.pp == 1
     assert terms["grad sync+optimizer"] == pytest.approx(0.06)  # every module on every rank
     assert terms["orchestrator"] == pytest.approx(0.03)
+    assert terms["step bookkeeping"] == pytest.approx(0.005)
     assert terms["boundaries"] > 2 * 0.002  # two encoders, each at least the fit's alpha
     assert sum(terms.values()) == pytest.approx(plan.predicted.step_time_s)

@@ -9,10 +9,6 @@ from orch.planner.plan import Plan, Prediction
 from orch.runtime.profile_validate import Validation
 
 
-def _ranks(**phases: float) -> dict[str, dict[str, float]]:
-    return {str(r): dict(phases) for r in range(2)}
-
-
 @pytest.fixture
 def known_plan(plan_file, tmp_path):
     """The 2-rank tiny plan with a known prediction."""
@@ -26,6 +22,7 @@ def known_plan(plan_file, tmp_path):
         "boundaries": 0.02,
         "grad sync+optimizer": 0.15,
         "orchestrator": 0.01,
+        "step bookkeeping": 0.05,
     }
     pred = Prediction(step_time_s=0.5, tokens_per_s=0, mfu=0, phases=phases, terms=terms)
     plan = plan.model_copy(update={"predicted": pred})
@@ -35,31 +32,41 @@ def known_plan(plan_file, tmp_path):
 
 
 def _metrics(tmp_path, steps: list[float]):
+    """Two ranks: rank 0 computes longer, so rank 1 waits for it inside every collective."""
     lines = []
     for k, s in enumerate(steps):
-        ph = _ranks(
-            **{
-                "vision.fwd": 0.05,
-                "vision.boundary": 0.01,
-                "llm.fwd_bwd": 0.25,
-                "vision.boundary_bwd": 0.01,
-                "vision.bwd": 0.05,
-                "encoders.bwd": 0.06,
-                "grad_sync": 0.1,
-                "optimizer": 0.02,
-                "dispatch": 0.004,
-                "llm.route": 0.006,
-                "step": s,
-            }
-        )
-        lines.append(json.dumps({"step": k, "loss": 1.0, "tokens": 10, "step_time_s": s, "setup_s": 0, "ranks": ph}))
+        slow = {
+            "vision.fwd": 0.05,
+            "vision.bwd": 0.05,
+            "llm.fwd_bwd": 0.25,
+            "vision.boundary": 0.01,
+            "vision.boundary_bwd": 0.01,
+            "grad_sync": 0.1,
+            "optimizer": 0.01,
+            "dispatch": 0.004,
+            "llm.route": 0.006,
+            "step": s,
+        }
+        fast = {
+            **slow,
+            "vision.fwd": 0.04,
+            "vision.bwd": 0.04,
+            "llm.fwd_bwd": 0.2,
+            "vision.boundary": 0.03,  # waits for rank 0's forward
+            "vision.boundary_bwd": 0.06,  # and for its LLM
+            "grad_sync": 0.15,
+            "optimizer": 0.02,
+            "dispatch": 0.01,
+        }
+        ranks = {"0": slow, "1": fast}
+        lines.append(json.dumps({"step": k, "loss": 1.0, "tokens": 10, "step_time_s": s, "setup_s": 0, "ranks": ranks}))
     path = tmp_path / "metrics.jsonl"
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def test_validate_on_a_hand_written_metrics_file(cli, tmp_path, known_plan):
-    metrics = _metrics(tmp_path, [9.0, 0.4, 0.6, 0.5])  # step 0 (warm-up) is left out: median 0.5
+    metrics = _metrics(tmp_path, [9.0, 0.45, 0.6, 0.5])  # step 0 (warm-up) is left out: median 0.5
     result = cli("validate", "--plan", str(known_plan), "--metrics", str(metrics), "--json")
     assert result.exit_code == 0, result.output
     v = Validation.model_validate_json(result.stdout)
@@ -68,16 +75,18 @@ def test_validate_on_a_hand_written_metrics_file(cli, tmp_path, known_plan):
     assert v.relative_error == pytest.approx(0.0)
     assert v.steps_used == 3
     rows = {r.phase: r for r in v.phases}
+    # compute: the slowest rank's; collectives: the least any rank spent in them (the last to arrive)
     assert rows["vision fwd+bwd"].measured_s == pytest.approx(0.10)
     assert rows["vision fwd+bwd"].relative_error == pytest.approx(0.0)
-    assert rows["boundaries"].measured_s == pytest.approx(0.02)
-    assert rows["llm fwd+bwd"].predicted_s == pytest.approx(0.2)
+    assert rows["llm fwd+bwd"].measured_s == pytest.approx(0.25)
     assert rows["llm fwd+bwd"].relative_error == pytest.approx(-0.05 / 0.25)
-    assert rows["grad sync+optimizer"].measured_s == pytest.approx(0.12)
+    assert rows["boundaries"].measured_s == pytest.approx(0.02)
+    assert rows["grad sync+optimizer"].measured_s == pytest.approx(0.12)  # min grad sync + max optimizer
     assert rows["grad sync+optimizer"].relative_error == pytest.approx(0.03 / 0.12)
     assert rows["orchestrator (dispatch, routes)"].measured_s == pytest.approx(0.01)
-    # the step's median (0.5) less every named part: 0.10 + 0.25 + 0.02 + 0.12 + 0.01
-    assert rows["other (waits, python)"].measured_s == pytest.approx(0.0)
+    # per step: the step less every row above (0.10 + 0 + 0.25 + 0.02 + 0.12 + 0.01 = 0.50); median of 0, .1, 0
+    assert rows["bookkeeping, waits, python"].measured_s == pytest.approx(0.0)
+    assert rows["bookkeeping, waits, python"].predicted_s == pytest.approx(0.05)
     # the table form prints the same rows
     table = cli("validate", "--plan", str(known_plan), "--metrics", str(metrics))
     assert table.exit_code == 0, table.output
