@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from orch.planner.candidates import Candidate, HomogeneousOption, SearchInput
 from orch.planner.plan import Placement
+from orch.planner.profile import busy_ratio
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,18 @@ def dp_compatible(src_dp: int, dst_dp: int) -> bool:
 def boundary_s(encoder: Candidate, llm: Candidate) -> float:
     """Moving one encoder's outputs into the LLM's layout: the slower side of the transfer."""
     return max(encoder.send_s, llm.recv_for(encoder.module))
+
+
+def disaggregated_pace(island: float, llm_side: float, r_enc: float, r_llm: float) -> float:
+    """Seconds for both islands' work of a step, each measured with every rank busy.
+
+    While both islands work, each runs at its measured pace; once the lighter one is done, the other
+    runs alone at r times its measured time (busy_ratio; 1 on machines of their own). If the island
+    is the heavier: light + r_enc·(heavy − light) = r_enc·island + (1 − r_enc)·llm_side, and
+    symmetrically; the right one is the larger of the two (r_enc + r_llm >= 1). With r = 1 this is
+    max(island, llm_side): the slower island sets the pace.
+    """
+    return max(r_enc * island + (1 - r_enc) * llm_side, r_llm * llm_side + (1 - r_llm) * island)
 
 
 def evaluate_homogeneous(opt: HomogeneousOption) -> Choice:
@@ -67,12 +80,15 @@ def evaluate(inp: SearchInput, placement: Placement, modules: dict[str, Candidat
         if sum(e.memory_gb for e in encs) > inp.capacity_gb:
             return None
         island = sum(e.time_s + e.send_s for e in encs)
-        llm_side = llm.time_s + sum(llm.recv_for(e.module) for e in encs)
-        fill = sum(e.fill_s for e in encs)
+        common = llm.cost.orchestrator_s  # every rank announces, dispatches and assembles the step
+        llm_side = llm.time_s - common + sum(llm.recv_for(e.module) for e in encs)
+        r_enc, r_llm = busy_ratio(inp.profile, inp.world, k), busy_ratio(inp.profile, inp.world, inp.world - k)
+        fill = r_enc * sum(e.fill_s for e in encs)
         for e in encs:
             phases[e.module] = e.time_s
             phases[f"{e.module}->{llm_name}"] = max(e.send_s, llm.recv_for(e.module))
         phases[llm_name] = llm.time_s
         phases["fill"] = fill
-        return Choice(placement, dict(modules), max(island, llm_side) + fill, phases, island=k)
+        step = common + disaggregated_pace(island, llm_side, r_enc, r_llm) + fill
+        return Choice(placement, dict(modules), step, phases, island=k)
     raise ValueError(f"evaluate() handles heterogeneous placements, not {placement}")

@@ -66,6 +66,14 @@ class BoundaryFit(_Model):
     elem_bytes: int = Field(default=4, ge=1)
 
 
+class CoreSharing(_Model):
+    """CPU profiles: the ranks of one machine share its cores, so every measured time holds the slowdown
+    of `ranks` processes on `cores` cores, and a rank runs faster while others of the machine wait."""
+
+    cores: int = Field(ge=1, description="CPU cores the profiled ranks of one machine could run on")
+    ranks: int = Field(ge=1, description="profiled ranks on that machine (all busy in every timed case)")
+
+
 class CollectiveRow(_Model):
     op: str
     link: Literal["intra_node", "inter_node"]
@@ -105,3 +113,23 @@ class Profile(_Model):
         description="the runtime's per-step work outside modules and orchestrator: batch assembly, the loss "
         "all_reduce and the metrics gather",
     )
+    sharing: CoreSharing | None = Field(
+        default=None, description="how the profiled ranks shared CPU cores; None on GPUs (a device per rank)"
+    )
+
+
+def busy_ratio(profile: Profile | None, world: int, busy: int) -> float:
+    """How long work takes while only `busy` ranks run, relative to its measured time (every rank busy).
+
+    1 unless the profiled ranks shared one machine's cores and the plan runs on that many ranks: then a
+    rank's share of the cores is min(1, cores / busy) instead of min(1, cores / ranks). Islands on
+    machines of their own (Slurm nodes, GPUs) gain nothing when the other island waits.
+    """
+    s = profile.sharing if profile is not None else None
+    if s is None or s.ranks != world or busy <= 0:
+        return 1.0
+
+    def slowdown(n: int) -> float:
+        return max(1.0, n / s.cores)
+
+    return slowdown(busy) / slowdown(s.ranks)

@@ -23,6 +23,7 @@ from orch.planner.candidates import (
 )
 from orch.planner.evaluate import Choice, dp_compatible, evaluate, evaluate_homogeneous
 from orch.planner.plan import Placement
+from orch.planner.profile import busy_ratio
 
 
 @dataclass(frozen=True)
@@ -232,14 +233,26 @@ class LayoutModel:
                 terms.append(b)
         if v.disaggregated:
             # disaggregated: the slower island sets the pace, plus the first chunk's fill
-            per_k = list(v.disaggregated.values())
-            island = sum(self.t(c.time_s + c.send_s) * x for per in per_k for e in enc for x, c in per[e])
-            llm_side = sum(self.t(c.time_s + sum(c.recv_for(e) for e in enc)) * x for per in per_k for x, c in per[llm])
-            fill = sum(self.t(c.fill_s) * x for per in v.disaggregated.values() for e in enc for x, c in per[e])
+            # (evaluate.disaggregated_pace: linear in each island's work once its busy ratios are fixed by k)
+            world, prof = self.inp.world, self.inp.profile
+            by_enc, by_llm, fill, common = [], [], [], []
+            for k, per in v.disaggregated.items():
+                r_enc, r_llm = busy_ratio(prof, world, k), busy_ratio(prof, world, world - k)
+                for e in enc:
+                    for x, c in per[e]:
+                        work = c.time_s + c.send_s
+                        by_enc.append(self.t(r_enc * work) * x)
+                        by_llm.append(self.t((1 - r_llm) * work) * x)
+                        fill.append(self.t(r_enc * c.fill_s) * x)
+                for x, c in per[llm]:
+                    work = c.time_s - c.cost.orchestrator_s + sum(c.recv_for(e) for e in enc)
+                    by_enc.append(self.t((1 - r_enc) * work) * x)
+                    by_llm.append(self.t(r_llm * work) * x)
+                    common.append(self.t(c.cost.orchestrator_s) * x)
             pace = m.new_int_var(0, horizon, "pace[disagg]")
-            m.add(pace >= island)
-            m.add(pace >= llm_side)
-            terms += [pace, fill]
+            m.add(pace >= sum(by_enc))
+            m.add(pace >= sum(by_llm))
+            terms += [pace, *fill, *common]
         self.objective = sum(terms)
         m.minimize(self.objective)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from orch.planner.errors import OrchError
-from orch.planner.profile import BoundaryFit, CollectiveRow, ComputeFit, LinkFit, ModuleProfile, Profile
+from orch.planner.profile import BoundaryFit, CollectiveRow, ComputeFit, CoreSharing, LinkFit, ModuleProfile, Profile
 from orch.planner.specs import DataSpec, ModelSpec, ModuleKind
 from orch.runtime.procgroup import free_port, init_rank
 from orch.runtime.profile_fit import bandwidths, fit_alpha_beta, fit_compute, median
@@ -338,13 +339,27 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
         if progress is not None:
             progress.stop()
     everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, {"times": results, "memory": memory})
+    host = (socket.gethostname(), len(os.sched_getaffinity(0)))
+    dist.all_gather_object(everyone, {"times": results, "memory": memory, "host": host})
     if rank != 0:
         return None
+    sharing = None
+    if dev.type == "cpu":  # ranks of one machine share its cores (GPUs: a device per rank)
+        per_host: dict[str, list[int]] = {}
+        for e in everyone:
+            per_host.setdefault(e["host"][0], []).append(e["host"][1])
+        busiest = max(per_host.values(), key=len)
+        sharing = {"cores": min(busiest), "ranks": len(busiest)}
     merged = {k: median([e["times"][k] for e in everyone if k in e["times"]]) for k in results}
     mem = {k: median([e["memory"][k] for e in everyone if k in e["memory"]]) for k in memory}
     group_sizes = {kind: len(groups[kind][1]) for kind in groups}
-    return {"times": merged, "memory": mem, "group_sizes": group_sizes, "device": _device_name(dev)}
+    return {
+        "times": merged,
+        "memory": mem,
+        "group_sizes": group_sizes,
+        "device": _device_name(dev),
+        "sharing": sharing,
+    }
 
 
 def _time_runtime(
@@ -537,6 +552,7 @@ def build_profile(raw: dict[str, Any], model: ModelSpec, cfg: ProfileConfig, wor
         boundary=boundary,
         balance_step_s=times.get("balance", 0.0),
         step_bookkeeping_s=times.get("step", 0.0),
+        sharing=CoreSharing(**raw["sharing"]) if raw.get("sharing") else None,
     )
 
 

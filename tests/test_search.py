@@ -50,6 +50,25 @@ def brute_force(inp: SearchInput, prune: bool) -> float:
     return best
 
 
+def shared_cpu_profile():
+    """A measured profile of 4 ranks on 2 shared cores, with per-step work on the LLM's row."""
+    from orch.planner.profile import BoundaryFit, ComputeFit, CoreSharing, ModuleProfile, Profile
+
+    fits = {"vision": 4e-5, "audio": 6e-5, "llm": 1e-4}
+    return Profile(
+        device="cpu",
+        backend="gloo",
+        modules={
+            n: ModuleProfile(block={1: ComputeFit(c0=1e-4, c1=c1, c2=1e-8, call_s=1e-3)}, step_overhead_s=0.005)
+            for n, c1 in fits.items()
+        },
+        boundary=BoundaryFit(alpha_s=0.002, gbps=0.5),
+        balance_step_s=0.02,
+        step_bookkeeping_s=0.01,
+        sharing=CoreSharing(cores=2, ranks=4),
+    )
+
+
 def small_input(cluster: str = "h100-80g", nodes: int = 1, data: str = "llava-mix", **kw) -> SearchInput:
     model = parse_text(ModelSpec, "small", SMALL)
     return SearchInput(model, load_cluster(cluster, nodes), load_data(data), **kw)
@@ -61,6 +80,12 @@ def small_input(cluster: str = "h100-80g", nodes: int = 1, data: str = "llava-mi
         pytest.param(small_input(), id="small-8gpu"),
         pytest.param(SearchInput(load_model("tiny"), load_cluster("local-cpu"), load_data("tiny-mix")), id="tiny-4"),
         pytest.param(small_input(nodes=2, data="video-heavy"), id="small-16gpu-video"),
+        pytest.param(
+            SearchInput(
+                load_model("tiny"), load_cluster("local-cpu"), load_data("tiny-mix"), profile=shared_cpu_profile()
+            ),
+            id="tiny-4-shared-cores",
+        ),
     ],
 )
 def test_cp_sat_matches_brute_force(inp):
@@ -213,3 +238,23 @@ def test_prediction_terms_add_up_to_the_homogeneous_step():
     assert terms["step bookkeeping"] == pytest.approx(0.005)
     assert terms["boundaries"] > 2 * 0.002  # two encoders, each at least the fit's alpha
     assert sum(terms.values()) == pytest.approx(plan.predicted.step_time_s)
+
+
+def test_disaggregated_pace_on_shared_cores():
+    """Two islands of 2 ranks on 2 shared cores: once the lighter island is done the other runs twice as
+    fast, so the pace is the mean of the two; on machines of their own it is the slower island."""
+    from orch.planner.evaluate import disaggregated_pace
+    from orch.planner.profile import CoreSharing, Profile, busy_ratio
+
+    shared = Profile(device="cpu", backend="gloo", sharing=CoreSharing(cores=2, ranks=4))
+    assert busy_ratio(shared, 4, 2) == pytest.approx(0.5)
+    assert busy_ratio(shared, 4, 4) == pytest.approx(1.0)
+    assert busy_ratio(shared, 4, 1) == pytest.approx(0.5)  # one rank cannot use two cores
+    assert busy_ratio(shared, 8, 2) == 1.0  # another world than the profile's: no claim
+    assert busy_ratio(Profile(device="cuda", backend="nccl"), 4, 2) == 1.0
+    assert disaggregated_pace(0.10, 0.20, 0.5, 0.5) == pytest.approx(0.15)
+    assert disaggregated_pace(0.10, 0.20, 1.0, 1.0) == pytest.approx(0.20)
+    # 1 encoder rank, 3 LLM ranks on 2 cores: r_enc = 1/1.5, r_llm = 1.5/2
+    r_enc, r_llm = busy_ratio(shared, 4, 1), busy_ratio(shared, 4, 3)
+    assert disaggregated_pace(0.30, 0.10, r_enc, r_llm) == pytest.approx(0.10 + r_enc * 0.20)
+    assert disaggregated_pace(0.10, 0.30, r_enc, r_llm) == pytest.approx(0.10 + r_llm * 0.20)
