@@ -4,13 +4,14 @@
 2. `orch plan --cluster local-cpu --profile` once per placement: the homogeneous baseline and
    the planner's own best colocated and best disaggregated plans (no pins: the runtime executes
    every layout the planner emits for tiny);
-3. `orch launch` each for 20 steps; 4. `orch validate --json` each.
+3. `orch launch` each for 20 steps, `--rounds` times (default 2, the plans interleaved: the
+   shared machine's load drifts); 4. `orch validate --json` each, over its runs' pooled steps.
 
 Prints predicted vs measured step time, the relative error (target: within 20%) and whether
 the planner ranks the two plans as the measurement does; writes bench/out/validate.json
 (validate_full.json with --full).
 The profile comes from the benchmark only: no constant here is tuned to the run.
-Usage: .venv/bin/python bench/bench_validate.py [--full] [--steps N]
+Usage: .venv/bin/python bench/bench_validate.py [--full] [--steps N] [--rounds R]
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--full", action="store_true", help="the full profile instead of --quick")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=2, help="launches per plan, interleaved; their steps are pooled")
     args = ap.parse_args()
     out_dir = Path(__file__).parent / "out"
     out_dir.mkdir(exist_ok=True)
@@ -65,6 +67,7 @@ def main() -> None:
         profile_s = time.perf_counter() - t
         (out_dir / ("profile_full.json" if args.full else "profile_quick.json")).write_text(prof.read_text())
         rows = {}
+        plans: dict[str, tuple[Path, dict[str, dict[str, int]]]] = {}
         for label, placement in PLANS.items():
             plan = work / f"{label}.yaml"
             plan_json = json.loads(
@@ -86,17 +89,27 @@ def main() -> None:
                 )
             )
             layouts = {n: m["layout"] for n, m in plan_json["modules"].items()}
-            if any(r["layouts_full"] == layouts for r in rows.values()):
+            if any(lay == layouts for _, lay in plans.values()):
                 print(f"{label}: the planner chose the same layouts as an earlier plan; not run twice")
                 continue
-            run = work / f"run-{label}"
-            _orch("launch", str(plan), "--steps", str(args.steps), "--workdir", str(run))
-            v = json.loads(_orch("validate", "--plan", str(plan), "--metrics", str(run / "metrics.jsonl"), "--json"))
+            plans[label] = (plan, layouts)
+        metrics: dict[str, list[str]] = {label: [] for label in plans}
+        for r in range(args.rounds):  # plans interleaved: the machine's drifting load hits each alike
+            for label, (plan, _) in plans.items():
+                run = work / f"run-{label}-{r}"
+                _orch("launch", str(plan), "--steps", str(args.steps), "--workdir", str(run))
+                metrics[label].append(str(run / "metrics.jsonl"))
+        for label, (plan, layouts) in plans.items():
+            files = [a for m in metrics[label] for a in ("--metrics", m)]
+            v = json.loads(_orch("validate", "--plan", str(plan), *files, "--json"))
             short = {n: "".join(f"{a}{d}" for a, d in lay.items() if d > 1) or "1" for n, lay in layouts.items()}
             rows[label] = {**v, "layouts": short, "layouts_full": layouts}
     pred_rank = sorted(rows, key=lambda k: rows[k]["predicted_step_time_s"])
     meas_rank = sorted(rows, key=lambda k: rows[k]["measured_step_time_s"])
-    print(f"profile (--quick={not args.full}) took {profile_s:.1f} s; {args.steps} steps per plan")
+    print(
+        f"profile (--quick={not args.full}) took {profile_s:.1f} s; "
+        f"{args.rounds} interleaved runs x {args.steps} steps per plan"
+    )
     print(f"{'plan':<12} {'layouts':<34} {'predicted s':>11} {'measured s':>11} {'error':>7} {'within 20%':>10}")
     for label, r in rows.items():
         lay = " ".join(f"{n}:{s}" for n, s in r["layouts"].items())
@@ -113,6 +126,7 @@ def main() -> None:
         "profile_s": profile_s,
         "quick": not args.full,
         "steps": args.steps,
+        "rounds": args.rounds,
         "plans": rows,
         "ranking_predicted": pred_rank,
         "ranking_measured": meas_rank,

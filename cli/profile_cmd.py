@@ -179,7 +179,9 @@ def render_profile(prof: Profile) -> None:
 
 def validate(
     plan_file: str = typer.Option(..., "--plan", help="Plan file written by `orch plan`."),
-    metrics: str = typer.Option(..., "--metrics", help="metrics.jsonl written by `orch launch`."),
+    metrics: list[str] = typer.Option(
+        ..., "--metrics", help="metrics.jsonl written by `orch launch`; repeat for several runs of the plan."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the comparison as JSON on stdout."),
 ) -> None:
     """Predicted vs measured step time and per-phase times of a run of PLAN."""
@@ -190,7 +192,7 @@ def validate(
     from orch.runtime.profile_validate import validate as compare
 
     plan = load_json_file(Plan, plan_file)
-    result = compare(plan, read_metrics(metrics))
+    result = compare(plan, *(read_metrics(m) for m in metrics))
     if json_out:
         print_json(result)
         return
@@ -205,7 +207,8 @@ def render_validation(v: Validation) -> None:
     def s(x: float | None) -> str:
         return "-" if x is None else f"{x * 1e3:.1f}"
 
-    t = Table(title=f"{v.placement} plan: predicted vs measured ({v.steps_used} steps)")
+    runs = f" of {v.runs} runs" if v.runs > 1 else ""
+    t = Table(title=f"{v.placement} plan: predicted vs measured ({v.steps_used} steps{runs})")
     for col in ("phase", "predicted ms", "measured ms", "error"):
         t.add_column(col, justify="left" if col == "phase" else "right")
     for r in v.phases:

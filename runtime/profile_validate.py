@@ -1,8 +1,9 @@
 """`orch validate`: a plan's predicted step and phases beside what a run measured (metrics.jsonl).
 
 Measured step time is the median over steps of the slowest rank's step (the runtime's
-`step_time_s`), leaving out the first step (allocator, autograd and DTensor warm-up) when
-there are more. Each row compares one of the plan's `predicted.terms` with the same part of
+`step_time_s`), leaving out each run's first step (allocator, autograd and DTensor warm-up) when
+there are more; several runs of a plan pool their steps (on a shared machine, runs interleaved
+with other plans' cancel the load's drift). Each row compares one of the plan's `predicted.terms` with the same part of
 the runtime's timings, a median over steps of:
 - a module's forward+backward: the slowest of its ranks (the next collective waits for it; the
   planner prices that rank too, planner/imbalance.py);
@@ -45,6 +46,7 @@ class Validation(BaseModel):
     measured_step_time_s: float
     relative_error: float = Field(description="(predicted - measured) / measured")
     steps_used: int
+    runs: int = Field(default=1, description="runs of the plan whose steps were pooled")
     phases: list[PhaseRow] = Field(default_factory=list)
 
 
@@ -92,8 +94,9 @@ def _over_ranks(
     return [how([value(s.get(r, {})) for r in ranks]) for s in steps] if ranks else []
 
 
-def validate(plan: Plan, records: list[dict[str, object]]) -> Validation:
-    used = records[1:] if len(records) > 1 else records
+def validate(plan: Plan, *runs: list[dict[str, object]]) -> Validation:
+    """Compare the plan's prediction with one or more runs of it (their steps pooled)."""
+    used = [rec for records in runs for rec in (records[1:] if len(records) > 1 else records)]
     step_times = [float(r["step_time_s"]) for r in used]  # type: ignore[arg-type]
     measured = statistics.median(step_times)
     predicted = plan.predicted.step_time_s
@@ -168,6 +171,7 @@ def validate(plan: Plan, records: list[dict[str, object]]) -> Validation:
         measured_step_time_s=measured,
         relative_error=_rel(predicted, measured),
         steps_used=len(used),
+        runs=len(runs),
         phases=rows,
     )
 

@@ -201,3 +201,24 @@ def test_profile_plan_launch_validate_end_to_end(cli, tmp_path, monkeypatch):
         (v["predicted_step_time_s"] - v["measured_step_time_s"]) / v["measured_step_time_s"]
     )
     assert v["steps_used"] == 2
+
+
+def test_validate_pools_several_runs(cli, tmp_path, known_plan):
+    """Each run's first step is left out; the rest are pooled: medians over 0.45, 0.5 and 0.6, 0.7."""
+    first = _metrics(tmp_path, [9.0, 0.45, 0.5])
+    (tmp_path / "a.jsonl").write_text(first.read_text())
+    second = _metrics(tmp_path, [8.0, 0.6, 0.7])
+    result = cli(
+        "validate",
+        "--plan",
+        str(known_plan),
+        "--metrics",
+        str(tmp_path / "a.jsonl"),
+        "--metrics",
+        str(second),
+        "--json",
+    )
+    assert result.exit_code == 0, result.output
+    v = Validation.model_validate_json(result.stdout)
+    assert v.runs == 2 and v.steps_used == 4
+    assert v.measured_step_time_s == pytest.approx((0.5 + 0.6) / 2)
