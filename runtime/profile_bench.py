@@ -198,7 +198,7 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
             tp_meshes[t] = init_device_mesh(dev.type, (world // t, t), mesh_dim_names=("dp", "tp"))["tp"]
 
     lengths = cfg.seq_lengths()
-    ks = (1, 4)
+    ks = (1, 2, 4)  # three micro-batch sizes separate the per-call cost from the per-sample one
     cases: list[tuple[str, ...]] = []
     for n in names:
         for t in _tp_degrees(model, n, world, rpn):

@@ -46,12 +46,35 @@ class CallFit:
     rel_error: float  # max |fit - measured| / measured over the points
 
 
+def _nonnegative_relative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """min Σ((a·c − y) / y)² subject to c >= 0, exactly: every subset of columns, the best solution
+    with no negative coefficient (a handful of columns: at most 15 small solves)."""
+    w = 1.0 / np.maximum(y, 1e-12)
+    aw, yw = a * w[:, None], y * w
+    scale = np.abs(aw).max(axis=0)
+    scale[scale == 0] = 1.0
+    n = a.shape[1]
+    best, best_res = np.zeros(n), float(np.sum(yw**2))
+    for mask in range(1, 1 << n):
+        cols = [j for j in range(n) if mask >> j & 1]
+        sub, *_ = np.linalg.lstsq(aw[:, cols] / scale[cols], yw, rcond=None)
+        if np.any(sub < 0):
+            continue
+        coef = np.zeros(n)
+        coef[cols] = sub / scale[cols]
+        res = float(np.sum((aw @ coef - yw) ** 2))
+        if res < best_res - 1e-15 * max(best_res, 1.0):
+            best, best_res = coef, res
+    return best
+
+
 def fit_compute(points: list[tuple[int, int, float]], quadratic: bool = True) -> CallFit:
     """Least squares of t(k, len) = call + k·(c0 + c1·len + c2·len²) over (k, len, seconds) points.
 
-    Columns are scaled before solving (len² spans orders of magnitude); coefficients are clipped
-    at zero (a negative per-token cost is noise, not physics) and the error is reported for the
-    clipped fit, which is the one the planner uses.
+    The relative error is what is minimised (a micro-batch of a few short samples, where the fixed
+    costs matter, weighs as much as a long one), under non-negative coefficients (a negative
+    per-token cost is noise, not physics): solved exactly over the subsets of terms, rather than
+    clipping an unconstrained solution, which can leave a fit far from every point.
     """
     if not points:
         raise ValueError("no points to fit")
@@ -66,10 +89,7 @@ def fit_compute(points: list[tuple[int, int, float]], quadratic: bool = True) ->
     y = np.array([t for _, _, t in points], dtype=np.float64)
     if len(points) < a.shape[1]:
         raise ValueError(f"{len(points)} points cannot determine {a.shape[1]} coefficients")
-    scale = np.abs(a).max(axis=0)
-    scale[scale == 0] = 1.0
-    coef, *_ = np.linalg.lstsq(a / scale, y, rcond=None)
-    coef = np.clip(coef / scale, 0.0, None)
+    coef = _nonnegative_relative_lstsq(a, y)
     values = list(coef) if use_call else [0.0, *coef]
     while len(values) < 4:
         values.append(0.0)

@@ -27,6 +27,19 @@ def test_fit_with_one_batch_size_has_no_call_term():
     assert (f.c0, f.c1, f.c2) == pytest.approx((1e-4, 2e-6, 3e-9), rel=1e-6)
 
 
+def test_fit_keeps_small_micro_batches_within_the_noise():
+    """3% noise on times spanning 40x, the largest ones read high: the fit minimises relative error
+    under c >= 0, so the small micro-batches (call overhead dominant, what the runtime runs) stay
+    within the noise. An unweighted fit lets the large points pull the call term down by 30%."""
+    call, c1 = 2e-3, 1e-5
+    grid = [(k, n) for k in (1, 4) for n in (16, 64, 512, 2048)]
+    noise = [0.97] * 6 + [1.03] * 2
+    f = fit_compute([(k, n, (call + k * c1 * n) * e) for (k, n), e in zip(grid, noise, strict=True)])
+    assert min(f.call, f.c0, f.c1, f.c2) >= 0.0
+    assert f.rel_error < 0.07
+    assert f.call == pytest.approx(call, rel=0.1)
+
+
 def test_fit_reports_its_error_and_never_goes_negative():
     pts = [(1, 16, 1.0), (1, 64, 1.2), (1, 192, 0.9), (4, 16, 4.0)]
     f = fit_compute(pts)
