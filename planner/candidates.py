@@ -267,7 +267,16 @@ def module_candidates(
 
 
 def _key(c: Candidate) -> tuple[float, ...]:
-    return (c.time_s + c.send_s + c.fill_s, c.fill_s, *(v for _, v in c.recv_s), c.memory_gb)
+    # every term the objectives sum with a non-negative weight (planner/evaluate.py), and the micro-batch
+    # count, of which the graph-aware 1F1B wants more (more of the islands' work overlaps)
+    return (
+        c.cost.work_s + c.send_s,
+        c.cost.fixed_s,
+        c.fill_s,
+        *(v for _, v in c.recv_s),
+        c.memory_gb,
+        -c.num_micro_batches,
+    )
 
 
 def prune_dominated(cands: list[Candidate]) -> list[Candidate]:

@@ -34,8 +34,29 @@ def boundary_s(encoder: Candidate, llm: Candidate) -> float:
     return max(encoder.send_s, llm.recv_for(encoder.module))
 
 
+@dataclass(frozen=True)
+class DisaggregatedParts:
+    """A disaggregated step's work, as the graph-aware 1F1B runs it (seconds, every rank busy)."""
+
+    island: float  # encoders' forward+backward and their sends: cut into the LLM's micro-batches
+    llm_side: float  # the LLM's forward+backward and its receives
+    island_fixed: float  # once per step at the end: the encoders' gradient sync and optimizer
+    llm_fixed: float  # the LLM's
+    common: float  # every rank: the orchestrator and the step's bookkeeping
+
+
+def disaggregated_parts(encs: list[Candidate], llm: Candidate) -> DisaggregatedParts:
+    return DisaggregatedParts(
+        island=sum(e.cost.work_s + e.send_s for e in encs),
+        llm_side=llm.cost.work_s + sum(llm.recv_for(e.module) for e in encs),
+        island_fixed=sum(e.cost.fixed_s for e in encs),
+        llm_fixed=llm.cost.overhead_s,
+        common=llm.cost.orchestrator_s,
+    )
+
+
 def disaggregated_pace(island: float, llm_side: float, r_enc: float, r_llm: float) -> float:
-    """Seconds for both islands' work of a step, each measured with every rank busy.
+    """Seconds for both islands' work when they overlap fully, each measured with every rank busy.
 
     While both islands work, each runs at its measured pace; once the lighter one is done, the other
     runs alone at r times its measured time (busy_ratio; 1 on machines of their own). If the island
@@ -44,6 +65,18 @@ def disaggregated_pace(island: float, llm_side: float, r_enc: float, r_llm: floa
     max(island, llm_side): the slower island sets the pace.
     """
     return max(r_enc * island + (1 - r_enc) * llm_side, r_llm * llm_side + (1 - r_llm) * island)
+
+
+def graph_pipeline(island: float, llm_side: float, m: int, r_enc: float, r_llm: float) -> float:
+    """Both islands' work under the graph-aware 1F1B over m micro-batches (two stages: island, LLM).
+
+    m − 1 of each island's m chunks overlap with the other's (disaggregated_pace); one chunk of each
+    runs while the other island waits (the encoders' first forward, the LLM's last backward), alone
+    at r times its measured time. m = 1: nothing overlaps, the islands take turns. With r = 1 and
+    a heavier LLM: llm_side + island / m, the classic fill.
+    """
+    m = max(m, 1)
+    return (m - 1) / m * disaggregated_pace(island, llm_side, r_enc, r_llm) + (r_enc * island + r_llm * llm_side) / m
 
 
 def evaluate_homogeneous(opt: HomogeneousOption) -> Choice:
@@ -79,16 +112,15 @@ def evaluate(inp: SearchInput, placement: Placement, modules: dict[str, Candidat
             return None
         if sum(e.memory_gb for e in encs) > inp.capacity_gb:
             return None
-        island = sum(e.time_s + e.send_s for e in encs)
-        common = llm.cost.orchestrator_s  # every rank announces, dispatches and assembles the step
-        llm_side = llm.time_s - common + sum(llm.recv_for(e.module) for e in encs)
+        parts = disaggregated_parts(encs, llm)
         r_enc, r_llm = busy_ratio(inp.profile, inp.world, k), busy_ratio(inp.profile, inp.world, inp.world - k)
-        fill = r_enc * sum(e.fill_s for e in encs)
+        m = llm.num_micro_batches
+        pipeline = graph_pipeline(parts.island, parts.llm_side, m, r_enc, r_llm)
         for e in encs:
             phases[e.module] = e.time_s
             phases[f"{e.module}->{llm_name}"] = max(e.send_s, llm.recv_for(e.module))
         phases[llm_name] = llm.time_s
-        phases["fill"] = fill
-        step = common + disaggregated_pace(island, llm_side, r_enc, r_llm) + fill
+        phases["fill"] = (r_enc * parts.island + r_llm * parts.llm_side) / m  # one island alone: fill and drain
+        step = parts.common + max(parts.island_fixed, parts.llm_fixed) + pipeline
         return Choice(placement, dict(modules), step, phases, island=k)
     raise ValueError(f"evaluate() handles heterogeneous placements, not {placement}")

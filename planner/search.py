@@ -232,27 +232,40 @@ class LayoutModel:
                 m.add(b >= sum(self.t(c.recv_for(e)) * x for x, c in v.colocated[llm]))
                 terms.append(b)
         if v.disaggregated:
-            # disaggregated: the slower island sets the pace, plus the first chunk's fill
-            # (evaluate.disaggregated_pace: linear in each island's work once its busy ratios are fixed by k)
+            # evaluate.graph_pipeline: with the island size k (busy ratios) and the LLM's micro-batch count m
+            # fixed, every part is linear in the chosen candidates; m enters through one enforced bound each
             world, prof = self.inp.world, self.inp.profile
-            by_enc, by_llm, fill, common = [], [], [], []
+            by_enc, by_llm, serial, fixed_enc, fixed_llm, common = [], [], [], [], [], []
+            by_m: dict[int, list[Any]] = {}
             for k, per in v.disaggregated.items():
                 r_enc, r_llm = busy_ratio(prof, world, k), busy_ratio(prof, world, world - k)
                 for e in enc:
                     for x, c in per[e]:
-                        work = c.time_s + c.send_s
+                        work = c.cost.work_s + c.send_s
                         by_enc.append(self.t(r_enc * work) * x)
                         by_llm.append(self.t((1 - r_llm) * work) * x)
-                        fill.append(self.t(r_enc * c.fill_s) * x)
+                        serial.append(self.t(r_enc * work) * x)
+                        fixed_enc.append(self.t(c.cost.fixed_s) * x)
                 for x, c in per[llm]:
-                    work = c.time_s - c.cost.orchestrator_s + sum(c.recv_for(e) for e in enc)
+                    work = c.cost.work_s + sum(c.recv_for(e) for e in enc)
                     by_enc.append(self.t((1 - r_enc) * work) * x)
                     by_llm.append(self.t(r_llm * work) * x)
+                    serial.append(self.t(r_llm * work) * x)
+                    fixed_llm.append(self.t(c.cost.overhead_s) * x)
                     common.append(self.t(c.cost.orchestrator_s) * x)
+                    by_m.setdefault(c.num_micro_batches, []).append(x)
             pace = m.new_int_var(0, horizon, "pace[disagg]")
             m.add(pace >= sum(by_enc))
             m.add(pace >= sum(by_llm))
-            terms += [pace, *fill, *common]
+            fixed = m.new_int_var(0, horizon, "fixed[disagg]")
+            m.add(fixed >= sum(fixed_enc))
+            m.add(fixed >= sum(fixed_llm))
+            pipeline = m.new_int_var(0, horizon, "pipeline[disagg]")
+            for count, lits in sorted(by_m.items()):
+                chosen = m.new_bool_var(f"llm_micro_batches[{count}]")
+                m.add(chosen == sum(lits))
+                m.add(count * pipeline >= (count - 1) * pace + sum(serial)).only_enforce_if(chosen)
+            terms += [pipeline, fixed, *common]
         self.objective = sum(terms)
         m.minimize(self.objective)
 

@@ -258,3 +258,21 @@ def test_disaggregated_pace_on_shared_cores():
     r_enc, r_llm = busy_ratio(shared, 4, 1), busy_ratio(shared, 4, 3)
     assert disaggregated_pace(0.30, 0.10, r_enc, r_llm) == pytest.approx(0.10 + r_enc * 0.20)
     assert disaggregated_pace(0.10, 0.30, r_enc, r_llm) == pytest.approx(0.10 + r_llm * 0.20)
+
+
+def test_graph_pipeline_overlaps_all_but_one_chunk_of_each_island():
+    from orch.planner.evaluate import graph_pipeline
+
+    # one micro-batch: the islands take turns, each alone (r) on shared cores, at full pace otherwise
+    assert graph_pipeline(0.1, 0.3, 1, 1.0, 1.0) == pytest.approx(0.4)
+    assert graph_pipeline(0.1, 0.3, 1, 0.5, 0.5) == pytest.approx(0.2)
+    # a device per rank, LLM the heavier: the LLM's work plus one chunk of the encoders' (the fill)
+    assert graph_pipeline(0.1, 0.3, 4, 1.0, 1.0) == pytest.approx(0.3 + 0.1 / 4)
+    assert graph_pipeline(0.3, 0.1, 4, 1.0, 1.0) == pytest.approx(0.3 + 0.1 / 4)
+    # 2 + 2 ranks on 2 cores: the cores are the bottleneck, overlap gains nothing (half the total work)
+    assert graph_pipeline(0.1, 0.3, 4, 0.5, 0.5) == pytest.approx(0.2)
+    # 3 + 3 ranks on 4 cores: more micro-batches overlap more, down to the overlapped pace
+    times = [graph_pipeline(0.1, 0.3, m, 0.75, 0.75) for m in (1, 2, 4, 8, 1000)]
+    assert times == sorted(times, reverse=True) and times[0] > times[-1]
+    assert times[0] == pytest.approx(0.75 * 0.4)
+    assert times[-1] == pytest.approx(0.25 * 0.1 + 0.75 * 0.3, rel=1e-2)
