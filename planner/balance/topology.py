@@ -25,7 +25,10 @@ form a pool packed by the global greedy runs on the ranks left free, placed on n
 is the smallest fill for which the pool still fits (a bisection). Then only the ranks' padded
 classes are kept (k = C / cost(longest) samples of cost <= C / k: interchangeable) and the samples
 are re-dealt node first (refill_padded). Near-equal lengths must still share a rank at the
-optimum, so dense padded batches still move many bytes (bench/bench_balance.py).
+optimum, so dense padded batches still move many bytes (bench/bench_balance.py), and that is
+intrinsic: bench/bench_padded_bound.py certifies (cross_bound.py, a Lagrangian bound over every
+assignment under the cap) that on its six audio cases any assignment at C = optimum × 1.006 sends
+at least 0.28-0.40 × the paper mode's inter-node bytes, so no padded dispatcher reaches paper / 4.
 
 One sort per phase (largest first) feeds every later ordering: a bin-then-size order is one
 argsort of unique int64 keys. Python loops run over rounds, runs, nodes or a few leftovers,
