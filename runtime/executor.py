@@ -63,7 +63,7 @@ from orch.runtime.expert_parallel import build_expert_parallel, is_expert_param,
 from orch.runtime.factory import build_from_factory
 from orch.runtime.grid import Grid, build_grids, build_meshes
 from orch.runtime.model import AUDIO_STEM_STRIDE, LLM, build_model, encoder_modality
-from orch.runtime.orchestrator import Orchestrator, StepTables, shared_calibration
+from orch.runtime.orchestrator import Orchestrator, StepTables, longest_sample, shared_calibration
 from orch.runtime.parallelize import apply_tp
 from orch.runtime.pipeline import MicroBatch, PipelineStage
 from orch.runtime.transport import P2P, Route, move
@@ -222,7 +222,10 @@ class Executor:
             e: Boundary(edges[e], self.grids[e], self.grids[self.model.llm_name]) for e in self.model.encoder_names
         }
         calibrate = cfg.calibrate if cfg.calibrate is not None else Mode(cfg.balance) != Mode.NONE
-        calibration = shared_calibration(self.model, cfg.torch_dtype, rank, self.device) if calibrate else None
+        calibration = None
+        if calibrate:
+            longest = {n: longest_sample(data, self.model, n) for n in self.model.modules}
+            calibration = shared_calibration(self.model, cfg.torch_dtype, rank, self.device, longest)
         # The graph-aware 1F1B needs the encoders and the LLM on disjoint ranks (each island runs its own order).
         llm_ranks = set(llm_grid.ranks)
         disjoint = all(not set(self.grids[e].ranks) & llm_ranks for e in self.model.encoder_names)

@@ -25,8 +25,9 @@ FLOPs alone miss two things the runtime really pays (`calibrate_module`): a fixe
 dozen small kernels per layer, forward and backward) and a per-pair rate above the matmul rate
 (scores are materialised, scaled, masked and soft-maxed element by element). So rank 0 times the
 module's real forward+backward (`compute.encode` / `compute.text_loss`) on a few packed
-micro-batches of k samples of n tokens at startup, fits t = call + c0·k + r1·k·a·n + r2·k·b·n² by
-least squares, and every rank uses (broadcast, so the tables stay identical)
+micro-batches of k samples of n tokens at startup (up to the data's longest sample), fits
+t = call + c0·k + r1·k·a·n + r2·k·b·n² by least squares on relative error, and every rank uses
+(broadcast, so the tables stay identical)
   c = tp · c0 / r1   (the per-sample seconds in FLOPs of linear work; under TP the matmuls split
                       over tp ranks but the per-sample kernels do not)
   b ← b · r2 / r1    (attention's measured rate relative to the matmuls')
@@ -61,7 +62,7 @@ from orch.planner.balance.batch import Sample as BalanceSample
 from orch.planner.balance.dispatch import balance_batch
 from orch.planner.plan import Plan
 from orch.planner.routing import RouteTable
-from orch.planner.specs import ModelSpec, ModuleSpec
+from orch.planner.specs import DataSpec, ModelSpec, ModuleSpec
 from orch.runtime.data import GlobalBatch, encoder_order, initial_dp_index
 from orch.runtime.grid import Grid
 from orch.runtime.model import AUDIO_STEM_STRIDE, encoder_modality
@@ -128,9 +129,29 @@ def _time_module(
     return time.perf_counter() - t
 
 
+def longest_sample(data: DataSpec, model: ModelSpec, module: str) -> int:
+    """The longest sample the data gives a module (of 8,192 drawn; the LLM's capped at seq_len)."""
+    from orch.planner.data import token_stats
+
+    return token_stats(data, module, model.llm_name).max
+
+
+def calibration_shapes(max_len: int) -> tuple[tuple[int, int], ...]:
+    """CALIBRATION_SHAPES, and the data's longest samples when they are longer: the per-pair rate is
+    measured where long samples are, not extrapolated (attention scores of a 1,024-token sample do
+    not stay in cache the way a 256-token one's do)."""
+    longest = max((n for _, n in CALIBRATION_SHAPES), default=1)
+    if max_len <= longest:
+        return CALIBRATION_SHAPES
+    return (*CALIBRATION_SHAPES, (1, (max_len + longest) // 2), (1, max_len), (2, max_len))
+
+
 @lru_cache(maxsize=16)
-def _calibrate(model_json: str, name: str, dtype_name: str, device_name: str = "cpu") -> tuple[float, float]:
+def _calibrate(
+    model_json: str, name: str, dtype_name: str, device_name: str = "cpu", max_len: int = 0
+) -> tuple[float, float]:
     from orch.runtime.model import build_module
+    from orch.runtime.profile_fit import nonnegative_relative_lstsq
 
     model = ModelSpec.model_validate_json(model_json)
     dtype = getattr(torch, dtype_name)
@@ -138,28 +159,33 @@ def _calibrate(model_json: str, name: str, dtype_name: str, device_name: str = "
     module = build_module(name, model).to(device, dtype)
     a, b = cost_coefficients(model.modules[name], causal=name == model.llm_name)
     rows, times = [], []
-    for k, n in CALIBRATION_SHAPES:
+    for k, n in calibration_shapes(max_len):
         _time_module(model, name, module, k, n, dtype, device)  # warm-up: first-touch allocations
         times.append(min(_time_module(model, name, module, k, n, dtype, device) for _ in range(CALIBRATION_REPEATS)))
         rows.append([1.0, k, k * a * n, k * b * n * n])
-    x, y = np.array(rows), np.array(times)
-    scale = x.max(axis=0)
-    _call, c0, r1, r2 = np.linalg.lstsq(x / scale, y, rcond=None)[0] / scale
+    # relative error, non-negative terms: a short sample's cost is priced as well as a long one's
+    _call, c0, r1, r2 = nonnegative_relative_lstsq(np.array(rows), np.array(times))
     if not r1 > 0:  # a degenerate fit (a machine too noisy to time): the FLOP model alone
         return 0.0, 1.0
-    return max(float(c0), 0.0) / float(r1), max(float(r2), 0.0) / float(r1)
+    return float(c0) / float(r1), float(r2) / float(r1)
 
 
 def calibrate_module(
-    model: ModelSpec, name: str, dtype: torch.dtype, device: torch.device | str = "cpu"
+    model: ModelSpec, name: str, dtype: torch.dtype, device: torch.device | str = "cpu", max_len: int = 0
 ) -> tuple[float, float]:
     """(c0 / r1, r2 / r1) of one module on this machine's `device` (module docstring): the per-sample cost
-    in FLOPs of linear work, and attention's per-pair rate relative to the matmuls'. Cached per process."""
-    return _calibrate(model.model_dump_json(), name, str(dtype).removeprefix("torch."), str(torch.device(device)))
+    in FLOPs of linear work, and attention's per-pair rate relative to the matmuls'. `max_len`: the
+    longest sample the data gives the module (timed too when beyond the fixed shapes). Cached per process."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    return _calibrate(model.model_dump_json(), name, dtype_name, str(torch.device(device)), max_len)
 
 
 def shared_calibration(
-    model: ModelSpec, dtype: torch.dtype, rank: int, device: torch.device | str = "cpu"
+    model: ModelSpec,
+    dtype: torch.dtype,
+    rank: int,
+    device: torch.device | str = "cpu",
+    max_lens: dict[str, int] | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Rank 0 calibrates every module on its `device` and broadcasts the numbers (from that device: NCCL
     takes CUDA tensors only), so every rank's dispatcher agrees."""
@@ -167,7 +193,8 @@ def shared_calibration(
     values = torch.zeros(len(names), 2, dtype=torch.float64)
     if rank == 0:
         for j, m in enumerate(names):
-            values[j] = torch.tensor(calibrate_module(model, m, dtype, device), dtype=torch.float64)
+            longest = (max_lens or {}).get(m, 0)
+            values[j] = torch.tensor(calibrate_module(model, m, dtype, device, longest), dtype=torch.float64)
     values = values.to(device)
     dist.broadcast(values, src=0)
     values = values.cpu()
@@ -419,7 +446,9 @@ __all__ = [
     "Orchestrator",
     "StepTables",
     "calibrate_module",
+    "calibration_shapes",
     "cost_coefficients",
+    "longest_sample",
     "moved_bytes",
     "shared_calibration",
 ]

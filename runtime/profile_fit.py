@@ -46,7 +46,7 @@ class CallFit:
     rel_error: float  # max |fit - measured| / measured over the points
 
 
-def _nonnegative_relative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+def nonnegative_relative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     """min Σ((a·c − y) / y)² subject to c >= 0, exactly: every subset of columns, the best solution
     with no negative coefficient (a handful of columns: at most 15 small solves)."""
     w = 1.0 / np.maximum(y, 1e-12)
@@ -89,7 +89,7 @@ def fit_compute(points: list[tuple[int, int, float]], quadratic: bool = True) ->
     y = np.array([t for _, _, t in points], dtype=np.float64)
     if len(points) < a.shape[1]:
         raise ValueError(f"{len(points)} points cannot determine {a.shape[1]} coefficients")
-    coef = _nonnegative_relative_lstsq(a, y)
+    coef = nonnegative_relative_lstsq(a, y)
     values = list(coef) if use_call else [0.0, *coef]
     while len(values) < 4:
         values.append(0.0)
@@ -117,4 +117,12 @@ def median(values: list[float]) -> float:
     return float(np.median(np.asarray(values, dtype=np.float64))) if values else 0.0
 
 
-__all__ = ["CallFit", "bandwidths", "bus_factor", "fit_alpha_beta", "fit_compute", "median"]
+__all__ = [
+    "CallFit",
+    "bandwidths",
+    "bus_factor",
+    "fit_alpha_beta",
+    "fit_compute",
+    "median",
+    "nonnegative_relative_lstsq",
+]

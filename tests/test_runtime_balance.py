@@ -350,3 +350,25 @@ def test_balanced_equals_unbalanced(gloo, name, mode):
     if mode == "orch":
         assert any(r["balance"]["llm"]["max_cost"] < r["balance"]["llm"]["max_cost_before"] for r in got)
     assert all(r["balance"]["llm"]["max_cost"] == r["balance"]["llm"]["max_cost_before"] for r in base)
+
+
+def test_calibration_times_the_data_s_longest_samples(specs):
+    """The per-pair rate is measured where the long samples are, not extrapolated from 256 tokens."""
+    from orch.planner.specs import DataSpec
+    from orch.runtime.orchestrator import CALIBRATION_SHAPES, calibration_shapes, longest_sample
+
+    assert calibration_shapes(0) == CALIBRATION_SHAPES
+    assert calibration_shapes(256) == CALIBRATION_SHAPES
+    longer = calibration_shapes(1024)
+    assert longer[: len(CALIBRATION_SHAPES)] == CALIBRATION_SHAPES
+    assert (1, 1024) in longer and max(n for _, n in longer) == 1024
+    model = specs[0]
+    data = DataSpec.model_validate(
+        {
+            "global_batch": 8,
+            "seq_len": 300,
+            "tasks": [{"weight": 1, "tokens": {"vision": 64, "llm": 200}, "max": {"vision": 512, "llm": 1000}}],
+        }
+    )
+    assert 64 <= longest_sample(data, model, "vision") <= 512
+    assert longest_sample(data, model, "llm") == 300  # the LLM's sequences are cut at seq_len
