@@ -86,7 +86,6 @@ class Candidate:
     num_micro_batches: int = 1  # per DP rank per step
     send_s: float = 0.0  # encoder: its outputs out and their gradients back in
     recv_s: tuple[tuple[str, float], ...] = ()  # llm: per encoder, receiving outputs (and broadcast)
-    fill_s: float = 0.0  # encoder island: the first chunk the LLM waits for
 
     @property
     def gpus(self) -> int:
@@ -259,9 +258,8 @@ def module_candidates(
                         module, placement, layout, mb, rc, cost, num_mb, recv_s=_recv_s(inp, layout, placement)
                     )
                 else:
-                    fill = cost.work_s / num_mb if placement == Placement.DISAGGREGATED else 0.0
                     send = _send_s(inp, module, layout, placement)
-                    c = Candidate(module, placement, layout, mb, rc, cost, num_mb, send_s=send, fill_s=fill)
+                    c = Candidate(module, placement, layout, mb, rc, cost, num_mb, send_s=send)
                 out.append(c)
     return prune_dominated(out) if prune else out
 
@@ -272,7 +270,6 @@ def _key(c: Candidate) -> tuple[float, ...]:
     return (
         c.cost.work_s + c.send_s,
         c.cost.fixed_s,
-        c.fill_s,
         *(v for _, v in c.recv_s),
         c.memory_gb,
         -c.num_micro_batches,

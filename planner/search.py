@@ -220,7 +220,8 @@ class LayoutModel:
         terms = []
         llm = self.inp.model.llm_name
         enc = self.inp.model.encoder_names
-        horizon = self.t(max(_max_time(self.cands), 1e-9) * 4) + 1
+        # any sum of one candidate per module (with its moves) stays below this
+        horizon = self.t(max(_max_time(self.cands), 1e-9) * (len(self.inp.model.modules) + 1)) + 1
         # homogeneous: the joint option carries its step time
         terms += [self.t(o.step_s) * x for x, o in v.homogeneous]
         if v.colocated:
@@ -319,7 +320,7 @@ def _must(choice: Choice | None) -> Choice:
 def _max_time(cs: CandidateSet) -> float:
     times = [o.step_s for o in cs.homogeneous]
     for per in [cs.colocated, *cs.disaggregated.values()]:
-        times += [c.time_s + c.send_s + c.fill_s + sum(v for _, v in c.recv_s) for cands in per.values() for c in cands]
+        times += [c.time_s + c.send_s + sum(v for _, v in c.recv_s) for cands in per.values() for c in cands]
     return max(times, default=1.0)
 
 
