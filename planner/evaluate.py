@@ -45,10 +45,20 @@ class DisaggregatedParts:
     common: float  # every rank: the orchestrator and the step's bookkeeping
 
 
+def island_work(encoder: Candidate) -> float:
+    """An encoder's share of the island's pipelined work: its passes and its sends."""
+    return encoder.cost.work_s + encoder.send_s
+
+
+def llm_work(llm: Candidate, encoders: list[str]) -> float:
+    """The LLM island's pipelined work: its passes and its receives from every encoder."""
+    return llm.cost.work_s + sum(llm.recv_for(e) for e in encoders)
+
+
 def disaggregated_parts(encs: list[Candidate], llm: Candidate) -> DisaggregatedParts:
     return DisaggregatedParts(
-        island=sum(e.cost.work_s + e.send_s for e in encs),
-        llm_side=llm.cost.work_s + sum(llm.recv_for(e.module) for e in encs),
+        island=sum(island_work(e) for e in encs),
+        llm_side=llm_work(llm, [e.module for e in encs]),
         island_fixed=sum(e.cost.fixed_s for e in encs),
         llm_fixed=llm.cost.overhead_s,
         common=llm.cost.orchestrator_s,

@@ -21,7 +21,7 @@ from orch.planner.candidates import (
     island_sizes,
     module_candidates,
 )
-from orch.planner.evaluate import Choice, dp_compatible, evaluate, evaluate_homogeneous
+from orch.planner.evaluate import Choice, dp_compatible, evaluate, evaluate_homogeneous, island_work, llm_work
 from orch.planner.plan import Placement
 from orch.planner.profile import busy_ratio
 
@@ -242,13 +242,13 @@ class LayoutModel:
                 r_enc, r_llm = busy_ratio(prof, world, k), busy_ratio(prof, world, world - k)
                 for e in enc:
                     for x, c in per[e]:
-                        work = c.cost.work_s + c.send_s
+                        work = island_work(c)
                         by_enc.append(self.t(r_enc * work) * x)
                         by_llm.append(self.t((1 - r_llm) * work) * x)
                         serial.append(self.t(r_enc * work) * x)
                         fixed_enc.append(self.t(c.cost.fixed_s) * x)
                 for x, c in per[llm]:
-                    work = c.cost.work_s + sum(c.recv_for(e) for e in enc)
+                    work = llm_work(c, list(enc))
                     by_enc.append(self.t((1 - r_enc) * work) * x)
                     by_llm.append(self.t(r_llm * work) * x)
                     serial.append(self.t(r_llm * work) * x)
