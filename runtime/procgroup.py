@@ -36,7 +36,11 @@ def init_rank(
     import torch
     import torch.distributed as dist
 
+    from orch.runtime.host_memory import keep_freed_memory
+
     torch.set_num_threads(1)
+    if backend == "gloo":  # the rank computes on the CPU: reuse freed activations' pages (host_memory.py)
+        keep_freed_memory()
     dist.init_process_group(
         backend,
         init_method=f"tcp://{master}:{port}",
