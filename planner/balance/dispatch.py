@@ -21,8 +21,9 @@ from orch.planner.balance.cost import (
     lower_bound,
     moved_bytes,
     rank_costs,
+    rank_tokens,
 )
-from orch.planner.balance.greedy import lpt
+from orch.planner.balance.greedy import exchange_under_cap, improve, lpt
 from orch.planner.balance.padded import optimal_cap, padded_runs
 from orch.planner.balance.paper import paper
 from orch.planner.balance.topology import orch_padded, orch_unpadded
@@ -53,9 +54,31 @@ class PhaseOutcome:
 
 
 def dispatch_phase(ph: PhaseArrays, mode: Mode) -> IntArray:
-    """Rank of each of the phase's samples (indexed like ph.ids) under `mode`."""
+    """Rank of each of the phase's samples (indexed like ph.ids) under `mode`.
+
+        A token cap that the drawn placement meets can still dead-end the constructive heuristics
+        (packing under a cap is bin packing: with 16 tokens of room in all, a greedy order runs out).
+        Such a phase is balanced from where its samples are, by moves and swaps that keep every rank
+        under the cap (greedy.improve, then greedy.exchange_under_cap: one long sample against several
+    short ones); a padded one stays where it is. A cap the drawn placement does
+        not meet either is the caller's error, raised as before."""
     if mode == Mode.NONE or ph.n == 0:
         return ph.origin.copy()
+    try:
+        return _heuristic(ph, mode)
+    except InfeasibleError:
+        cap = ph.spec.max_tokens
+        if cap is None or rank_tokens(ph, ph.origin).max(initial=0) > cap:
+            raise
+        if ph.spec.padded:
+            return ph.origin.copy()
+        moved = improve(
+            ph.costs, ph.origin, ph.num_ranks, ph.ranks_per_node, lower_bound(ph), lengths=ph.lengths, cap=cap
+        )
+        return exchange_under_cap(ph.costs, ph.lengths, moved, ph.num_ranks, cap)
+
+
+def _heuristic(ph: PhaseArrays, mode: Mode) -> IntArray:
     if mode == Mode.ORCH:
         return orch_padded(ph) if ph.spec.padded else orch_unpadded(ph)
     if mode == Mode.PAPER:

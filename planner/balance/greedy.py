@@ -272,3 +272,82 @@ def improve(
         if u >= 0:  # a swap: the partner comes back
             move_sample(dest, loads, tokens, costs, lengths, u, t, top)
     return dest
+
+
+def _cheapest_subset(lengths: IntArray, costs: FloatArray, lo: int, hi: int) -> tuple[float, IntArray] | None:
+    """The subset of items with total length in [lo, hi] of least total cost (0/1 knapsack over
+    lengths), as (cost, indices); None when no subset reaches lo within hi."""
+    if hi < lo or hi < 0:
+        return None
+    best = np.full(hi + 1, np.inf)
+    best[0] = 0.0
+    took = np.zeros((lengths.size, hi + 1), dtype=bool)
+    for i, (n, c) in enumerate(zip(lengths.tolist(), costs.tolist(), strict=True)):
+        if n > hi:
+            continue
+        shifted = np.full(hi + 1, np.inf)
+        shifted[n:] = best[: hi + 1 - n] + c
+        took[i] = shifted < best
+        best = np.minimum(best, shifted)
+    w = lo + int(np.argmin(best[lo:]))
+    if not np.isfinite(best[w]):
+        return None
+    cost, chosen = float(best[w]), []
+    for i in range(lengths.size - 1, -1, -1):  # walk the choices back from the last item
+        if took[i, w]:
+            chosen.append(i)
+            w -= int(lengths[i])
+    return cost, np.asarray(chosen[::-1], dtype=np.int64)
+
+
+def exchange_under_cap(
+    costs: FloatArray,
+    lengths: IntArray,
+    dest: IntArray,
+    num_ranks: int,
+    cap: int,
+    max_iters: int = 64,
+) -> IntArray:
+    """Lower the max rank cost under a tight token cap by one-for-several exchanges.
+
+    When every rank is near `cap` tokens, neither a move nor a one-for-one swap fits (a swap that
+    lowers the max rank's cost hands it a shorter sample, freeing tokens only on a rank that has
+    none to spare). What fits: one long sample of the max rank against several shorter ones of
+    another rank with about as many tokens, cheaper together when cost grows faster than length
+    (attention). Per round, for each sample of the max rank and each of the 8 least loaded ranks,
+    the cheapest set of that rank's samples whose tokens make the exchange fit on both ranks
+    (`_cheapest_subset`); the exchange that lowers the pair's max most is applied. Every rank
+    stays under `cap` throughout.
+    """
+    dest = dest.copy()
+    loads = np.bincount(dest, weights=costs, minlength=num_ranks).astype(np.float64)
+    tokens = np.bincount(dest, weights=lengths, minlength=num_ranks).astype(np.int64)
+    eps = 1e-9 * max(float(loads.max(initial=0.0)), 1.0)
+    for _ in range(max_iters):
+        top = int(np.argmax(loads))
+        peak = float(loads[top])
+        best: tuple[float, int, int, IntArray] | None = None  # (new pair max, sample, rank, taken back)
+        mine = np.flatnonzero(dest == top)
+        for t in np.argsort(loads, kind="stable")[:9].tolist():
+            if t == top:
+                continue
+            theirs = np.flatnonzero(dest == t)
+            for s in mine[np.argsort(-costs[mine], kind="stable")].tolist():
+                lo = int(tokens[t] + lengths[s] - cap)  # t gives back at least this for s to fit
+                hi = int(cap - tokens[top] + lengths[s])  # and top takes at most this
+                if lo <= 0:
+                    continue  # a plain move fits: greedy.improve's job
+                found = _cheapest_subset(lengths[theirs], costs[theirs], lo, hi)
+                if found is None:
+                    continue
+                delta = float(costs[s]) - found[0]
+                pair = max(peak - delta, float(loads[t]) + delta)
+                if delta > 0 and pair < peak - eps and (best is None or pair < best[0] - eps):
+                    best = (pair, s, t, theirs[found[1]])
+        if best is None:
+            break
+        _, s, t, back = best
+        move_sample(dest, loads, tokens, costs, lengths, s, top, t)
+        for u in back.tolist():
+            move_sample(dest, loads, tokens, costs, lengths, u, t, top)
+    return dest
