@@ -23,11 +23,11 @@ the LLM adds 2 · hidden · vocab per token to `a` (the head; text tokens only i
 FLOPs alone miss two things the runtime really pays (`calibrate_module`): a fixed cost per sample
 (attention, the projector's padding and the LLM's embedding run once per sample in Python: a
 dozen small kernels per layer, forward and backward) and a per-pair rate above the matmul rate
-(scores are materialised, scaled, masked and soft-maxed element by element). So rank 0 times the
+(scores are materialised, scaled, masked and soft-maxed element by element). So every rank times the
 module's real forward+backward (`compute.encode` / `compute.text_loss`) on a few packed
 micro-batches of k samples of n tokens at startup (up to the data's longest sample), fits
 t = call + c0·k + r1·k·a·n + r2·k·b·n² by least squares on relative error, and every rank uses
-(broadcast, so the tables stay identical)
+(averaged over ranks, so the tables stay identical)
   c = tp · c0 / r1   (the per-sample seconds in FLOPs of linear work; under TP the matmuls split
                       over tp ranks but the per-sample kernels do not)
   b ← b · r2 / r1    (attention's measured rate relative to the matmuls')
@@ -149,7 +149,7 @@ def calibration_shapes(max_len: int) -> tuple[tuple[int, int], ...]:
 @lru_cache(maxsize=16)
 def _calibrate(
     model_json: str, name: str, dtype_name: str, device_name: str = "cpu", max_len: int = 0
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     from orch.runtime.model import build_module
     from orch.runtime.profile_fit import nonnegative_relative_lstsq
 
@@ -166,8 +166,8 @@ def _calibrate(
     # relative error, non-negative terms: a short sample's cost is priced as well as a long one's
     _call, c0, r1, r2 = nonnegative_relative_lstsq(np.array(rows), np.array(times))
     if not r1 > 0:  # a degenerate fit (a machine too noisy to time): the FLOP model alone
-        return 0.0, 1.0
-    return float(c0) / float(r1), float(r2) / float(r1)
+        return 0.0, 1.0, 0.0
+    return float(c0) / float(r1), float(r2) / float(r1), float(r1)
 
 
 def calibrate_module(
@@ -177,7 +177,18 @@ def calibrate_module(
     in FLOPs of linear work, and attention's per-pair rate relative to the matmuls'. `max_len`: the
     longest sample the data gives the module (timed too when beyond the fixed shapes). Cached per process."""
     dtype_name = str(dtype).removeprefix("torch.")
-    return _calibrate(model.model_dump_json(), name, dtype_name, str(torch.device(device)), max_len)
+    per_sample, pair_rate, _ = _calibrate(model.model_dump_json(), name, dtype_name, str(torch.device(device)), max_len)
+    return per_sample, pair_rate
+
+
+def seconds_per_flop(
+    model: ModelSpec, name: str, dtype: torch.dtype, device: torch.device | str = "cpu", max_len: int = 0
+) -> float:
+    """r1 of the same fit as `calibrate_module`: seconds of forward+backward per forward FLOP of linear
+    work, which turns the dispatcher's costs into seconds (0 where the fit was degenerate). The
+    dispatcher needs only ratios within a module; adding phases of different modules needs seconds."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    return _calibrate(model.model_dump_json(), name, dtype_name, str(torch.device(device)), max_len)[2]
 
 
 def shared_calibration(
@@ -187,17 +198,22 @@ def shared_calibration(
     device: torch.device | str = "cpu",
     max_lens: dict[str, int] | None = None,
 ) -> dict[str, tuple[float, float]]:
-    """Rank 0 calibrates every module on its `device` and broadcasts the numbers (from that device: NCCL
-    takes CUDA tensors only), so every rank's dispatcher agrees."""
+    """Every rank calibrates every module on its `device`, all at once, and the numbers are averaged
+    over ranks (an all_reduce from that device: NCCL takes CUDA tensors only), so every rank's
+    dispatcher agrees. All ranks, not one: the timings are taken while every rank computes, as in a
+    step, and every rank's allocator has met the data's longest samples before step 0 (a rank that
+    met them first inside a step paid the growth of its heap there: page faults of 15 us each on a
+    fresh VM, which made it the slowest rank of steps the dispatcher had balanced). `rank` is kept
+    for the callers' symmetry; every rank does the same."""
+    del rank
     names = [*encoder_order(model), model.llm_name]
     values = torch.zeros(len(names), 2, dtype=torch.float64)
-    if rank == 0:
-        for j, m in enumerate(names):
-            longest = (max_lens or {}).get(m, 0)
-            values[j] = torch.tensor(calibrate_module(model, m, dtype, device, longest), dtype=torch.float64)
+    for j, m in enumerate(names):
+        longest = (max_lens or {}).get(m, 0)
+        values[j] = torch.tensor(calibrate_module(model, m, dtype, device, longest), dtype=torch.float64)
     values = values.to(device)
-    dist.broadcast(values, src=0)
-    values = values.cpu()
+    dist.all_reduce(values)
+    values = (values / dist.get_world_size()).cpu()
     return {m: (float(values[j, 0]), float(values[j, 1])) for j, m in enumerate(names)}
 
 
@@ -323,11 +339,15 @@ class Orchestrator:
         frames = AUDIO_STEM_STRIDE if encoder_modality(module, spec) == "audio" else 1
         return [n * frames * (spec.input_dim or 1) * self.elem_bytes for n in lengths]
 
-    def _rank_costs(self, module: str, lengths: list[int], where: tuple[int, ...]) -> np.ndarray:
+    def _sample_costs(self, module: str, lengths: list[int]) -> np.ndarray:
         c, a, b = self.coeffs[module]
         x = np.asarray(lengths, dtype=np.float64)
-        cost = np.where(x > 0, c + a * x + b * x * x, 0.0)
-        return np.bincount(np.asarray(where), weights=cost, minlength=self.grids[module].dp)
+        return np.where(x > 0, c + a * x + b * x * x, 0.0)
+
+    def _rank_costs(self, module: str, lengths: list[int], where: tuple[int, ...]) -> np.ndarray:
+        return np.bincount(
+            np.asarray(where), weights=self._sample_costs(module, lengths), minlength=self.grids[module].dp
+        )
 
     def dispatch(self, step: int, lengths: dict[str, list[int]]) -> StepTables:
         start = time.perf_counter()
@@ -361,6 +381,8 @@ class Orchestrator:
                 "mean_cost_before": float(before.mean()),
                 "max_cost": float(after.max()),
                 "mean_cost": float(after.mean()),
+                # no placement of whole samples has a smaller max: the mean rank, or the costliest sample
+                "floor_cost": float(max(after.mean(), self._sample_costs(m, lens).max(initial=0.0))),
             }
         dp = {m: self.grids[m].dp for m in self.modules}
         return StepTables(step, origin, dest, dp, self.model.llm_name, stats, time.perf_counter() - start)

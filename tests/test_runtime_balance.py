@@ -136,6 +136,9 @@ def test_calibration_is_a_per_sample_constant_and_a_pair_rate(specs):
         before = [sum(x for x, d in zip(cost, t.origin[m], strict=True) if d == r) for r in range(t.dp[m])]
         assert t.stats[m]["max_cost_before"] == pytest.approx(max(before), rel=1e-12)
         assert t.stats[m]["max_cost"] <= t.stats[m]["max_cost_before"]
+        floor = max(sum(before) / len(before), max(cost))
+        assert t.stats[m]["floor_cost"] == pytest.approx(floor, rel=1e-12)
+        assert t.stats[m]["floor_cost"] <= t.stats[m]["max_cost"] * (1 + 1e-12)
 
 
 def test_dp_indices_per_node():
