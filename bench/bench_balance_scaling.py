@@ -62,14 +62,20 @@ def calibrated_costs(model: ModelSpec, data: DataSpec) -> tuple[dict[str, tuple[
 
 
 def step_costs(
-    model: ModelSpec, data: DataSpec, dp: int, steps: int, calibration: dict, rate: dict
+    model: ModelSpec,
+    data: DataSpec,
+    dp: int,
+    steps: int,
+    calibration: dict,
+    rate: dict,
+    samples_per_rank: int = SAMPLES_PER_RANK,
 ) -> dict[str, list[float]]:
     """Per step: the compute critical path in seconds with none, with orch, and the floor."""
     from orch.runtime.data import GlobalBatch
     from orch.runtime.grid import build_grids
     from orch.runtime.orchestrator import Orchestrator, lengths_columns, phase_name
 
-    data_dp = data.model_copy(update={"global_batch": SAMPLES_PER_RANK * dp})
+    data_dp = data.model_copy(update={"global_batch": samples_per_rank * dp})
     plan = hand_plan(model, data_dp, {model.llm_name: (Layout(dp=dp), list(range(dp)))}, micro_batches=1)
     plan = plan.model_copy(update={"ranks_per_node": min(RANKS_PER_NODE, dp)})
     orch = Orchestrator(plan, build_grids(plan.modules), Mode.ORCH, 8, calibration)
@@ -119,25 +125,21 @@ def random_mix(rng: random.Random, data: DataSpec) -> DataSpec:
 
 def search_mixes(count: int, steps: int, dp: int, seed: int) -> list[dict]:
     """`count` random mixes (and 2 to 16 samples per rank) at `dp` ranks: ceiling and orch per mix."""
-    global SAMPLES_PER_RANK
     model, data = bench_specs("skewed")
     calibration, rate = calibrated_costs(model, data)
-    rng, rows, default = random.Random(seed), [], SAMPLES_PER_RANK
-    try:
-        for _ in range(count):
-            mix = random_mix(rng, data)
-            SAMPLES_PER_RANK = rng.choice([2, 4, 8, 16])
-            c = step_costs(model, mix, dp, steps, calibration, rate)
-            rows.append(
-                {
-                    "samples_per_rank": SAMPLES_PER_RANK,
-                    "tasks": [(t.name, round(t.weight, 2), t.tokens, t.spread) for t in mix.tasks],
-                    "ceiling": _speedup(c["none"], c["floor"]),
-                    "orch": _speedup(c["none"], c["orch"]),
-                }
-            )
-    finally:
-        SAMPLES_PER_RANK = default
+    rng, rows = random.Random(seed), []
+    for _ in range(count):
+        mix = random_mix(rng, data)
+        per_rank = rng.choice([2, 4, 8, 16])
+        c = step_costs(model, mix, dp, steps, calibration, rate, per_rank)
+        rows.append(
+            {
+                "samples_per_rank": per_rank,
+                "tasks": [(t.name, round(t.weight, 2), t.tokens, t.spread) for t in mix.tasks],
+                "ceiling": _speedup(c["none"], c["floor"]),
+                "orch": _speedup(c["none"], c["orch"]),
+            }
+        )
     return rows
 
 

@@ -158,10 +158,9 @@ class ModuleCost:
     params_gb: float
     activations_gb: float
     model_flops: float  # train FLOPs of the step (no recompute), for MFU
-    overhead_s: float = 0.0  # measured fixed work per step: gradient sync and optimizer (LLM: + batch bookkeeping)
-    orchestrator_s: float = (
-        0.0  # measured runtime work per step: orchestrator (announce, dispatch, routes), bookkeeping
-    )
+    overhead_s: float = 0.0  # measured fixed work per step: gradient sync and optimizer
+    # measured runtime work per step: orchestrator (announce, dispatch, routes), batch bookkeeping
+    orchestrator_s: float = 0.0
 
     @property
     def work_s(self) -> float:
@@ -230,7 +229,6 @@ def _compute_seconds(
         else:
             rest = fwd - layer_share
             rest_s = rest * passes / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * cluster.mfu)
-        # the post-balancing orchestrator's measured per-step work (announce, dispatch, input routes): the LLM's row
         # the runtime's measured per-step work outside the modules (orchestrator, batch bookkeeping): the LLM's row
         balance_s = 0.0
         if profile is not None and m.kind == ModuleKind.LLM:

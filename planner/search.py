@@ -243,15 +243,17 @@ class LayoutModel:
                 for e in enc:
                     for x, c in per[e]:
                         work = island_work(c)
-                        by_enc.append(self.t(r_enc * work) * x)
+                        alone = self.t(r_enc * work) * x  # the island's pace, and its turn alone
+                        by_enc.append(alone)
                         by_llm.append(self.t((1 - r_llm) * work) * x)
-                        serial.append(self.t(r_enc * work) * x)
+                        serial.append(alone)
                         fixed_enc.append(self.t(c.cost.fixed_s) * x)
                 for x, c in per[llm]:
                     work = llm_work(c, list(enc))
+                    alone = self.t(r_llm * work) * x
                     by_enc.append(self.t((1 - r_enc) * work) * x)
-                    by_llm.append(self.t(r_llm * work) * x)
-                    serial.append(self.t(r_llm * work) * x)
+                    by_llm.append(alone)
+                    serial.append(alone)
                     fixed_llm.append(self.t(c.cost.overhead_s) * x)
                     common.append(self.t(c.cost.orchestrator_s) * x)
                     by_m.setdefault(c.num_micro_batches, []).append(x)

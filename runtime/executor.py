@@ -225,7 +225,7 @@ class Executor:
         calibration = None
         if calibrate:
             longest = {n: longest_sample(data, self.model, n) for n in self.model.modules}
-            calibration = shared_calibration(self.model, cfg.torch_dtype, rank, self.device, longest)
+            calibration = shared_calibration(self.model, cfg.torch_dtype, self.device, longest)
         # The graph-aware 1F1B needs the encoders and the LLM on disjoint ranks (each island runs its own order).
         llm_ranks = set(llm_grid.ranks)
         disjoint = all(not set(self.grids[e].ranks) & llm_ranks for e in self.model.encoder_names)

@@ -170,14 +170,21 @@ def _calibrate(
     return float(c0) / float(r1), float(r2) / float(r1), float(r1)
 
 
+def _fit(
+    model: ModelSpec, name: str, dtype: torch.dtype, device: torch.device | str, max_len: int
+) -> tuple[float, float, float]:
+    return _calibrate(
+        model.model_dump_json(), name, str(dtype).removeprefix("torch."), str(torch.device(device)), max_len
+    )
+
+
 def calibrate_module(
     model: ModelSpec, name: str, dtype: torch.dtype, device: torch.device | str = "cpu", max_len: int = 0
 ) -> tuple[float, float]:
     """(c0 / r1, r2 / r1) of one module on this machine's `device` (module docstring): the per-sample cost
     in FLOPs of linear work, and attention's per-pair rate relative to the matmuls'. `max_len`: the
     longest sample the data gives the module (timed too when beyond the fixed shapes). Cached per process."""
-    dtype_name = str(dtype).removeprefix("torch.")
-    per_sample, pair_rate, _ = _calibrate(model.model_dump_json(), name, dtype_name, str(torch.device(device)), max_len)
+    per_sample, pair_rate, _ = _fit(model, name, dtype, device, max_len)
     return per_sample, pair_rate
 
 
@@ -187,14 +194,12 @@ def seconds_per_flop(
     """r1 of the same fit as `calibrate_module`: seconds of forward+backward per forward FLOP of linear
     work, which turns the dispatcher's costs into seconds (0 where the fit was degenerate). The
     dispatcher needs only ratios within a module; adding phases of different modules needs seconds."""
-    dtype_name = str(dtype).removeprefix("torch.")
-    return _calibrate(model.model_dump_json(), name, dtype_name, str(torch.device(device)), max_len)[2]
+    return _fit(model, name, dtype, device, max_len)[2]
 
 
 def shared_calibration(
     model: ModelSpec,
     dtype: torch.dtype,
-    rank: int,
     device: torch.device | str = "cpu",
     max_lens: dict[str, int] | None = None,
 ) -> dict[str, tuple[float, float]]:
@@ -203,9 +208,7 @@ def shared_calibration(
     dispatcher agrees. All ranks, not one: the timings are taken while every rank computes, as in a
     step, and every rank's allocator has met the data's longest samples before step 0 (a rank that
     met them first inside a step paid the growth of its heap there: page faults of 15 us each on a
-    fresh VM, which made it the slowest rank of steps the dispatcher had balanced). `rank` is kept
-    for the callers' symmetry; every rank does the same."""
-    del rank
+    fresh VM, which made it the slowest rank of steps the dispatcher had balanced)."""
     names = [*encoder_order(model), model.llm_name]
     values = torch.zeros(len(names), 2, dtype=torch.float64)
     for j, m in enumerate(names):
@@ -344,10 +347,8 @@ class Orchestrator:
         x = np.asarray(lengths, dtype=np.float64)
         return np.where(x > 0, c + a * x + b * x * x, 0.0)
 
-    def _rank_costs(self, module: str, lengths: list[int], where: tuple[int, ...]) -> np.ndarray:
-        return np.bincount(
-            np.asarray(where), weights=self._sample_costs(module, lengths), minlength=self.grids[module].dp
-        )
+    def _rank_costs(self, module: str, costs: np.ndarray, where: tuple[int, ...]) -> np.ndarray:
+        return np.bincount(np.asarray(where), weights=costs, minlength=self.grids[module].dp)
 
     def dispatch(self, step: int, lengths: dict[str, list[int]]) -> StepTables:
         start = time.perf_counter()
@@ -373,7 +374,8 @@ class Orchestrator:
                     ],
                 )
                 dest[m] = tuple(balance_batch(batch, self.mode).phases[name].dest)
-            before, after = self._rank_costs(m, lens, origin[m]), self._rank_costs(m, lens, dest[m])
+            costs = self._sample_costs(m, lens)
+            before, after = self._rank_costs(m, costs, origin[m]), self._rank_costs(m, costs, dest[m])
             if after.max() > before.max():  # a heuristic (lpt, paper) worse than where samples are: stay
                 dest[m], after = origin[m], before
             stats[phase_name(self.model, m)] = {
@@ -382,7 +384,7 @@ class Orchestrator:
                 "max_cost": float(after.max()),
                 "mean_cost": float(after.mean()),
                 # no placement of whole samples has a smaller max: the mean rank, or the costliest sample
-                "floor_cost": float(max(after.mean(), self._sample_costs(m, lens).max(initial=0.0))),
+                "floor_cost": float(max(after.mean(), costs.max(initial=0.0))),
             }
         dp = {m: self.grids[m].dp for m in self.modules}
         return StepTables(step, origin, dest, dp, self.model.llm_name, stats, time.perf_counter() - start)

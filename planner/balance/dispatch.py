@@ -56,12 +56,13 @@ class PhaseOutcome:
 def dispatch_phase(ph: PhaseArrays, mode: Mode) -> IntArray:
     """Rank of each of the phase's samples (indexed like ph.ids) under `mode`.
 
-        A token cap that the drawn placement meets can still dead-end the constructive heuristics
-        (packing under a cap is bin packing: with 16 tokens of room in all, a greedy order runs out).
-        Such a phase is balanced from where its samples are, by moves and swaps that keep every rank
-        under the cap (greedy.improve, then greedy.exchange_under_cap: one long sample against several
-    short ones); a padded one stays where it is. A cap the drawn placement does
-        not meet either is the caller's error, raised as before."""
+    A token cap that the drawn placement meets can still dead-end the constructive heuristics
+    (packing under a cap is bin packing: with 16 tokens of room in all, a greedy order runs out).
+    Such a phase is balanced from where its samples are, by moves and swaps that keep every rank
+    under the cap (greedy.improve, then greedy.exchange_under_cap: one long sample against several
+    short ones); a padded one stays where it is. A cap the drawn placement does not meet either is
+    the caller's error, raised as before.
+    """
     if mode == Mode.NONE or ph.n == 0:
         return ph.origin.copy()
     try:

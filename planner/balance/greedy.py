@@ -328,11 +328,12 @@ def exchange_under_cap(
         peak = float(loads[top])
         best: tuple[float, int, int, IntArray] | None = None  # (new pair max, sample, rank, taken back)
         mine = np.flatnonzero(dest == top)
+        mine = mine[np.argsort(-costs[mine], kind="stable")].tolist()
         for t in np.argsort(loads, kind="stable")[:9].tolist():
             if t == top:
                 continue
             theirs = np.flatnonzero(dest == t)
-            for s in mine[np.argsort(-costs[mine], kind="stable")].tolist():
+            for s in mine:
                 lo = int(tokens[t] + lengths[s] - cap)  # t gives back at least this for s to fit
                 hi = int(cap - tokens[top] + lengths[s])  # and top takes at most this
                 if lo <= 0:
