@@ -39,8 +39,8 @@ from pathlib import Path
 from orch.planner.loading import load_model
 from orch.planner.plan import Layout, Plan
 from orch.planner.specs import DataSpec, ModelSpec
-from orch.runtime.executor import RunConfig
 from orch.runtime.plans import hand_plan
+from orch.runtime.train.step import RunConfig
 
 WARMUP = 2  # steps left out of the medians (first-touch allocation, gloo connection set-up)
 MODES = ("none", "orch")
@@ -195,8 +195,8 @@ def _worker(rank: int, port: int, plan_json: str, data_json: str, steps: int, dt
 
     import torch.distributed as dist
 
-    from orch.runtime.executor import Executor
-    from orch.runtime.procgroup import init_rank
+    from orch.runtime.launch.procgroup import init_rank
+    from orch.runtime.train.step import Executor
 
     init_rank(rank, 2, master="127.0.0.1", port=port, timeout_s=300)
     try:
@@ -229,7 +229,7 @@ def _worker(rank: int, port: int, plan_json: str, data_json: str, steps: int, dt
 def main() -> None:
     import torch.multiprocessing as mp
 
-    from orch.runtime.procgroup import free_port
+    from orch.runtime.launch.procgroup import free_port
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)

@@ -47,12 +47,12 @@ def calibrated_costs(model: ModelSpec, data: DataSpec) -> tuple[dict[str, tuple[
     """Per module: the dispatcher's calibration (per-sample cost, pair rate) and seconds per FLOP."""
     import torch
 
-    from orch.runtime.data import encoder_order
+    from orch.runtime.data.synthetic import encoder_order
     from orch.runtime.host_memory import keep_freed_memory
-    from orch.runtime.orchestrator import calibrate_module, longest_sample, seconds_per_flop
+    from orch.runtime.train.orchestrator import calibrate_module, longest_sample, seconds_per_flop
 
     torch.set_num_threads(1)
-    keep_freed_memory()  # as a rank runs (runtime/procgroup.py)
+    keep_freed_memory()  # as a rank runs (runtime/launch/procgroup.py)
     calibration, rate = {}, {}
     for m in [*encoder_order(model), model.llm_name]:
         longest = longest_sample(data, model, m)
@@ -71,9 +71,9 @@ def step_costs(
     samples_per_rank: int = SAMPLES_PER_RANK,
 ) -> dict[str, list[float]]:
     """Per step: the compute critical path in seconds with none, with orch, and the floor."""
-    from orch.runtime.data import GlobalBatch
-    from orch.runtime.grid import build_grids
-    from orch.runtime.orchestrator import Orchestrator, lengths_columns, phase_name
+    from orch.runtime.data.synthetic import GlobalBatch
+    from orch.runtime.parallel.grid import build_grids
+    from orch.runtime.train.orchestrator import Orchestrator, lengths_columns, phase_name
 
     data_dp = data.model_copy(update={"global_batch": samples_per_rank * dp})
     plan = hand_plan(model, data_dp, {model.llm_name: (Layout(dp=dp), list(range(dp)))}, micro_batches=1)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
-from orch.runtime.executor import RunConfig
-from orch.runtime.local import run_local
+from orch.runtime.launch.local import run_local
 from orch.runtime.plans import hand_plan
+from orch.runtime.train.step import RunConfig
 
 STEPS = 20
 WARMUP = 2

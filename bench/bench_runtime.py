@@ -20,9 +20,9 @@ from orch.planner.loading import load_cluster, load_data, load_model
 from orch.planner.plan import Placement, Plan
 from orch.planner.planner import make_plan
 from orch.planner.search import SolverConfig
-from orch.runtime.executor import RunConfig, check_supported
-from orch.runtime.local import run_local
+from orch.runtime.launch.local import run_local
 from orch.runtime.plans import hand_plan
+from orch.runtime.train.step import RunConfig, check_supported
 
 STEPS = 20
 WARMUP = 2  # steps left out of the median (first-touch allocation, gloo connection set-up)

@@ -1,6 +1,6 @@
 """`orch status/logs/cancel JOB` for Slurm jobs, and the Slurm side of `orch launch` (submit, dry run, --wait).
 
-The runtime (runtime/slurm.py) submits and reads states; this module only renders them.
+The runtime (runtime/launch/slurm.py) submits and reads states; this module only renders them.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import typer
 if TYPE_CHECKING:
     from orch.planner.plan import Plan
     from orch.planner.specs import DataSpec
-    from orch.runtime.executor import RunConfig
-    from orch.runtime.slurm import JobStatus
-    from orch.runtime.slurm_sbatch import SlurmOptions
+    from orch.runtime.launch.sbatch import SlurmOptions
+    from orch.runtime.launch.slurm import JobStatus
+    from orch.runtime.train.step import RunConfig
 
 _POLL_S = 2.0
 
@@ -26,8 +26,8 @@ def launch_slurm(
 ) -> None:
     """Called by `orch launch --executor slurm`: print the sbatch script (--dry-run) or submit."""
     from orch.cli.output import console, print_json_text
-    from orch.runtime.slurm import build_executor_parameters, submit
-    from orch.runtime.slurm_sbatch import allocation
+    from orch.runtime.launch.sbatch import allocation
+    from orch.runtime.launch.slurm import build_executor_parameters, submit
 
     out = console()
     nodes, per_node = allocation(plan)
@@ -78,7 +78,7 @@ def _watch(job_id: str) -> JobStatus:
     from rich.live import Live
 
     from orch.cli.output import console
-    from orch.runtime.slurm import job_status
+    from orch.runtime.launch.slurm import job_status
 
     out = console()
     status = job_status(job_id)
@@ -108,7 +108,7 @@ def status(
     from rich.markup import escape
 
     from orch.cli.output import console, print_json
-    from orch.runtime.slurm import job_status
+    from orch.runtime.launch.slurm import job_status
 
     st = job_status(job_id)
     if json_out:
@@ -135,7 +135,7 @@ def logs(
     import sys
 
     from orch.planner.errors import OrchError
-    from orch.runtime.slurm import job_status, load_record, log_path
+    from orch.runtime.launch.slurm import job_status, load_record, log_path
 
     record = load_record(job_id)
     if not 0 <= rank < record.world_size:
@@ -164,7 +164,7 @@ def _settled(path: Path, offset: int) -> bool:
 def cancel(job_id: str = typer.Argument(..., metavar="JOB")) -> None:
     """Cancel the job (scancel)."""
     from orch.cli.output import console
-    from orch.runtime.slurm import cancel as cancel_job
+    from orch.runtime.launch.slurm import cancel as cancel_job
 
     cancel_job(job_id)
     console().print(f"cancel requested for job {job_id}")

@@ -11,7 +11,7 @@ import typer
 
 EXECUTORS = ("local", "slurm")
 DTYPES = ("float32", "bfloat16", "float64")
-BALANCE = ("orch", "paper", "lpt", "none")  # post-balancing modes (runtime/orchestrator.py)
+BALANCE = ("orch", "paper", "lpt", "none")  # post-balancing modes (runtime/train/orchestrator.py)
 DEVICES = ("auto", "cpu", "cuda")  # runtime/device.py DEVICES (not imported: it imports torch)
 
 
@@ -50,7 +50,9 @@ def launch(
         None, "--setup", help="Setup file rendered into the sbatch script (default: templates/slurm/default-setup.sh)."
     ),
     model_factory: str | None = typer.Option(
-        None, "--model-factory", help="package.module:function returning your own modules (docs: runtime/factory.py)."
+        None,
+        "--model-factory",
+        help="package.module:function returning your own modules (docs: runtime/models/factory.py).",
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the sbatch script and plan summary; submit nothing."),
     wait: bool = typer.Option(False, "--wait", help="Follow the Slurm job until it ends; non-zero exit if it fails."),
@@ -83,8 +85,8 @@ def launch(
         raise SpecError("--nproc", "", f"the plan needs {plan.world_size} processes, got {world}")
 
     from orch.runtime.device import DeviceError, device_kind
-    from orch.runtime.executor import RunConfig, check_supported
-    from orch.runtime.local import run_local
+    from orch.runtime.launch.local import run_local
+    from orch.runtime.train.step import RunConfig, check_supported
 
     check_supported(plan)
     if executor == "local":  # Slurm tasks choose on their nodes (the submitting host may have no GPU)
@@ -104,12 +106,12 @@ def launch(
         device=device,
     )
     if model_factory is not None:
-        from orch.runtime.factory import build_from_factory
+        from orch.runtime.models.factory import build_from_factory
 
         build_from_factory(model_factory, plan.model, seed, cfg.torch_dtype)  # fail here, not in every rank
     if executor == "slurm":
         from orch.cli.jobs_cmd import launch_slurm
-        from orch.runtime.slurm_sbatch import SlurmOptions
+        from orch.runtime.launch.sbatch import SlurmOptions
 
         opts = SlurmOptions(partition=partition, account=account, qos=qos, time=time_limit, setup=setup, mem=mem)
         launch_slurm(plan, data_spec, cfg, opts, workdir=workdir, dry_run=dry_run, wait=wait)

@@ -12,8 +12,8 @@ import typer
 if TYPE_CHECKING:
     from orch.planner.profile import Profile
     from orch.planner.specs import ClusterSpec, ModelSpec
-    from orch.runtime.profile_bench import ProfileConfig
-    from orch.runtime.profile_validate import Validation
+    from orch.runtime.profile.bench import ProfileConfig
+    from orch.runtime.profile.validate import Validation
 
 EXECUTORS = ("local", "slurm")
 
@@ -65,7 +65,7 @@ def profile(
     if nproc % rpn:
         raise SpecError("--nproc", "", f"{nproc} is not a multiple of the cluster's {rpn} GPUs per node")
 
-    from orch.runtime.profile_bench import ProfileConfig, run_profile_local
+    from orch.runtime.profile.bench import ProfileConfig, run_profile_local
 
     cfg = ProfileConfig(
         model_spec.model_dump_json(),
@@ -107,11 +107,11 @@ def _profile_on_slurm(
     time_limit: str,
     setup: str | None,
 ) -> Profile:
-    """Submit the benchmark as one allocation (runtime/profile_slurm.py), follow it, build the profile."""
+    """Submit the benchmark as one allocation (runtime/profile/slurm.py), follow it, build the profile."""
     from orch.cli.jobs_cmd import _job_failed, _watch
     from orch.cli.output import console
-    from orch.runtime.profile_slurm import collect_profile, submit_profile
-    from orch.runtime.slurm_sbatch import SlurmOptions
+    from orch.runtime.launch.sbatch import SlurmOptions
+    from orch.runtime.profile.slurm import collect_profile, submit_profile
 
     opts = SlurmOptions(partition=partition, account=account, qos=qos, time=time_limit, setup=setup)
     record = submit_profile(model, cluster, cfg, nodes, opts, workdir=workdir)
@@ -188,8 +188,8 @@ def validate(
     from orch.cli.output import print_json
     from orch.planner.loading import load_json_file
     from orch.planner.plan import Plan
-    from orch.runtime.profile_validate import read_metrics
-    from orch.runtime.profile_validate import validate as compare
+    from orch.runtime.profile.validate import read_metrics
+    from orch.runtime.profile.validate import validate as compare
 
     plan = load_json_file(Plan, plan_file)
     result = compare(plan, *(read_metrics(m) for m in metrics))

@@ -57,7 +57,7 @@ class LinkFit(_Model):
 
 
 class BoundaryFit(_Model):
-    """The runtime's encoder -> LLM boundary move (runtime/transport.py, forward and backward together), per
+    """The runtime's encoder -> LLM boundary move (runtime/parallel/transport.py, forward and backward together), per
     encoder per step: t = alpha_s + bytes / (gbps·1e9), bytes = the encoder outputs one rank holds at the
     source (mean over ranks), at the profile's dtype (`elem_bytes` per element)."""
 

@@ -18,7 +18,7 @@ def one_f_one_b_order(stages: int, micro_batches: int) -> list[list[tuple[str, i
 
     Stage s runs min(stages - s - 1, micro_batches) warm-up forwards, then alternates one
     forward and one backward, then drains the backwards. The runtime executes this order
-    (runtime/pipeline.py); `one_f_one_b` simulates its timing.
+    (runtime/parallel/pipeline.py); `one_f_one_b` simulates its timing.
     """
     order: list[list[tuple[str, int]]] = []
     for s in range(stages):

@@ -106,7 +106,7 @@ def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     _init_optim_state(optimizer)
 
 
-# --- Stop requests: a checkpoint at Slurm's warning signal (runtime/slurm.py arms it; the local executor never does).
+# --- Stop requests: a checkpoint at Slurm's warning signal (runtime/launch/slurm.py arms it; the local executor never does).
 # The signal handler only sets an Event (no collectives, no I/O); at each step boundary the ranks agree on it with
 # one all_reduce(MAX) of one integer, so a signal delivered to any subset of the ranks stops all of them at the same
 # step, where they save collectively. Unarmed (the local executor), `stop_agreed` is False without a collective.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from orch.planner.loading import load_cluster
 from orch.planner.plan import Edge, Layout, ModulePlan, Placement, Plan, Prediction, Transport
 from orch.planner.specs import DataSpec, ModelSpec
-from orch.runtime.boundary import expected_kind
+from orch.runtime.parallel.boundary import expected_kind
 
 
 def hand_plan(

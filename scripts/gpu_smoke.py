@@ -34,10 +34,10 @@ import torch
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
 from orch.planner.specs import DataSpec, ModelSpec
-from orch.runtime.executor import RunConfig
-from orch.runtime.local import run_local
+from orch.runtime.train.step import RunConfig
+from orch.runtime.launch.local import run_local
 from orch.runtime.plans import hand_plan
-from orch.runtime.reference import ReferenceResult, run_reference
+from orch.runtime.train.single_process import ReferenceResult, run_reference
 
 SEED, STEPS = 7, 3
 FAILED: list[str] = []
@@ -73,8 +73,8 @@ def in_process_device_check(model: ModelSpec, data: DataSpec, device: str) -> No
     import torch.distributed as dist
 
     from orch.runtime.device import rank_device
-    from orch.runtime.executor import Executor
-    from orch.runtime.procgroup import free_port, init_rank
+    from orch.runtime.train.step import Executor
+    from orch.runtime.launch.procgroup import free_port, init_rank
 
     plan = hand_plan(model, data, {"llm": (Layout(), [0])})
     dev = rank_device(device, 0, 1)

@@ -36,8 +36,8 @@ def _plans_worker(rank: int, port: int, world: int, runs: list, data_json: str, 
 
     from orch.planner.plan import Plan
     from orch.planner.specs import DataSpec
-    from orch.runtime.executor import Executor
-    from orch.runtime.procgroup import init_rank
+    from orch.runtime.launch.procgroup import init_rank
+    from orch.runtime.train.step import Executor
 
     init_rank(rank, world, master="127.0.0.1", port=port, timeout_s=120)
     try:
@@ -63,7 +63,7 @@ def run_plans(plans: dict, data, cfg, out: Path) -> dict[str, tuple[list[float],
 
     import torch.multiprocessing as mp
 
-    from orch.runtime.procgroup import free_port
+    from orch.runtime.launch.procgroup import free_port
 
     worlds = {p.world_size for p in plans.values()}
     assert len(worlds) == 1, f"one launch needs one world size, got {sorted(worlds)}"

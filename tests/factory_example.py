@@ -6,7 +6,7 @@ a two-layer MLP (LLaVA-1.5 style); `not_a_mapping` and `missing_llm` break the c
 
 from torch import nn
 
-from orch.runtime.model import build_module
+from orch.runtime.models.reference import build_module
 
 
 class MLPProjector(nn.Module):

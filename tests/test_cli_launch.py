@@ -5,7 +5,7 @@ import json
 import pytest
 import yaml
 
-from orch.runtime.reference import run_reference
+from orch.runtime.train.single_process import run_reference
 
 
 @pytest.mark.slow

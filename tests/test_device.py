@@ -95,9 +95,9 @@ def test_run_local_refuses_cuda_before_starting(gpus, tmp_path):
     """run_local resolves the device in the launcher: no process starts for an impossible device."""
     from orch.planner.loading import load_data, load_model
     from orch.planner.plan import Layout
-    from orch.runtime.executor import RunConfig
-    from orch.runtime.local import run_local
+    from orch.runtime.launch.local import run_local
     from orch.runtime.plans import hand_plan
+    from orch.runtime.train.step import RunConfig
 
     gpus(0)
     model = load_model("tiny")
@@ -132,9 +132,9 @@ def test_executor_threads_its_device_through(tmp_path):
 
     from orch.planner.loading import load_data, load_model
     from orch.planner.plan import Layout
-    from orch.runtime.executor import Executor, RunConfig
+    from orch.runtime.launch.procgroup import free_port, init_rank
     from orch.runtime.plans import hand_plan
-    from orch.runtime.procgroup import free_port, init_rank
+    from orch.runtime.train.step import Executor, RunConfig
 
     model = load_model("tiny")
     data = load_data("tiny-mix").model_copy(update={"global_batch": 2, "seq_len": 32})

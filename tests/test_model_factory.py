@@ -7,11 +7,11 @@ from equivalence import assert_close, merged
 from orch.planner.errors import SpecError
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
-from orch.runtime.executor import RunConfig
-from orch.runtime.factory import build_from_factory
-from orch.runtime.local import run_local
+from orch.runtime.launch.local import run_local
+from orch.runtime.models.factory import build_from_factory
 from orch.runtime.plans import hand_plan
-from orch.runtime.reference import run_reference
+from orch.runtime.train.single_process import run_reference
+from orch.runtime.train.step import RunConfig
 
 FACTORY = "factory_example:two_layer_projectors"
 SEED = 5

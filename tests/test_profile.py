@@ -9,7 +9,7 @@ from orch.planner.costs import module_cost
 from orch.planner.loading import load_cluster, load_data, load_model
 from orch.planner.plan import Layout, Recompute
 from orch.planner.profile import BoundaryFit, CollectiveRow, ComputeFit, LinkFit, ModuleProfile, Profile
-from orch.runtime.profile_fit import bandwidths, bus_factor, fit_alpha_beta, fit_compute
+from orch.runtime.profile.fit import bandwidths, bus_factor, fit_alpha_beta, fit_compute
 
 
 def test_fit_recovers_exact_coefficients():

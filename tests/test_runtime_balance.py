@@ -1,4 +1,4 @@
-"""Post-balancing in the runtime (runtime/orchestrator.py) leaves training unchanged.
+"""Post-balancing in the runtime (runtime/train/orchestrator.py) leaves training unchanged.
 
 Pure tests of the tables (cost model, node grouping, the composed route equals the separate
 moves), then gloo runs in float64: every balance mode, on heterogeneous plans, gives the
@@ -23,10 +23,10 @@ from equivalence import assert_close, merged
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
 from orch.planner.routing import RouteTable
-from orch.runtime.data import GlobalBatch, encoder_order
-from orch.runtime.executor import RunConfig
-from orch.runtime.grid import Grid, build_grids
-from orch.runtime.orchestrator import (
+from orch.runtime.data.synthetic import GlobalBatch, encoder_order
+from orch.runtime.parallel.grid import Grid, build_grids
+from orch.runtime.plans import hand_plan
+from orch.runtime.train.orchestrator import (
     Orchestrator,
     StepTables,
     calibrate_module,
@@ -34,8 +34,8 @@ from orch.runtime.orchestrator import (
     dp_ranks_per_node,
     lengths_columns,
 )
-from orch.runtime.plans import hand_plan
-from orch.runtime.reference import run_reference
+from orch.runtime.train.single_process import run_reference
+from orch.runtime.train.step import RunConfig
 
 STEPS = 3
 SEED = 7
@@ -197,8 +197,8 @@ def test_composed_route_equals_separate_moves(specs, name):
 
 def _move_check(rank: int, tables: StepTables, rows: tuple[int, ...], out: Path) -> None:
     """The composed boundary move and the three separate moves, on tensors that name their rows."""
-    from orch.runtime.grid import build_meshes
-    from orch.runtime.transport import Route, move
+    from orch.runtime.parallel.grid import build_meshes
+    from orch.runtime.parallel.transport import Route, move
 
     grids = {"vision": Grid("vision", 1, 1, 4, 1, (0, 1, 2, 3)), "llm": Grid("llm", 2, 1, 2, 1, (0, 1, 2, 3))}
     build_meshes(grids)
@@ -228,8 +228,8 @@ def _runs_worker(
 
     from orch.planner.plan import Plan
     from orch.planner.specs import DataSpec
-    from orch.runtime.executor import Executor
-    from orch.runtime.procgroup import init_rank
+    from orch.runtime.launch.procgroup import init_rank
+    from orch.runtime.train.step import Executor
 
     init_rank(rank, 4, master="127.0.0.1", port=port, timeout_s=120)
     try:
@@ -264,7 +264,7 @@ def gloo(specs, tmp_path_factory):
 
     import torch.multiprocessing as mp
 
-    from orch.runtime.procgroup import free_port
+    from orch.runtime.launch.procgroup import free_port
 
     _, data = specs
     out = tmp_path_factory.mktemp("gloo")
@@ -358,7 +358,7 @@ def test_balanced_equals_unbalanced(gloo, name, mode):
 def test_calibration_times_the_data_s_longest_samples(specs):
     """The per-pair rate is measured where the long samples are, not extrapolated from 256 tokens."""
     from orch.planner.specs import DataSpec
-    from orch.runtime.orchestrator import CALIBRATION_SHAPES, calibration_shapes, longest_sample
+    from orch.runtime.train.orchestrator import CALIBRATION_SHAPES, calibration_shapes, longest_sample
 
     assert calibration_shapes(0) == CALIBRATION_SHAPES
     assert calibration_shapes(256) == CALIBRATION_SHAPES

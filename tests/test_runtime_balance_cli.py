@@ -2,7 +2,7 @@
 
 import pytest
 
-import orch.runtime.local
+import orch.runtime.launch.local
 
 
 @pytest.mark.parametrize(
@@ -16,7 +16,7 @@ def test_launch_passes_the_balance_mode(cli, plan_file, monkeypatch, tmp_path, a
         seen["cfg"] = cfg
         return []
 
-    monkeypatch.setattr(orch.runtime.local, "run_local", fake_run_local)
+    monkeypatch.setattr(orch.runtime.launch.local, "run_local", fake_run_local)
     result = cli("launch", str(path), "--workdir", str(tmp_path / "run"), *args)
     assert result.exit_code == 0, result.output
     assert seen["cfg"].balance == want

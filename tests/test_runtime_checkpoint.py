@@ -51,9 +51,9 @@ def test_resume_with_pipeline_experts_and_context_parallel_shards(tmp_path):
     """PP stages, local experts and CP-sharded encoders save and load their own shards (AdamW state too)."""
     from orch.planner.loading import load_data, load_model
     from orch.planner.plan import Layout
-    from orch.runtime.executor import RunConfig
-    from orch.runtime.local import run_local
+    from orch.runtime.launch.local import run_local
     from orch.runtime.plans import hand_plan
+    from orch.runtime.train.step import RunConfig
 
     model = load_model("tiny-moe")
     data = load_data("tiny-mix").model_copy(update={"global_batch": 8, "seq_len": 96})

@@ -1,4 +1,4 @@
-"""Context parallelism (runtime/context_parallel.py): the zigzag shard plan, and CP modules on gloo.
+"""Context parallelism (runtime/parallel/context.py): the zigzag shard plan, and CP modules on gloo.
 
 Pure: every position of every sample lands on exactly one CP rank, in position order, whole
 projector units on one rank, and the causal work is balanced. Gloo (one launch of 4 ranks,
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from orch.runtime.context_parallel import CPGroup, zigzag_bounds, zigzag_positions
+from orch.runtime.parallel.context import CPGroup, zigzag_bounds, zigzag_positions
 
 
 def _causal_work(positions: torch.Tensor) -> int:
@@ -86,13 +86,13 @@ def _worker(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
     from orch.planner.loading import load_model
-    from orch.runtime.compute import encode, text_loss
-    from orch.runtime.context_parallel import cp_group
-    from orch.runtime.data import Sample
-    from orch.runtime.grid import Grid, build_meshes
-    from orch.runtime.model import build_model
-    from orch.runtime.parallelize import apply_tp
-    from orch.runtime.procgroup import init_rank
+    from orch.runtime.data.synthetic import Sample
+    from orch.runtime.launch.procgroup import init_rank
+    from orch.runtime.models.reference import build_model
+    from orch.runtime.parallel.context import cp_group
+    from orch.runtime.parallel.grid import Grid, build_meshes
+    from orch.runtime.parallel.tensor import apply_tp
+    from orch.runtime.train.compute import encode, text_loss
 
     init_rank(rank, 4, master="127.0.0.1", port=port, timeout_s=60)
     try:
@@ -180,7 +180,7 @@ def _worker(rank: int, port: int, out: str) -> None:
 def test_cp_modules_match_unsharded_on_gloo(tmp_path):
     import torch.multiprocessing as mp
 
-    from orch.runtime.procgroup import free_port
+    from orch.runtime.launch.procgroup import free_port
 
     mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=4, start_method="spawn")
     for rank in range(4):

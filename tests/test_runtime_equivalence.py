@@ -10,10 +10,10 @@ from equivalence import assert_close, run_plans
 
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
-from orch.runtime.executor import RunConfig
-from orch.runtime.local import LaunchError, run_local
+from orch.runtime.launch.local import LaunchError, run_local
 from orch.runtime.plans import hand_plan
-from orch.runtime.reference import run_reference
+from orch.runtime.train.single_process import run_reference
+from orch.runtime.train.step import RunConfig
 
 STEPS = 3
 SEED = 7
@@ -65,7 +65,7 @@ PLANS = {
         "vision": (Layout(dp=2), [0, 1]),
         "audio": (Layout(dp=2), [0, 1]),
     },
-    # context parallelism (runtime/context_parallel.py): in the LLM, with DP and with TP, and in an encoder
+    # context parallelism (runtime/parallel/context.py): in the LLM, with DP and with TP, and in an encoder
     "colocated_llm_cp2": {
         "llm": (Layout(cp=2, dp=2), [0, 1, 2, 3]),
         "vision": (Layout(dp=4), [0, 1, 2, 3]),

@@ -11,12 +11,12 @@ from equivalence import assert_close, run_plans
 
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
-from orch.runtime.executor import RunConfig, UnsupportedPlan, check_supported
-from orch.runtime.expert_parallel import ep_groups, expert_owner, local_experts
-from orch.runtime.grid import Grid
-from orch.runtime.model import MoE, build_model, init_module
+from orch.runtime.models.reference import MoE, build_model, init_module
+from orch.runtime.parallel.expert import ep_groups, expert_owner, local_experts
+from orch.runtime.parallel.grid import Grid
 from orch.runtime.plans import hand_plan
-from orch.runtime.reference import run_reference
+from orch.runtime.train.single_process import run_reference
+from orch.runtime.train.step import RunConfig, UnsupportedPlan, check_supported
 
 STEPS = 3
 SEED = 7

@@ -5,10 +5,10 @@ import torch
 
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Axis, EdgeKind, Layout, ModulePlan, Placement, Transport
-from orch.runtime.boundary import expected_kind
-from orch.runtime.data import GlobalBatch, initial_dp_index
-from orch.runtime.grid import Grid
-from orch.runtime.model import build_model, projected_len
+from orch.runtime.data.synthetic import GlobalBatch, initial_dp_index
+from orch.runtime.models.reference import build_model, projected_len
+from orch.runtime.parallel.boundary import expected_kind
+from orch.runtime.parallel.grid import Grid
 from orch.runtime.plans import hand_plan
 
 

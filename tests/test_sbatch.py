@@ -8,8 +8,7 @@ import yaml
 from orch.planner.errors import SpecError
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
-from orch.runtime.plans import hand_plan
-from orch.runtime.slurm_sbatch import (
+from orch.runtime.launch.sbatch import (
     SlurmOptions,
     allocation,
     default_setup_text,
@@ -18,6 +17,7 @@ from orch.runtime.slurm_sbatch import (
     render_setup,
     sbatch_text,
 )
+from orch.runtime.plans import hand_plan
 
 GOLDEN = Path(__file__).parent / "golden" / "sbatch_tiny.txt"
 WORKDIR = "/runs/tiny"
@@ -181,7 +181,7 @@ def test_launch_mem_reaches_the_script_and_is_validated(cli, plan_file, tmp_path
 def test_out_of_memory_errors_are_recognised():
     import torch
 
-    from orch.runtime.local import is_out_of_memory
+    from orch.runtime.launch.local import is_out_of_memory
 
     assert is_out_of_memory(MemoryError())
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
@@ -212,7 +212,8 @@ def test_warning_signal_only_flags_and_late_steps_still_requeue(monkeypatch):
     import signal
     import time
 
-    from orch.runtime import checkpoint, slurm
+    from orch.runtime import checkpoint
+    from orch.runtime.launch import slurm
 
     calls: list[int] = []
     exits: list[int] = []

@@ -20,11 +20,11 @@ import yaml
 from orch.planner.errors import OrchError
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
-from orch.runtime.executor import RunConfig
+from orch.runtime.launch.sbatch import SlurmOptions
+from orch.runtime.launch.slurm import job_status, log_path, submit
 from orch.runtime.plans import hand_plan
-from orch.runtime.reference import run_reference
-from orch.runtime.slurm import job_status, log_path, submit
-from orch.runtime.slurm_sbatch import SlurmOptions
+from orch.runtime.train.single_process import run_reference
+from orch.runtime.train.step import RunConfig
 
 JOB_TIMEOUT_S = 150
 SEED = 3

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from orch.planner.plan import Plan, Prediction
-from orch.runtime.profile_validate import Validation
+from orch.runtime.profile.validate import Validation
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ def test_profile_plan_launch_validate_end_to_end(cli, tmp_path, monkeypatch):
     import dataclasses
 
     from orch.planner.profile import Profile
-    from orch.runtime import profile_bench
+    from orch.runtime.profile import bench as profile_bench
 
     real = profile_bench.run_profile_local
 

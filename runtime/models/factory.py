@@ -3,14 +3,14 @@
 The function is called as `function(model: ModelSpec) -> Mapping[str, nn.Module]`, one module per
 name of the model spec, after `torch.manual_seed(seed)`: every rank builds every module the same
 way from the seed (then keeps the ones it serves), so initialisation stays a function of the seed
-alone, whatever the plan. The modules' contracts are those of runtime/model.py:
+alone, whatever the plan. The modules' contracts are those of runtime/models/reference.py:
 
 * an encoder is called as `encoder(feats_TF, seqlens)` on packed variable-length input features
   ([sum of frames, input_dim]; audio has AUDIO_STEM_STRIDE frames per token) and returns its
   tokens projected into the LLM's width, packed ([sum of projected tokens, llm hidden]);
 * the LLM has `embed_inputs(prefixes, texts)`, `run_blocks(x_TD, seqlens)` and
   `text_logits(x_TD, seqlens, text_lens)` (and `keep_stage(stage, stages)` for a pipeline); the
-  reference `orch.runtime.model.LLM` is the easiest base.
+  reference `orch.runtime.models.reference.LLM` is the easiest base.
 
 Tensor parallelism shards the reference `Block`s wherever they occur in a user's module; other
 layers stay replicated over TP.
@@ -26,7 +26,7 @@ from torch import nn
 
 from orch.planner.errors import SpecError
 from orch.planner.specs import ModelSpec
-from orch.runtime.model import encoder_modality
+from orch.runtime.models.reference import encoder_modality
 
 Factory = Callable[[ModelSpec], Mapping[str, nn.Module]]
 LLM_METHODS = ("embed_inputs", "run_blocks", "text_logits")
@@ -69,7 +69,9 @@ def build_from_factory(
         if name == model.llm_name:
             missing = [m for m in LLM_METHODS if not callable(getattr(module, m, None))]
             if missing:
-                raise SpecError(FLAG, name, f"the LLM lacks {', '.join(missing)} (see orch.runtime.model.LLM)")
+                raise SpecError(
+                    FLAG, name, f"the LLM lacks {', '.join(missing)} (see orch.runtime.models.reference.LLM)"
+                )
         else:
             # What the executor reads of an encoder, derived from the spec when the module does not say.
             if not hasattr(module, "is_audio"):

@@ -148,7 +148,7 @@ def allocation_parameters(
         "srun_args": ["--kill-on-bad-exit=1"],
         # A node failure ends the job (NODE_FAIL) instead of requeueing it to wait for nodes that may never
         # come back; orch's own checkpoint/requeue at the warning signal turns requeue on just before it
-        # requeues (runtime/slurm.py `_StopOnSignal.requeue`).
+        # requeues (runtime/launch/slurm.py `_StopOnSignal.requeue`).
         "additional_parameters": {"no_requeue": True},
     }
     mem = check_mem(opts.mem)

@@ -8,7 +8,7 @@ rank e // (experts / ep); the ranks with the same EP rank in every EP group (dp 
 the same experts and form its expert-data-parallel (EDP) group, over which expert gradients are
 summed. The router and everything outside the experts stay replicated over the whole DP group.
 
-In every MoE layer (runtime/model.py `MoE.forward`) a rank sorts its (token, choice) rows by
+In every MoE layer (runtime/models/reference.py `MoE.forward`) a rank sorts its (token, choice) rows by
 expert and `ExpertParallel.__call__` exchanges them: a small all_to_all_single of the per-expert
 row counts, one all_to_all_single with uneven splits carrying the rows to their experts' owners,
 the owners' experts, and the reverse all_to_all_single carrying the results back (gloo's list
@@ -35,8 +35,8 @@ import torch.distributed as dist
 from torch import nn
 
 from orch.planner.plan import ModulePlan
-from orch.runtime.grid import Grid
-from orch.runtime.model import MoE, inverse_permutation
+from orch.runtime.models.reference import MoE, inverse_permutation
+from orch.runtime.parallel.grid import Grid
 
 
 def expert_owner(expert: int, experts: int, ep: int) -> int:
@@ -174,5 +174,5 @@ def build_expert_parallel(
 
 
 def is_expert_param(pname: str) -> bool:
-    """A parameter of an expert MLP (named `...mlp.experts.<e>....` in runtime/model.py)."""
+    """A parameter of an expert MLP (named `...mlp.experts.<e>....` in runtime/models/reference.py)."""
     return ".experts." in f".{pname}"

@@ -6,7 +6,7 @@ in a step, so timing it on one idle process would predict a step 2x too short. E
 after a barrier; a rank keeps the median of its repetitions and the profile takes the median
 over ranks.
 
-What is timed is what the runtime executes (runtime/executor.py): a Block (a DTensor TP shard
+What is timed is what the runtime executes (runtime/train/step.py): a Block (a DTensor TP shard
 over a real TP group when tp > 1) forward+backward on a packed micro-batch of k samples with
 per-sample attention; the module's parts outside the blocks; the per-step fixed work (one
 coalesced gradient all_reduce per module, the optimizer step, batch assembly and the metric
@@ -32,8 +32,8 @@ from typing import Any
 from orch.planner.errors import OrchError
 from orch.planner.profile import BoundaryFit, CollectiveRow, ComputeFit, CoreSharing, LinkFit, ModuleProfile, Profile
 from orch.planner.specs import DataSpec, ModelSpec, ModuleKind
-from orch.runtime.procgroup import free_port, init_rank
-from orch.runtime.profile_fit import bandwidths, fit_alpha_beta, fit_compute, median
+from orch.runtime.launch.procgroup import free_port, init_rank
+from orch.runtime.profile.fit import bandwidths, fit_alpha_beta, fit_compute, median
 
 _ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
 BOUNDARY_SCALES = (1, 4)  # row multipliers of the boundary case: two message sizes for the alpha-beta fit
@@ -162,10 +162,10 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
 
-    from orch.runtime.compute import build_optimizer
-    from orch.runtime.data import GlobalBatch
-    from orch.runtime.model import LLM, Block, Encoder, build_module, encoder_modality, init_module
-    from orch.runtime.parallelize import apply_tp
+    from orch.runtime.data.synthetic import GlobalBatch
+    from orch.runtime.models.reference import LLM, Block, Encoder, build_module, encoder_modality, init_module
+    from orch.runtime.parallel.tensor import apply_tp
+    from orch.runtime.train.compute import build_optimizer
 
     model = ModelSpec.model_validate_json(cfg.model_json)
     data = DataSpec.model_validate_json(cfg.data_json)
@@ -365,9 +365,9 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
 def _time_runtime(
     model: ModelSpec, data: DataSpec, cfg: ProfileConfig, rank: int, world: int, dtype: Any
 ) -> dict[str, float]:
-    """The runtime's per-step work outside the modules, through its own code (runtime/executor.py's step):
+    """The runtime's per-step work outside the modules, through its own code (runtime/train/step.py's step):
 
-    - "balance": the post-balancing orchestrator (runtime/orchestrator.py) on a synthetic batch of the
+    - "balance": the post-balancing orchestrator (runtime/train/orchestrator.py) on a synthetic batch of the
       DataSpec: announce (length all_gather), dispatch on its worker thread and the wait for it, then the
       input routes (one transport.move per module: encoder features, the LLM's text and label ids);
     - "boundary/<enc>/<scale>": each encoder's boundary move into the LLM layout by the orchestrator's
@@ -383,11 +383,11 @@ def _time_runtime(
     import torch.distributed as dist
 
     from orch.planner.balance.batch import Mode
-    from orch.runtime.data import GlobalBatch, encoder_order
-    from orch.runtime.grid import Grid
-    from orch.runtime.model import AUDIO_STEM_STRIDE, encoder_modality
-    from orch.runtime.orchestrator import Orchestrator
-    from orch.runtime.transport import Route, move, routed
+    from orch.runtime.data.synthetic import GlobalBatch, encoder_order
+    from orch.runtime.models.reference import AUDIO_STEM_STRIDE, encoder_modality
+    from orch.runtime.parallel.grid import Grid
+    from orch.runtime.parallel.transport import Route, move, routed
+    from orch.runtime.train.orchestrator import Orchestrator
 
     ranks = tuple(range(world))
     grids = {n: Grid(n, 1, 1, world, 1, ranks) for n in model.modules}
@@ -399,7 +399,7 @@ def _time_runtime(
     nbytes: dict[str, list[float]] = {}
 
     def inputs(name: str, batch: GlobalBatch, tables: Any) -> None:
-        # runtime/executor.py Executor._inputs: this rank's origin samples to their balanced DP index
+        # runtime/train/step.py Executor._inputs: this rank's origin samples to their balanced DP index
         if name == llm:
             rows, width, pdt = batch.text_tokens, 2, torch.int64
         else:

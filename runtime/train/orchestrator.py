@@ -10,7 +10,7 @@ Per step (DESIGN.md, OrchMLLM; issue 5):
    `planner.routing.RouteTable`s moved by `transport.move`).
 
 Origins: sample i starts on DP index `initial_dp_index(i, dp)` *of each module's layout* (the
-data is replicated per layout today, runtime/data.py). So each phase is balanced over its own
+data is replicated per layout today, runtime/data/synthetic.py). So each phase is balanced over its own
 module's DP indices from its own origin, and an encoder's outputs go to the LLM by the composed
 table Π_llm ∘ B ∘ Π_enc⁻¹, where B is the unbalanced boundary (encoder origin -> LLM origin):
 one move, not back-and-forth (`StepTables.boundary_table`).
@@ -63,9 +63,9 @@ from orch.planner.balance.dispatch import balance_batch
 from orch.planner.plan import Plan
 from orch.planner.routing import RouteTable
 from orch.planner.specs import DataSpec, ModelSpec, ModuleSpec
-from orch.runtime.data import GlobalBatch, encoder_order, initial_dp_index
-from orch.runtime.grid import Grid
-from orch.runtime.model import AUDIO_STEM_STRIDE, encoder_modality
+from orch.runtime.data.synthetic import GlobalBatch, encoder_order, initial_dp_index
+from orch.runtime.models.reference import AUDIO_STEM_STRIDE, encoder_modality
+from orch.runtime.parallel.grid import Grid
 
 
 def cost_coefficients(spec: ModuleSpec, *, causal: bool) -> tuple[float, float]:
@@ -100,8 +100,8 @@ def _time_module(
     device: torch.device = torch.device("cpu"),
 ) -> float:
     """Seconds of one forward+backward of `module` on k samples of n tokens, as the executor runs it on `device`."""
-    from orch.runtime.compute import encode, text_loss
-    from orch.runtime.data import Sample
+    from orch.runtime.data.synthetic import Sample
+    from orch.runtime.train.compute import encode, text_loss
 
     spec = model.modules[name]
     gen = torch.Generator().manual_seed(k * 100_003 + n)  # inputs drawn on the CPU, then moved
@@ -150,8 +150,8 @@ def calibration_shapes(max_len: int) -> tuple[tuple[int, int], ...]:
 def _calibrate(
     model_json: str, name: str, dtype_name: str, device_name: str = "cpu", max_len: int = 0
 ) -> tuple[float, float, float]:
-    from orch.runtime.model import build_module
-    from orch.runtime.profile_fit import nonnegative_relative_lstsq
+    from orch.runtime.models.reference import build_module
+    from orch.runtime.profile.fit import nonnegative_relative_lstsq
 
     model = ModelSpec.model_validate_json(model_json)
     dtype = getattr(torch, dtype_name)

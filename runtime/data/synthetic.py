@@ -22,7 +22,7 @@ import torch
 
 from orch.planner.data import sample_lengths
 from orch.planner.specs import DataSpec, ModelSpec
-from orch.runtime.model import AUDIO_STEM_STRIDE, encoder_modality, projected_len
+from orch.runtime.models.reference import AUDIO_STEM_STRIDE, encoder_modality, projected_len
 
 
 def _mix(*parts: object) -> int:

@@ -1,7 +1,7 @@
 """Context parallelism (CP): every packed sample's sequence split over a module's CP group.
 
 The ranks of one CP group hold the same samples (one DP index, one TP index); the module's
-inputs arrive replicated on each of them (runtime/transport.py broadcasts over the (cp, tp)
+inputs arrive replicated on each of them (runtime/parallel/transport.py broadcasts over the (cp, tp)
 replica group). Per micro-batch a `CPShard` says which positions of every sample each CP rank
 computes; the rank runs the module on its rows only:
 
@@ -29,7 +29,7 @@ computes; the rank runs the module on its rows only:
   gradient (it is replicated over the replica group: no sum).
 
 Parameter gradients on a CP rank are therefore partial: the executor sums them over the
-flattened (dp, cp) group, and the loss over every TP-0 rank (runtime/executor.py).
+flattened (dp, cp) group, and the loss over every TP-0 rank (runtime/train/step.py).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import torch.distributed as dist
 if TYPE_CHECKING:
     from torch import nn
 
-    from orch.runtime.grid import Grid
+    from orch.runtime.parallel.grid import Grid
 
 
 _CPU = torch.device("cpu")

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from orch.runtime.context_parallel import CPGroup
-from orch.runtime.data import Sample
+from orch.runtime.data.synthetic import Sample
+from orch.runtime.parallel.context import CPGroup
 
 
 def encode(

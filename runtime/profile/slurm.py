@@ -1,6 +1,6 @@
 """`orch profile --executor slurm`: the benchmark ranks as one Slurm allocation, through orch launch's path.
 
-The same submitit submission as `orch launch --executor slurm` (runtime/slurm.py `submit_task`, the
+The same submitit submission as `orch launch --executor slurm` (runtime/launch/slurm.py `submit_task`, the
 same sbatch parameters and setup template, a job record that `orch status`/`logs`/`cancel` know):
 `--nodes` nodes x the cluster's GPUs per node, one task per GPU. Each task takes its rank, local
 rank and the master address from submitit's JobEnvironment, picks its device and backend on its
@@ -19,9 +19,9 @@ from pathlib import Path
 from orch.planner.errors import OrchError
 from orch.planner.profile import Profile
 from orch.planner.specs import ClusterSpec, ModelSpec
-from orch.runtime.profile_bench import ProfileConfig, build_profile
-from orch.runtime.slurm import JobRecord, _python, rendezvous_port, setup_text, submit_task
-from orch.runtime.slurm_sbatch import SlurmOptions, allocation_parameters, sbatch_text
+from orch.runtime.launch.sbatch import SlurmOptions, allocation_parameters, sbatch_text
+from orch.runtime.launch.slurm import JobRecord, _python, rendezvous_port, setup_text, submit_task
+from orch.runtime.profile.bench import ProfileConfig, build_profile
 
 RAW = "profile-raw.json"
 
@@ -40,8 +40,8 @@ class ProfileTask:
         import torch.distributed as dist
 
         from orch.runtime.device import rank_device
-        from orch.runtime.procgroup import init_rank
-        from orch.runtime.profile_bench import profile_rank
+        from orch.runtime.launch.procgroup import init_rank
+        from orch.runtime.profile.bench import profile_rank
 
         env = submitit.JobEnvironment()
         per_node = env.num_tasks // max(1, env.num_nodes)

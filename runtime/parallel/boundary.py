@@ -16,9 +16,9 @@ import torch
 
 from orch.planner.plan import Edge, EdgeKind, Transport
 from orch.planner.routing import RouteTable
-from orch.runtime.data import GlobalBatch, initial_dp_index
-from orch.runtime.grid import Grid
-from orch.runtime.transport import P2P, Route, routed
+from orch.runtime.data.synthetic import GlobalBatch, initial_dp_index
+from orch.runtime.parallel.grid import Grid
+from orch.runtime.parallel.transport import P2P, Route, routed
 
 
 def expected_kind(src_dp: int, dst_dp: int) -> EdgeKind:
@@ -47,7 +47,7 @@ class Boundary:
         """This step's table: each sample from its encoder DP index to its LLM DP index.
 
         Without `table`, the unbalanced one (initial placement on both sides); the orchestrator
-        passes its composed table (runtime/orchestrator.py, StepTables.boundary_table). With
+        passes its composed table (runtime/train/orchestrator.py, StepTables.boundary_table). With
         `only`, the other samples carry no rows (one micro-batch's move of the graph schedule).
         """
         n = batch.size

@@ -11,7 +11,7 @@ form `all_to_all` with uneven sizes does not work on gloo, hence the single flat
 
 Gradients: activations are replicated over TP/CP and the modules are Megatron-style, so
 every replica holds the same full gradient of a boundary activation (under CP the LLM sums
-its ranks' partial prefix gradients over the CP group to keep this, runtime/context_parallel.py); the backward is the
+its ranks' partial prefix gradients over the CP group to keep this, runtime/parallel/context.py); the backward is the
 same move by the inverse route (leader's gradient only, then broadcast at the source).
 """
 
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from orch.planner.routing import RouteTable
-from orch.runtime.grid import Grid
+from orch.runtime.parallel.grid import Grid
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ heads/tp heads and ffn/tp columns), o and the MLP's last projection row-parallel
 sums all-reduced). Embedding, norms, stems, projectors and the LM head stay replicated: at
 these widths their compute is negligible, and replicated inputs give every TP rank the full
 gradient of a replicated activation, which the boundary communicators rely on. MoE blocks
-(runtime/model.py `MoE`) keep router and experts unsharded: only their attention is TP-sharded,
+(runtime/models/reference.py `MoE`) keep router and experts unsharded: only their attention is TP-sharded,
 and every TP rank runs the same experts on the same tokens (expert parallelism splits experts
-over DP indices instead, runtime/expert_parallel.py).
+over DP indices instead, runtime/parallel/expert.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from orch.runtime.model import Block, GeluMLP, MoE
+from orch.runtime.models.reference import Block, GeluMLP, MoE
 
 
 def _block_plan(block: Block) -> dict[str, ColwiseParallel | RowwiseParallel]:

@@ -21,8 +21,8 @@ from orch.planner.io import write_text_atomic
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
 from orch.runtime.device import device_kind, rank_device
-from orch.runtime.executor import RunConfig
-from orch.runtime.procgroup import free_port, init_rank
+from orch.runtime.launch.procgroup import free_port, init_rank
+from orch.runtime.train.step import RunConfig
 
 
 class LaunchError(OrchError):
@@ -117,8 +117,8 @@ def _run_rank(rank: int, job: _Job) -> None:
     import torch.distributed as dist
 
     from orch.runtime import checkpoint
-    from orch.runtime.executor import Executor
-    from orch.runtime.trace import RankTrace, write_trace
+    from orch.runtime.train.step import Executor
+    from orch.runtime.train.trace import RankTrace, write_trace
 
     local_rank = rank if job.local_rank is None else job.local_rank
     dev = rank_device(job.cfg.device, local_rank, job.world if job.local_ranks is None else job.local_ranks)
@@ -168,7 +168,7 @@ def _run_rank(rank: int, job: _Job) -> None:
             saved = every > 0 and (k + 1) % every == 0
             if saved:
                 checkpoint.save(job.workdir, k + 1, ex.modules, ex.optimizer)
-            # Slurm's warning signal (runtime/slurm.py arms it; never set locally): save here, stop, requeue.
+            # Slurm's warning signal (runtime/launch/slurm.py arms it; never set locally): save here, stop, requeue.
             if k + 1 < job.cfg.steps and checkpoint.stop_agreed():
                 if not saved:
                     checkpoint.save(job.workdir, k + 1, ex.modules, ex.optimizer)

@@ -10,25 +10,25 @@ the graph-aware 1F1B below instead):
 then gradient sync (sum over each module's DP group; the loss is already divided by the global
 label-token count) and an optimizer step per module.
 
-Post-balancing (`RunConfig.balance`, runtime/orchestrator.py): before phase 1 the orchestrator
+Post-balancing (`RunConfig.balance`, runtime/train/orchestrator.py): before phase 1 the orchestrator
 gives this step's tables (prefetched on a CPU thread during the previous step); each encoder's
 input features move from their origin to the encoder's balanced DP index (one all_to_all_single
 per encoder), the text tokens move to the LLM's balanced DP index, and the boundary move uses the
 composed table Π_llm ∘ B ∘ Π_enc⁻¹. With `balance="none"` nothing moves before phase 1 and the
 boundary table is the unbalanced one: exactly the step without the orchestrator.
 
-Pipeline parallelism (LLM only, runtime/pipeline.py): phase 2 is the stage's 1F1B order; the
+Pipeline parallelism (LLM only, runtime/parallel/pipeline.py): phase 2 is the stage's 1F1B order; the
 boundary delivers encoder outputs to the first stage, the LLM's token ids go to the first stage
 and its labels to the last. With pp == 1 the same code runs one stage (F0 B0 F1 B1 ...).
 A disaggregated plan whose schedule is graph_1f1b runs `_graph_phases` instead: the encoder
 islands are one more pipeline stage in front of the LLM's first (its docstring).
 
-Context parallelism (runtime/context_parallel.py): a module with cp > 1 gets its inputs
+Context parallelism (runtime/parallel/context.py): a module with cp > 1 gets its inputs
 replicated over each DP index's (cp, tp) ranks and shards every micro-batch's sequences over
 its CP group inside the model; gradients are then summed over the flattened (dp, cp) group and
 the loss over every TP-0 rank.
 
-Expert parallelism (runtime/expert_parallel.py): the LLM's MoE experts are split over EP groups
+Expert parallelism (runtime/parallel/expert.py): the LLM's MoE experts are split over EP groups
 of consecutive DP indices; tokens reach their experts by all_to_all inside each MoE layer, so
 every rank of an EP group runs every micro-batch, empty ones included.
 
@@ -55,18 +55,18 @@ from orch.planner.errors import OrchError
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
 from orch.planner.trace import one_f_one_b_order
-from orch.runtime.boundary import Boundary
-from orch.runtime.compute import build_optimizer, encode, label_loss
-from orch.runtime.context_parallel import CPShard, cp_group
-from orch.runtime.data import GlobalBatch, Sample, encoder_order
-from orch.runtime.expert_parallel import build_expert_parallel, is_expert_param, unsupported_ep
-from orch.runtime.factory import build_from_factory
-from orch.runtime.grid import Grid, build_grids, build_meshes
-from orch.runtime.model import AUDIO_STEM_STRIDE, LLM, build_model, encoder_modality
-from orch.runtime.orchestrator import Orchestrator, StepTables, longest_sample, shared_calibration
-from orch.runtime.parallelize import apply_tp
-from orch.runtime.pipeline import MicroBatch, PipelineStage
-from orch.runtime.transport import P2P, Route, move
+from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order
+from orch.runtime.models.factory import build_from_factory
+from orch.runtime.models.reference import AUDIO_STEM_STRIDE, LLM, build_model, encoder_modality
+from orch.runtime.parallel.boundary import Boundary
+from orch.runtime.parallel.context import CPShard, cp_group
+from orch.runtime.parallel.expert import build_expert_parallel, is_expert_param, unsupported_ep
+from orch.runtime.parallel.grid import Grid, build_grids, build_meshes
+from orch.runtime.parallel.pipeline import MicroBatch, PipelineStage
+from orch.runtime.parallel.tensor import apply_tp
+from orch.runtime.parallel.transport import P2P, Route, move
+from orch.runtime.train.compute import build_optimizer, encode, label_loss
+from orch.runtime.train.orchestrator import Orchestrator, StepTables, longest_sample, shared_calibration
 
 
 @dataclass(frozen=True)
@@ -81,10 +81,10 @@ class RunConfig:
     # (rank, step, MiB): that rank allocates and touches MiB of memory at that step and holds it (fault injection:
     # an out-of-memory; `inject_oom`)
     oom_at: tuple[int, int, int] | None = None
-    trace: str | None = None  # write a Chrome trace of the measured phases here (runtime/trace.py)
+    trace: str | None = None  # write a Chrome trace of the measured phases here (runtime/train/trace.py)
     checkpoint_every: int = 0  # save a checkpoint every this many steps (0: never; runtime/checkpoint.py)
     resume: bool = True  # continue from the newest complete checkpoint of the workdir, if any
-    balance: str = "none"  # post-balancing mode: orch | paper | lpt | none (runtime/orchestrator.py)
+    balance: str = "none"  # post-balancing mode: orch | paper | lpt | none (runtime/train/orchestrator.py)
     count_tokens: bool = False  # record tokens per sample and phase (StepMetrics.processed; tests)
     # time the modules at startup for the dispatcher's cost model (orchestrator.calibrate_module);
     # None: when balancing (a `none` run's cost statistics then use the FLOP model alone)
@@ -92,7 +92,7 @@ class RunConfig:
     # "three_phase" runs a disaggregated plan's islands one after the other instead of its graph-aware
     # 1F1B (benchmarks compare the two); None: the plan's schedule
     schedule: str | None = None
-    model_factory: str | None = None  # "package.module:function" building the modules (runtime/factory.py)
+    model_factory: str | None = None  # "package.module:function" building the modules (runtime/models/factory.py)
     # "auto" | "cpu" | "cuda": where the ranks compute (runtime/device.py; run_local resolves "auto" before starting)
     device: str = "auto"
 

@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 
 from orch.planner.trace import one_f_one_b_order
-from orch.runtime.context_parallel import CPGroup, CPShard
-from orch.runtime.grid import Grid
-from orch.runtime.model import LLM
+from orch.runtime.models.reference import LLM
+from orch.runtime.parallel.context import CPGroup, CPShard
+from orch.runtime.parallel.grid import Grid
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import torch
 
 from orch.planner.specs import DataSpec, ModelSpec
-from orch.runtime.compute import build_optimizer, encode, text_loss
-from orch.runtime.data import GlobalBatch, encoder_order
-from orch.runtime.factory import build_from_factory
-from orch.runtime.model import build_model
+from orch.runtime.data.synthetic import GlobalBatch, encoder_order
+from orch.runtime.models.factory import build_from_factory
+from orch.runtime.models.reference import build_model
+from orch.runtime.train.compute import build_optimizer, encode, text_loss
 
 
 @dataclass

@@ -23,7 +23,7 @@ from torch import nn
 from orch.planner.specs import Modality, ModelSpec, ModuleKind, ModuleSpec
 
 if TYPE_CHECKING:
-    from orch.runtime.context_parallel import CPShard
+    from orch.runtime.parallel.context import CPShard
 
 # Audio frames merged by the conv stem into one encoder token (Whisper-style stride-2 stem);
 # the DataSpec's audio length counts encoder tokens, so a sample carries STEM x that many frames.
@@ -58,7 +58,7 @@ class Attention(nn.Module):
         v_THd = self.v(x_TD).unflatten(-1, (-1, self.head_dim))
         group = q_THd.shape[1] // k_THd.shape[1]
         kv_lens, q_pos = seqlens, [None] * len(seqlens)
-        if cp is not None:  # CP: my query rows against every sample's whole K/V (runtime/context_parallel.py)
+        if cp is not None:  # CP: my query rows against every sample's whole K/V (runtime/parallel/context.py)
             k_THd, v_THd = cp.gather_kv(k_THd, v_THd)
             kv_lens, q_pos = cp.lens, [cp.mine_on_device(i) for i in range(len(seqlens))]
         outs = []
@@ -118,7 +118,7 @@ def dense_mlp(spec: ModuleSpec) -> nn.Module:
 
 
 class ExpertExchange(Protocol):
-    """Runs a MoE block's expert rows somewhere (runtime/expert_parallel.py: the EP all_to_all)."""
+    """Runs a MoE block's expert rows somewhere (runtime/parallel/expert.py: the EP all_to_all)."""
 
     def __call__(self, moe: MoE, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor: ...
 
@@ -135,7 +135,7 @@ class MoE(nn.Module):
 
     Experts live in a ModuleDict keyed by their global index, so parameter names (and the
     name-seeded init) are the same whichever experts a rank holds. `exchange` is None when every
-    expert is local; expert parallelism (runtime/expert_parallel.py) keeps only this rank's
+    expert is local; expert parallelism (runtime/parallel/expert.py) keeps only this rank's
     experts and sets `exchange` to the all_to_all that carries rows to their owners and back.
     Under TP the experts stay unsharded: every TP rank sees the same tokens and computes the same
     experts (apply_tp leaves MoE blocks alone; only attention is TP-sharded).
@@ -239,7 +239,7 @@ class Encoder(nn.Module):
         """feats_TF: packed input features; seqlens: encoder tokens per sample. Returns packed LLM-width tokens.
 
         With `cp` (sharded in units of the projector's downsample): my tokens' features in, every
-        rank's projected rows out (runtime/context_parallel.py).
+        rank's projected rows out (runtime/parallel/context.py).
         """
         if cp is not None:
             feats_TF = cp.take(feats_TF, AUDIO_STEM_STRIDE if self.is_audio else 1)

@@ -1,6 +1,6 @@
 """The Slurm executor: one allocation of the plan's nodes through submitit, one task per rank.
 
-Each task runs the same rank body as the local executor (runtime/local.py `_worker`), with its rank,
+Each task runs the same rank body as the local executor (runtime/launch/local.py `_worker`), with its rank,
 world size and rendezvous host from `submitit.JobEnvironment`. On Slurm's warning signal (preemption or
 time limit) every task only flags it (`_StopOnSignal`); at the next step boundary the ranks agree on the
 flag, save a checkpoint of that step collectively and return, and task 0 then runs submitit's own
@@ -28,8 +28,8 @@ from orch.planner.errors import OrchError
 from orch.planner.io import write_text_atomic
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
-from orch.runtime.executor import RunConfig
-from orch.runtime.slurm_sbatch import SlurmOptions, default_setup_text, executor_parameters, sbatch_text
+from orch.runtime.launch.sbatch import SlurmOptions, default_setup_text, executor_parameters, sbatch_text
+from orch.runtime.train.step import RunConfig
 
 TERMINAL = {
     "COMPLETED",
@@ -110,7 +110,7 @@ def _record_node(workdir: Path, job_id: str, rank: int) -> None:
 def _prepare(workdir: Path, cfg: RunConfig, rank: int) -> int:
     """Steps already done (newest complete checkpoint, or 0); rank 0 trims metrics.jsonl back to it."""
     from orch.runtime.checkpoint import latest_step
-    from orch.runtime.local import _failure_dir
+    from orch.runtime.launch.local import _failure_dir
 
     start = (latest_step(workdir) if cfg.resume else None) or 0
     if rank == 0:
@@ -225,7 +225,7 @@ class RankTask:
         import submitit
 
         from orch.runtime import checkpoint
-        from orch.runtime.local import _Job, _worker
+        from orch.runtime.launch.local import _Job, _worker
 
         env = submitit.JobEnvironment()
         stop = _StopOnSignal(env.global_rank, self.grace_s)
@@ -251,7 +251,7 @@ class RankTask:
             master=env.hostnames[0],
             log_steps=True,
             # Device and backend (runtime/device.py) are chosen in the task, on its node: cuda:{local_rank}
-            # with NCCL when the node has a GPU per task (one task per GPU, runtime/slurm_sbatch.py), else gloo.
+            # with NCCL when the node has a GPU per task (one task per GPU, runtime/launch/sbatch.py), else gloo.
             local_rank=env.local_rank,
             local_ranks=env.num_tasks // max(1, env.num_nodes),
         )
@@ -430,7 +430,7 @@ def job_status(job_id: str) -> JobStatus:
 def _failure(record: JobRecord, acct: Accounting) -> Failure | None:
     """The root cause, most specific first: a rank whose allocator refused memory, Slurm's memory limit, a failed
     node, then the first rank that raised (peers of a dead rank fail after it, with connection errors)."""
-    from orch.runtime.local import first_failure_record
+    from orch.runtime.launch.local import first_failure_record
 
     first = first_failure_record(Path(record.workdir))
     if first is not None and first.get("kind") == "oom":

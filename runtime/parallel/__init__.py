@@ -1,0 +1,1 @@
+"""Parallelism applied to modules: grids, TP, CP, EP, pipeline stages, and the moves between layouts."""
