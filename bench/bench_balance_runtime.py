@@ -4,7 +4,7 @@
 rank), a widened tiny model and a skewed multimodal mix (`bench_specs`: four in five samples
 are short captions, one in ten a long video, one in ten an ASR clip), global batch 16 (8
 samples per rank, so which rank draws the videos decides the step), float64. Both modes
-calibrate the dispatcher's cost model at startup (RunConfig.calibrate, orchestrator.calibrate_module),
+calibrate the dispatcher's cost model at startup (TrainConfig.calibrate, orchestrator.calibrate_module),
 so their predicted costs are comparable. The two modes run as two executors in one process group on the
 same global batches, step k of each back to back in alternating order (the load of this shared
 machine drifts; alternating cancels it). Per mode: median step time over the steps after
@@ -40,7 +40,7 @@ from orch.planner.loading import load_model
 from orch.planner.plan import Layout, Plan
 from orch.planner.specs import DataSpec, ModelSpec
 from orch.runtime.plans import hand_plan
-from orch.runtime.train.step import RunConfig
+from orch.runtime.train.config import TrainConfig
 
 WARMUP = 2  # steps left out of the medians (first-touch allocation, gloo connection set-up)
 MODES = ("none", "orch")
@@ -196,13 +196,13 @@ def _worker(rank: int, port: int, plan_json: str, data_json: str, steps: int, dt
     import torch.distributed as dist
 
     from orch.runtime.launch.procgroup import init_rank
-    from orch.runtime.train.step import Executor
+    from orch.runtime.train.step import TrainStep
 
     init_rank(rank, 2, master="127.0.0.1", port=port, timeout_s=300)
     try:
         plan, data = Plan.model_validate_json(plan_json), DataSpec.model_validate_json(data_json)
         exs = {
-            m: Executor(plan, data, RunConfig(steps=steps, seed=0, dtype=dtype, balance=m, calibrate=True), rank, 2)
+            m: TrainStep(plan, data, TrainConfig(steps=steps, seed=0, dtype=dtype, balance=m, calibrate=True), rank, 2)
             for m in MODES
         }
         records: dict[str, list[dict]] = {m: [] for m in MODES}

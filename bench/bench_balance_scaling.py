@@ -34,7 +34,7 @@ from pathlib import Path
 
 from bench_balance_runtime import MIXES, bench_specs
 
-from orch.planner.balance.batch import Mode
+from orch.planner.balance.mode import Mode
 from orch.planner.plan import Layout
 from orch.planner.specs import DataSpec, ModelSpec
 from orch.runtime.plans import hand_plan

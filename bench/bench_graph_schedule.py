@@ -17,9 +17,10 @@ from pathlib import Path
 
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
-from orch.runtime.launch.local import run_local
+from orch.runtime.launch.local import LocalLauncher
 from orch.runtime.plans import hand_plan
-from orch.runtime.train.step import RunConfig
+from orch.runtime.train.config import TrainConfig
+from orch.runtime.train.trainer import TrainTask
 
 STEPS = 20
 WARMUP = 2
@@ -38,10 +39,10 @@ def main() -> None:
     losses = {}
     for schedule in ("three_phase", "graph_1f1b"):
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = RunConfig(steps=STEPS, seed=0, schedule=schedule)
-            records = run_local(plan, data, cfg, nproc=plan.world_size, workdir=tmp)
-        times = [float(r["step_time_s"]) for r in records[WARMUP:]]
-        losses[schedule] = [r["loss"] for r in records]
+            cfg = TrainConfig(steps=STEPS, seed=0, schedule=schedule, balance="none")
+            records = LocalLauncher().submit(TrainTask(plan, data, cfg, tmp)).result()
+        times = [r.step_time_s for r in records[WARMUP:]]
+        losses[schedule] = [r.loss for r in records]
         rows.append({"schedule": schedule, "median_step_s": statistics.median(times), "min_step_s": min(times)})
     same = all(abs(a - b) <= 1e-5 * abs(a) for a, b in zip(*losses.values(), strict=True))
     ratio = rows[0]["median_step_s"] / rows[1]["median_step_s"]

@@ -42,7 +42,6 @@ from ortools.linear_solver import pywraplp
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_balance import MIXES, SIZES, make_batch
 
-from orch.planner.balance.batch import Mode
 from orch.planner.balance.cost import PhaseArrays, moved_bytes, rank_costs
 from orch.planner.balance.cross_bound import (
     BoundEval,
@@ -51,6 +50,7 @@ from orch.planner.balance.cross_bound import (
     evaluate_bound,
 )
 from orch.planner.balance.dispatch import dispatch_phase
+from orch.planner.balance.mode import Mode
 from orch.planner.balance.padded import desc_order, optimal_cap
 from orch.planner.balance.topology import SLACK
 

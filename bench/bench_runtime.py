@@ -20,9 +20,11 @@ from orch.planner.loading import load_cluster, load_data, load_model
 from orch.planner.plan import Placement, Plan
 from orch.planner.planner import make_plan
 from orch.planner.search import SolverConfig
-from orch.runtime.launch.local import run_local
+from orch.runtime.launch.local import LocalLauncher
 from orch.runtime.plans import hand_plan
-from orch.runtime.train.step import RunConfig, check_supported
+from orch.runtime.train.config import TrainConfig
+from orch.runtime.train.support import check_supported
+from orch.runtime.train.trainer import TrainTask
 
 STEPS = 20
 WARMUP = 2  # steps left out of the median (first-touch allocation, gloo connection set-up)
@@ -55,8 +57,9 @@ def main() -> None:
     rows = []
     for name, (plan, predicted) in _plans().items():
         with tempfile.TemporaryDirectory() as tmp:
-            records = run_local(plan, plan.data, RunConfig(steps=STEPS, seed=0), nproc=plan.world_size, workdir=tmp)
-        times = [float(r["step_time_s"]) for r in records[WARMUP:]]
+            cfg = TrainConfig(steps=STEPS, seed=0, balance="none")
+            records = LocalLauncher().submit(TrainTask(plan, plan.data, cfg, tmp)).result()
+        times = [r.step_time_s for r in records[WARMUP:]]
         rows.append(
             {
                 "plan": name,

@@ -38,8 +38,9 @@ def balance(
     mode: str = typer.Option("orch", "--mode", help="orch | paper | lpt | none"),
 ) -> None:
     """Post-balance one global batch: the destination rank of every sample for every phase."""
-    from orch.planner.balance.batch import Batch, Mode
+    from orch.planner.balance.batch import Batch
     from orch.planner.balance.dispatch import balance_batch
+    from orch.planner.balance.mode import Mode
     from orch.planner.loading import load_json_file
 
     chosen = Mode(_mode(mode))

@@ -1,6 +1,7 @@
 """`orch status/logs/cancel JOB` for Slurm jobs, and the Slurm side of `orch launch` (submit, dry run, --wait).
 
-The runtime (runtime/launch/slurm.py) submits and reads states; this module only renders them.
+The runtime submits (runtime/launch/slurm.py) and reads states (runtime/launch/jobs.py, torch-free, so
+`orch status/logs/cancel` start as fast as `orch --help`); this module only renders them.
 """
 
 from __future__ import annotations
@@ -14,24 +15,35 @@ import typer
 if TYPE_CHECKING:
     from orch.planner.plan import Plan
     from orch.planner.specs import DataSpec
+    from orch.runtime.launch.jobs import JobStatus
     from orch.runtime.launch.sbatch import SlurmOptions
-    from orch.runtime.launch.slurm import JobStatus
-    from orch.runtime.train.step import RunConfig
+    from orch.runtime.train.config import TrainConfig
+    from orch.runtime.train.debug import DebugConfig
 
 _POLL_S = 2.0
 
 
 def launch_slurm(
-    plan: Plan, data: DataSpec, cfg: RunConfig, opts: SlurmOptions, *, workdir: str, dry_run: bool, wait: bool
+    plan: Plan,
+    data: DataSpec,
+    cfg: TrainConfig,
+    opts: SlurmOptions,
+    *,
+    workdir: str,
+    dry_run: bool,
+    wait: bool,
+    debug: DebugConfig | None = None,
 ) -> None:
-    """Called by `orch launch --executor slurm`: print the sbatch script (--dry-run) or submit."""
+    """Called by `orch launch --executor slurm`: print the sbatch script (--dry-run) or submit.
+
+    `debug`: the tests' fault injection (never set by the CLI)."""
     from orch.cli.output import console, print_json_text
     from orch.runtime.launch.sbatch import allocation
-    from orch.runtime.launch.slurm import build_executor_parameters, submit
+    from orch.runtime.launch.slurm import plan_parameters, submit_train
 
     out = console()
     nodes, per_node = allocation(plan)
-    params, script = build_executor_parameters(plan, opts, workdir)
+    params, script = plan_parameters(plan, opts, workdir)
     summary = (
         f"{plan.placement.value} plan: {plan.world_size} ranks on {nodes} node(s) x {per_node} task(s), "
         f"modules {', '.join(f'{n}:{m.layout.tp}tp/{m.layout.dp}dp' for n, m in plan.modules.items())}; "
@@ -42,7 +54,7 @@ def launch_slurm(
         print_json_text(script)
         out.print("dry run: nothing submitted")
         return
-    record = submit(plan, data, cfg, opts, workdir=workdir)
+    record = submit_train(plan, data, cfg, opts, workdir=workdir, debug=debug).record
     out.print(summary, soft_wrap=True)
     out.print(
         f"submitted job [bold]{record.job_id}[/]; logs in {record.log_folder}, metrics in {record.workdir}",
@@ -78,7 +90,7 @@ def _watch(job_id: str) -> JobStatus:
     from rich.live import Live
 
     from orch.cli.output import console
-    from orch.runtime.launch.slurm import job_status
+    from orch.runtime.launch.jobs import job_status
 
     out = console()
     status = job_status(job_id)
@@ -108,7 +120,7 @@ def status(
     from rich.markup import escape
 
     from orch.cli.output import console, print_json
-    from orch.runtime.launch.slurm import job_status
+    from orch.runtime.launch.jobs import job_status
 
     st = job_status(job_id)
     if json_out:
@@ -135,7 +147,7 @@ def logs(
     import sys
 
     from orch.planner.errors import OrchError
-    from orch.runtime.launch.slurm import job_status, load_record, log_path
+    from orch.runtime.launch.jobs import job_status, load_record, log_path
 
     record = load_record(job_id)
     if not 0 <= rank < record.world_size:
@@ -164,7 +176,7 @@ def _settled(path: Path, offset: int) -> bool:
 def cancel(job_id: str = typer.Argument(..., metavar="JOB")) -> None:
     """Cancel the job (scancel)."""
     from orch.cli.output import console
-    from orch.runtime.launch.slurm import cancel as cancel_job
+    from orch.runtime.launch.jobs import cancel as cancel_job
 
     cancel_job(job_id)
     console().print(f"cancel requested for job {job_id}")

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import typer
 
+from orch.planner.balance.mode import Mode
+from orch.runtime.train.config import DEFAULT_BALANCE, DTYPES
+
 EXECUTORS = ("local", "slurm")
-DTYPES = ("float32", "bfloat16", "float64")
-BALANCE = ("orch", "paper", "lpt", "none")  # post-balancing modes (runtime/train/orchestrator.py)
+BALANCE = tuple(m.value for m in Mode)  # post-balancing modes (runtime/train/orchestrator.py)
 DEVICES = ("auto", "cpu", "cuda")  # runtime/device.py DEVICES (not imported: it imports torch)
 
 
@@ -37,7 +39,9 @@ def launch(
         True, "--resume/--no-resume", help="Continue from WORKDIR's newest complete checkpoint, if any."
     ),
     balance: str = typer.Option(
-        "orch", "--balance", help=f"Post-balance samples across DP ranks every step: one of {', '.join(BALANCE)}."
+        DEFAULT_BALANCE.value,
+        "--balance",
+        help=f"Post-balance samples across DP ranks every step: one of {', '.join(BALANCE)}.",
     ),
     partition: str | None = typer.Option(None, "--partition", help="Slurm partition (--executor slurm)."),
     account: str | None = typer.Option(None, "--account", help="Slurm account (--executor slurm)."),
@@ -85,8 +89,10 @@ def launch(
         raise SpecError("--nproc", "", f"the plan needs {plan.world_size} processes, got {world}")
 
     from orch.runtime.device import DeviceError, device_kind
-    from orch.runtime.launch.local import run_local
-    from orch.runtime.train.step import RunConfig, check_supported
+    from orch.runtime.launch.local import LocalLauncher
+    from orch.runtime.train.config import TrainConfig
+    from orch.runtime.train.support import check_supported
+    from orch.runtime.train.trainer import TrainTask
 
     check_supported(plan)
     if executor == "local":  # Slurm tasks choose on their nodes (the submitting host may have no GPU)
@@ -94,7 +100,7 @@ def launch(
             device = device_kind(device, world)
         except DeviceError as exc:
             raise SpecError("--device", "", str(exc)) from None
-    cfg = RunConfig(
+    cfg = TrainConfig(
         model_factory=model_factory,
         steps=steps,
         seed=seed,
@@ -102,7 +108,7 @@ def launch(
         trace=trace,
         checkpoint_every=checkpoint_every,
         resume=resume,
-        balance=balance,
+        balance=Mode(balance),
         device=device,
     )
     if model_factory is not None:
@@ -119,9 +125,9 @@ def launch(
     out = console()
     backend = "nccl" if device == "cuda" else "gloo"
     out.print(f"launching {plan.placement} plan on {world} local processes ({device}/{backend}, {dtype}, seed {seed})")
-    records = run_local(plan, data_spec, cfg, nproc=world, workdir=workdir)
+    records = LocalLauncher(world).submit(TrainTask(plan, data_spec, cfg, workdir)).result()
     for r in records:
-        out.print(f"step {r['step']}: loss {r['loss']:.6f}  tokens {r['tokens']}  step {r['step_time_s']:.3f} s")
+        out.print(f"step {r.step}: loss {r.loss:.6f}  tokens {r.tokens}  step {r.step_time_s:.3f} s")
     out.print(f"metrics written to [bold]{workdir}/metrics.jsonl[/]")
     if trace is not None and Path(trace).exists():
         out.print(f"trace written to [bold]{trace}[/]")

@@ -82,7 +82,7 @@ def profile(
         )
     else:
         con.print(f"profiling {model_spec.name} on {nproc} local gloo processes ({nproc // rpn} nodes x {rpn})")
-        prof = run_profile_local(model_spec, data_spec, cfg, nproc=nproc, workdir=workdir)
+        prof = run_profile_local(cfg, nproc=nproc, workdir=workdir)
     prof = prof.model_copy(update={"cluster": cluster_spec.name})
     text = (
         prof.model_dump_json(indent=2) if not out.endswith((".yaml", ".yml")) else to_yaml(prof.model_dump(mode="json"))
@@ -111,10 +111,11 @@ def _profile_on_slurm(
     from orch.cli.jobs_cmd import _job_failed, _watch
     from orch.cli.output import console
     from orch.runtime.launch.sbatch import SlurmOptions
-    from orch.runtime.profile.slurm import collect_profile, submit_profile
+    from orch.runtime.profile.slurm import submit_profile
 
     opts = SlurmOptions(partition=partition, account=account, qos=qos, time=time_limit, setup=setup)
-    record = submit_profile(model, cluster, cfg, nodes, opts, workdir=workdir)
+    handle = submit_profile(model, cluster, cfg, nodes, opts, workdir=workdir)
+    record = handle.record
     con = console()
     con.print(
         f"profiling {model.name} on {nodes} node(s) x {cluster.gpus_per_node} task(s): job [bold]{record.job_id}[/], "
@@ -124,7 +125,8 @@ def _profile_on_slurm(
     final = _watch(record.job_id)
     if final.state != "COMPLETED":
         raise _job_failed(final)
-    return collect_profile(record, model, cfg)
+    profile: Profile = handle.result()
+    return profile
 
 
 def render_profile(prof: Profile) -> None:
@@ -188,7 +190,7 @@ def validate(
     from orch.cli.output import print_json
     from orch.planner.loading import load_json_file
     from orch.planner.plan import Plan
-    from orch.runtime.profile.validate import read_metrics
+    from orch.runtime.metrics import read_metrics
     from orch.runtime.profile.validate import validate as compare
 
     plan = load_json_file(Plan, plan_file)

@@ -8,7 +8,7 @@ import typer
 
 from orch.cli.output import console, print_json_text
 
-SCHEMAS = ("model", "cluster", "data", "plan", "profile", "batch")
+SCHEMAS = ("model", "cluster", "data", "plan", "profile", "batch", "metrics")
 
 
 def presets(json_out: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
@@ -72,6 +72,10 @@ def _schema_model(kind: str) -> type:
         from orch.planner.balance.batch import Batch
 
         return Batch
+    if kind == "metrics":
+        from orch.runtime.metrics import StepRecord
+
+        return StepRecord
     return {
         "model": specs.ModelSpec,
         "cluster": specs.ClusterSpec,

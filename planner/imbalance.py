@@ -31,9 +31,10 @@ def residual_imbalance(
 def _imbalance(data_json: str, module: str, llm: str, dp: int, rpn: int, cost: tuple[float, float, float]) -> float:
     import numpy as np
 
-    from orch.planner.balance.batch import Mode, PhaseSpec
+    from orch.planner.balance.batch import PhaseSpec
     from orch.planner.balance.cost import build_phase_arrays, rank_costs
     from orch.planner.balance.dispatch import dispatch_phase
+    from orch.planner.balance.mode import Mode
 
     data = DataSpec.model_validate_json(data_json)
     c0, c1, c2 = cost

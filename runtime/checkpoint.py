@@ -12,7 +12,6 @@ replicas and reshard DTensors by name.
 from __future__ import annotations
 
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -104,45 +103,3 @@ def _init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     from torch.distributed.checkpoint.state_dict import _init_optim_state
 
     _init_optim_state(optimizer)
-
-
-# --- Stop requests: a checkpoint at Slurm's warning signal (runtime/launch/slurm.py arms it; the local executor never does).
-# The signal handler only sets an Event (no collectives, no I/O); at each step boundary the ranks agree on it with
-# one all_reduce(MAX) of one integer, so a signal delivered to any subset of the ranks stops all of them at the same
-# step, where they save collectively. Unarmed (the local executor), `stop_agreed` is False without a collective.
-_stop = threading.Event()
-_armed = False
-_stopped_at: int | None = None
-
-
-def arm_stop_request() -> None:
-    """Make `stop_agreed` a collective check of `request_stop` (every rank of the job must arm it, or none)."""
-    global _armed, _stopped_at
-    _armed = True
-    _stopped_at = None
-    _stop.clear()
-
-
-def request_stop(*_: object) -> None:
-    """A signal handler: ask the ranks to checkpoint and stop at the next step boundary (sets a flag, nothing else)."""
-    _stop.set()
-
-
-def stop_agreed() -> bool:
-    """Collective when armed: True on every rank iff some rank's stop was requested."""
-    if not _armed:
-        return False
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    flag = torch.tensor([1 if _stop.is_set() else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
-
-
-def mark_stopped(step: int) -> None:
-    """Record that the ranks stopped after saving step_{step} (read by the launcher after the rank body returns)."""
-    global _stopped_at
-    _stopped_at = step
-
-
-def stopped_at() -> int | None:
-    return _stopped_at

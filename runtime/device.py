@@ -1,6 +1,6 @@
 """Where a rank computes: CUDA with NCCL (one GPU per local rank) or the CPU with gloo.
 
-`RunConfig.device` is "auto", "cpu" or "cuda". "auto" picks CUDA when torch sees enough GPUs for
+`TrainConfig.device` is "auto", "cpu" or "cuda". "auto" picks CUDA when torch sees enough GPUs for
 every local rank of the machine (`cuda:{local_rank}`), else the CPU, so the same plan runs on a
 laptop and on a GPU node. Two steps:
 
@@ -10,7 +10,7 @@ laptop and on a GPU node. Two steps:
 * `rank_device`: in the rank, the same decision for its local rank, and `torch.cuda.set_device`
   for CUDA (NCCL, `all_gather_object` and DeviceMesh use the current device).
 
-The device is passed explicitly from there (Executor.device, PipelineStage, CPGroup,
+The device is passed explicitly from there (TrainStep.device, PipelineStage, CPGroup,
 Orchestrator); nothing reads a global.
 """
 

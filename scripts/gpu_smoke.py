@@ -6,18 +6,18 @@
 
 What it checks (and prints, one line per check; exit 1 if any fails, 2 without CUDA):
 
-1. In process, one NCCL rank on cuda:0: the Executor puts every parameter, the step's loss and the
+1. In process, one NCCL rank on cuda:0: the TrainStep puts every parameter, the step's loss and the
    gradients on the GPU, and a step runs (the device is really used, not silently the CPU).
-2. float64 equivalence, through `run_local` (the launcher's spawned ranks, `device="cuda"`):
+2. float64 equivalence, through `the local launcher` (the launcher's spawned ranks, `device="cuda"`):
    the tiny model and tiny-moe on 1 GPU against `run_reference` on the CPU: loss at every step
    within 1e-9 relative, step-0 gradients within 1e-9 and parameters after 3 SGD steps within 1e-8
    (of each tensor's largest entry), as tests/test_runtime_equivalence.py does on gloo. With 2 or
    more GPUs also TP2, PP2, CP2 and a disaggregated (graph-aware 1F1B, point-to-point) plan; with 4,
    two of the 4-rank plans of the tests. NCCL puts one rank per GPU, so more ranks need more GPUs.
-3. Step time: a short run per (model, device, dtype) through `run_local`, median step time of the
+3. Step time: a short run per (model, device, dtype) through `the local launcher`, median step time of the
    steps after the first, printed as a table (the CPU row is the same plan on gloo for comparison).
 
-Budget: about 3-6 minutes on one GPU (each run_local starts fresh processes: ~10-20 s each).
+Budget: about 3-6 minutes on one GPU (each the local launcher starts fresh processes: ~10-20 s each).
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ import torch
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
 from orch.planner.specs import DataSpec, ModelSpec
-from orch.runtime.train.step import RunConfig
-from orch.runtime.launch.local import run_local
+from orch.runtime.launch.local import LocalLauncher
 from orch.runtime.plans import hand_plan
+from orch.runtime.train.config import TrainConfig
+from orch.runtime.train.debug import DebugConfig
 from orch.runtime.train.single_process import ReferenceResult, run_reference
+from orch.runtime.train.trainer import TrainTask
 
 SEED, STEPS = 7, 3
 FAILED: list[str] = []
@@ -73,8 +75,8 @@ def in_process_device_check(model: ModelSpec, data: DataSpec, device: str) -> No
     import torch.distributed as dist
 
     from orch.runtime.device import rank_device
-    from orch.runtime.train.step import Executor
     from orch.runtime.launch.procgroup import free_port, init_rank
+    from orch.runtime.train.step import TrainStep
 
     plan = hand_plan(model, data, {"llm": (Layout(), [0])})
     dev = rank_device(device, 0, 1)
@@ -82,8 +84,8 @@ def in_process_device_check(model: ModelSpec, data: DataSpec, device: str) -> No
     backend = "nccl" if device == "cuda" else "gloo"
     try:
         check(f"backend is {backend}", dist.get_backend() == backend, dist.get_backend())
-        cfg = RunConfig(steps=2, seed=SEED, dtype="float32", device=device, balance="orch")
-        ex = Executor(plan, data, cfg, 0, 1, device=dev.device)
+        cfg = TrainConfig(steps=2, seed=SEED, dtype="float32", device=device, balance="orch")
+        ex = TrainStep(plan, data, cfg, 0, 1, device=dev.device)
         where = {p.device.type for m in ex.modules.values() for p in m.parameters()}
         check(f"parameters on {device}", where == {device}, str(sorted(where)))
         grids = {g.device for g in ex.grids.values()}
@@ -101,14 +103,15 @@ def equivalence(label: str, model: ModelSpec, data: DataSpec, ref: ReferenceResu
     plan = hand_plan(model, data, layouts)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        cfg = RunConfig(steps=STEPS, seed=SEED, dtype="float64", dump_dir=str(work), device=device, balance="orch")
+        cfg = TrainConfig(steps=STEPS, seed=SEED, dtype="float64", device=device, balance="orch")
+        task = TrainTask(plan, data, cfg, str(work), DebugConfig(dump_dir=str(work)), timeout_s=120)
         t = time.perf_counter()
         try:
-            records = run_local(plan, data, cfg, nproc=plan.world_size, workdir=work, timeout_s=120)
+            records = LocalLauncher().submit(task).result()
         except Exception as exc:
             check(f"{label}: run on {device}", False, f"{type(exc).__name__}: {exc}")
             return
-        losses = [float(r["loss"]) for r in records]
+        losses = [r.loss for r in records]
         loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref.losses, strict=True))
         grad_err = max_rel_error(merged(work, "grads"), ref.grads)
         param_err = max_rel_error(merged(work, "params"), ref.params)
@@ -131,20 +134,20 @@ def bigger(model: ModelSpec) -> ModelSpec:
 
 
 def step_times(rows: list[tuple[str, ModelSpec, DataSpec, str, str]]) -> None:
-    print("\nstep time (run_local, 1 rank, median of steps 1..; the first step warms up)")
+    print("\nstep time (the local launcher, 1 rank, median of steps 1..; the first step warms up)")
     print(f"{'model':<12} {'device':<7} {'dtype':<9} {'steps':>5} {'median s':>10} {'label tok/s':>12}")
     for label, model, data, device, dtype in rows:
         plan = hand_plan(model, data, {"llm": (Layout(), [0])})
-        cfg = RunConfig(steps=6, seed=0, dtype=dtype, device=device, balance="none")
+        cfg = TrainConfig(steps=6, seed=0, dtype=dtype, device=device, balance="none")
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                records = run_local(plan, data, cfg, nproc=1, workdir=tmp, timeout_s=300)
+                records = LocalLauncher().submit(TrainTask(plan, data, cfg, tmp, timeout_s=300)).result()
             except Exception as exc:
                 check(f"step time {label} {device} {dtype}", False, f"{type(exc).__name__}: {exc}")
                 continue
-        times = [float(r["step_time_s"]) for r in records[1:]]
+        times = [r.step_time_s for r in records[1:]]
         med = statistics.median(times)
-        tokens = statistics.median(int(r["tokens"]) for r in records[1:])
+        tokens = statistics.median(r.tokens for r in records[1:])
         print(f"{label:<12} {device:<7} {dtype:<9} {len(records):>5} {med:>10.4f} {tokens / med:>12.0f}", flush=True)
 
 

@@ -5,9 +5,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orch.planner.balance.batch import Batch, Mode
+from orch.planner.balance.batch import Batch
 from orch.planner.balance.cost import lower_bound, rank_tokens
 from orch.planner.balance.dispatch import balance_batch, batch_phase_arrays
+from orch.planner.balance.mode import Mode
 from orch.planner.routing import RouteTable
 
 PHASES = {

@@ -91,20 +91,21 @@ def test_unknown_device_and_bad_local_rank(gpus):
         rank_device("cpu", 2, 2)
 
 
-def test_run_local_refuses_cuda_before_starting(gpus, tmp_path):
-    """run_local resolves the device in the launcher: no process starts for an impossible device."""
+def test_local_launcher_refuses_cuda_before_starting(gpus, tmp_path):
+    """The local launcher resolves the device before starting: no process starts for an impossible device."""
+    from launching import train_local
+
     from orch.planner.loading import load_data, load_model
     from orch.planner.plan import Layout
-    from orch.runtime.launch.local import run_local
     from orch.runtime.plans import hand_plan
-    from orch.runtime.train.step import RunConfig
+    from orch.runtime.train.config import TrainConfig
 
     gpus(0)
     model = load_model("tiny")
     data = load_data("tiny-mix").model_copy(update={"global_batch": 2, "seq_len": 32})
     plan = hand_plan(model, data, {"llm": (Layout(dp=1), [0]), "vision": (Layout(dp=1), [0])})
     with pytest.raises(DeviceError, match="CUDA is not available"):
-        run_local(plan, data, RunConfig(device="cuda"), nproc=1, workdir=tmp_path)
+        train_local(plan, data, TrainConfig(device="cuda"), tmp_path)
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
@@ -126,15 +127,16 @@ def test_launch_bad_device_value(cli, plan_file):
     assert result.output.strip() == "error: --device: expected one of auto, cpu, cuda, got 'tpu'"
 
 
-def test_executor_threads_its_device_through(tmp_path):
-    """One gloo rank in this process: the Executor hands its device to every part that creates tensors."""
+def test_train_step_threads_its_device_through(tmp_path):
+    """One gloo rank in this process: the TrainStep hands its device to every part that creates tensors."""
     import torch.distributed as dist
 
     from orch.planner.loading import load_data, load_model
     from orch.planner.plan import Layout
     from orch.runtime.launch.procgroup import free_port, init_rank
     from orch.runtime.plans import hand_plan
-    from orch.runtime.train.step import Executor, RunConfig
+    from orch.runtime.train.config import TrainConfig
+    from orch.runtime.train.step import TrainStep
 
     model = load_model("tiny")
     data = load_data("tiny-mix").model_copy(update={"global_batch": 2, "seq_len": 32})
@@ -142,7 +144,7 @@ def test_executor_threads_its_device_through(tmp_path):
     dev = rank_device("auto", 0, 1)
     init_rank(0, 1, master="127.0.0.1", port=free_port(), timeout_s=30, backend=dev.backend, device=dev.device)
     try:
-        ex = Executor(plan, data, RunConfig(device="cpu", balance="orch", calibrate=False), 0, 1, device=dev.device)
+        ex = TrainStep(plan, data, TrainConfig(device="cpu", balance="orch", calibrate=False), 0, 1, device=dev.device)
         assert ex.device == dev.device
         assert ex.stage is not None and ex.stage.device == dev.device
         assert ex.orch.device == dev.device

@@ -3,15 +3,16 @@
 import pytest
 import torch
 from equivalence import assert_close, merged
+from launching import train_local
 
 from orch.planner.errors import SpecError
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
-from orch.runtime.launch.local import run_local
 from orch.runtime.models.factory import build_from_factory
 from orch.runtime.plans import hand_plan
+from orch.runtime.train.config import TrainConfig
+from orch.runtime.train.debug import DebugConfig
 from orch.runtime.train.single_process import run_reference
-from orch.runtime.train.step import RunConfig
 
 FACTORY = "factory_example:two_layer_projectors"
 SEED = 5
@@ -75,11 +76,11 @@ def test_factory_model_matches_its_reference_under_tp_and_pp(specs, tmp_path):
             "audio": (Layout(dp=4), [0, 1, 2, 3]),
         },
     )
-    cfg = RunConfig(steps=3, seed=SEED, dtype="float64", dump_dir=str(tmp_path), model_factory=FACTORY)
-    records = run_local(plan, data, cfg, nproc=4, workdir=tmp_path)
+    cfg = TrainConfig(steps=3, seed=SEED, dtype="float64", balance="none", model_factory=FACTORY)
+    records = train_local(plan, data, cfg, tmp_path, debug=DebugConfig(dump_dir=str(tmp_path)))
     ref = run_reference(model, data, seed=SEED, steps=3, dtype=torch.float64, model_factory=FACTORY)
     for r, want in zip(records, ref.losses, strict=True):
-        assert r["loss"] == pytest.approx(want, rel=1e-9, abs=0)
+        assert r.loss == pytest.approx(want, rel=1e-9, abs=0)
     assert "vision.projector.fc2.weight" in ref.grads
     assert_close(merged(tmp_path, "grads"), ref.grads, 1e-9)
     assert_close(merged(tmp_path, "params"), ref.params, 1e-8)

@@ -1,11 +1,14 @@
 """The package maps the repo's folders into orch.*; nothing heavy is imported at CLI start."""
 
+import os
 import re
 import subprocess
 import sys
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPPED = {"planner": "orch.planner", "runtime": "orch.runtime", "cli": "orch.cli", "templates": "orch.templates"}
@@ -33,6 +36,21 @@ def test_cli_import_does_not_import_torch_or_ortools():
     code = "import sys, orch.cli.app; print(sorted(m for m in ('torch', 'ortools', 'numpy') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("verb", ["status", "logs", "cancel"])
+def test_job_commands_do_not_import_torch(verb, tmp_path):
+    """`orch status/logs/cancel` read a JSON record and call Slurm's commands: no torch, no numpy at start-up."""
+    code = (
+        "import sys\n"
+        "from orch.cli.app import app\n"
+        f"try:\n    app([{verb!r}, '999999'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'ortools') if m in sys.modules))"
+    )
+    env = {**os.environ, "ORCH_STATE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert "no record" in done.stderr  # it ran the command: job 999999 has no record here
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_orch_help_runs_as_a_console_script():

@@ -6,14 +6,15 @@ reference's losses (1e-9 relative), step-0 gradients (1e-9) and parameters after
 processes every sample exactly once per phase with all of its tokens, and the balanced run
 equals the `--balance none` run.
 
-The gloo checks share ONE launch of 4 processes (`gloo` fixture, `_runs_worker`): every
-(plan, mode) of RUNS runs there as its own Executor, one after the other in one process group
-(4-rank plans all), then the composed-move check; each test reads its part of the results.
+The gloo checks share ONE launch of 4 processes (`gloo` fixture): every (plan, mode) of RUNS runs
+there through the trainer (runtime/train/trainer.py), one after the other in one process group
+(4-rank plans all, a TaskSequence), then the composed-move check; each test reads its part.
 Process start-up (torch imports, gloo rendezvous) dominated the file's time when every run was
 a launch of its own.
 """
 
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from orch.planner.routing import RouteTable
 from orch.runtime.data.synthetic import GlobalBatch, encoder_order
 from orch.runtime.parallel.grid import Grid, build_grids
 from orch.runtime.plans import hand_plan
+from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.orchestrator import (
     Orchestrator,
     StepTables,
@@ -35,7 +37,6 @@ from orch.runtime.train.orchestrator import (
     lengths_columns,
 )
 from orch.runtime.train.single_process import run_reference
-from orch.runtime.train.step import RunConfig
 
 STEPS = 3
 SEED = 7
@@ -214,70 +215,49 @@ def _move_check(rank: int, tables: StepTables, rows: tuple[int, ...], out: Path)
     torch.save((once, y), out / f"move.rank{rank}.pt")
 
 
-def _runs_worker(
-    rank: int, port: int, runs: list[tuple[str, str, str]], data_json: str, move_args: tuple, out: str
-) -> None:
-    """Every (name, plan, mode) of `runs` as its own Executor in one process group, then the move check.
+@dataclass
+class MoveCheck:
+    """The composed-move check as a task of the same launch as the training runs."""
 
-    Per run, rank 0 writes the metrics records (`run_local`'s, with every rank's processed tokens)
-    and every served module's step-0 gradients and final parameters land in out/<name>-<mode>/.
-    """
-    import json
+    tables: StepTables
+    rows: tuple[int, ...]
+    workdir: str
+    world_size: int = 4
+    device: str = "auto"
+    timeout_s: float = 120.0
 
-    import torch.distributed as dist
+    def prepare(self) -> None:
+        pass
 
-    from orch.planner.plan import Plan
-    from orch.planner.specs import DataSpec
-    from orch.runtime.launch.procgroup import init_rank
-    from orch.runtime.train.step import Executor
+    def run(self, ctx) -> None:
+        _move_check(ctx.env.rank, self.tables, self.rows, Path(self.workdir))
 
-    init_rank(rank, 4, master="127.0.0.1", port=port, timeout_s=120)
-    try:
-        data = DataSpec.model_validate_json(data_json)
-        for name, plan_json, mode in runs:
-            workdir = Path(out) / f"{name}-{mode}"
-            workdir.mkdir(parents=True, exist_ok=True)
-            cfg = RunConfig(
-                steps=STEPS, seed=SEED, dtype="float64", dump_dir=str(workdir), balance=mode, count_tokens=True
-            )
-            ex = Executor(Plan.model_validate_json(plan_json), data, cfg, rank, 4)
-            records = []
-            for k in range(STEPS):
-                m = ex.step(k)
-                everyone: list[dict | None] = [None] * 4
-                dist.all_gather_object(everyone, m.processed)
-                processed = {str(r): p for r, p in enumerate(everyone) if p is not None}
-                records.append({"step": m.step, "loss": m.loss, "balance": m.balance, "processed": processed})
-            ex.finish()
-            if rank == 0:
-                (workdir / "metrics.json").write_text(json.dumps(records))
-            dist.barrier()
-        _move_check(rank, *move_args, Path(out))
-    finally:
-        dist.destroy_process_group()
+    def result(self) -> None:
+        return None
 
 
 @pytest.fixture(scope="module")
 def gloo(specs, tmp_path_factory):
-    """The one launch: (plan, mode) -> (records, merged grads, merged params), and the move results."""
-    import json
+    """The one launch (a TaskSequence of every (plan, mode) run through the trainer, then the move check):
+    (plan, mode) -> (records, merged grads, merged params), and the move results."""
+    from launching import train_tasks
 
-    import torch.multiprocessing as mp
-
-    from orch.runtime.launch.procgroup import free_port
+    from orch.runtime.train.debug import DebugConfig
 
     _, data = specs
     out = tmp_path_factory.mktemp("gloo")
     tables, batch = _tables(specs, "colocated_enc_dp4_llm_dp2_tp2", "orch")
     rows = tuple(random.Random(0).randint(1, 4) for _ in range(batch.size))
-    runs = [(name, _plan(specs, name).model_dump_json(), mode) for name, mode in RUNS]
-    args = (free_port(), runs, data.model_dump_json(), (tables, rows), str(out))
-    mp.start_processes(_runs_worker, args=args, nprocs=4, start_method="spawn")
+    plans = {f"{name}-{mode}": _plan(specs, name) for name, mode in RUNS}
+    cfgs = {f"{name}-{mode}": TrainConfig(steps=STEPS, seed=SEED, dtype="float64", balance=mode) for name, mode in RUNS}
+    records = train_tasks(
+        plans, data, cfgs, out, debug=DebugConfig(count_tokens=True), extra=[MoveCheck(tables, rows, str(out))]
+    )
     results = {}
     for name, mode in RUNS:
         workdir = out / f"{name}-{mode}"
-        records = json.loads((workdir / "metrics.json").read_text())
-        results[(name, mode)] = (records, merged(workdir, "grads"), merged(workdir, "params"))
+        dicts = [r.model_dump() for r in records[f"{name}-{mode}"]]
+        results[(name, mode)] = (dicts, merged(workdir, "grads"), merged(workdir, "params"))
     moves = [torch.load(out / f"move.rank{r}.pt") for r in range(4)]
     return results, (tables, rows, moves)
 

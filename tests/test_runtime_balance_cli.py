@@ -12,11 +12,15 @@ def test_launch_passes_the_balance_mode(cli, plan_file, monkeypatch, tmp_path, a
     path, _, _ = plan_file
     seen = {}
 
-    def fake_run_local(plan, data, cfg, *, nproc, workdir):
-        seen["cfg"] = cfg
-        return []
+    class Finished:
+        def result(self):
+            return []
 
-    monkeypatch.setattr(orch.runtime.launch.local, "run_local", fake_run_local)
+    def fake_submit(self, task):
+        seen["cfg"] = task.cfg
+        return Finished()
+
+    monkeypatch.setattr(orch.runtime.launch.local.LocalLauncher, "submit", fake_submit)
     result = cli("launch", str(path), "--workdir", str(tmp_path / "run"), *args)
     assert result.exit_code == 0, result.output
     assert seen["cfg"].balance == want

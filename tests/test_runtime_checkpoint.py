@@ -49,11 +49,13 @@ def test_latest_ignores_tmp_and_unnamed_directories(tmp_path):
 @pytest.mark.slow
 def test_resume_with_pipeline_experts_and_context_parallel_shards(tmp_path):
     """PP stages, local experts and CP-sharded encoders save and load their own shards (AdamW state too)."""
+    from launching import train_local
+
+    from orch.planner.balance.mode import Mode
     from orch.planner.loading import load_data, load_model
     from orch.planner.plan import Layout
-    from orch.runtime.launch.local import run_local
     from orch.runtime.plans import hand_plan
-    from orch.runtime.train.step import RunConfig
+    from orch.runtime.train.config import TrainConfig
 
     model = load_model("tiny-moe")
     data = load_data("tiny-mix").model_copy(update={"global_batch": 8, "seq_len": 96})
@@ -65,14 +67,14 @@ def test_resume_with_pipeline_experts_and_context_parallel_shards(tmp_path):
     plan = hand_plan(model, data, layouts)
 
     def run(workdir, steps, **kw):
-        cfg = RunConfig(steps=steps, seed=4, dtype="float64", optimizer="adamw", lr=0.01, **kw)
-        return run_local(plan, data, cfg, nproc=4, workdir=workdir)
+        cfg = TrainConfig(steps=steps, seed=4, dtype="float64", optimizer="adamw", lr=0.01, balance=Mode.NONE, **kw)
+        return train_local(plan, data, cfg, workdir)
 
-    want = [r["loss"] for r in run(tmp_path / "full", 4)]
+    want = [r.loss for r in run(tmp_path / "full", 4)]
     first = run(tmp_path / "part", 2, checkpoint_every=2)
     assert latest_step(tmp_path / "part") == 2
     resumed = run(tmp_path / "part", 4)
-    assert [r["step"] for r in resumed] == [0, 1, 2, 3]
+    assert [r.step for r in resumed] == [0, 1, 2, 3]
     assert resumed[:2] == first  # steps 0-1 are the first run's records: the second run started at step 2
-    for g, w in zip([r["loss"] for r in resumed], want, strict=True):
+    for g, w in zip([r.loss for r in resumed], want, strict=True):
         assert g == pytest.approx(w, rel=1e-12, abs=0)

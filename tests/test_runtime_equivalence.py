@@ -7,13 +7,16 @@ and every parameter after 3 SGD steps within 1e-8 (relative to the tensor's larg
 import pytest
 import torch
 from equivalence import assert_close, run_plans
+from launching import train_local
 
+from orch.planner.balance.mode import Mode
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
-from orch.runtime.launch.local import LaunchError, run_local
+from orch.runtime.launch.base import LaunchError
 from orch.runtime.plans import hand_plan
+from orch.runtime.train.config import TrainConfig
+from orch.runtime.train.debug import DebugConfig
 from orch.runtime.train.single_process import run_reference
-from orch.runtime.train.step import RunConfig
 
 STEPS = 3
 SEED = 7
@@ -100,7 +103,7 @@ def launched(specs, tmp_path_factory):
     """Every plan's (losses, grads, params): one launch per world size (equivalence.run_plans)."""
     model, data = specs
     plans = {name: hand_plan(model, data, layouts) for name, layouts in PLANS.items()}
-    cfg = RunConfig(steps=STEPS, seed=SEED, dtype="float64")
+    cfg = TrainConfig(steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE)
     out = tmp_path_factory.mktemp("plans")
     results = {}
     for world in sorted({p.world_size for p in plans.values()}):
@@ -124,9 +127,9 @@ def test_plan_matches_reference(name, reference, launched):
 def test_failing_rank_is_reported_and_nothing_hangs(specs, tmp_path):
     model, data = specs
     plan = hand_plan(model, data, PLANS["disaggregated_enc1_llm_dp3"])
-    cfg = RunConfig(steps=2, seed=SEED, dtype="float64", fail_at=(2, 1))
+    cfg = TrainConfig(steps=2, seed=SEED, dtype="float64", balance=Mode.NONE)
     with pytest.raises(LaunchError, match="injected failure at step 1") as info:
-        run_local(plan, data, cfg, nproc=plan.world_size, workdir=tmp_path, timeout_s=30)
+        train_local(plan, data, cfg, tmp_path, debug=DebugConfig(fail_at=(2, 1)), timeout_s=30)
     assert info.value.rank == 2
 
 
@@ -135,6 +138,7 @@ def test_out_of_memory_in_a_rank_is_reported_as_such(specs, tmp_path):
     """An allocation the allocator refuses (as CUDA's does on OOM) is recorded as the rank's out-of-memory."""
     model, data = specs
     plan = hand_plan(model, data, PLANS["disaggregated_enc1_llm_dp3"])
-    cfg = RunConfig(steps=2, seed=SEED, dtype="float64", oom_at=(1, 1, 1 << 30))  # 1 PiB: more than any machine
+    cfg = TrainConfig(steps=2, seed=SEED, dtype="float64", balance=Mode.NONE)
+    debug = DebugConfig(oom_at=(1, 1, 1 << 30))  # 1 PiB: more than any machine
     with pytest.raises(LaunchError, match=r"rank 1 failed: out of memory: RuntimeError: .*can't allocate memory"):
-        run_local(plan, data, cfg, nproc=plan.world_size, workdir=tmp_path, timeout_s=30)
+        train_local(plan, data, cfg, tmp_path, debug=debug, timeout_s=30)

@@ -9,14 +9,16 @@ import pytest
 import torch
 from equivalence import assert_close, run_plans
 
+from orch.planner.balance.mode import Mode
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
 from orch.runtime.models.reference import MoE, build_model, init_module
 from orch.runtime.parallel.expert import ep_groups, expert_owner, local_experts
 from orch.runtime.parallel.grid import Grid
 from orch.runtime.plans import hand_plan
+from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.single_process import run_reference
-from orch.runtime.train.step import RunConfig, UnsupportedPlan, check_supported
+from orch.runtime.train.support import UnsupportedPlan, check_supported
 
 STEPS = 3
 SEED = 7
@@ -121,7 +123,7 @@ def _reference(model, global_batch):
 def launched(moe_model, tmp_path_factory):
     """Every plan's (losses, grads, params) and its output folder: one launch per (world, batch)."""
     plans = {name: hand_plan(moe_model, _data(gb), layouts) for name, (layouts, gb) in PLANS.items()}
-    cfg = RunConfig(steps=STEPS, seed=SEED, dtype="float64")
+    cfg = TrainConfig(steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE)
     root = tmp_path_factory.mktemp("moe")
     results = {}
     for key in sorted({(p.world_size, PLANS[n][1]) for n, p in plans.items()}):

@@ -181,7 +181,7 @@ def test_launch_mem_reaches_the_script_and_is_validated(cli, plan_file, tmp_path
 def test_out_of_memory_errors_are_recognised():
     import torch
 
-    from orch.runtime.launch.local import is_out_of_memory
+    from orch.runtime.launch.failures import is_out_of_memory
 
     assert is_out_of_memory(MemoryError())
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
@@ -212,7 +212,6 @@ def test_warning_signal_only_flags_and_late_steps_still_requeue(monkeypatch):
     import signal
     import time
 
-    from orch.runtime import checkpoint
     from orch.runtime.launch import slurm
 
     calls: list[int] = []
@@ -221,11 +220,12 @@ def test_warning_signal_only_flags_and_late_steps_still_requeue(monkeypatch):
     monkeypatch.setattr(slurm.os, "_exit", exits.append)
     try:
         stop = slurm._StopOnSignal(0, grace_s=0.2)
+        assert stop.preemption.armed
         os.kill(os.getpid(), signal.SIGUSR2)
         end = time.monotonic() + 5
-        while not checkpoint._stop.is_set() and time.monotonic() < end:
+        while not stop.preemption._requested.is_set() and time.monotonic() < end:
             time.sleep(0.01)
-        assert checkpoint._stop.is_set() and calls == []  # flagged, submitit's handler not run yet
+        assert stop.preemption._requested.is_set() and calls == []  # flagged, submitit's handler not run yet
         assert stop._timer is not None
         stop._timer.join(5)
         assert calls == [signal.SIGUSR2] and exits == [1]
@@ -233,15 +233,11 @@ def test_warning_signal_only_flags_and_late_steps_still_requeue(monkeypatch):
         assert calls == [signal.SIGUSR2]  # never twice
     finally:
         signal.signal(signal.SIGUSR2, previous)
-        checkpoint._armed = False
-        checkpoint._stop.clear()
 
 
 def test_stop_flag_is_never_checked_unarmed():
-    from orch.runtime import checkpoint
+    from orch.runtime.preemption import Preemption
 
-    checkpoint.request_stop()
-    try:
-        assert checkpoint.stop_agreed() is False  # the local executor: no collective, never stops
-    finally:
-        checkpoint._stop.clear()
+    stop = Preemption()
+    stop.request()
+    assert stop.agreed() is False  # the local launcher's: no collective, never stops

@@ -20,11 +20,13 @@ import yaml
 from orch.planner.errors import OrchError
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
+from orch.runtime.launch.jobs import job_status, log_path
 from orch.runtime.launch.sbatch import SlurmOptions
-from orch.runtime.launch.slurm import job_status, log_path, submit
+from orch.runtime.launch.slurm import submit_train
 from orch.runtime.plans import hand_plan
+from orch.runtime.train.config import TrainConfig
+from orch.runtime.train.debug import DebugConfig
 from orch.runtime.train.single_process import run_reference
-from orch.runtime.train.step import RunConfig
 
 JOB_TIMEOUT_S = 150
 SEED = 3
@@ -153,8 +155,8 @@ def test_disaggregated_plan_on_one_allocation(slurm_cluster, state_dir, specs, t
     plan = _plan(specs, DISAGGREGATED)
     assert plan.placement.value == "disaggregated"
     workdir = tmp_path / "run"
-    cfg = RunConfig(steps=2, seed=SEED, dtype="float64")
-    record = submit(plan, specs[1], cfg, SlurmOptions(time="5"), workdir=workdir)
+    cfg = TrainConfig(steps=2, seed=SEED, dtype="float64", balance="none")
+    record = submit_train(plan, specs[1], cfg, SlurmOptions(time="5"), workdir=workdir).record
     st = _wait(record.job_id, lambda s: s.done)
     assert st.state == "COMPLETED", st
     records = _metrics(workdir)
@@ -173,8 +175,8 @@ def test_preempted_job_checkpoints_at_the_signal_and_resumes_there(slurm_cluster
     workdir = tmp_path / "run"
     steps = 10
     # No --checkpoint-every: the only checkpoint is the one saved at the warning signal.
-    cfg = RunConfig(steps=steps, seed=SEED, dtype="float64")
-    record = submit(_plan(specs, HOMOGENEOUS), specs[1], cfg, SlurmOptions(time="10"), workdir=workdir)
+    cfg = TrainConfig(steps=steps, seed=SEED, dtype="float64", balance="none")
+    record = submit_train(_plan(specs, HOMOGENEOUS), specs[1], cfg, SlurmOptions(time="10"), workdir=workdir).record
     _wait(record.job_id, lambda s: s.step is not None and s.step >= 1, poll_s=0.2)
     # submitit's test hook: SIGTERM then the warning signal (USR2), as Slurm does on preemption.
     submitit.SlurmJob(Path(record.log_folder), record.job_id)._interrupt()
@@ -199,8 +201,8 @@ def test_preempted_job_checkpoints_at_the_signal_and_resumes_there(slurm_cluster
 
 def test_scancel_is_reported_cancelled(slurm_cluster, state_dir, specs, tmp_path, cli):
     workdir = tmp_path / "run"
-    cfg = RunConfig(steps=500, seed=SEED, dtype="float64")
-    record = submit(_plan(specs, HOMOGENEOUS), specs[1], cfg, SlurmOptions(time="5"), workdir=workdir)
+    cfg = TrainConfig(steps=500, seed=SEED, dtype="float64", balance="none")
+    record = submit_train(_plan(specs, HOMOGENEOUS), specs[1], cfg, SlurmOptions(time="5"), workdir=workdir).record
     _wait(record.job_id, lambda s: s.state == "RUNNING" or s.done)
     result = cli("cancel", record.job_id)
     assert result.exit_code == 0, result.output
@@ -209,21 +211,23 @@ def test_scancel_is_reported_cancelled(slurm_cluster, state_dir, specs, tmp_path
     assert st.state == "CANCELLED" and time.monotonic() - t0 < 60
 
 
-def _launch_and_wait(specs, cfg, workdir, opts=None):
+def _launch_and_wait(specs, cfg, workdir, opts=None, debug=None):
     """`orch launch --executor slurm --wait` of the homogeneous plan, as the CLI calls it."""
     from orch.cli.jobs_cmd import launch_slurm
 
     opts = opts or SlurmOptions(time="5")
-    launch_slurm(_plan(specs, HOMOGENEOUS), specs[1], cfg, opts, workdir=str(workdir), dry_run=False, wait=True)
+    launch_slurm(
+        _plan(specs, HOMOGENEOUS), specs[1], cfg, opts, workdir=str(workdir), dry_run=False, wait=True, debug=debug
+    )
 
 
 def test_failing_rank_is_reported_and_wait_fails(slurm_cluster, state_dir, specs, tmp_path, cli):
 
     workdir = tmp_path / "run"
-    cfg = RunConfig(steps=3, seed=SEED, dtype="float64", fail_at=(2, 1))
+    cfg = TrainConfig(steps=3, seed=SEED, dtype="float64", balance="none")
     t0 = time.monotonic()
     with pytest.raises(OrchError, match=r"rank 2 failed: RuntimeError: injected failure at step 1") as exc:
-        _launch_and_wait(specs, cfg, workdir)
+        _launch_and_wait(specs, cfg, workdir, debug=DebugConfig(fail_at=(2, 1)))
     assert time.monotonic() - t0 < JOB_TIMEOUT_S
     (record,) = state_dir.glob("*.json")
     st = job_status(record.stem)
@@ -237,8 +241,10 @@ def test_failing_rank_is_reported_and_wait_fails(slurm_cluster, state_dir, specs
 
 def test_logs_follow_streams_a_running_job_and_returns_when_it_ends(slurm_cluster, state_dir, specs, tmp_path):
     steps = 12
-    cfg = RunConfig(steps=steps, seed=SEED, dtype="float64")
-    record = submit(_plan(specs, HOMOGENEOUS), specs[1], cfg, SlurmOptions(time="5"), workdir=tmp_path / "run")
+    cfg = TrainConfig(steps=steps, seed=SEED, dtype="float64", balance="none")
+    record = submit_train(
+        _plan(specs, HOMOGENEOUS), specs[1], cfg, SlurmOptions(time="5"), workdir=tmp_path / "run"
+    ).record
     follow = subprocess.Popen(
         [*ORCH, "logs", record.job_id, "--rank", "0", "--follow"],
         stdout=subprocess.PIPE,
@@ -402,9 +408,9 @@ def test_rank_over_the_memory_limit_is_reported_out_of_memory(slurm_cluster, sta
 
     workdir = tmp_path / "run"
     # A tiny rank is ~0.4 GB resident: two fit in 1500M; rank 3 then allocates up to 6 GiB at step 1.
-    cfg = RunConfig(steps=3, seed=SEED, dtype="float64", oom_at=(3, 1, 6144))
+    cfg = TrainConfig(steps=3, seed=SEED, dtype="float64", balance="none")
     with pytest.raises(OrchError, match=r"rank 3 failed: out of memory: Slurm killed the ranks on node2") as exc:
-        _launch_and_wait(specs, cfg, workdir, SlurmOptions(time="5", mem="1500M"))
+        _launch_and_wait(specs, cfg, workdir, SlurmOptions(time="5", mem="1500M"), DebugConfig(oom_at=(3, 1, 6144)))
     (record,) = state_dir.glob("*.json")
     st = job_status(record.stem)
     assert st.done and st.state != "COMPLETED" and st.failure is not None
@@ -421,9 +427,9 @@ def test_allocation_refused_in_a_rank_is_reported_out_of_memory(slurm_cluster, s
     than the machine; the rank records an out-of-memory failure and status names it, with its log."""
 
     workdir = tmp_path / "run"
-    cfg = RunConfig(steps=3, seed=SEED, dtype="float64", oom_at=(1, 1, 1 << 30))  # 1 PiB
+    cfg = TrainConfig(steps=3, seed=SEED, dtype="float64", balance="none")
     with pytest.raises(OrchError, match=r"rank 1 failed: out of memory: RuntimeError: .*can't allocate memory"):
-        _launch_and_wait(specs, cfg, workdir)
+        _launch_and_wait(specs, cfg, workdir, debug=DebugConfig(oom_at=(1, 1, 1 << 30)))  # 1 PiB
     (record,) = state_dir.glob("*.json")
     st = job_status(record.stem)
     assert st.state == "FAILED" and st.failure is not None and st.failure.kind == "oom" and st.failure.rank == 1

@@ -105,7 +105,11 @@ def test_validate_relative_error_sign(cli, tmp_path, known_plan):
         (None, "no such metrics file"),
         ("", "no metrics records"),
         ("{not json\n", "line 1: not JSON"),
-        ('{"step": 0}\n', "line 1: expected a metrics record with a numeric step_time_s"),
+        ('{"step": 0}\n', "line 1: expected a metrics record (`orch schema metrics`): loss: field required"),
+        (
+            '{"step": 0, "loss": 1, "tokens": 1, "step_time_s": "x"}\n',
+            "line 1: expected a metrics record (`orch schema metrics`): step_time_s",
+        ),
     ],
 )
 def test_validate_bad_metrics_is_one_line(cli, tmp_path, known_plan, content, message):
@@ -134,8 +138,8 @@ def test_profile_plan_launch_validate_end_to_end(cli, tmp_path, monkeypatch):
 
     real = profile_bench.run_profile_local
 
-    def fewer_lengths(model, data, cfg, **kw):
-        return real(model, data, dataclasses.replace(cfg, lengths=(16, 64)), **kw)
+    def fewer_lengths(cfg, **kw):
+        return real(dataclasses.replace(cfg, lengths=(16, 64)), **kw)
 
     monkeypatch.setattr(profile_bench, "run_profile_local", fewer_lengths)
 

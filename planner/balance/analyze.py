@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from orch.planner.balance.batch import LLM_PHASE, Mode, PhaseSpec
+from orch.planner.balance.batch import LLM_PHASE, PhaseSpec
 from orch.planner.balance.cost import PhaseArrays, build_phase_arrays, moved_bytes
 from orch.planner.balance.dispatch import balance_arrays
+from orch.planner.balance.mode import Mode
 from orch.planner.errors import SpecError
 
 # Default cost per phase when the data carries none: cost = len + quadratic·len², with the

@@ -6,7 +6,6 @@ so the result models carry no field beyond the ones listed there.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -14,13 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 LLM_PHASE = "llm"  # the phase every encoder phase feeds; routes compose into it
 
 NonNegInt = Annotated[int, Field(ge=0)]
-
-
-class Mode(StrEnum):
-    ORCH = "orch"  # topology-first post-balancing (topology.py)
-    PAPER = "paper"  # balanced buckets, then an OR-Tools assignment of buckets to ranks (paper.py)
-    LPT = "lpt"  # plain largest-first greedy, bucket k on rank k (greedy.py)
-    NONE = "none"  # every sample stays where DP sampling put it
 
 
 class PhaseSpec(BaseModel):

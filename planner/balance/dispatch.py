@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orch.planner.balance.batch import LLM_PHASE, BalanceResult, Batch, Mode, PhaseResult
+from orch.planner.balance.batch import LLM_PHASE, BalanceResult, Batch, PhaseResult
 from orch.planner.balance.cost import (
     IntArray,
     PhaseArrays,
@@ -24,6 +24,7 @@ from orch.planner.balance.cost import (
     rank_tokens,
 )
 from orch.planner.balance.greedy import exchange_under_cap, improve, lpt
+from orch.planner.balance.mode import Mode
 from orch.planner.balance.padded import optimal_cap, padded_runs
 from orch.planner.balance.paper import paper
 from orch.planner.balance.topology import orch_padded, orch_unpadded

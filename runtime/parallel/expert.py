@@ -50,7 +50,7 @@ def local_experts(ep_rank: int, experts: int, ep: int) -> list[int]:
 
 
 def unsupported_ep(name: str, mp: ModulePlan, experts: int, is_llm: bool) -> str | None:
-    """Why this module's ep cannot run (None if it can): the executor's check_supported."""
+    """Why this module's ep cannot run (None if it can): runtime/train/support.py's check_supported."""
     ep = mp.layout.ep
     if ep == 1:
         return None

@@ -19,20 +19,17 @@ nccl-tests-style collectives inside a node and across nodes.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from orch.planner.errors import OrchError
 from orch.planner.profile import BoundaryFit, CollectiveRow, ComputeFit, CoreSharing, LinkFit, ModuleProfile, Profile
 from orch.planner.specs import DataSpec, ModelSpec, ModuleKind
-from orch.runtime.launch.procgroup import free_port, init_rank
 from orch.runtime.profile.fit import bandwidths, fit_alpha_beta, fit_compute, median
 
 _ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
@@ -382,7 +379,7 @@ def _time_runtime(
     import torch
     import torch.distributed as dist
 
-    from orch.planner.balance.batch import Mode
+    from orch.planner.balance.mode import Mode
     from orch.runtime.data.synthetic import GlobalBatch, encoder_order
     from orch.runtime.models.reference import AUDIO_STEM_STRIDE, encoder_modality
     from orch.runtime.parallel.grid import Grid
@@ -578,48 +575,20 @@ def _fit(points: list[tuple[int, int, float]], mem_per_token: float) -> ComputeF
     )
 
 
-@dataclass(frozen=True)
-class _Job:
-    cfg: ProfileConfig
-    port: int
-    world: int
-    out: str
-    timeout_s: float
-
-
-def _worker(rank: int, job: _Job) -> None:
-    import torch.distributed as dist
-
-    init_rank(rank, job.world, master="127.0.0.1", port=job.port, timeout_s=job.timeout_s)
-    try:
-        raw = profile_rank(rank, job.world, job.cfg)
-        if raw is not None:
-            Path(job.out).write_text(json.dumps(raw))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
-def run_profile_local(
-    model: ModelSpec, data: DataSpec, cfg: ProfileConfig, *, nproc: int, workdir: str | os.PathLike[str]
-) -> Profile:
-    """Profile on `nproc` local gloo processes; the rank body is `profile_rank`."""
-    import torch.multiprocessing as mp
+def run_profile_local(cfg: ProfileConfig, *, nproc: int, workdir: str | os.PathLike[str]) -> Profile:
+    """Profile on `nproc` local gloo processes (the local launcher running a ProfileTask)."""
+    from orch.runtime.launch.base import LaunchError
+    from orch.runtime.launch.local import LocalLauncher
+    from orch.runtime.profile.task import ProfileTask
 
     if nproc < 1 or nproc % cfg.ranks_per_node:
         raise OrchError(f"--nproc {nproc}: must be a positive multiple of {cfg.ranks_per_node} ranks per node")
-    out = Path(workdir)
-    out.mkdir(parents=True, exist_ok=True)
-    raw_path = out / "profile-raw.json"
-    raw_path.unlink(missing_ok=True)
-    job = _Job(cfg, free_port(), nproc, str(raw_path), 300.0)
+    task = ProfileTask(cfg, str(workdir), nproc, device="cpu")
     try:
-        mp.start_processes(_worker, args=(job,), nprocs=nproc, join=True, start_method="spawn")
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as exc:
-        lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-        raise OrchError(f"profile rank {exc.error_index} failed: {lines[-1] if lines else exc}") from None
-    raw = json.loads(raw_path.read_text())
-    return build_profile(raw, model, cfg, nproc, "gloo")
+        profile: Profile = LocalLauncher(nproc).submit(task).result()
+    except LaunchError as exc:
+        raise OrchError(f"profile rank {exc.rank} failed: {exc.message}") from None
+    return profile
 
 
 __all__ = ["ProfileConfig", "build_profile", "profile_rank", "run_profile_local"]

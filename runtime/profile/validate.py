@@ -17,15 +17,13 @@ Under graph_1f1b an island's waits for the other island fall inside its module r
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orch.planner.errors import SpecError
 from orch.planner.plan import Plan
+from orch.runtime.metrics import StepRecord
 
 
 class PhaseRow(BaseModel):
@@ -50,38 +48,13 @@ class Validation(BaseModel):
     phases: list[PhaseRow] = Field(default_factory=list)
 
 
-def read_metrics(path: str | Path) -> list[dict[str, object]]:
-    p = Path(path)
-    if not p.is_file():
-        raise SpecError(str(path), "", "no such metrics file (expected WORKDIR/metrics.jsonl from `orch launch`)")
-    records = []
-    for i, line in enumerate(p.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SpecError(str(path), f"line {i}", f"not JSON ({exc.msg})") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("step_time_s"), int | float):
-            raise SpecError(str(path), f"line {i}", "expected a metrics record with a numeric step_time_s")
-        records.append(rec)
-    if not records:
-        raise SpecError(str(path), "", "no metrics records")
-    return records
-
-
 def _rel(pred: float, meas: float) -> float:
     return (pred - meas) / meas if meas > 0 else 0.0
 
 
-def _ranks_of(records: list[dict[str, object]]) -> list[dict[str, dict[str, float]]]:
+def _ranks_of(records: list[StepRecord]) -> list[dict[str, dict[str, float]]]:
     """Per step: rank -> its phase seconds."""
-    out = []
-    for rec in records:
-        ranks = rec.get("ranks")
-        if isinstance(ranks, dict) and ranks:
-            out.append({str(r): v for r, v in ranks.items() if isinstance(v, dict)})
-    return out
+    return [dict(rec.ranks) for rec in records if rec.ranks]
 
 
 def _over_ranks(
@@ -94,10 +67,10 @@ def _over_ranks(
     return [how([value(s.get(r, {})) for r in ranks]) for s in steps] if ranks else []
 
 
-def validate(plan: Plan, *runs: list[dict[str, object]]) -> Validation:
+def validate(plan: Plan, *runs: list[StepRecord]) -> Validation:
     """Compare the plan's prediction with one or more runs of it (their steps pooled)."""
     used = [rec for records in runs for rec in (records[1:] if len(records) > 1 else records)]
-    step_times = [float(r["step_time_s"]) for r in used]  # type: ignore[arg-type]
+    step_times = [r.step_time_s for r in used]
     measured = statistics.median(step_times)
     predicted = plan.predicted.step_time_s
     terms = plan.predicted.terms
@@ -176,4 +149,4 @@ def validate(plan: Plan, *runs: list[dict[str, object]]) -> Validation:
     )
 
 
-__all__ = ["PhaseRow", "Validation", "read_metrics", "validate"]
+__all__ = ["PhaseRow", "Validation", "validate"]

@@ -57,9 +57,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from orch.planner.balance.batch import LLM_PHASE, Batch, Mode, PhaseSpec
+from orch.planner.balance.batch import LLM_PHASE, Batch, PhaseSpec
 from orch.planner.balance.batch import Sample as BalanceSample
 from orch.planner.balance.dispatch import balance_batch
+from orch.planner.balance.mode import Mode
 from orch.planner.plan import Plan
 from orch.planner.routing import RouteTable
 from orch.planner.specs import DataSpec, ModelSpec, ModuleSpec

@@ -1,0 +1,170 @@
+"""Job records and states of Slurm jobs: what `orch status`, `orch logs` and `orch cancel` read. Torch-free.
+
+A small record per job (~/.orch/jobs/JOBID.json, or $ORCH_STATE_DIR/jobs) lets them find the workdir
+and the log folder; state comes from sacct (submitit reads it too), the latest step from metrics.jsonl
+(runtime/metrics.py), and a failed job's root cause from runtime/launch/diagnose.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from orch.planner.errors import OrchError
+from orch.planner.io import write_text_atomic
+from orch.runtime.launch.base import TERMINAL
+from orch.runtime.launch.failures import last_line
+from orch.runtime.metrics import last_record, metrics_path
+
+
+class JobRecord(BaseModel):
+    job_id: str
+    workdir: str
+    log_folder: str
+    world_size: int
+    steps: int
+    tasks_per_node: int | None = None  # None in records written before it was kept: world_size / nodes
+
+
+class Failure(BaseModel):
+    """Why a job failed. `kind`: "error" (a rank raised), "oom" (a rank ran out of memory: its allocator
+    refused, or Slurm killed its node's ranks over --mem) or "node_fail" (a node of the allocation died)."""
+
+    rank: int
+    error: str
+    log: str
+    kind: str = "error"
+    node: str | None = None
+    ranks: list[int] = []  # node_fail: the ranks that were on the failed node
+
+    @property
+    def summary(self) -> str:
+        if self.kind == "node_fail":
+            return self.error
+        return f"rank {self.rank} failed: {self.error}"
+
+
+class JobStatus(BaseModel):
+    job_id: str
+    state: str
+    elapsed: str = ""
+    exit_code: str = ""
+    nodes: str = ""  # the allocation's node list (Slurm's notation)
+    workdir: str
+    log_folder: str
+    step: int | None = None
+    loss: float | None = None
+    failure: Failure | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("ORCH_STATE_DIR") or Path.home() / ".orch") / "jobs"
+
+
+def log_path(record: JobRecord, rank: int, stream: str = "out") -> Path:
+    """submitit's per-task log: FOLDER/%j_%t_log.{out,err} (the folder is WORKDIR/slurm/%j)."""
+    return Path(record.log_folder) / f"{record.job_id}_{rank}_log.{stream}"
+
+
+def save_record(record: JobRecord) -> None:
+    write_text_atomic(state_dir() / f"{record.job_id}.json", record.model_dump_json(indent=2) + "\n")
+
+
+def load_record(job_id: str) -> JobRecord:
+    if not job_id.isdigit():
+        raise OrchError(f"{job_id!r} is not a Slurm job id")
+    path = state_dir() / f"{job_id}.json"
+    try:
+        return JobRecord.model_validate_json(path.read_text())
+    except FileNotFoundError:
+        raise OrchError(
+            f"job {job_id}: no record in {state_dir()} (submitted with `orch launch --executor slurm`?)"
+        ) from None
+
+
+def run_command(cmd: list[str], timeout: float = 20) -> str:
+    """A Slurm command's stdout; a command that is missing or hangs is an OrchError."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False).stdout
+    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
+        raise OrchError(f"{cmd[0]} did not answer: {exc}") from None
+
+
+class Accounting(BaseModel):
+    """The allocation's own sacct line (or squeue's, before accounting has it)."""
+
+    state: str = "UNKNOWN"
+    elapsed: str = ""
+    exit_code: str = ""
+    nodes: str = ""
+    start: str = ""
+    end: str = ""
+
+
+def accounting(job_id: str) -> Accounting:
+    """State, elapsed time, exit code, node list, start and end from sacct, else squeue, else UNKNOWN."""
+    fields = ["State", "Elapsed", "ExitCode", "NodeList", "Start", "End"]
+    lines = run_command(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", ",".join(fields)]).strip().splitlines()
+    if lines:
+        state, elapsed, code, nodes, start, end = [*lines[-1].split("|"), *[""] * 6][:6]
+        return Accounting(
+            state=state.split()[0] if state else "UNKNOWN",
+            elapsed=elapsed,
+            exit_code=code,
+            nodes="" if nodes == "None assigned" else nodes,
+            start=start,
+            end=end,
+        )
+    queued = run_command(["squeue", "-h", "-j", job_id, "-o", "%T|%M|%N"]).strip().splitlines()
+    if queued:
+        state, elapsed, nodes = [*queued[0].split("|"), "", ""][:3]
+        return Accounting(state=state, elapsed=elapsed, nodes=nodes)
+    return Accounting()
+
+
+def slurm_state(job_id: str) -> tuple[str, str, str]:
+    """(state, elapsed, exit code) of the allocation."""
+    acct = accounting(job_id)
+    return acct.state, acct.elapsed, acct.exit_code
+
+
+def job_status(job_id: str) -> JobStatus:
+    record = load_record(job_id)
+    acct = accounting(job_id)
+    status = JobStatus(
+        job_id=job_id,
+        state=acct.state,
+        elapsed=acct.elapsed,
+        exit_code=acct.exit_code,
+        nodes=acct.nodes,
+        workdir=record.workdir,
+        log_folder=record.log_folder,
+    )
+    last = last_record(metrics_path(record.workdir))
+    if last is not None:
+        status.step, status.loss = last.step, last.loss
+    if acct.state != "COMPLETED":
+        from orch.runtime.launch.diagnose import diagnose_failure
+
+        status.failure = diagnose_failure(record, acct)
+    return status
+
+
+def cancel(job_id: str) -> None:
+    load_record(job_id)
+    try:
+        done = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=20, check=False)
+    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
+        raise OrchError(f"scancel did not answer: {exc}") from None
+    if done.returncode != 0:
+        raise OrchError(f"scancel {job_id}: {last_line(done.stderr)}")
+
+
+__all__ = ["Accounting", "Failure", "JobRecord", "JobStatus", "accounting", "cancel", "job_status", "load_record"]

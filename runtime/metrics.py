@@ -1,0 +1,107 @@
+"""The metrics file of a run: WORKDIR/metrics.jsonl, one StepRecord per line, written by rank 0.
+
+A versioned pydantic model like every other file orch writes (`orch schema metrics`); `orch validate`,
+`orch status` and the launchers read lines back through `read_metrics`. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from orch.planner.errors import SpecError
+from orch.planner.io import write_text_atomic
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class StepRecord(BaseModel):
+    """One training step as the ranks measured it (the slowest rank's time is the step's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = 1
+    step: int = Field(ge=0, description="the step's index (0-based)")
+    loss: float = Field(description="the global loss: summed over the LLM's label tokens / their count")
+    tokens: int = Field(ge=0, description="label tokens of the global batch")
+    step_time_s: float = Field(ge=0, description="the slowest rank's step time")
+    setup_s: float = Field(default=0.0, ge=0, description="building the modules (first step of a launch only)")
+    ranks: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="rank -> phase -> seconds ('step': the rank's whole step)"
+    )
+    balance: dict[str, Any] = Field(
+        default_factory=dict, description="post-balancing: mode, per-phase costs and bytes, dispatcher seconds"
+    )
+    processed: dict[str, dict[str, dict[str, int]]] | None = Field(
+        default=None, description="rank -> module -> sample id -> tokens (tests' token counts; absent otherwise)"
+    )
+
+
+def metrics_path(workdir: str | Path) -> Path:
+    return Path(workdir) / METRICS_FILE
+
+
+def read_metrics(path: str | Path, *, missing_ok: bool = False) -> list[StepRecord]:
+    """Every record of a metrics file (at least one unless `missing_ok`); a bad line is a SpecError naming the
+    file, the line and the field."""
+    p = Path(path)
+    if not p.is_file():
+        if missing_ok:
+            return []
+        raise SpecError(str(path), "", "no such metrics file (expected WORKDIR/metrics.jsonl from `orch launch`)")
+    records = []
+    for i, line in enumerate(p.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SpecError(str(path), f"line {i}", f"not JSON ({exc.msg})") from None
+        try:
+            records.append(StepRecord.model_validate(raw))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(x) for x in err["loc"])
+            what = f"{where}: {err['msg'].lower()}" if where else err["msg"].lower()
+            raise SpecError(
+                str(path), f"line {i}", f"expected a metrics record (`orch schema metrics`): {what}"
+            ) from None
+    if not records and not missing_ok:
+        raise SpecError(str(path), "", "no metrics records")
+    return records
+
+
+def last_record(path: str | Path) -> StepRecord | None:
+    """The newest record, or None when the file is missing, empty or its last line is not a record yet."""
+    p = Path(path)
+    try:
+        lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
+    except OSError:
+        return None
+    if not lines:
+        return None
+    try:
+        return StepRecord.model_validate_json(lines[-1])
+    except ValidationError:
+        return None
+
+
+def append_record(path: str | Path, record: StepRecord) -> None:
+    """One line appended (rank 0 only; a line is written whole by one write call)."""
+    with open(path, "a") as f:
+        f.write(record.model_dump_json(exclude_none=True) + "\n")
+
+
+def truncate_after(path: str | Path, start: int) -> None:
+    """Keep the records of steps before `start` (a resumed run continues after its checkpoint); 0: remove."""
+    p = Path(path)
+    if start == 0:
+        p.unlink(missing_ok=True)
+        return
+    if not p.exists():
+        return
+    kept = [ln for ln in p.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] < start]
+    write_text_atomic(p, "".join(ln + "\n" for ln in kept))

@@ -1,0 +1,102 @@
+"""Which samples a rank runs for each module this step, their inputs moved to it, and its micro-batches.
+
+Unbalanced (`balance == none`): every rank builds its own samples' inputs from the seeded batch. Balanced:
+every world rank joins one all_to_all_single per module (an encoder's features; the LLM's text and label
+ids, to its first and last pipeline stage), from each sample's origin DP index to the dispatcher's.
+The profile (runtime/profile/bench.py) times the same routes through this class.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import torch
+
+from orch.planner.plan import Plan
+from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order
+from orch.runtime.models.reference import AUDIO_STEM_STRIDE, encoder_modality
+from orch.runtime.parallel.grid import Grid
+from orch.runtime.parallel.pipeline import MicroBatch
+from orch.runtime.parallel.transport import Route, move
+from orch.runtime.train.orchestrator import StepTables
+
+T = TypeVar("T")
+
+
+class InputRouter:
+    """One rank's view of where the step's samples are, per module (read-only over the step's tables)."""
+
+    def __init__(
+        self, plan: Plan, grids: dict[str, Grid], rank: int, world: int, device: torch.device, *, balanced: bool
+    ) -> None:
+        self.plan, self.model, self.grids = plan, plan.model, grids
+        self.rank, self.world, self.device, self.balanced = rank, world, device, balanced
+
+    def held(self, name: str, tables: StepTables, *, origin: bool = False) -> list[int]:
+        """Sample ids this rank's DP index of `name` holds (at the origin, or after balancing)."""
+        c = self.grids[name].coord(self.rank)
+        assert c is not None
+        where = tables.origin[name] if origin else tables.dest[name]
+        return [i for i, d in enumerate(where) if d == c.dp]
+
+    def inputs(
+        self, name: str, batch: GlobalBatch, tables: StepTables, dtype: torch.dtype, *, serves: bool
+    ) -> list[Sample]:
+        """The samples this rank runs for `name` (ascending ids), their inputs moved from their origin.
+
+        Collective when balanced: every world rank calls it for every module, in the same order.
+        """
+        if not self.balanced:
+            return [batch.sample(i, dtype, self.device) for i in self.held(name, tables)] if serves else []
+        grid, llm = self.grids[name], name == self.model.llm_name
+        if llm:
+            rows = batch.text_tokens
+            width, pack_dtype = 2, torch.int64
+        else:
+            audio = encoder_modality(name, self.model.modules[name]) == "audio"
+            rows = tuple(t[name] * (AUDIO_STEM_STRIDE if audio else 1) for t in batch.enc_tokens)
+            width, pack_dtype = self.model.modules[name].input_dim or 1, dtype
+        empty_x = torch.zeros(0, width, dtype=pack_dtype, device=self.device)
+        # The LLM's token ids go to its first pipeline stage and its labels to its last: one move per stage.
+        stages = sorted({0, grid.pp - 1}) if llm else [0]
+        coord = grid.coord(self.rank)
+        y = empty_x
+        for stage in stages:
+            x = empty_x
+            if coord is not None and coord.pp == stage:
+                here = [batch.sample(i, dtype, self.device) for i in self.held(name, tables, origin=True)]
+                parts = [torch.stack([s.text, s.labels], 1) if llm else s.feats[name] for s in here]
+                x = torch.cat(parts).to(pack_dtype) if parts else x
+            route = Route(tables.input_table(name), grid, grid, tuple(rows), src_stage=stage, dst_stage=stage)
+            got = move(x, route, self.rank, self.world)
+            if coord is not None and coord.pp == stage:
+                y = got
+        if not serves or (coord is not None and coord.pp not in stages):
+            return []
+        ids = self.held(name, tables)
+        empty = torch.zeros(0, dtype=torch.int64, device=self.device)
+        out = []
+        for i, part in zip(ids, y.split([rows[i] for i in ids]), strict=True):
+            out.append(Sample(i, {}, part[:, 0], part[:, 1]) if llm else Sample(i, {name: part}, empty, empty))
+        return out
+
+    def chunks(self, name: str, items: list[T]) -> list[list[T]]:
+        """`items` cut into the module's micro-batches (under EP every rank runs num_micro_batches, empty or not)."""
+        mp = self.plan.modules[name]
+        n = min(mp.num_micro_batches, max(1, len(items)))
+        size = -(-len(items) // n) if items else 0
+        chunks = [items[k : k + size] for k in range(0, len(items), size)] if items else [[]]
+        if mp.layout.ep > 1:  # EP all_to_alls: every rank runs num_micro_batches
+            chunks += [[] for _ in range(mp.num_micro_batches - len(chunks))]
+        return chunks
+
+    def micro_batches(self, name: str, ids: list[int], batch: GlobalBatch) -> list[MicroBatch]:
+        """A DP index's LLM micro-batches (the same on every stage: from the global lengths)."""
+        out = []
+        keep_empty = self.plan.modules[name].layout.ep > 1  # EP: every rank runs every micro-batch
+        for m, chunk in enumerate(c for c in self.chunks(name, ids) if c or keep_empty):
+            projected = [sum(batch.projected(e, i) for e in encoder_order(self.model)) for i in chunk]
+            text = [batch.text_tokens[i] for i in chunk]
+            seqlens = tuple(p + n for p, n in zip(projected, text, strict=True))
+            out.append(MicroBatch(m, tuple(chunk), seqlens, tuple(text)))
+        return out

@@ -1,0 +1,27 @@
+"""What the runtime cannot run yet, refused before any process starts."""
+
+from __future__ import annotations
+
+from orch.planner.errors import OrchError
+from orch.planner.plan import Plan
+from orch.runtime.parallel.expert import unsupported_ep
+
+
+class UnsupportedPlan(OrchError):
+    pass
+
+
+def check_supported(plan: Plan) -> None:
+    """Raise UnsupportedPlan for a layout the runtime cannot run (one line naming the plan field)."""
+    for name, mp in plan.modules.items():
+        if mp.layout.pp > 1 and name != plan.model.llm_name:
+            raise UnsupportedPlan(f"modules.{name}.layout.pp: {mp.layout.pp}: only the LLM runs pipeline stages")
+        layers = plan.model.modules[name].layers
+        if mp.layout.pp > layers:
+            raise UnsupportedPlan(f"modules.{name}.layout.pp: {mp.layout.pp} stages for {layers} layers")
+        why = unsupported_ep(name, mp, plan.model.modules[name].experts, name == plan.model.llm_name)
+        if why is not None:
+            raise UnsupportedPlan(why)
+    for e in plan.model.encoder_names:
+        if not any(edge.src == e and edge.dst == plan.model.llm_name for edge in plan.edges):
+            raise UnsupportedPlan(f"edges: no edge from {e} to {plan.model.llm_name}")

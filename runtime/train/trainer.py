@@ -1,0 +1,150 @@
+"""The training loop: the one every launcher runs and every distributed test drives.
+
+`TrainTask` is the launchers' task (runtime/launch/base.py): `prepare` (once, before the ranks start)
+trims metrics.jsonl back to the checkpoint the run resumes from and clears old failure records; `run`
+(every rank) is `Trainer.run`; `result` reads the StepRecords back.
+
+`Trainer.run`, on each rank: resume from the newest complete checkpoint of the workdir (or start at 0),
+build the rank's `TrainStep`, then per step: run it, gather every rank's phase times, rank 0 appends
+the step's record (runtime/metrics.py), save a checkpoint every `checkpoint_every` steps, and stop at a
+step boundary when the ranks agree on a stop request (Slurm's warning signal: runtime/preemption.py),
+having saved there. At the end, the Chrome trace of the measured phases (rank 0 writes it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orch.planner.plan import Plan
+from orch.planner.specs import DataSpec
+from orch.runtime.launch.failures import clear_failures
+from orch.runtime.metrics import StepRecord, append_record, metrics_path, read_metrics, truncate_after
+from orch.runtime.train.config import TrainConfig
+from orch.runtime.train.debug import DebugConfig
+
+if TYPE_CHECKING:
+    from orch.runtime.launch.rank import RankContext
+    from orch.runtime.train.step import StepMetrics
+
+
+def resume_step(workdir: str | Path, cfg: TrainConfig) -> int:
+    """Completed steps the run continues after: the newest complete checkpoint's (with `resume`), else 0."""
+    from orch.runtime.checkpoint import latest_step
+
+    return (latest_step(workdir) if cfg.resume else None) or 0
+
+
+@dataclass
+class TrainTask:
+    """Train `plan` for `cfg.steps` steps in `workdir` (a launcher's task)."""
+
+    plan: Plan
+    data: DataSpec
+    cfg: TrainConfig
+    workdir: str
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    timeout_s: float = 60.0
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.world_size
+
+    @property
+    def device(self) -> str:
+        return self.cfg.device
+
+    def prepare(self) -> None:
+        out = Path(self.workdir)
+        out.mkdir(parents=True, exist_ok=True)
+        truncate_after(metrics_path(out), resume_step(out, self.cfg))
+        clear_failures(out)
+
+    def run(self, ctx: RankContext) -> None:
+        Trainer(self.plan, self.data, self.cfg, self.workdir, ctx, self.debug).run()
+
+    def result(self) -> list[StepRecord]:
+        return read_metrics(metrics_path(self.workdir), missing_ok=True)
+
+
+class Trainer:
+    """One rank's run of a plan: the loop around `TrainStep` (module docstring)."""
+
+    def __init__(
+        self, plan: Plan, data: DataSpec, cfg: TrainConfig, workdir: str, ctx: RankContext, debug: DebugConfig
+    ) -> None:
+        self.plan, self.data, self.cfg, self.workdir, self.ctx, self.debug = plan, data, cfg, workdir, ctx, debug
+
+    def run(self) -> None:
+        import torch.distributed as dist
+
+        from orch.runtime import checkpoint
+        from orch.runtime.train.step import TrainStep
+        from orch.runtime.train.trace import RankTrace, write_trace
+
+        rank, world, cfg = self.ctx.env.rank, self.ctx.env.world, self.cfg
+        start = resume_step(self.workdir, cfg)
+        if start >= cfg.steps:
+            return
+        t = time.perf_counter()
+        step = TrainStep(self.plan, self.data, cfg, rank, world, self.ctx.device, self.debug)
+        if start > 0:
+            checkpoint.load(self.workdir, start, step.modules, step.optimizer)
+        setup_s = time.perf_counter() - t
+        trace = RankTrace(rank, time.perf_counter())  # setup ends in collectives: origins agree closely
+        for k in range(start, cfg.steps):
+            m = step.step(k)
+            trace.add(k, m.spans)
+            self._record(m, setup_s if k == start else 0.0)
+            saved = cfg.checkpoint_every > 0 and (k + 1) % cfg.checkpoint_every == 0
+            if saved:
+                checkpoint.save(self.workdir, k + 1, step.modules, step.optimizer)
+            if k + 1 < cfg.steps and self.ctx.preemption.agreed():
+                if not saved:
+                    checkpoint.save(self.workdir, k + 1, step.modules, step.optimizer)
+                self.ctx.preemption.mark_stopped(k + 1)
+                step.orch.close()
+                return
+        if cfg.trace is not None:
+            gathered: list[list[dict[str, object]]] | None = [[] for _ in range(world)] if rank == 0 else None
+            dist.gather_object(trace.events, gathered, dst=0)
+            if rank == 0:
+                assert gathered is not None
+                write_trace(cfg.trace, gathered, self.plan.placement.value)
+        step.finish()
+        dist.barrier()
+
+    def _record(self, m: StepMetrics, setup_s: float) -> None:
+        """Every rank's phase times to rank 0, which appends the step's record (collective)."""
+        import torch.distributed as dist
+
+        rank, world = self.ctx.env.rank, self.ctx.env.world
+        everyone: list[tuple[dict[str, float], dict[str, dict[int, int]]] | None] = [None] * world
+        dist.all_gather_object(everyone, ({**m.phases, "step": m.step_time_s}, m.processed))
+        if rank != 0:
+            return
+        times = [p[0] for p in everyone if p]
+        processed = None
+        if self.debug.count_tokens:
+            processed = {
+                str(r): {mod: {str(i): n for i, n in per.items()} for mod, per in p[1].items()}
+                for r, p in enumerate(everyone)
+                if p
+            }
+        record = StepRecord(
+            step=m.step,
+            loss=m.loss,
+            tokens=m.tokens,
+            step_time_s=max(p["step"] for p in times),
+            setup_s=setup_s,
+            ranks={str(r): p for r, p in enumerate(times)},
+            # Tables and bytes are the same on every rank (a deterministic dispatcher); dispatcher seconds are
+            # rank 0's.
+            balance=m.balance,
+            processed=processed,
+        )
+        append_record(metrics_path(self.workdir), record)
+        if self.ctx.log_steps:
+            print(f"orch: step {m.step} loss {m.loss:.6f}", flush=True)

@@ -1,0 +1,33 @@
+"""Running plans in the tests the way users do: the local launcher running the trainer's task."""
+
+from pathlib import Path
+
+from orch.runtime.launch.base import TaskSequence
+from orch.runtime.launch.local import LocalLauncher
+from orch.runtime.train.debug import DebugConfig
+from orch.runtime.train.trainer import TrainTask
+
+
+def train_local(plan, data, cfg, workdir, *, debug=None, timeout_s=60.0):
+    """`orch launch --executor local`'s path: one launch of `plan`; its StepRecords."""
+    task = TrainTask(plan, data, cfg, str(workdir), debug or DebugConfig(), timeout_s)
+    return LocalLauncher().submit(task).result()
+
+
+def train_tasks(plans: dict, data, cfg, out: Path, *, debug=None, extra=()):
+    """One TrainTask per (name, plan) in out/<name>, each dumping its tensors there, plus `extra` tasks,
+    all in ONE launch (a TaskSequence: one process group); name -> StepRecords.
+
+    Process start-up and the gloo rendezvous, not the plans, dominated the time when every plan was
+    a launch of its own.
+    """
+    debug = debug or DebugConfig()
+    tasks = {}
+    for name, plan in plans.items():
+        workdir = Path(out) / name
+        workdir.mkdir(parents=True, exist_ok=True)
+        dump = DebugConfig(dump_dir=str(workdir), count_tokens=debug.count_tokens)
+        c = cfg[name] if isinstance(cfg, dict) else cfg
+        tasks[name] = TrainTask(plan, data, c, str(workdir), dump, timeout_s=120.0)
+    results = LocalLauncher().submit(TaskSequence([*tasks.values(), *extra])).result()
+    return dict(zip(tasks, results, strict=False))
