@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 from orch.planner.balance.batch import PhaseSpec
 from orch.planner.balance.cost import build_phase_arrays, lower_bound, moved_bytes, rank_costs, rank_tokens
 from orch.planner.balance.greedy import lpt
+from orch.planner.balance.orch_padded import orch_padded
+from orch.planner.balance.orch_unpadded import orch_unpadded, repair
 from orch.planner.balance.padded import (
     _blocks,
     _jumps,
@@ -22,7 +24,8 @@ from orch.planner.balance.padded import (
     run_capacity,
     step_limits,
 )
-from orch.planner.balance.topology import SLACK, orch_padded, orch_unpadded, refill_padded, repair
+from orch.planner.balance.refill import refill_padded
+from orch.planner.balance.topology import SLACK
 
 PADDED = PhaseSpec(linear=1.0, quadratic=1 / 8192, padded=True)
 QUAD = PhaseSpec(linear=1.0, quadratic=1 / 4096)

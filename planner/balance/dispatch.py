@@ -24,9 +24,10 @@ from orch.planner.balance.cost import (
     rank_tokens,
 )
 from orch.planner.balance.greedy import exchange_under_cap, improve, lpt
+from orch.planner.balance.orch_padded import orch_padded
+from orch.planner.balance.orch_unpadded import orch_unpadded
 from orch.planner.balance.padded import optimal_cap, padded_runs
 from orch.planner.balance.paper import paper
-from orch.planner.balance.topology import orch_padded, orch_unpadded
 from orch.planner.errors import InfeasibleError, SpecError
 
 

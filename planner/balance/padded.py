@@ -9,7 +9,7 @@ then finish exactly over the candidates left in the last interval.
 
 `--mode orch` needs less: a cap within (1 + slack) of the optimum (near_optimal_cap, a bracket
 search that walks only the runs' leaders, greedy_starts), and each node's own greedy runs
-(node_runs) to keep samples at home (topology.orch_padded).
+(node_runs) to keep samples at home (orch_padded.py).
 """
 
 from __future__ import annotations
