@@ -33,7 +33,7 @@ import numpy as np
 from orch.planner.balance.batch import LLM_PHASE, Mode, PhaseSpec
 from orch.planner.balance.cost import PhaseArrays, build_phase_arrays, lower_bound, moved_bytes, rank_costs
 from orch.planner.balance.dispatch import dispatch_phase
-from orch.planner.balance.greedy import karmarkar_karp
+from orch.planner.research.karmarkar_karp import karmarkar_karp
 
 PHASES = {
     "vision": PhaseSpec(linear=1.0, quadratic=1 / 4096),

@@ -3,7 +3,7 @@
 For the audio (padded) phase of bench_balance.py's batches, at C = the exact padded optimum ×
 (1 + slack) (default SLACK, the loosest cap orch may use: near_optimal_cap returns at most that),
 every assignment whose ranks all cost <= C sends at least `bound` bytes across nodes. The relaxation
-and why it is one are in orch.planner.balance.cross_bound: a rank whose longest sample has length
+and why it is one are in orch.planner.research.cross_bound: a rank whose longest sample has length
 class c has k[c] = floor(C / cost(class's shortest length)) places for samples of class <= c; each
 node keeps what it can on its own R ranks (exact over integer rank classes), and covering rows couple
 the nodes (for every class t: places of class >= t not taken by their node's own samples, plus the
@@ -44,15 +44,15 @@ from bench_balance import MIXES, SIZES, make_batch
 
 from orch.planner.balance.batch import Mode
 from orch.planner.balance.cost import PhaseArrays, moved_bytes, rank_costs
-from orch.planner.balance.cross_bound import (
+from orch.planner.balance.dispatch import dispatch_phase
+from orch.planner.balance.padded import desc_order, optimal_cap
+from orch.planner.balance.topology import SLACK
+from orch.planner.research.cross_bound import (
     BoundEval,
     PaddedBoundModel,
     build_padded_bound_model,
     evaluate_bound,
 )
-from orch.planner.balance.dispatch import dispatch_phase
-from orch.planner.balance.padded import desc_order, optimal_cap
-from orch.planner.balance.topology import SLACK
 
 SMOOTHING = 0.7  # next prices: this share of the best prices so far, the rest the master's duals
 ISSUE_CASES = [

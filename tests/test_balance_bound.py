@@ -1,4 +1,4 @@
-"""The certified lower bound on a padded phase's inter-node bytes (planner/balance/cross_bound.py).
+"""The certified lower bound on a padded phase's inter-node bytes (planner/research/cross_bound.py).
 
 Its value must never exceed what any assignment under the cap sends: checked against brute force
 on small batches and against orch and paper on larger ones, for π = 0 and for random prices.
@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from orch.planner.balance.batch import PhaseSpec
 from orch.planner.balance.cost import build_phase_arrays, moved_bytes, rank_costs, sample_costs
-from orch.planner.balance.cross_bound import build_padded_bound_model, evaluate_bound, padded_cross_bound
 from orch.planner.balance.orch_padded import orch_padded
 from orch.planner.balance.padded import desc_order, optimal_cap
 from orch.planner.balance.paper import paper
 from orch.planner.balance.topology import SLACK
+from orch.planner.research.cross_bound import build_padded_bound_model, evaluate_bound, padded_cross_bound
 
 PADDED = PhaseSpec(linear=1.0, quadratic=0.0, padded=True)
 PADDED_Q = PhaseSpec(linear=1.0, quadratic=1 / 64, padded=True, constant=2.0)

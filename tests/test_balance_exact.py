@@ -9,10 +9,11 @@ from hypothesis import strategies as st
 
 from orch.planner.balance.batch import PhaseSpec
 from orch.planner.balance.cost import build_phase_arrays, lower_bound, rank_costs
-from orch.planner.balance.greedy import karmarkar_karp, lpt, lpt_rounds
+from orch.planner.balance.greedy import lpt, lpt_rounds
 from orch.planner.balance.orch_unpadded import orch_unpadded
 from orch.planner.balance.padded import optimal_cap, padded_runs
 from orch.planner.balance.topology import SLACK
+from orch.planner.research.karmarkar_karp import karmarkar_karp
 
 
 def _phase(lengths, origin, num_ranks, rpn, spec):

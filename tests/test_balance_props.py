@@ -264,3 +264,13 @@ def test_a_cap_met_where_samples_were_drawn_never_fails_and_still_balances():
         # one long sample against several short ones of the same total: 8.2% over the bound before, 1.5% after
         assert r.max_cost < drawn
         assert r.max_cost <= r.lower_bound * 1.02
+
+
+def test_the_dispatcher_imports_no_research_code():
+    """planner/research (the certified bound, Karmarkar–Karp) stays off the dispatcher's import path."""
+    from pathlib import Path
+
+    import orch.planner.balance
+
+    for path in Path(orch.planner.balance.__file__).parent.glob("*.py"):
+        assert "orch.planner.research" not in path.read_text(), path.name
