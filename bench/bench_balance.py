@@ -149,11 +149,11 @@ def run_case(mix: str, num_ranks: int, per_rank: int, repeat: int, skip_kk_above
                 dest = _dest(ph, mode)
                 times.append(time.perf_counter() - start)
             costs = rank_costs(ph, dest)
-            inter, intra = moved_bytes(ph, dest)
+            moved = moved_bytes(ph.origin, dest, ph.bytes, ph.ranks_per_node)
             row[mode] = {
                 "max_over_lb": float(costs.max() / lb) if lb > 0 else 1.0,
-                "inter_frac": inter / total_bytes if total_bytes else 0.0,
-                "intra_frac": intra / total_bytes if total_bytes else 0.0,
+                "inter_frac": moved.inter / total_bytes if total_bytes else 0.0,
+                "intra_frac": moved.intra / total_bytes if total_bytes else 0.0,
                 "seconds": statistics.median(times),
             }
         rows.append(row)

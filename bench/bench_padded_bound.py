@@ -179,7 +179,7 @@ def run_case(mix: str, num_ranks: int, per_rank: int, slack: float, classes: int
     for mode in (Mode.ORCH, Mode.PAPER):
         dest = dispatch_phase(ph, mode)
         dests[mode] = dest
-        row[f"{mode.value}_inter"] = moved_bytes(ph, dest)[0] / total
+        row[f"{mode.value}_inter"] = moved_bytes(ph.origin, dest, ph.bytes, ph.ranks_per_node).inter / total
         row[f"{mode.value}_max_over_opt"] = float(rank_costs(ph, dest).max()) / opt
     model = build_padded_bound_model(ph, cap, classes)
     row["classes"] = int(model.lo.size)

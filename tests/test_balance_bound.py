@@ -86,7 +86,7 @@ def test_bound_is_tight_where_a_node_must_export():
     assert _optimum(ph) == 20.0
     assert padded_cross_bound(ph, 20.0) == 1.0
     assert _brute_force(ph, 20.0) == 1.0
-    assert moved_bytes(ph, orch_padded(ph))[0] >= 1
+    assert moved_bytes(ph.origin, orch_padded(ph), ph.bytes, ph.ranks_per_node).inter >= 1
 
 
 @settings(max_examples=25, deadline=None)
@@ -101,7 +101,7 @@ def test_bound_below_orch_and_paper(seed, rpn, data):
     cap = _optimum(ph) * (1 + SLACK)
     orch = orch_padded(ph)
     assert rank_costs(ph, orch).max() <= cap * (1 + 1e-9)  # orch stays under the cap the bound is taken at
-    sent = min(moved_bytes(ph, orch)[0], moved_bytes(ph, paper(ph))[0])
+    sent = min(moved_bytes(ph.origin, d, ph.bytes, ph.ranks_per_node).inter for d in (orch, paper(ph)))
     model = build_padded_bound_model(ph, cap)
     assert evaluate_bound(model).bound <= sent + 1e-6
     for _ in range(4):

@@ -114,7 +114,7 @@ def analyze(
             for name, o in outcomes.items():
                 ph = arrays[name]
                 local = o.dest[ph.ids]
-                inter, _ = moved_bytes(ph, local)
+                inter = moved_bytes(ph.origin, local, ph.bytes, ph.ranks_per_node).inter
                 total = float(ph.bytes.sum()) or 1.0
                 a = acc[name][mode.value]
                 a[0] += float(o.costs.max(initial=0.0))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -114,10 +115,23 @@ def lower_bound(ph: PhaseArrays) -> float:
     return float(max(ph.costs.sum() / ph.num_ranks, ph.costs.max()))
 
 
-def moved_bytes(ph: PhaseArrays, dest: IntArray) -> tuple[int, int]:
-    """(inter-node, intra-node) bytes of the samples whose rank changes."""
-    moved = dest != ph.origin
-    cross = moved & (dest // ph.ranks_per_node != ph.origin // ph.ranks_per_node)
-    inter = int(ph.bytes[cross].sum())
-    intra = int(ph.bytes[moved & ~cross].sum())
-    return inter, intra
+class MovedBytes(NamedTuple):
+    """Bytes of the samples that change rank, by the link they take. Read them by name.
+
+    As a tuple, inter-node bytes come first: comparing two MovedBytes prefers fewer bytes across
+    nodes (the slow link), then fewer inside a node (refill_padded keeps the one that moves fewer).
+    """
+
+    inter: int  # samples that change node
+    intra: int  # samples that change rank inside their node
+
+
+def moved_bytes(src: IntArray, dst: IntArray, nbytes: IntArray, per_node: int) -> MovedBytes:
+    """Bytes of the samples whose rank changes from src[i] to dst[i]; rank r is on node r // per_node.
+
+    The dispatcher passes a phase's DP indices (ph.origin, its dest, ph.bytes, ph.ranks_per_node);
+    the runtime passes the global ranks of the DP leaders that send and receive, and GPUs per node.
+    """
+    moved = dst != src
+    cross = moved & (dst // per_node != src // per_node)
+    return MovedBytes(inter=int(nbytes[cross].sum()), intra=int(nbytes[moved & ~cross].sum()))

@@ -121,8 +121,8 @@ def check_token_caps(ph: PhaseArrays, source: str) -> None:
 def outcome(ph: PhaseArrays, local_dest: IntArray, origin: IntArray, seconds: float) -> PhaseOutcome:
     dest = origin.copy()
     dest[ph.ids] = local_dest
-    inter, intra = moved_bytes(ph, local_dest)
-    return PhaseOutcome(dest, rank_costs(ph, local_dest), lower_bound(ph), inter, intra, seconds)
+    moved = moved_bytes(ph.origin, local_dest, ph.bytes, ph.ranks_per_node)
+    return PhaseOutcome(dest, rank_costs(ph, local_dest), lower_bound(ph), moved.inter, moved.intra, seconds)
 
 
 def balance_arrays(phases: dict[str, PhaseArrays], origin: IntArray, mode: Mode) -> dict[str, PhaseOutcome]:

@@ -42,8 +42,8 @@ def refill_padded(
     n, num_ranks, num_nodes = ph.n, ph.num_ranks, ph.num_nodes
     if n == 0 or num_nodes == 0:
         return dest
-    before = moved_bytes(ph, dest)
-    if before[0] <= min_cross * float(ph.bytes.sum()):
+    before = moved_bytes(ph.origin, dest, ph.bytes, ph.ranks_per_node)
+    if before.inter <= min_cross * float(ph.bytes.sum()):
         return dest  # the runs keep nearly every byte on its node already: not worth the re-deal's time
     tokens = ph.spec.max_tokens
     count = np.bincount(dest, minlength=num_ranks)
@@ -73,7 +73,8 @@ def refill_padded(
     # the classes dealt to the nodes whose samples fill them most, else the ranks' own classes
     for profile in (_classes_to_nodes(ph, k_rank, classes, cls, by_bytes), k_rank):
         out = _redeal(ph, profile, classes, cls, by_bytes, cap)
-        if out is not None and moved_bytes(ph, out) < before:
+        # fewer bytes across nodes, then inside them (MovedBytes compares inter first)
+        if out is not None and moved_bytes(ph.origin, out, ph.bytes, ph.ranks_per_node) < before:
             return out
     return dest
 

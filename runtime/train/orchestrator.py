@@ -59,6 +59,7 @@ import torch.distributed as dist
 
 from orch.planner.balance.batch import LLM_PHASE, Batch, Mode, PhaseSpec
 from orch.planner.balance.batch import Sample as BalanceSample
+from orch.planner.balance.cost import MovedBytes, moved_bytes
 from orch.planner.balance.dispatch import balance_batch
 from orch.planner.plan import Plan
 from orch.planner.routing import RouteTable
@@ -416,25 +417,29 @@ class Orchestrator:
         """The step's metrics: per phase max/mean cost (before and after) and the bytes its inputs
         moved inside and across nodes (forward; the backward moves the same bytes back), and the
         dispatcher's seconds, total and hidden behind the previous step's compute."""
-        rpn, llm = self.plan.ranks_per_node, self.model.llm_name
+        gpn, llm = self.plan.ranks_per_node, self.model.llm_name
         balanced = self.mode != Mode.NONE
         out: dict[str, object] = {}
         llm_intra = llm_inter = 0
         for e in encoder_order(self.model):
             grid = self.grids[e]
-            intra = inter = 0
+            moved = MovedBytes(inter=0, intra=0)
             if balanced:
                 feats = self._bytes(e, [batch.enc_tokens[i][e] for i in range(batch.size)])
-                intra, inter = moved_bytes(t.input_table(e), grid, grid, feats, rpn)
-            out[phase_name(self.model, e)] = {**t.stats[e], "intra_node_bytes": intra, "inter_node_bytes": inter}
+                moved = _leader_bytes(t.input_table(e), grid, grid, feats, gpn)
+            out[phase_name(self.model, e)] = {
+                **t.stats[e],
+                "intra_node_bytes": moved.intra,
+                "inter_node_bytes": moved.inter,
+            }
             table = t.boundary_table(e)  # the unbalanced boundary when nothing is balanced
             rows = [batch.projected(e, i) * self.model.llm.hidden * self.elem_bytes for i in range(batch.size)]
-            a, b = moved_bytes(table, grid, self.grids[llm], rows, rpn)
-            llm_intra, llm_inter = llm_intra + a, llm_inter + b
+            moved = _leader_bytes(table, grid, self.grids[llm], rows, gpn)
+            llm_intra, llm_inter = llm_intra + moved.intra, llm_inter + moved.inter
         if balanced:
             text = [2 * n * 8 for n in batch.text_tokens]  # token and label ids, int64
-            a, b = moved_bytes(t.input_table(llm), self.grids[llm], self.grids[llm], text, rpn)
-            llm_intra, llm_inter = llm_intra + a, llm_inter + b
+            moved = _leader_bytes(t.input_table(llm), self.grids[llm], self.grids[llm], text, gpn)
+            llm_intra, llm_inter = llm_intra + moved.intra, llm_inter + moved.inter
         out[LLM_PHASE] = {**t.stats[LLM_PHASE], "intra_node_bytes": llm_intra, "inter_node_bytes": llm_inter}
         out["dispatcher_s"] = t.seconds
         out["dispatcher_hidden_s"] = t.hidden_s
@@ -450,20 +455,15 @@ def _with_wait(t: StepTables, waited: float) -> StepTables:
     return StepTables(t.step, t.origin, t.dest, t.dp, t.llm, t.stats, t.seconds, waited)
 
 
-def moved_bytes(
-    table: RouteTable, src: Grid, dst: Grid, sample_bytes: list[int], ranks_per_node: int
-) -> tuple[int, int]:
-    """(inside a node, across nodes) bytes of one move: leader to leader, a rank to itself is free."""
-    intra = inter = 0
-    for i, nbytes in enumerate(sample_bytes):
-        a, b = src.leader(table.src[i]), dst.leader(table.dst[i])
-        if a == b or nbytes == 0:
-            continue
-        if a // ranks_per_node == b // ranks_per_node:
-            intra += nbytes
-        else:
-            inter += nbytes
-    return intra, inter
+def _leader_bytes(table: RouteTable, src: Grid, dst: Grid, sample_bytes: list[int], gpus_per_node: int) -> MovedBytes:
+    """Bytes of one move by link: from the source DP index's leader to the destination's (the
+    transport's leader-to-leader move); a rank sending to itself moves nothing."""
+    return moved_bytes(
+        np.array([src.leader(d) for d in table.src], dtype=np.int64),
+        np.array([dst.leader(d) for d in table.dst], dtype=np.int64),
+        np.array(sample_bytes, dtype=np.int64),
+        gpus_per_node,
+    )
 
 
 __all__ = [
@@ -473,6 +473,5 @@ __all__ = [
     "calibration_shapes",
     "cost_coefficients",
     "longest_sample",
-    "moved_bytes",
     "shared_calibration",
 ]
