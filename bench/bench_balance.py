@@ -85,7 +85,7 @@ QUICK_SIZES = [(16, 8), (64, 16), (256, 16)]
 MODES = ("none", "lpt", "kk", "paper", "orch")
 
 
-def make_batch(mix: str, num_ranks: int, per_rank: int, ranks_per_node: int = 8, seed: int = 0):
+def make_batch(mix: str, num_ranks: int, per_rank: int, dp_per_node: int = 8, seed: int = 0):
     """Phase arrays of one random global batch: per_rank samples on each rank, as DP sampling gives."""
     rng = np.random.default_rng(seed)
     tasks = MIXES[mix]
@@ -104,7 +104,7 @@ def make_batch(mix: str, num_ranks: int, per_rank: int, ranks_per_node: int = 8,
             draw = mean * np.exp(rng.normal(-(task.sigma**2) / 2, task.sigma, size=sel.size))
             lengths[sel] = np.clip(np.rint(draw), 1, cap).astype(np.int64)
         bytes_ = lengths * BYTES_PER_TOKEN[name]
-        phases[name] = build_phase_arrays(name, spec, lengths, origin, bytes_, num_ranks, ranks_per_node)
+        phases[name] = build_phase_arrays(name, spec, lengths, origin, bytes_, num_ranks, dp_per_node)
     return phases, origin
 
 
@@ -149,7 +149,7 @@ def run_case(mix: str, num_ranks: int, per_rank: int, repeat: int, skip_kk_above
                 dest = _dest(ph, mode)
                 times.append(time.perf_counter() - start)
             costs = rank_costs(ph, dest)
-            moved = moved_bytes(ph.origin, dest, ph.bytes, ph.ranks_per_node)
+            moved = moved_bytes(ph.origin, dest, ph.bytes, ph.dp_per_node)
             row[mode] = {
                 "max_over_lb": float(costs.max() / lb) if lb > 0 else 1.0,
                 "inter_frac": moved.inter / total_bytes if total_bytes else 0.0,

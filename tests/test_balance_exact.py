@@ -16,10 +16,10 @@ from orch.planner.balance.topology import SLACK
 from orch.planner.research.karmarkar_karp import karmarkar_karp
 
 
-def _phase(lengths, origin, num_ranks, rpn, spec):
+def _phase(lengths, origin, num_ranks, dpn, spec):
     lengths = np.array(lengths, dtype=np.int64)
     origin = np.array(origin, dtype=np.int64)
-    return build_phase_arrays("p", spec, lengths, origin, lengths * 10, num_ranks, rpn)
+    return build_phase_arrays("p", spec, lengths, origin, lengths * 10, num_ranks, dpn)
 
 
 def _brute(ph):

@@ -34,20 +34,20 @@ PADDED_C = PADDED.model_copy(update={"constant": 300.0})
 QUAD_C = QUAD.model_copy(update={"constant": 300.0})
 
 
-def _phase(lengths, origin, num_ranks, rpn, spec):
+def _phase(lengths, origin, num_ranks, dpn, spec):
     lengths = np.array(lengths, dtype=np.int64)
     origin = np.array(origin, dtype=np.int64)
-    return build_phase_arrays("p", spec, lengths, origin, lengths * 10, num_ranks, rpn)
+    return build_phase_arrays("p", spec, lengths, origin, lengths * 10, num_ranks, dpn)
 
 
 def _moved(ph, dest):
-    return moved_bytes(ph.origin, dest, ph.bytes, ph.ranks_per_node)
+    return moved_bytes(ph.origin, dest, ph.bytes, ph.dp_per_node)
 
 
 @st.composite
 def phases(draw, spec, max_tokens=False):
-    rpn = draw(st.integers(1, 4))
-    num_ranks = rpn * draw(st.integers(1, 4))
+    dpn = draw(st.integers(1, 4))
+    num_ranks = dpn * draw(st.integers(1, 4))
     n = draw(st.integers(1, 60))
     # a long tail and many exact repeats (clipped lengths), as real batches have
     lengths = draw(st.lists(st.one_of(st.integers(1, 3000), st.sampled_from([576, 2304])), min_size=n, max_size=n))
@@ -57,7 +57,7 @@ def phases(draw, spec, max_tokens=False):
         spec = spec.model_copy(
             update={"max_tokens": padded if spec.padded else max(lengths) + -(-sum(lengths) // num_ranks)}
         )
-    return _phase(lengths, origin, num_ranks, rpn, spec)
+    return _phase(lengths, origin, num_ranks, dpn, spec)
 
 
 @settings(max_examples=60, deadline=None)
@@ -95,7 +95,7 @@ def test_near_optimal_cap_is_feasible_and_within_slack(ph):
 @settings(max_examples=60, deadline=None)
 @given(phases(PADDED))
 def test_node_runs_stay_in_their_node_and_under_the_cap(ph):
-    node = ph.origin // ph.ranks_per_node
+    node = ph.origin // ph.dp_per_node
     cap = float(ph.costs.max()) * 1.7
     runs, run_node, fill = node_runs(ph.costs, ph.lengths, node, ph.num_nodes, cap, None)
     assert (run_node[runs] == node).all()
@@ -144,14 +144,14 @@ def test_padded_node_keeps_its_samples_when_they_fit():
 def test_capped_unpadded_keeps_bytes_on_node_when_lpt_sets_the_cap():
     # equal coarse samples: the bound (the mean) is out of reach, LPT's max sets the cap
     rng = np.random.default_rng(3)
-    num_ranks, rpn = 64, 8
+    num_ranks, dpn = 64, 8
     lengths = np.where(rng.random(num_ranks * 4) < 0.7, 576, 2304)
     origin = np.repeat(np.arange(num_ranks), 4)
-    ph = _phase(lengths, origin, num_ranks, rpn, QUAD)
+    ph = _phase(lengths, origin, num_ranks, dpn, QUAD)
     dest = orch_unpadded(ph)
     ref = lpt(ph.costs, num_ranks)
     assert float(rank_costs(ph, dest).max()) <= float(rank_costs(ph, ref).max()) * (1 + SLACK) * (1 + 1e-9)
-    cross = dest // rpn != ph.origin // rpn
+    cross = dest // dpn != ph.origin // dpn
     assert ph.bytes[cross].sum() < 0.5 * ph.bytes.sum()
 
 

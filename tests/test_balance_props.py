@@ -19,8 +19,8 @@ PHASES = {
 
 @st.composite
 def batches(draw, max_tokens=False, constant=False, runtime_cap=False):
-    rpn = draw(st.integers(1, 4))
-    num_ranks = rpn * draw(st.integers(1, 3))
+    dpn = draw(st.integers(1, 4))
+    num_ranks = dpn * draw(st.integers(1, 3))
     n = draw(st.integers(0, 30))
     length = st.one_of(st.just(0), st.integers(1, 3000))
     samples = []
@@ -47,7 +47,7 @@ def batches(draw, max_tokens=False, constant=False, runtime_cap=False):
             for smp in samples:
                 held[smp["origin"]] += smp["lengths"][p]
             phases[p]["max_tokens"] = max(1, *held)
-    return Batch.model_validate({"num_ranks": num_ranks, "ranks_per_node": rpn, "phases": phases, "samples": samples})
+    return Batch.model_validate({"num_ranks": num_ranks, "ranks_per_node": dpn, "phases": phases, "samples": samples})
 
 
 MODES = list(Mode)

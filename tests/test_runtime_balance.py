@@ -31,7 +31,7 @@ from orch.runtime.train.orchestrator import (
     StepTables,
     calibrate_module,
     cost_coefficients,
-    dp_ranks_per_node,
+    dp_per_node,
     lengths_columns,
 )
 from orch.runtime.train.single_process import run_reference
@@ -142,9 +142,9 @@ def test_calibration_is_a_per_sample_constant_and_a_pair_rate(specs):
 
 
 def test_dp_indices_per_node():
-    assert dp_ranks_per_node(Grid("m", 1, 1, 4, 1, (0, 1, 2, 3)), 2) == 2
-    assert dp_ranks_per_node(Grid("m", 2, 1, 2, 1, (0, 1, 2, 3)), 2) == 1  # one DP index per node
-    assert dp_ranks_per_node(Grid("m", 1, 1, 3, 1, (1, 2, 3)), 2) == 3  # uneven: one node for the dispatcher
+    assert dp_per_node(Grid("m", 1, 1, 4, 1, (0, 1, 2, 3)), 2) == 2
+    assert dp_per_node(Grid("m", 2, 1, 2, 1, (0, 1, 2, 3)), 2) == 1  # one DP index per node
+    assert dp_per_node(Grid("m", 1, 1, 3, 1, (1, 2, 3)), 2) == 3  # uneven: one node for the dispatcher
 
 
 @pytest.mark.parametrize("mode", ["orch", "paper", "lpt"])

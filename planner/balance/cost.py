@@ -29,7 +29,7 @@ class PhaseArrays:
     origin: IntArray
     bytes: IntArray
     num_ranks: int
-    ranks_per_node: int
+    dp_per_node: int
 
     @property
     def n(self) -> int:
@@ -37,7 +37,7 @@ class PhaseArrays:
 
     @property
     def num_nodes(self) -> int:
-        return self.num_ranks // self.ranks_per_node
+        return self.num_ranks // self.dp_per_node
 
 
 def sample_costs(lengths: npt.NDArray[np.int64], spec: PhaseSpec) -> FloatArray:
@@ -56,7 +56,7 @@ def build_phase_arrays(
     origin: IntArray,
     bytes_: IntArray,
     num_ranks: int,
-    ranks_per_node: int,
+    dp_per_node: int,
 ) -> PhaseArrays:
     """From full-batch columns (one entry per sample) keep the samples present in the phase."""
     ids = np.flatnonzero(lengths > 0).astype(np.int64)
@@ -70,7 +70,7 @@ def build_phase_arrays(
         origin=origin[ids].astype(np.int64),
         bytes=bytes_[ids].astype(np.int64),
         num_ranks=num_ranks,
-        ranks_per_node=ranks_per_node,
+        dp_per_node=dp_per_node,
     )
 
 
@@ -129,7 +129,7 @@ class MovedBytes(NamedTuple):
 def moved_bytes(src: IntArray, dst: IntArray, nbytes: IntArray, per_node: int) -> MovedBytes:
     """Bytes of the samples whose rank changes from src[i] to dst[i]; rank r is on node r // per_node.
 
-    The dispatcher passes a phase's DP indices (ph.origin, its dest, ph.bytes, ph.ranks_per_node);
+    The dispatcher passes a phase's DP indices (ph.origin, its dest, ph.bytes, ph.dp_per_node);
     the runtime passes the global ranks of the DP leaders that send and receive, and GPUs per node.
     """
     moved = dst != src

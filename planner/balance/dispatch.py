@@ -74,9 +74,7 @@ def dispatch_phase(ph: PhaseArrays, mode: Mode) -> IntArray:
             raise
         if ph.spec.padded:
             return ph.origin.copy()
-        moved = improve(
-            ph.costs, ph.origin, ph.num_ranks, ph.ranks_per_node, lower_bound(ph), lengths=ph.lengths, cap=cap
-        )
+        moved = improve(ph.costs, ph.origin, ph.num_ranks, ph.dp_per_node, lower_bound(ph), lengths=ph.lengths, cap=cap)
         return exchange_under_cap(ph.costs, ph.lengths, moved, ph.num_ranks, cap)
 
 
@@ -121,7 +119,7 @@ def check_token_caps(ph: PhaseArrays, source: str) -> None:
 def outcome(ph: PhaseArrays, local_dest: IntArray, origin: IntArray, seconds: float) -> PhaseOutcome:
     dest = origin.copy()
     dest[ph.ids] = local_dest
-    moved = moved_bytes(ph.origin, local_dest, ph.bytes, ph.ranks_per_node)
+    moved = moved_bytes(ph.origin, local_dest, ph.bytes, ph.dp_per_node)
     return PhaseOutcome(dest, rank_costs(ph, local_dest), lower_bound(ph), moved.inter, moved.intra, seconds)
 
 
@@ -151,7 +149,7 @@ def batch_phase_arrays(batch: Batch) -> tuple[dict[str, PhaseArrays], IntArray]:
     origin = np.zeros(0, dtype=np.int64)
     for name, spec in batch.phases.items():
         lengths, origin, bytes_ = batch_columns(batch, name)
-        phases[name] = build_phase_arrays(name, spec, lengths, origin, bytes_, batch.num_ranks, batch.ranks_per_node)
+        phases[name] = build_phase_arrays(name, spec, lengths, origin, bytes_, batch.num_ranks, batch.dp_per_node)
     if not batch.phases:
         origin = np.array([s.origin for s in batch.samples], dtype=np.int64)
     return phases, origin

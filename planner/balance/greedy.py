@@ -152,7 +152,7 @@ def improve(
     costs: FloatArray,
     dest: IntArray,
     num_ranks: int,
-    ranks_per_node: int,
+    dp_per_node: int,
     target: float,
     lengths: IntArray | None = None,
     cap: int | None = None,
@@ -180,8 +180,8 @@ def improve(
         mine = np.flatnonzero(dest == top)
         c = costs[mine]
         best: tuple[float, int, int, int] | None = None  # (new pair max, sample, to rank, swapped sample or -1)
-        node = top // ranks_per_node
-        local = node * ranks_per_node + int(np.argmin(loads[node * ranks_per_node : (node + 1) * ranks_per_node]))
+        node = top // dp_per_node
+        local = node * dp_per_node + int(np.argmin(loads[node * dp_per_node : (node + 1) * dp_per_node]))
         far = int(np.argmin(loads))
         for t in (local, far):
             if t == top:

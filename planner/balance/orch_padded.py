@@ -36,11 +36,11 @@ def orch_padded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
     (θ above every fill keeps nothing: the global runs, always feasible). Pool runs go to the nodes
     with free ranks by bytes; each node's runs are then matched to its ranks.
     """
-    n, num_ranks, rpn, num_nodes = ph.n, ph.num_ranks, ph.ranks_per_node, ph.num_nodes
+    n, num_ranks, dpn, num_nodes = ph.n, ph.num_ranks, ph.dp_per_node, ph.num_nodes
     if n == 0:
         return ph.origin.copy()
     costs, lengths, tokens = ph.costs, ph.lengths, ph.spec.max_tokens
-    node = ph.origin // rpn
+    node = ph.origin // dpn
     # longest first; equal lengths grouped by node, so that consecutive pool runs gather one node's samples
     gd = desc_order(lengths * num_nodes + (num_nodes - 1 - node))
     c_d, l_d = costs[gd], lengths[gd]
@@ -55,7 +55,7 @@ def orch_padded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
 
     def attempt(theta: float) -> tuple[np.ndarray, np.ndarray, list[int]] | None:
         # among a node's R fullest runs, those at least θ full stay
-        kept = (fill >= theta) & (rank_in_node < rpn)
+        kept = (fill >= theta) & (rank_in_node < dpn)
         pool = ~kept[local_d]
         starts = greedy_starts(c_d[pool].tolist(), steps[pool].tolist(), cap, num_ranks - int(kept.sum()))
         return None if starts is None else (kept, pool, starts)
@@ -86,7 +86,7 @@ def orch_padded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
         marks = np.zeros(pool_idx.size, dtype=np.int64)
         marks[np.array(starts, dtype=np.int64)] = 1
         pool_run = np.cumsum(marks) - 1
-        free_ranks = rpn - np.bincount(run_node, minlength=num_nodes)
+        free_ranks = dpn - np.bincount(run_node, minlength=num_nodes)
         pool_node = _runs_to_free_nodes(pool_run, node[pool_idx], ph.bytes[pool_idx], free_ranks, len(starts))
         run_of[pool_idx] = kept_ids.size + pool_run
         run_node = np.concatenate([run_node, pool_node])

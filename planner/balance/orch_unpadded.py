@@ -181,7 +181,7 @@ def _place_leftovers(
 
 
 def _best_fit_in_nodes(
-    items: IntArray, node_of: IntArray, origin: IntArray, rpn: int, costs: FloatArray, lengths: IntArray,
+    items: IntArray, node_of: IntArray, origin: IntArray, dpn: int, costs: FloatArray, lengths: IntArray,
     room: FloatArray, token_room: FloatArray, dest: IntArray, pos: IntArray,
 ) -> IntArray:  # fmt: skip
     """Best fit decreasing inside each node, all nodes at once: per round every node places its largest
@@ -194,12 +194,12 @@ def _best_fit_in_nodes(
     nodes = g[first]
     ptr = first.copy()
     end = np.append(first[1:], p.size)
-    room2 = room.reshape(-1, rpn)
-    troom2 = token_room.reshape(-1, rpn)
+    room2 = room.reshape(-1, dpn)
+    troom2 = token_room.reshape(-1, dpn)
     tol = 1e-9 * max(float(np.abs(room).max(initial=1.0)), 1.0)
     # per item, gathered once: cost, tokens, and its own rank inside the node (-1: another node)
     c_all, l_all = costs[p], lengths[p]
-    own_all = np.where(origin[p] // rpn == g, origin[p] % rpn, -1)
+    own_all = np.where(origin[p] // dpn == g, origin[p] % dpn, -1)
     unplaced = []
     active = np.arange(nodes.size)
     while active.size:
@@ -216,7 +216,7 @@ def _best_fit_in_nodes(
         j = np.argmin(score, axis=1)
         ok = score[np.arange(j.size), j] < np.inf
         it = p[k]
-        to = m[ok] * rpn + j[ok]
+        to = m[ok] * dpn + j[ok]
         dest[it[ok]] = to
         room[to] -= c[ok]
         token_room[to] -= ln[ok]
@@ -228,18 +228,18 @@ def _best_fit_in_nodes(
 
 
 def _rank_members(
-    dest: IntArray, pos: IntArray, nodes: IntArray, rpn: int, num_ranks: int
+    dest: IntArray, pos: IntArray, nodes: IntArray, dpn: int, num_ranks: int
 ) -> tuple[IntArray, IntArray]:
     """Samples on the ranks of `nodes`, by rank, smallest first, and where each rank's segment starts."""
-    wanted = np.zeros(num_ranks // rpn, dtype=bool)
+    wanted = np.zeros(num_ranks // dpn, dtype=bool)
     wanted[nodes] = True
-    idx = np.flatnonzero((dest >= 0) & wanted[np.maximum(dest, 0) // rpn])
+    idx = np.flatnonzero((dest >= 0) & wanted[np.maximum(dest, 0) // dpn])
     by_rank = idx[np.argsort(dest[idx] * max(pos.size, 1) - pos[idx])]
     return by_rank, np.searchsorted(dest[by_rank], np.arange(num_ranks + 1))
 
 
 def _displace(
-    items: IntArray, node_of: IntArray, rpn: int, costs: FloatArray, lengths: IntArray,
+    items: IntArray, node_of: IntArray, dpn: int, costs: FloatArray, lengths: IntArray,
     room: FloatArray, token_room: FloatArray, dest: IntArray, pos: IntArray,
     members_of: tuple[IntArray, IntArray],
 ) -> IntArray:  # fmt: skip
@@ -260,12 +260,12 @@ def _displace(
     first = segment_first(g)
     ptr = first.copy()
     end = np.append(first[1:], p.size)
-    room2 = room.reshape(-1, rpn)
+    room2 = room.reshape(-1, dpn)
     active = np.arange(first.size)
     bumped: list[IntArray] = []
     while active.size:
         it = p[ptr[active]]
-        t = g[first[active]] * rpn + np.argmax(room2[g[first[active]]], axis=1)
+        t = g[first[active]] * dpn + np.argmax(room2[g[first[active]]], axis=1)
         c_it, l_it = costs[it], lengths[it]
         size = bounds[t + 1] - bounds[t]
         seg = np.repeat(np.arange(active.size), size)
@@ -309,14 +309,14 @@ def _to_nodes(ph: PhaseArrays, node_cap: float, evictable: np.ndarray, pos: IntA
 
     Returns (the samples that stay on their node, every sample's node).
     """
-    rpn, num_nodes = ph.ranks_per_node, ph.num_nodes
+    dpn, num_nodes = ph.dp_per_node, ph.num_nodes
     costs, lengths = ph.costs, ph.lengths
     max_tokens = float(ph.spec.max_tokens) if ph.spec.max_tokens is not None else np.inf
-    node = ph.origin // rpn
-    at_home = _evict(costs, lengths, node, num_nodes, node_cap, rpn * max_tokens, evictable, pos)
+    node = ph.origin // dpn
+    at_home = _evict(costs, lengths, node, num_nodes, node_cap, dpn * max_tokens, evictable, pos)
     node_of = node.copy()
     room_n = node_cap - np.bincount(node[at_home], weights=costs[at_home], minlength=num_nodes)
-    troom_n = rpn * max_tokens - np.bincount(node[at_home], weights=lengths[at_home], minlength=num_nodes)
+    troom_n = dpn * max_tokens - np.bincount(node[at_home], weights=lengths[at_home], minlength=num_nodes)
     out = np.flatnonzero(~at_home)
     left = _match(out, pos, costs, lengths, room_n, troom_n, node_of)
     _place_leftovers(left, np.zeros(ph.n, dtype=np.int64), num_nodes, costs, lengths, room_n, troom_n, node_of)
@@ -324,7 +324,7 @@ def _to_nodes(ph: PhaseArrays, node_cap: float, evictable: np.ndarray, pos: IntA
 
 
 def _orch_at_cap(ph: PhaseArrays, cap: float, node_cap: float, pos: IntArray, target: float | None = None) -> IntArray:
-    num_ranks, rpn = ph.num_ranks, ph.ranks_per_node
+    num_ranks, dpn = ph.num_ranks, ph.dp_per_node
     costs, lengths, origin = ph.costs, ph.lengths, ph.origin
     dest = origin.copy()
     max_tokens = float(ph.spec.max_tokens) if ph.spec.max_tokens is not None else np.inf
@@ -342,19 +342,19 @@ def _orch_at_cap(ph: PhaseArrays, cap: float, node_cap: float, pos: IntArray, ta
     token_room = max_tokens - np.bincount(origin[kept], weights=lengths[kept], minlength=num_ranks)
     items = np.flatnonzero(~kept)
     dest[items] = -1  # not on any rank until placed (rank membership below reads dest)
-    left = _best_fit_in_nodes(items, node_of, origin, rpn, costs, lengths, room, token_room, dest, pos)
-    members_of = _rank_members(dest, pos, np.unique(node_of[left]), rpn, num_ranks) if left.size else None
+    left = _best_fit_in_nodes(items, node_of, origin, dpn, costs, lengths, room, token_room, dest, pos)
+    members_of = _rank_members(dest, pos, np.unique(node_of[left]), dpn, num_ranks) if left.size else None
     for _ in range(4):  # a sample no rank of its node has room for displaces smaller ones, which then re-pack
         if left.size == 0 or members_of is None:
             break
-        bumped = _displace(left, node_of, rpn, costs, lengths, room, token_room, dest, pos, members_of)
-        left = _best_fit_in_nodes(bumped, node_of, origin, rpn, costs, lengths, room, token_room, dest, pos)
+        bumped = _displace(left, node_of, dpn, costs, lengths, room, token_room, dest, pos, members_of)
+        left = _best_fit_in_nodes(bumped, node_of, origin, dpn, costs, lengths, room, token_room, dest, pos)
     # 3. what the node could not absorb goes to any rank with room
     left = _match(left, pos, costs, lengths, room, token_room, dest)
-    _place_leftovers(left, node_of, rpn, costs, lengths, room, token_room, dest)
+    _place_leftovers(left, node_of, dpn, costs, lengths, room, token_room, dest)
     # 4. local search on the max rank
     tokens = None if ph.spec.max_tokens is None else ph.spec.max_tokens
-    return improve(costs, dest, num_ranks, rpn, cap if target is None else target, lengths=lengths, cap=tokens)
+    return improve(costs, dest, num_ranks, dpn, cap if target is None else target, lengths=lengths, cap=tokens)
 
 
 def repair(ph: PhaseArrays, dest: IntArray, target: float, max_iters: int = _REPAIR_ITERS) -> tuple[IntArray, bool]:
@@ -370,9 +370,9 @@ def repair(ph: PhaseArrays, dest: IntArray, target: float, max_iters: int = _REP
     Respects max_tokens. Each step costs O(samples) numpy work: a repair pass, not the main path.
     """
     dest = dest.copy()
-    num_ranks, rpn = ph.num_ranks, ph.ranks_per_node
+    num_ranks, dpn = ph.num_ranks, ph.dp_per_node
     costs, lengths, bytes_, origin = ph.costs, ph.lengths, ph.bytes.astype(np.float64), ph.origin
-    onode = origin // rpn
+    onode = origin // dpn
     loads = np.bincount(dest, weights=costs, minlength=num_ranks)
     max_tokens = float(ph.spec.max_tokens) if ph.spec.max_tokens is not None else np.inf
     tokens = np.bincount(dest, weights=lengths, minlength=num_ranks)
@@ -386,7 +386,7 @@ def repair(ph: PhaseArrays, dest: IntArray, target: float, max_iters: int = _REP
             return dest, True
         room = target - loads
         troom = max_tokens - tokens
-        ntop = top // rpn
+        ntop = top // dpn
         mine = np.flatnonzero(dest == top)
         ca, la, ba, oa, ra = costs[mine], lengths[mine], bytes_[mine], onode[mine], origin[mine]
         away_a = ba * (oa != ntop)  # inter-node bytes sample a costs where it is now
@@ -397,11 +397,11 @@ def repair(ph: PhaseArrays, dest: IntArray, target: float, max_iters: int = _REP
         for k in np.flatnonzero(ca >= excess - tol).tolist():
             ok = (room >= ca[k] - tol) & (troom >= la[k])
             ok[top] = False
-            home_lo = int(oa[k]) * rpn
+            home_lo = int(oa[k]) * dpn
             if ok[ra[k]]:
                 t, score = int(ra[k]), -4.0 * away_a[k]
-            elif ok[home_lo : home_lo + rpn].any():
-                t, score = home_lo + int(np.argmax(ok[home_lo : home_lo + rpn])), -4.0 * away_a[k] + ba[k]
+            elif ok[home_lo : home_lo + dpn].any():
+                t, score = home_lo + int(np.argmax(ok[home_lo : home_lo + dpn])), -4.0 * away_a[k] + ba[k]
             elif ok.any():
                 t, score = int(np.argmax(ok)), 4.0 * (ba[k] - away_a[k])
             else:
@@ -430,7 +430,7 @@ def repair(ph: PhaseArrays, dest: IntArray, target: float, max_iters: int = _REP
             if not ok.any():
                 continue
             others, tb = others[ok], tb[ok]
-            bb, ob, nb = bytes_[others], onode[others], tb // rpn
+            bb, ob, nb = bytes_[others], onode[others], tb // dpn
             a_cross = nb != oa[k]
             inter = ba[k] * a_cross - away_a[k] + bb * (ob != ntop) - bb * (ob != nb)
             intra = ba[k] * (~a_cross & (tb != ra[k])) + bb * ((ob == ntop) & (origin[others] != top))
@@ -468,14 +468,14 @@ def orch_unpadded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
         return ph.origin.copy()
     lb = lower_bound(ph)
     mean = float(ph.costs.sum()) / ph.num_ranks
-    rpn = ph.ranks_per_node
+    dpn = ph.dp_per_node
     largest = desc_order(ph.lengths)  # cost is non-decreasing in length: one sort per phase
     pos = np.empty(ph.n, dtype=np.int64)
     pos[largest] = np.arange(ph.n)
     # the same order by cost, ties by index, when cost strictly increases with length
     by_cost = largest if ph.spec.linear > 0 or ph.spec.quadratic > 0 else None
     cap = lb * (1 + slack)
-    dest = _orch_at_cap(ph, cap, rpn * (mean + 0.5 * (cap - mean)), pos)
+    dest = _orch_at_cap(ph, cap, dpn * (mean + 0.5 * (cap - mean)), pos)
     reached = _max_cost(ph, dest)
     if reached <= cap * (1 + 1e-9):
         return dest
@@ -491,7 +491,7 @@ def orch_unpadded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
         return dest
     target = min(reached, ref_max)
     loose = target * (1 + slack)
-    again = _orch_at_cap(ph, loose, rpn * loose, pos, target=target)
+    again = _orch_at_cap(ph, loose, dpn * loose, pos, target=target)
     again_max = _max_cost(ph, again)
     if again_max <= loose * (1 + 1e-9):
         return again

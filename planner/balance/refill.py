@@ -42,7 +42,7 @@ def refill_padded(
     n, num_ranks, num_nodes = ph.n, ph.num_ranks, ph.num_nodes
     if n == 0 or num_nodes == 0:
         return dest
-    before = moved_bytes(ph.origin, dest, ph.bytes, ph.ranks_per_node)
+    before = moved_bytes(ph.origin, dest, ph.bytes, ph.dp_per_node)
     if before.inter <= min_cross * float(ph.bytes.sum()):
         return dest  # the runs keep nearly every byte on its node already: not worth the re-deal's time
     tokens = ph.spec.max_tokens
@@ -74,7 +74,7 @@ def refill_padded(
     for profile in (_classes_to_nodes(ph, k_rank, classes, cls, by_bytes), k_rank):
         out = _redeal(ph, profile, classes, cls, by_bytes, cap)
         # fewer bytes across nodes, then inside them (MovedBytes compares inter first)
-        if out is not None and moved_bytes(ph.origin, out, ph.bytes, ph.ranks_per_node) < before:
+        if out is not None and moved_bytes(ph.origin, out, ph.bytes, ph.dp_per_node) < before:
             return out
     return dest
 
@@ -91,21 +91,21 @@ def _classes_to_nodes(
     the rank with the most bytes of its own samples of that class (greedy, all nodes at once).
     Returns the new k per rank (0: an empty rank).
     """
-    n, num_ranks, rpn, num_nodes = ph.n, ph.num_ranks, ph.ranks_per_node, ph.num_nodes
+    n, num_ranks, dpn, num_nodes = ph.n, ph.num_ranks, ph.dp_per_node, ph.num_nodes
     num_c = classes.size
     used = k_rank > 0
     per_class = np.bincount(np.searchsorted(classes, k_rank[used]), minlength=num_c)
-    onode = ph.origin // rpn
+    onode = ph.origin // dpn
     o = _sort_by(onode * num_c + cls, num_nodes * num_c, by_bytes, n)
     key = onode[o] * num_c + cls[o]
     chunk = (np.arange(n) - np.searchsorted(key, key, side="left")) // classes[cls[o]]
-    near = chunk < rpn  # a node hosts at most R ranks of a class
-    ekey = key[near] * rpn + chunk[near]
+    near = chunk < dpn  # a node hosts at most R ranks of a class
+    ekey = key[near] * dpn + chunk[near]
     uniq, inv = np.unique(ekey, return_inverse=True)
     gain = np.bincount(inv, weights=ph.bytes[o][near])
-    e_node = (uniq // rpn // num_c).tolist()
-    e_cls = ((uniq // rpn) % num_c).tolist()
-    node_left = [rpn] * num_nodes
+    e_node = (uniq // dpn // num_c).tolist()
+    e_cls = ((uniq // dpn) % num_c).tolist()
+    node_left = [dpn] * num_nodes
     cls_left = per_class.tolist()
     took: list[int] = []  # entries hosted, in the order taken
     wanted = int(per_class.sum())
@@ -120,7 +120,7 @@ def _classes_to_nodes(
                 took.append(e)
                 if len(took) == wanted:
                     break
-    hosted = np.full((num_nodes, rpn), -1, dtype=np.int64)
+    hosted = np.full((num_nodes, dpn), -1, dtype=np.int64)
     t_node = np.array([e_node[e] for e in took], dtype=np.int64)
     order_t = np.argsort(t_node, kind="stable")
     sn = t_node[order_t]
@@ -132,22 +132,22 @@ def _classes_to_nodes(
     hosted.reshape(-1)[free[: rest.size]] = rest
     # inside each node: hosted class a to rank b by the bytes of rank b's own samples of class a
     own = np.bincount(ph.origin * num_c + cls, weights=ph.bytes, minlength=num_ranks * num_c).reshape(
-        num_nodes, rpn, num_c
+        num_nodes, dpn, num_c
     )
-    w = np.take_along_axis(own, np.maximum(hosted, 0)[:, None, :].repeat(rpn, axis=1), axis=2)  # [m, rank, slot]
+    w = np.take_along_axis(own, np.maximum(hosted, 0)[:, None, :].repeat(dpn, axis=1), axis=2)  # [m, rank, slot]
     w = np.where(hosted[:, None, :] >= 0, w + 1.0, 0.0).transpose(0, 2, 1).copy()  # [m, slot, rank]
-    rank_of = np.full((num_nodes, rpn), -1, dtype=np.int64)
+    rank_of = np.full((num_nodes, dpn), -1, dtype=np.int64)
     nodes = np.arange(num_nodes)
-    for _ in range(rpn):
+    for _ in range(dpn):
         flat = np.argmax(w.reshape(num_nodes, -1), axis=1)
-        a, b = np.divmod(flat, rpn)
+        a, b = np.divmod(flat, dpn)
         ok = w[nodes, a, b] >= 0
         rank_of[nodes[ok], a[ok]] = b[ok]
         w[nodes, a, :] = -1.0
         w[nodes, :, b] = -1.0
     out = np.zeros(num_ranks, dtype=np.int64)
     m_idx, slot = np.nonzero(hosted >= 0)
-    out[m_idx * rpn + rank_of[m_idx, slot]] = classes[hosted[m_idx, slot]]
+    out[m_idx * dpn + rank_of[m_idx, slot]] = classes[hosted[m_idx, slot]]
     return out
 
 
@@ -155,15 +155,15 @@ def _redeal(
     ph: PhaseArrays, k_rank: IntArray, classes: IntArray, cls: IntArray, by_bytes: IntArray, cap: float
 ) -> IntArray | None:
     """Deal the samples (class cls) to ranks with k_rank places each (of class k), node first; None if it fails."""
-    n, num_ranks, rpn, num_nodes = ph.n, ph.num_ranks, ph.ranks_per_node, ph.num_nodes
+    n, num_ranks, dpn, num_nodes = ph.n, ph.num_ranks, ph.dp_per_node, ph.num_nodes
     num_c = classes.size
-    onode = ph.origin // rpn
+    onode = ph.origin // dpn
     used = np.flatnonzero(k_rank > 0)
     rank_cls = np.searchsorted(classes, k_rank)
     place = np.zeros((num_ranks, num_c), dtype=np.int64)
     place[used, rank_cls[used]] = k_rank[used]
     # nodes
-    node_places = place.reshape(num_nodes, rpn, num_c).sum(axis=1)
+    node_places = place.reshape(num_nodes, dpn, num_c).sum(axis=1)
     own = np.bincount(onode * num_c + cls, minlength=num_nodes * num_c).reshape(num_nodes, num_c)
     kept = _stay_counts(own, node_places)
     # the samples that stay: per (node, class) the most bytes first
@@ -185,7 +185,7 @@ def _redeal(
     # class stay first (most bytes first): a place of a sample's own class leaves Hall's condition
     # for the node's other samples as it was. Then its own of higher classes, as places are left;
     # a node where these would leave its other samples without places keeps only the first.
-    rank_node = np.arange(num_ranks) // rpn
+    rank_node = np.arange(num_ranks) // dpn
     home = node_of == onode
     rcls = rank_cls[ph.origin]
     on_rank = np.zeros(n, dtype=bool)

@@ -37,27 +37,27 @@ def match_runs_to_ranks(run: IntArray, run_node: IntArray, ph: PhaseArrays) -> I
     Inside each node, greedy max-overlap matching of runs to ranks: the pair (run, rank) with the
     most bytes of the run already on the rank first, vectorised over nodes.
     """
-    rpn, num_nodes = ph.ranks_per_node, ph.num_nodes
+    dpn, num_nodes = ph.dp_per_node, ph.num_nodes
     num_runs = run_node.size
     # local index of each run inside its node
     order = np.lexsort((np.arange(num_runs), run_node))
     local = np.empty(num_runs, dtype=np.int64)
     first = np.searchsorted(run_node[order], run_node[order], side="left")
     local[order] = np.arange(num_runs) - first
-    if num_runs and local.max() >= rpn:
+    if num_runs and local.max() >= dpn:
         raise AssertionError("more runs than ranks on a node")
     s_node = run_node[run]
-    same = ph.origin // rpn == s_node
-    key = (s_node * rpn + local[run]) * rpn + ph.origin % rpn
-    size = num_nodes * rpn * rpn
+    same = ph.origin // dpn == s_node
+    key = (s_node * dpn + local[run]) * dpn + ph.origin % dpn
+    size = num_nodes * dpn * dpn
     # + 1: every pair is allowed; ties keep order
-    w = (np.bincount(key[same], weights=ph.bytes[same], minlength=size) + 1.0).reshape(num_nodes, rpn, rpn)
-    rank_of_local = np.full((num_nodes, rpn), -1, dtype=np.int64)
+    w = (np.bincount(key[same], weights=ph.bytes[same], minlength=size) + 1.0).reshape(num_nodes, dpn, dpn)
+    rank_of_local = np.full((num_nodes, dpn), -1, dtype=np.int64)
     nodes = np.arange(num_nodes)
-    for _ in range(rpn):
+    for _ in range(dpn):
         flat = np.argmax(w.reshape(num_nodes, -1), axis=1)
-        a, b = np.divmod(flat, rpn)
+        a, b = np.divmod(flat, dpn)
         rank_of_local[nodes, a] = b
         w[nodes, a, :] = -1.0
         w[nodes, :, b] = -1.0
-    return s_node * rpn + rank_of_local[s_node, local[run]]
+    return s_node * dpn + rank_of_local[s_node, local[run]]

@@ -226,8 +226,9 @@ def phase_name(model: ModelSpec, module: str) -> str:
     return LLM_PHASE if module == model.llm_name else module
 
 
-def dp_ranks_per_node(grid: Grid, ranks_per_node: int) -> int:
-    """DP indices per node, as the dispatcher counts them (DP index d on node d // R).
+def dp_per_node(grid: Grid, ranks_per_node: int) -> int:
+    """DP indices per node, as the dispatcher counts them (DP index d on node d // R), on nodes of
+    `ranks_per_node` GPUs (the plan's).
 
     A DP index lives on the node of its leader. When the nodes do not form equal consecutive
     blocks of DP indices (an island straddling nodes unevenly), the phase is treated as one node:
@@ -308,7 +309,7 @@ class Orchestrator:
             a, b = cost_coefficients(self.model.modules[m], causal=m == self.model.llm_name)
             per_sample, pair_rate = (calibration or {}).get(m, (0.0, 1.0))
             self.coeffs[m] = (grids[m].tp * per_sample, a, b * pair_rate)
-        self.rpn = {m: dp_ranks_per_node(grids[m], plan.ranks_per_node) for m in self.modules}
+        self.dp_per_node = {m: dp_per_node(grids[m], plan.ranks_per_node) for m in self.modules}
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[int, tuple[Future[StepTables], float]] = {}
 
@@ -367,7 +368,7 @@ class Orchestrator:
                 name = phase_name(self.model, m)
                 batch = Batch(
                     num_ranks=dp,
-                    ranks_per_node=self.rpn[m],
+                    ranks_per_node=self.dp_per_node[m],
                     phases={name: PhaseSpec(constant=c, linear=a, quadratic=b, max_tokens=cap)},
                     samples=[
                         BalanceSample(origin=o, lengths={name: ln}, bytes={name: by})
