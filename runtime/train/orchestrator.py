@@ -34,7 +34,9 @@ t = call + c0·k + r1·k·a·n + r2·k·b·n² by least squares on relative erro
                       over tp ranks but the per-sample kernels do not)
   b ← b · r2 / r1    (attention's measured rate relative to the matmuls')
 Without a calibration (pure tests, `--balance none`) c = 0 and b is the FLOP count.
-Bytes a sample moves in a phase: its tokens x hidden x element size (`phase_bytes`).
+Bytes a sample moves in a phase (`_bytes`): its inputs, an encoder's tokens x frames per token
+(ModelSpec.modality(...).frames_per_token: 2 for audio) x input_dim, the LLM's tokens x hidden,
+times the element size.
 
 A phase whose balanced placement the cost model prices above the unbalanced one (lpt and paper
 are heuristics; a random placement can beat them) keeps the unbalanced placement.
@@ -67,7 +69,6 @@ from orch.planner.plan import Plan
 from orch.planner.routing import RouteTable
 from orch.planner.specs import DataSpec, ModelSpec
 from orch.runtime.data.synthetic import GlobalBatch, encoder_order, initial_dp_index
-from orch.runtime.models.reference import AUDIO_STEM_STRIDE, encoder_modality
 from orch.runtime.parallel.grid import Grid
 
 # (samples k, tokens n each) timed by calibrate_module: small and large k at short n separate the
@@ -106,7 +107,7 @@ def _time_module(
         text_loss(module, prefixes, samples, k * n).backward()
         _sync(device)
         return time.perf_counter() - t
-    frames = AUDIO_STEM_STRIDE if encoder_modality(name, spec) == "audio" else 1
+    frames = model.modality(name).frames_per_token
     empty = torch.zeros(0, dtype=torch.int64, device=device)
     samples = [
         Sample(
@@ -332,7 +333,7 @@ class Orchestrator:
         spec = self.model.modules[module]
         if module == self.model.llm_name:
             return [n * spec.hidden * self.elem_bytes for n in lengths]
-        frames = AUDIO_STEM_STRIDE if encoder_modality(module, spec) == "audio" else 1
+        frames = self.model.modality(module).frames_per_token
         return [n * frames * (spec.input_dim or 1) * self.elem_bytes for n in lengths]
 
     def _phase(self, module: str, origin: np.ndarray, lengths: list[int]) -> PhaseArrays:
