@@ -33,8 +33,8 @@ import numpy as np
 from orch.planner.balance.batch import LLM_PHASE, PhaseSpec
 from orch.planner.balance.cost import PhaseArrays, build_phase_arrays, lower_bound, moved_bytes, rank_costs
 from orch.planner.balance.dispatch import dispatch_phase
-from orch.planner.balance.greedy import karmarkar_karp
 from orch.planner.balance.mode import Mode
+from orch.planner.research.karmarkar_karp import karmarkar_karp
 
 PHASES = {
     "vision": PhaseSpec(linear=1.0, quadratic=1 / 4096),
@@ -86,7 +86,7 @@ QUICK_SIZES = [(16, 8), (64, 16), (256, 16)]
 MODES = ("none", "lpt", "kk", "paper", "orch")
 
 
-def make_batch(mix: str, num_ranks: int, per_rank: int, ranks_per_node: int = 8, seed: int = 0):
+def make_batch(mix: str, num_ranks: int, per_rank: int, dp_per_node: int = 8, seed: int = 0):
     """Phase arrays of one random global batch: per_rank samples on each rank, as DP sampling gives."""
     rng = np.random.default_rng(seed)
     tasks = MIXES[mix]
@@ -105,7 +105,7 @@ def make_batch(mix: str, num_ranks: int, per_rank: int, ranks_per_node: int = 8,
             draw = mean * np.exp(rng.normal(-(task.sigma**2) / 2, task.sigma, size=sel.size))
             lengths[sel] = np.clip(np.rint(draw), 1, cap).astype(np.int64)
         bytes_ = lengths * BYTES_PER_TOKEN[name]
-        phases[name] = build_phase_arrays(name, spec, lengths, origin, bytes_, num_ranks, ranks_per_node)
+        phases[name] = build_phase_arrays(name, spec, lengths, origin, bytes_, num_ranks, dp_per_node)
     return phases, origin
 
 
@@ -150,11 +150,11 @@ def run_case(mix: str, num_ranks: int, per_rank: int, repeat: int, skip_kk_above
                 dest = _dest(ph, mode)
                 times.append(time.perf_counter() - start)
             costs = rank_costs(ph, dest)
-            inter, intra = moved_bytes(ph, dest)
+            moved = moved_bytes(ph.origin, dest, ph.bytes, ph.dp_per_node)
             row[mode] = {
                 "max_over_lb": float(costs.max() / lb) if lb > 0 else 1.0,
-                "inter_frac": inter / total_bytes if total_bytes else 0.0,
-                "intra_frac": intra / total_bytes if total_bytes else 0.0,
+                "inter_frac": moved.inter / total_bytes if total_bytes else 0.0,
+                "intra_frac": moved.intra / total_bytes if total_bytes else 0.0,
                 "seconds": statistics.median(times),
             }
         rows.append(row)

@@ -3,7 +3,7 @@
 For the audio (padded) phase of bench_balance.py's batches, at C = the exact padded optimum ×
 (1 + slack) (default SLACK, the loosest cap orch may use: near_optimal_cap returns at most that),
 every assignment whose ranks all cost <= C sends at least `bound` bytes across nodes. The relaxation
-and why it is one are in orch.planner.balance.cross_bound: a rank whose longest sample has length
+and why it is one are in orch.planner.research.cross_bound: a rank whose longest sample has length
 class c has k[c] = floor(C / cost(class's shortest length)) places for samples of class <= c; each
 node keeps what it can on its own R ranks (exact over integer rank classes), and covering rows couple
 the nodes (for every class t: places of class >= t not taken by their node's own samples, plus the
@@ -43,16 +43,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_balance import MIXES, SIZES, make_batch
 
 from orch.planner.balance.cost import PhaseArrays, moved_bytes, rank_costs
-from orch.planner.balance.cross_bound import (
+from orch.planner.balance.dispatch import dispatch_phase
+from orch.planner.balance.mode import Mode
+from orch.planner.balance.padded import desc_order, optimal_cap
+from orch.planner.balance.topology import SLACK
+from orch.planner.research.cross_bound import (
     BoundEval,
     PaddedBoundModel,
     build_padded_bound_model,
     evaluate_bound,
 )
-from orch.planner.balance.dispatch import dispatch_phase
-from orch.planner.balance.mode import Mode
-from orch.planner.balance.padded import desc_order, optimal_cap
-from orch.planner.balance.topology import SLACK
 
 SMOOTHING = 0.7  # next prices: this share of the best prices so far, the rest the master's duals
 ISSUE_CASES = [
@@ -72,9 +72,9 @@ def _cover_above(cover: np.ndarray) -> np.ndarray:
 
 def _assignment_pattern(model: PaddedBoundModel, ph: PhaseArrays, dest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every node's answer in a real assignment (bytes kept, cover per class): a column that meets every row."""
-    rpn, num_nodes, num_t = ph.ranks_per_node, ph.num_nodes, model.lo.size
-    onode = ph.origin // rpn
-    stay = dest // rpn == onode
+    dpn, num_nodes, num_t = ph.dp_per_node, ph.num_nodes, model.lo.size
+    onode = ph.origin // dpn
+    stay = dest // dpn == onode
     kept = np.bincount(onode[stay], weights=ph.bytes[stay], minlength=num_nodes)
     longest = np.zeros(ph.num_ranks, dtype=np.int64)
     np.maximum.at(longest, dest, ph.lengths)
@@ -82,7 +82,7 @@ def _assignment_pattern(model: PaddedBoundModel, ph: PhaseArrays, dest: np.ndarr
     rank_cls = np.searchsorted(model.lo, longest[used], side="right") - 1
     own_on = np.bincount(dest[stay], minlength=ph.num_ranks)[used]
     cover = np.zeros((num_nodes, num_t), dtype=np.int64)
-    np.add.at(cover, (used // rpn, rank_cls), model.k[rank_cls] - own_on)  # spare places of each rank
+    np.add.at(cover, (used // dpn, rank_cls), model.k[rank_cls] - own_on)  # spare places of each rank
     sample_cls = np.searchsorted(model.lo, ph.lengths[stay], side="right") - 1
     np.add.at(cover, (onode[stay], sample_cls), 1)  # and the samples its node keeps
     return kept, cover
@@ -179,7 +179,7 @@ def run_case(mix: str, num_ranks: int, per_rank: int, slack: float, classes: int
     for mode in (Mode.ORCH, Mode.PAPER):
         dest = dispatch_phase(ph, mode)
         dests[mode] = dest
-        row[f"{mode.value}_inter"] = moved_bytes(ph, dest)[0] / total
+        row[f"{mode.value}_inter"] = moved_bytes(ph.origin, dest, ph.bytes, ph.dp_per_node).inter / total
         row[f"{mode.value}_max_over_opt"] = float(rank_costs(ph, dest).max()) / opt
     model = build_padded_bound_model(ph, cap, classes)
     row["classes"] = int(model.lo.size)

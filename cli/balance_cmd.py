@@ -54,7 +54,7 @@ def balance(
 
     table = Table(
         title=f"orch balance {batch_file}: {len(batch.samples)} samples on {batch.num_ranks} ranks "
-        f"({batch.ranks_per_node} per node), mode {chosen.value} beside none"
+        f"({batch.dp_per_node} per node), mode {chosen.value} beside none"
     )
     for col in ("phase", "mode", "max", "mean", "LB", "max/mean", "max/LB", "intra", "inter", "ms"):
         table.add_column(col, justify="left" if col in ("phase", "mode") else "right", no_wrap=True)
@@ -87,7 +87,7 @@ def _bar(counts: list[int], width: int = 30) -> list[str]:
 def analyze(
     manifest: str = typer.Argument(..., metavar="DATA.jsonl", help="per-sample lengths, one JSON object a line"),
     dp: int = typer.Option(..., "--dp", help="data-parallel ranks"),
-    ranks_per_node: int = typer.Option(8, "--ranks-per-node", help="DP ranks per node"),
+    dp_per_node: int = typer.Option(8, "--ranks-per-node", help="DP ranks per node"),
     micro_batch: int = typer.Option(..., "--micro-batch", help="samples each rank draws per step"),
     steps: int = typer.Option(8, "--steps", help="random global batches to draw"),
     seed: int = typer.Option(0, "--seed", help="random seed (same seed, same numbers)"),
@@ -98,7 +98,7 @@ def analyze(
     from orch.planner.data import read_manifest
 
     rows = read_manifest(manifest)
-    result = run(rows, dp, ranks_per_node, micro_batch, steps=steps, seed=seed, source=manifest)
+    result = run(rows, dp, dp_per_node, micro_batch, steps=steps, seed=seed, source=manifest)
     if json_out:
         print_json(result)
         return
@@ -106,7 +106,7 @@ def analyze(
 
     out = console()
     table = Table(
-        title=f"orch analyze {manifest}: {steps} batches of {dp} x {micro_batch} samples, {ranks_per_node} ranks/node"
+        title=f"orch analyze {manifest}: {steps} batches of {dp} x {micro_batch} samples, {dp_per_node} ranks/node"
     )
     for col in ("phase", "mode", "max cost", "mean cost", "wasted", "inter-node bytes", "ms/step"):
         table.add_column(col, justify="left" if col in ("phase", "mode") else "right")

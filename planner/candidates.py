@@ -382,7 +382,3 @@ def island_sizes(inp: SearchInput) -> list[int]:
     if n <= gpn:
         return list(range(1, n))
     return [k for k in range(gpn, n, gpn)]
-
-
-def bytes_gb(nbytes: float) -> float:
-    return nbytes / GB

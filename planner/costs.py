@@ -9,6 +9,7 @@ selective recompute), Megatron's distributed optimizer (6 + 12/d bytes per param
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from orch.planner.data import TokenStats, token_stats
 from orch.planner.imbalance import residual_imbalance
@@ -82,15 +83,36 @@ def workload(model: ModelSpec, data: DataSpec, module: str) -> Workload:
     )
 
 
+class ForwardFlops(NamedTuple):
+    """FLOPs of one module's forward on a sample of n tokens: per_token · n + per_pair · n²."""
+
+    per_token: float  # every weight a token meets (linear in the sample's length)
+    per_pair: float  # attention, per pair of tokens of one sample
+
+
+def forward_coefficients(m: ModuleSpec, llm: ModuleSpec) -> ForwardFlops:
+    """Per-token and per-pair FLOPs of module m's forward, 2 FLOPs per multiply-add.
+
+    Per token: every block's weights once (a MoE block: its router and the top_k experts the token
+    is routed to, not all of them; layer_params(active=True)), the LLM's head, an encoder's stem
+    and its projector (which merges `downsample` tokens into one). Per pair: QKᵀ and PV, 4 · hidden
+    per layer, half of it for the causal LLM. The planner prices a step with these (forward_flops)
+    and the runtime's dispatcher a sample (runtime/train/orchestrator.py).
+    """
+    head = 2 * m.hidden * m.vocab if m.vocab else 0.0
+    stem = 2 * (m.input_dim or 0) * m.hidden
+    proj = 2 * projector_params(m, llm) / m.downsample
+    causal = 0.5 if m.kind == ModuleKind.LLM else 1.0
+    return ForwardFlops(
+        per_token=2 * layer_params(m, active=True) * m.layers + head + stem + proj,
+        per_pair=4 * m.hidden * m.layers * causal,
+    )
+
+
 def forward_flops(m: ModuleSpec, llm: ModuleSpec, w: Workload) -> float:
     """Model FLOPs of one forward pass over a step's tokens (what MFU counts)."""
-    dense = 2 * layer_params(m, active=True) * m.layers * w.tokens
-    causal = 0.5 if m.kind == ModuleKind.LLM else 1.0
-    attention = 4 * m.hidden * w.tokens_sq * m.layers * causal
-    head = 2 * m.hidden * m.vocab * w.tokens if m.vocab else 0.0
-    stem = 2 * (m.input_dim or 0) * m.hidden * w.tokens
-    proj = 2 * projector_params(m, llm) * w.out_tokens
-    return dense + attention + head + stem + proj
+    flops = forward_coefficients(m, llm)
+    return flops.per_token * w.tokens + flops.per_pair * w.tokens_sq
 
 
 def train_flops(m: ModuleSpec, llm: ModuleSpec, w: Workload) -> float:

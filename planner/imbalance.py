@@ -19,16 +19,16 @@ BATCHES = 16  # global batches drawn per estimate (the mean of their max/mean)
 
 
 def residual_imbalance(
-    data: DataSpec, module: str, llm: str, dp: int, ranks_per_node: int, cost: tuple[float, float, float]
+    data: DataSpec, module: str, llm: str, dp: int, dp_per_node: int, cost: tuple[float, float, float]
 ) -> float:
     """Mean over drawn global batches of (slowest DP rank's cost) / (mean DP rank's cost), >= 1."""
     if dp <= 1:
         return 1.0
-    return _imbalance(data.model_dump_json(), module, llm, dp, ranks_per_node, cost)
+    return _imbalance(data.model_dump_json(), module, llm, dp, dp_per_node, cost)
 
 
 @lru_cache(maxsize=256)
-def _imbalance(data_json: str, module: str, llm: str, dp: int, rpn: int, cost: tuple[float, float, float]) -> float:
+def _imbalance(data_json: str, module: str, llm: str, dp: int, dpn: int, cost: tuple[float, float, float]) -> float:
     import numpy as np
 
     from orch.planner.balance.batch import PhaseSpec
@@ -42,7 +42,7 @@ def _imbalance(data_json: str, module: str, llm: str, dp: int, rpn: int, cost: t
         c1 = 1.0  # no measured cost: tokens alone
     spec = PhaseSpec(constant=c0, linear=c1, quadratic=c2)
     per_rank = data.global_batch // dp
-    rpn = rpn if dp % rpn == 0 else dp  # DP ranks that straddle nodes unevenly: one node, as the runtime does
+    dpn = dpn if dp % dpn == 0 else dp  # DP ranks that straddle nodes unevenly: one node, as the runtime does
     ratios = []
     for step in range(BATCHES):
         drawn = sample_lengths(data, per_rank * dp, seed=10_000 + step)
@@ -51,7 +51,7 @@ def _imbalance(data_json: str, module: str, llm: str, dp: int, rpn: int, cost: t
             dtype=np.int64,
         )
         origin = np.repeat(np.arange(dp, dtype=np.int64), per_rank)
-        ph = build_phase_arrays(module, spec, lengths, origin, lengths, dp, rpn)
+        ph = build_phase_arrays(module, spec, lengths, origin, lengths, dp, dpn)
         if ph.n == 0:
             continue
         costs = rank_costs(ph, dispatch_phase(ph, Mode.ORCH))

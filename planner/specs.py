@@ -28,6 +28,13 @@ class Modality(StrEnum):
     AUDIO = "audio"
     TEXT = "text"
 
+    @property
+    def frames_per_token(self) -> int:
+        """Rows of input features (input_dim wide) per encoder token: the data counts an encoder's
+        lengths in tokens, and the audio stem (Whisper-style, a stride-2 conv) merges 2 frames into
+        one token, so a clip of n tokens is 2n frames. A patch or a text token is one row."""
+        return 2 if self == Modality.AUDIO else 1
+
 
 class ModuleSpec(_Spec):
     """One transformer module: an encoder or the LLM backbone."""
@@ -46,7 +53,8 @@ class ModuleSpec(_Spec):
     top_k: int = Field(default=1, gt=0, description="experts each token is routed to")
     feeds: str | None = Field(default=None, description="module this encoder feeds through a projector")
     modality: Modality | None = Field(
-        default=None, description="input modality; default: the module's name if vision/audio, else text"
+        default=None,
+        description="input modality; default: the module's name if vision/audio, else text (llm) or vision (encoder)",
     )
     input_dim: int | None = Field(
         default=None, gt=0, description="features per input token (patch pixels, mel bins); encoders only"
@@ -111,6 +119,16 @@ class ModelSpec(_Spec):
     @property
     def encoder_names(self) -> list[str]:
         return [n for n, m in self.modules.items() if m.kind == ModuleKind.ENCODER]
+
+    def modality(self, name: str) -> Modality:
+        """Module `name`'s input modality: its `modality` field; else text for the LLM, and for an
+        encoder its name if that is vision or audio, else vision (a patch stem)."""
+        spec = self.modules[name]
+        if spec.modality is not None:
+            return spec.modality
+        if spec.kind == ModuleKind.LLM:
+            return Modality.TEXT
+        return Modality(name) if name in (Modality.VISION, Modality.AUDIO) else Modality.VISION
 
 
 class GpuSpec(_Spec):

@@ -1,4 +1,4 @@
-"""The certified lower bound on a padded phase's inter-node bytes (planner/balance/cross_bound.py).
+"""The certified lower bound on a padded phase's inter-node bytes (planner/research/cross_bound.py).
 
 Its value must never exceed what any assignment under the cap sends: checked against brute force
 on small batches and against orch and paper on larger ones, for π = 0 and for random prices.
@@ -13,18 +13,19 @@ from hypothesis import strategies as st
 
 from orch.planner.balance.batch import PhaseSpec
 from orch.planner.balance.cost import build_phase_arrays, moved_bytes, rank_costs, sample_costs
-from orch.planner.balance.cross_bound import build_padded_bound_model, evaluate_bound, padded_cross_bound
+from orch.planner.balance.orch_padded import orch_padded
 from orch.planner.balance.padded import desc_order, optimal_cap
 from orch.planner.balance.paper import paper
-from orch.planner.balance.topology import SLACK, orch_padded
+from orch.planner.balance.topology import SLACK
+from orch.planner.research.cross_bound import build_padded_bound_model, evaluate_bound, padded_cross_bound
 
 PADDED = PhaseSpec(linear=1.0, quadratic=0.0, padded=True)
 PADDED_Q = PhaseSpec(linear=1.0, quadratic=1 / 64, padded=True, constant=2.0)
 
 
-def _phase(lengths, origin, bytes_, num_ranks, rpn, spec=PADDED):
+def _phase(lengths, origin, bytes_, num_ranks, dpn, spec=PADDED):
     return build_phase_arrays(
-        "p", spec, np.array(lengths, np.int64), np.array(origin, np.int64), np.array(bytes_, np.int64), num_ranks, rpn
+        "p", spec, np.array(lengths, np.int64), np.array(origin, np.int64), np.array(bytes_, np.int64), num_ranks, dpn
     )
 
 
@@ -41,7 +42,7 @@ def _brute_force(ph, cap: float) -> float:
         on = dest == r
         longest = np.where(on, ph.lengths[None, :], 0).max(axis=1)
         worst = np.maximum(worst, on.sum(axis=1) * sample_costs(longest, ph.spec))
-    cross = (dest // ph.ranks_per_node) != (ph.origin // ph.ranks_per_node)[None, :]
+    cross = (dest // ph.dp_per_node) != (ph.origin // ph.dp_per_node)[None, :]
     inter = cross.astype(np.float64) @ ph.bytes.astype(np.float64)
     ok = worst <= cap * (1 + 1e-9)
     assert ok.any()
@@ -56,15 +57,15 @@ def _prices(draw, num_t: int) -> np.ndarray:
 
 @st.composite
 def small_phases(draw):
-    rpn = draw(st.integers(1, 2))
-    num_ranks = rpn * draw(st.integers(2, 3))
+    dpn = draw(st.integers(1, 2))
+    num_ranks = dpn * draw(st.integers(2, 3))
     n = draw(st.integers(2, 6 if num_ranks <= 4 else 5))
     lengths = draw(st.lists(st.one_of(st.integers(1, 40), st.sampled_from([5, 10, 20])), min_size=n, max_size=n))
     origin = draw(st.lists(st.integers(0, num_ranks - 1), min_size=n, max_size=n))
     monotone = draw(st.booleans())
     bytes_ = [3 * x for x in lengths] if monotone else draw(st.lists(st.integers(1, 99), min_size=n, max_size=n))
     spec = draw(st.sampled_from([PADDED, PADDED_Q]))
-    return _phase(lengths, origin, bytes_, num_ranks, rpn, spec)
+    return _phase(lengths, origin, bytes_, num_ranks, dpn, spec)
 
 
 @settings(max_examples=150, deadline=None)
@@ -85,22 +86,22 @@ def test_bound_is_tight_where_a_node_must_export():
     assert _optimum(ph) == 20.0
     assert padded_cross_bound(ph, 20.0) == 1.0
     assert _brute_force(ph, 20.0) == 1.0
-    assert moved_bytes(ph, orch_padded(ph))[0] >= 1
+    assert moved_bytes(ph.origin, orch_padded(ph), ph.bytes, ph.dp_per_node).inter >= 1
 
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(0, 10_000), st.sampled_from([1, 2, 4]), st.data())
-def test_bound_below_orch_and_paper(seed, rpn, data):
+def test_bound_below_orch_and_paper(seed, dpn, data):
     rng = np.random.default_rng(seed)
-    num_ranks = rpn * int(rng.integers(2, 6))
+    num_ranks = dpn * int(rng.integers(2, 6))
     n = int(rng.integers(num_ranks, 6 * num_ranks))
     lengths = np.clip(np.rint(300 * np.exp(rng.normal(-0.4, 0.9, n))), 1, 3000).astype(np.int64)
     origin = rng.integers(0, num_ranks, n)
-    ph = _phase(lengths, origin, lengths * 7, num_ranks, rpn)
+    ph = _phase(lengths, origin, lengths * 7, num_ranks, dpn)
     cap = _optimum(ph) * (1 + SLACK)
     orch = orch_padded(ph)
     assert rank_costs(ph, orch).max() <= cap * (1 + 1e-9)  # orch stays under the cap the bound is taken at
-    sent = min(moved_bytes(ph, orch)[0], moved_bytes(ph, paper(ph))[0])
+    sent = min(moved_bytes(ph.origin, d, ph.bytes, ph.dp_per_node).inter for d in (orch, paper(ph)))
     model = build_padded_bound_model(ph, cap)
     assert evaluate_bound(model).bound <= sent + 1e-6
     for _ in range(4):
@@ -121,7 +122,7 @@ def test_answer_attains_the_value_and_chunks_agree(ph, data):
     worth = whole.kept.sum() + float(pi @ whole.cover_above)
     assert model.total_bytes + float(pi @ model.need) - worth == pytest.approx(whole.bound, rel=1e-9, abs=1e-6)
     # a node's cover: at most its samples plus its R ranks' places
-    assert (whole.cover.sum(axis=1) <= model.real + ph.ranks_per_node * model.k.max()).all()
+    assert (whole.cover.sum(axis=1) <= model.real + ph.dp_per_node * model.k.max()).all()
 
 
 def test_empty_phase():

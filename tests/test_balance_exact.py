@@ -9,15 +9,17 @@ from hypothesis import strategies as st
 
 from orch.planner.balance.batch import PhaseSpec
 from orch.planner.balance.cost import build_phase_arrays, lower_bound, rank_costs
-from orch.planner.balance.greedy import karmarkar_karp, lpt, lpt_rounds
+from orch.planner.balance.greedy import lpt, lpt_rounds
+from orch.planner.balance.orch_unpadded import orch_unpadded
 from orch.planner.balance.padded import optimal_cap, padded_runs
-from orch.planner.balance.topology import SLACK, orch_unpadded
+from orch.planner.balance.topology import SLACK
+from orch.planner.research.karmarkar_karp import karmarkar_karp
 
 
-def _phase(lengths, origin, num_ranks, rpn, spec):
+def _phase(lengths, origin, num_ranks, dpn, spec):
     lengths = np.array(lengths, dtype=np.int64)
     origin = np.array(origin, dtype=np.int64)
-    return build_phase_arrays("p", spec, lengths, origin, lengths * 10, num_ranks, rpn)
+    return build_phase_arrays("p", spec, lengths, origin, lengths * 10, num_ranks, dpn)
 
 
 def _brute(ph):

@@ -20,8 +20,8 @@ PHASES = {
 
 @st.composite
 def batches(draw, max_tokens=False, constant=False, runtime_cap=False):
-    rpn = draw(st.integers(1, 4))
-    num_ranks = rpn * draw(st.integers(1, 3))
+    dpn = draw(st.integers(1, 4))
+    num_ranks = dpn * draw(st.integers(1, 3))
     n = draw(st.integers(0, 30))
     length = st.one_of(st.just(0), st.integers(1, 3000))
     samples = []
@@ -48,7 +48,7 @@ def batches(draw, max_tokens=False, constant=False, runtime_cap=False):
             for smp in samples:
                 held[smp["origin"]] += smp["lengths"][p]
             phases[p]["max_tokens"] = max(1, *held)
-    return Batch.model_validate({"num_ranks": num_ranks, "ranks_per_node": rpn, "phases": phases, "samples": samples})
+    return Batch.model_validate({"num_ranks": num_ranks, "ranks_per_node": dpn, "phases": phases, "samples": samples})
 
 
 MODES = list(Mode)
@@ -265,3 +265,13 @@ def test_a_cap_met_where_samples_were_drawn_never_fails_and_still_balances():
         # one long sample against several short ones of the same total: 8.2% over the bound before, 1.5% after
         assert r.max_cost < drawn
         assert r.max_cost <= r.lower_bound * 1.02
+
+
+def test_the_dispatcher_imports_no_research_code():
+    """planner/research (the certified bound, Karmarkar–Karp) stays off the dispatcher's import path."""
+    from pathlib import Path
+
+    import orch.planner.balance
+
+    for path in Path(orch.planner.balance.__file__).parent.glob("*.py"):
+        assert "orch.planner.research" not in path.read_text(), path.name

@@ -6,6 +6,7 @@ from orch.planner.costs import (
     CostConfig,
     Links,
     activation_gb,
+    forward_coefficients,
     forward_flops,
     module_cost,
     module_params,
@@ -36,6 +37,25 @@ def test_forward_flops_are_2n_per_token_plus_attention():
     attention = 4 * llm.hidden * w.tokens_sq * llm.layers * 0.5
     head = 2 * llm.hidden * llm.vocab * w.tokens
     assert forward_flops(llm, llm, w) == pytest.approx(dense + attention + head)
+
+
+def test_forward_coefficients_follow_the_model_shape():
+    """Per token and per pair of one forward (the runtime's dispatcher prices samples with these too)."""
+    model = load_model("tiny")
+    per_token, per_pair = forward_coefficients(model.modules["vision"], model.llm)
+    h, f, layers, d_in, h_llm = 32, 64, 2, 48, 64
+    # q, k, v, o, a GELU MLP and two norms per block; the stem and the projector once
+    assert per_token == 2 * (4 * h * h + 2 * h * f + 2 * h) * layers + 2 * d_in * h + 2 * h * h_llm
+    assert per_pair == 4 * h * layers
+    llm = model.llm
+    assert forward_coefficients(llm, llm).per_pair == 0.5 * 4 * llm.hidden * llm.layers
+    # MoE (tiny-moe's LLM is tiny's with 4 experts, top-2): a token meets the router and its
+    # top_k experts' MLPs, not every expert's
+    moe = load_model("tiny-moe").llm
+    mlp = 3 * moe.hidden * moe.ffn  # SwiGLU
+    extra = 2 * ((moe.top_k - 1) * mlp + moe.hidden * moe.experts) * moe.layers
+    assert forward_coefficients(moe, moe).per_token == forward_coefficients(llm, llm).per_token + extra
+    assert forward_coefficients(moe, moe).per_pair == forward_coefficients(llm, llm).per_pair
 
 
 def test_activation_memory_is_korthikanti():

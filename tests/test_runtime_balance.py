@@ -21,6 +21,7 @@ import pytest
 import torch
 from equivalence import assert_close, merged
 
+from orch.planner.costs import forward_coefficients
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
 from orch.planner.routing import RouteTable
@@ -32,8 +33,7 @@ from orch.runtime.train.orchestrator import (
     Orchestrator,
     StepTables,
     calibrate_module,
-    cost_coefficients,
-    dp_ranks_per_node,
+    dp_per_node,
     lengths_columns,
 )
 from orch.runtime.train.single_process import run_reference
@@ -101,16 +101,6 @@ def _tables(specs, name, mode, step=0) -> tuple[StepTables, GlobalBatch]:
 # -- pure ---------------------------------------------------------------------------------
 
 
-def test_cost_coefficients_follow_the_model_shape(specs):
-    model, _ = specs
-    a, b = cost_coefficients(model.modules["vision"], causal=False)
-    h, f, layers = 32, 64, 2
-    assert a == 2 * (4 * h * h + 2 * h * f) * layers  # q, k, v, o and a GELU MLP
-    assert b == 4 * h * layers
-    _, b_llm = cost_coefficients(model.llm, causal=True)
-    assert b_llm == 0.5 * 4 * model.llm.hidden * model.llm.layers
-
-
 def test_calibration_is_a_per_sample_constant_and_a_pair_rate(specs):
     """Timed on this machine: finite, non-negative, cached; the orchestrator charges c·tp per present sample."""
     model, data = specs
@@ -130,7 +120,7 @@ def test_calibration_is_a_per_sample_constant_and_a_pair_rate(specs):
     cols = lengths_columns(model, batch)
     t = orch.dispatch(0, cols)
     for m, (c, q) in calibration.items():
-        a, b = cost_coefficients(model.modules[m], causal=m == "llm")
+        a, b = forward_coefficients(model.modules[m], model.llm)  # the planner's FLOP model
         tp = 2 if m == "llm" else 1
         assert orch.coeffs[m] == (tp * c, a, q * b)
         cost = [tp * c + a * n + q * b * n * n if n else 0.0 for n in cols[m]]
@@ -143,9 +133,9 @@ def test_calibration_is_a_per_sample_constant_and_a_pair_rate(specs):
 
 
 def test_dp_indices_per_node():
-    assert dp_ranks_per_node(Grid("m", 1, 1, 4, 1, (0, 1, 2, 3)), 2) == 2
-    assert dp_ranks_per_node(Grid("m", 2, 1, 2, 1, (0, 1, 2, 3)), 2) == 1  # one DP index per node
-    assert dp_ranks_per_node(Grid("m", 1, 1, 3, 1, (1, 2, 3)), 2) == 3  # uneven: one node for the dispatcher
+    assert dp_per_node(Grid("m", 1, 1, 4, 1, (0, 1, 2, 3)), 2) == 2
+    assert dp_per_node(Grid("m", 2, 1, 2, 1, (0, 1, 2, 3)), 2) == 1  # one DP index per node
+    assert dp_per_node(Grid("m", 1, 1, 3, 1, (1, 2, 3)), 2) == 3  # uneven: one node for the dispatcher
 
 
 @pytest.mark.parametrize("mode", ["orch", "paper", "lpt"])

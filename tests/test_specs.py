@@ -83,6 +83,17 @@ def test_encoder_must_feed_the_llm():
         parse_text(ModelSpec, "m.yaml", bad)
 
 
+def test_modality_and_frames_per_token_follow_the_field_then_the_name():
+    model = parse_text(ModelSpec, "model.yaml", DESIGN_MODEL)  # no modality fields: the names decide
+    assert [model.modality(n) for n in ("vision", "audio", "llm")] == ["vision", "audio", "text"]
+    assert [model.modality(n).frames_per_token for n in ("vision", "audio", "llm")] == [1, 2, 1]
+    speech = {**model.modules["audio"].model_dump(), "modality": "audio"}
+    modules = {"speech": speech, "patches": model.modules["vision"].model_dump(), "llm": model.llm.model_dump()}
+    renamed = ModelSpec.model_validate({"name": "m", "modules": modules})
+    assert renamed.modality("speech").frames_per_token == 2
+    assert renamed.modality("patches") == "vision"  # an encoder of no known name: a patch stem
+
+
 def test_invalid_yaml_names_the_line(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("name: x\nnodes: [1,\n")

@@ -48,10 +48,11 @@ class Histogram(BaseModel):
 
 
 class AnalyzeResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # `orch analyze --json` keeps the name users know (the --ranks-per-node flag's), `ranks_per_node`
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, serialize_by_alias=True)
 
     dp: int
-    ranks_per_node: int
+    dp_per_node: int = Field(alias="ranks_per_node", description="DP ranks per node (--ranks-per-node)")
     micro_batch: int
     steps: int
     phases: dict[str, dict[str, ModeStats]]
@@ -64,7 +65,7 @@ def _draw(
     names: list[str],
     phases: dict[str, PhaseSpec],
     dp: int,
-    rpn: int,
+    dpn: int,
     micro_batch: int,
     rng: np.random.Generator,
 ) -> tuple[dict[str, PhaseArrays], np.ndarray]:
@@ -80,27 +81,27 @@ def _draw(
     out = {}
     for k, name in enumerate(names):
         ln = lengths[:, k]
-        out[name] = build_phase_arrays(name, phases[name], ln, origin, ln * BYTES_PER_TOKEN, dp, rpn)
+        out[name] = build_phase_arrays(name, phases[name], ln, origin, ln * BYTES_PER_TOKEN, dp, dpn)
     return out, origin
 
 
 def analyze(
     rows: tuple[tuple[tuple[str, int], ...], ...],
     dp: int,
-    ranks_per_node: int,
+    dp_per_node: int,
     micro_batch: int,
     steps: int = 8,
     seed: int = 0,
     modes: tuple[Mode, ...] = (Mode.NONE, Mode.LPT, Mode.PAPER, Mode.ORCH),
     source: str = "manifest",
 ) -> AnalyzeResult:
-    for flag, value in (("--dp", dp), ("--ranks-per-node", ranks_per_node), ("--micro-batch", micro_batch)):
+    for flag, value in (("--dp", dp), ("--ranks-per-node", dp_per_node), ("--micro-batch", micro_batch)):
         if value <= 0:
             raise SpecError(flag, "", f"expected a positive count, got {value}")
     if steps <= 0:
         raise SpecError("--steps", "", f"expected a positive count, got {steps}")
-    if dp % ranks_per_node:
-        raise SpecError("--dp", "", f"expected a multiple of --ranks-per-node ({ranks_per_node}), got {dp}")
+    if dp % dp_per_node:
+        raise SpecError("--dp", "", f"expected a multiple of --ranks-per-node ({dp_per_node}), got {dp}")
     names = sorted({key for row in rows for key, _ in row})
     if not names:
         raise SpecError(source, "", "no phase lengths in the manifest")
@@ -109,13 +110,13 @@ def analyze(
     acc: dict[str, dict[str, list[float]]] = {name: {m.value: [0.0] * 5 for m in modes} for name in names}
     first: dict[str, dict[str, np.ndarray]] = {name: {} for name in names}
     for step in range(steps):
-        arrays, origin = _draw(rows, names, phases, dp, ranks_per_node, micro_batch, rng)
+        arrays, origin = _draw(rows, names, phases, dp, dp_per_node, micro_batch, rng)
         for mode in modes:
             outcomes = balance_arrays(arrays, origin, mode)
             for name, o in outcomes.items():
                 ph = arrays[name]
                 local = o.dest[ph.ids]
-                inter, _ = moved_bytes(ph, local)
+                inter = moved_bytes(ph.origin, local, ph.bytes, ph.dp_per_node).inter
                 total = float(ph.bytes.sum()) or 1.0
                 a = acc[name][mode.value]
                 a[0] += float(o.costs.max(initial=0.0))
@@ -152,7 +153,7 @@ def analyze(
         speedup[mode.value] = base / total if total > 0 and base > 0 else 1.0
     return AnalyzeResult(
         dp=dp,
-        ranks_per_node=ranks_per_node,
+        dp_per_node=dp_per_node,
         micro_batch=micro_batch,
         steps=steps,
         phases=stats,

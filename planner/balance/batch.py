@@ -1,7 +1,9 @@
 """The input and output of `orch balance`: one global batch, and where every sample goes per phase.
 
 The field names are a contract (issue 3, `orch balance`): a later check reads the JSON exactly,
-so the result models carry no field beyond the ones listed there.
+so the result models carry no field beyond the ones listed there. One JSON name differs from the
+code's: a batch file's `ranks_per_node` is `Batch.dp_per_node` (DP ranks per node, not the plan's
+GPUs per node), through a pydantic alias that is the only spelling a file may use.
 """
 
 from __future__ import annotations
@@ -54,20 +56,20 @@ class Sample(BaseModel):
 class Batch(BaseModel):
     """One global batch: N DP ranks, R per node, the phases' costs, and every sample."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
 
     version: Literal[1] = 1
     num_ranks: int = Field(gt=0, description="DP ranks N")
-    ranks_per_node: int = Field(gt=0, description="DP ranks per node R; N must be a multiple")
+    dp_per_node: int = Field(alias="ranks_per_node", gt=0, description="DP ranks per node R; N must be a multiple")
     phases: dict[str, PhaseSpec] = Field(description="phase name -> cost; the LLM phase is named 'llm'")
     samples: list[Sample] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _check(self) -> Batch:
         # Messages start with the field path: the loader renders them as `file: field: message`.
-        if self.num_ranks % self.ranks_per_node:
+        if self.num_ranks % self.dp_per_node:
             raise ValueError(
-                f"num_ranks: expected a multiple of ranks_per_node ({self.ranks_per_node}), got {self.num_ranks}"
+                f"num_ranks: expected a multiple of ranks_per_node ({self.dp_per_node}), got {self.num_ranks}"
             )
         declared = sorted(self.phases)
         for i, s in enumerate(self.samples):
@@ -83,7 +85,7 @@ class Batch(BaseModel):
 
     @property
     def num_nodes(self) -> int:
-        return self.num_ranks // self.ranks_per_node
+        return self.num_ranks // self.dp_per_node
 
 
 class PhaseResult(BaseModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +29,7 @@ class PhaseArrays:
     origin: IntArray
     bytes: IntArray
     num_ranks: int
-    ranks_per_node: int
+    dp_per_node: int
 
     @property
     def n(self) -> int:
@@ -36,7 +37,7 @@ class PhaseArrays:
 
     @property
     def num_nodes(self) -> int:
-        return self.num_ranks // self.ranks_per_node
+        return self.num_ranks // self.dp_per_node
 
 
 def sample_costs(lengths: npt.NDArray[np.int64], spec: PhaseSpec) -> FloatArray:
@@ -55,7 +56,7 @@ def build_phase_arrays(
     origin: IntArray,
     bytes_: IntArray,
     num_ranks: int,
-    ranks_per_node: int,
+    dp_per_node: int,
 ) -> PhaseArrays:
     """From full-batch columns (one entry per sample) keep the samples present in the phase."""
     ids = np.flatnonzero(lengths > 0).astype(np.int64)
@@ -69,7 +70,7 @@ def build_phase_arrays(
         origin=origin[ids].astype(np.int64),
         bytes=bytes_[ids].astype(np.int64),
         num_ranks=num_ranks,
-        ranks_per_node=ranks_per_node,
+        dp_per_node=dp_per_node,
     )
 
 
@@ -114,10 +115,23 @@ def lower_bound(ph: PhaseArrays) -> float:
     return float(max(ph.costs.sum() / ph.num_ranks, ph.costs.max()))
 
 
-def moved_bytes(ph: PhaseArrays, dest: IntArray) -> tuple[int, int]:
-    """(inter-node, intra-node) bytes of the samples whose rank changes."""
-    moved = dest != ph.origin
-    cross = moved & (dest // ph.ranks_per_node != ph.origin // ph.ranks_per_node)
-    inter = int(ph.bytes[cross].sum())
-    intra = int(ph.bytes[moved & ~cross].sum())
-    return inter, intra
+class MovedBytes(NamedTuple):
+    """Bytes of the samples that change rank, by the link they take. Read them by name.
+
+    As a tuple, inter-node bytes come first: comparing two MovedBytes prefers fewer bytes across
+    nodes (the slow link), then fewer inside a node (refill_padded keeps the one that moves fewer).
+    """
+
+    inter: int  # samples that change node
+    intra: int  # samples that change rank inside their node
+
+
+def moved_bytes(src: IntArray, dst: IntArray, nbytes: IntArray, per_node: int) -> MovedBytes:
+    """Bytes of the samples whose rank changes from src[i] to dst[i]; rank r is on node r // per_node.
+
+    The dispatcher passes a phase's DP indices (ph.origin, its dest, ph.bytes, ph.dp_per_node);
+    the runtime passes the global ranks of the DP leaders that send and receive, and GPUs per node.
+    """
+    moved = dst != src
+    cross = moved & (dst // per_node != src // per_node)
+    return MovedBytes(inter=int(nbytes[cross].sum()), intra=int(nbytes[moved & ~cross].sum()))

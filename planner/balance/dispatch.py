@@ -25,9 +25,10 @@ from orch.planner.balance.cost import (
 )
 from orch.planner.balance.greedy import exchange_under_cap, improve, lpt
 from orch.planner.balance.mode import Mode
+from orch.planner.balance.orch_padded import orch_padded
+from orch.planner.balance.orch_unpadded import orch_unpadded
 from orch.planner.balance.padded import optimal_cap, padded_runs
 from orch.planner.balance.paper import paper
-from orch.planner.balance.topology import orch_padded, orch_unpadded
 from orch.planner.errors import InfeasibleError, SpecError
 
 
@@ -74,9 +75,7 @@ def dispatch_phase(ph: PhaseArrays, mode: Mode) -> IntArray:
             raise
         if ph.spec.padded:
             return ph.origin.copy()
-        moved = improve(
-            ph.costs, ph.origin, ph.num_ranks, ph.ranks_per_node, lower_bound(ph), lengths=ph.lengths, cap=cap
-        )
+        moved = improve(ph.costs, ph.origin, ph.num_ranks, ph.dp_per_node, lower_bound(ph), lengths=ph.lengths, cap=cap)
         return exchange_under_cap(ph.costs, ph.lengths, moved, ph.num_ranks, cap)
 
 
@@ -121,8 +120,8 @@ def check_token_caps(ph: PhaseArrays, source: str) -> None:
 def outcome(ph: PhaseArrays, local_dest: IntArray, origin: IntArray, seconds: float) -> PhaseOutcome:
     dest = origin.copy()
     dest[ph.ids] = local_dest
-    inter, intra = moved_bytes(ph, local_dest)
-    return PhaseOutcome(dest, rank_costs(ph, local_dest), lower_bound(ph), inter, intra, seconds)
+    moved = moved_bytes(ph.origin, local_dest, ph.bytes, ph.dp_per_node)
+    return PhaseOutcome(dest, rank_costs(ph, local_dest), lower_bound(ph), moved.inter, moved.intra, seconds)
 
 
 def balance_arrays(phases: dict[str, PhaseArrays], origin: IntArray, mode: Mode) -> dict[str, PhaseOutcome]:
@@ -151,7 +150,7 @@ def batch_phase_arrays(batch: Batch) -> tuple[dict[str, PhaseArrays], IntArray]:
     origin = np.zeros(0, dtype=np.int64)
     for name, spec in batch.phases.items():
         lengths, origin, bytes_ = batch_columns(batch, name)
-        phases[name] = build_phase_arrays(name, spec, lengths, origin, bytes_, batch.num_ranks, batch.ranks_per_node)
+        phases[name] = build_phase_arrays(name, spec, lengths, origin, bytes_, batch.num_ranks, batch.dp_per_node)
     if not batch.phases:
         origin = np.array([s.origin for s in batch.samples], dtype=np.int64)
     return phases, origin

@@ -9,7 +9,7 @@ then finish exactly over the candidates left in the last interval.
 
 `--mode orch` needs less: a cap within (1 + slack) of the optimum (near_optimal_cap, a bracket
 search that walks only the runs' leaders, greedy_starts), and each node's own greedy runs
-(node_runs) to keep samples at home (topology.orch_padded).
+(node_runs) to keep samples at home (orch_padded.py).
 """
 
 from __future__ import annotations
@@ -141,38 +141,6 @@ def run_capacity(
     if max_tokens is not None:
         k = np.minimum(k, max_tokens // np.maximum(lengths, 1))
     return k.astype(np.int64)
-
-
-def group_runs(
-    costs: FloatArray, lengths: IntArray, group: IntArray, num_groups: int, cap: float, max_tokens: int | None
-) -> tuple[IntArray, IntArray]:
-    """Greedy runs at cap C inside each group (e.g. each node) separately.
-
-    Returns (run index per sample, numbered consecutively across groups; runs per group).
-    """
-    order = np.lexsort((np.arange(lengths.size), -lengths, group))
-    costs_desc, lengths_desc, g_sorted = costs[order], lengths[order], group[order]
-    n = lengths.size
-    k = run_capacity(costs_desc, lengths_desc, cap, max_tokens)
-    if n and k.min() < 1:
-        raise InfeasibleError(f"a sample costs more than the cap {cap:g}")
-    # a run may not cross into the next group
-    group_end = np.searchsorted(g_sorted, g_sorted, side="right")
-    nxt = np.minimum(np.arange(n) + k.astype(np.int64), group_end).tolist()
-    run_desc = np.empty(n, dtype=np.int64)
-    per_group = np.zeros(num_groups, dtype=np.int64)
-    gs = g_sorted.tolist()
-    i = 0
-    run = -1
-    while i < n:
-        run += 1
-        j = nxt[i]
-        run_desc[i:j] = run
-        per_group[gs[i]] += 1
-        i = j
-    runs = np.empty(n, dtype=np.int64)
-    runs[order] = run_desc
-    return runs, per_group
 
 
 def desc_order(lengths: IntArray, group: IntArray | None = None) -> IntArray:

@@ -21,7 +21,7 @@ from orch.planner.errors import InfeasibleError
 
 def _bucket_node_bytes(bucket: IntArray, ph: PhaseArrays, num_buckets: int) -> tuple[IntArray, IntArray, IntArray]:
     """Sparse (bucket, node, bytes) triples of the bytes each bucket holds from each origin node."""
-    key = bucket * ph.num_nodes + ph.origin // ph.ranks_per_node
+    key = bucket * ph.num_nodes + ph.origin // ph.dp_per_node
     uniq, inv = np.unique(key, return_inverse=True)
     w = np.bincount(inv, weights=ph.bytes).astype(np.int64)
     return uniq // ph.num_nodes, uniq % ph.num_nodes, w
@@ -31,7 +31,7 @@ def buckets_to_nodes(bucket: IntArray, ph: PhaseArrays, num_buckets: int) -> Int
     """Node of every bucket, R per node, maximising the bytes that stay on their node (min-cost flow)."""
     from ortools.graph.python import min_cost_flow
 
-    num_nodes, rpn = ph.num_nodes, ph.ranks_per_node
+    num_nodes, dpn = ph.num_nodes, ph.dp_per_node
     b, m, w = _bucket_node_bytes(bucket, ph, num_buckets)
     # graph nodes: buckets 0..B-1, cluster nodes B..B+M-1, hub B+M, sink B+M+1
     hub, sink = num_buckets + num_nodes, num_buckets + num_nodes + 1
@@ -39,7 +39,7 @@ def buckets_to_nodes(bucket: IntArray, ph: PhaseArrays, num_buckets: int) -> Int
     heads = np.concatenate(
         [num_buckets + m, np.full(num_buckets, hub), num_buckets + np.arange(num_nodes), np.full(num_nodes, sink)]
     )
-    caps = np.concatenate([np.ones(b.size + num_buckets), np.full(2 * num_nodes, rpn)]).astype(np.int64)
+    caps = np.concatenate([np.ones(b.size + num_buckets), np.full(2 * num_nodes, dpn)]).astype(np.int64)
     costs = np.concatenate([-w, np.zeros(num_buckets + 2 * num_nodes, dtype=np.int64)]).astype(np.int64)
     flow = min_cost_flow.SimpleMinCostFlow()
     arcs = flow.add_arcs_with_capacity_and_unit_cost(tails, heads, caps, costs)
@@ -66,7 +66,7 @@ def runs_to_nodes_greedy(bucket: IntArray, ph: PhaseArrays) -> IntArray:
     num_buckets = int(bucket.max(initial=-1)) + 1
     b, m, w = _bucket_node_bytes(bucket, ph, num_buckets)
     node = np.full(num_buckets, -1, dtype=np.int64)
-    places = np.full(ph.num_nodes, ph.ranks_per_node)
+    places = np.full(ph.num_nodes, ph.dp_per_node)
     for k in np.lexsort((b, -w)).tolist():
         if node[b[k]] < 0 and places[m[k]] > 0:
             node[b[k]] = m[k]
@@ -80,12 +80,12 @@ def buckets_to_ranks(bucket: IntArray, bucket_node: IntArray, ph: PhaseArrays) -
     """Inside each node, an exact assignment of its buckets to its ranks maximising bytes left on their rank."""
     from ortools.graph.python import linear_sum_assignment
 
-    rpn = ph.ranks_per_node
+    dpn = ph.dp_per_node
     num_buckets = bucket_node.size
     s_node = bucket_node[bucket]
-    same = ph.origin // rpn == s_node
-    key = bucket * rpn + ph.origin % rpn
-    stay = np.bincount(key[same], weights=ph.bytes[same], minlength=num_buckets * rpn).reshape(num_buckets, rpn)
+    same = ph.origin // dpn == s_node
+    key = bucket * dpn + ph.origin % dpn
+    stay = np.bincount(key[same], weights=ph.bytes[same], minlength=num_buckets * dpn).reshape(num_buckets, dpn)
     rank_of_bucket = np.zeros(num_buckets, dtype=np.int64)
     order = np.lexsort((np.arange(num_buckets), bucket_node))
     starts = np.searchsorted(bucket_node[order], np.arange(ph.num_nodes + 1))
@@ -95,15 +95,15 @@ def buckets_to_ranks(bucket: IntArray, bucket_node: IntArray, ph: PhaseArrays) -
         if mine.size == 0:
             continue
         solver = linear_sum_assignment.SimpleLinearSumAssignment()
-        left = np.repeat(np.arange(rpn), rpn)
-        right = np.tile(np.arange(rpn), rpn)
-        weight = np.zeros((rpn, rpn), dtype=np.int64)
+        left = np.repeat(np.arange(dpn), dpn)
+        right = np.tile(np.arange(dpn), dpn)
+        weight = np.zeros((dpn, dpn), dtype=np.int64)
         weight[: mine.size] = stay[mine].astype(np.int64)
         solver.add_arcs_with_cost(left, right, (top - weight).reshape(-1))
         if solver.solve() != solver.OPTIMAL:
             raise InfeasibleError("paper: rank assignment failed")
         for k, bk in enumerate(mine.tolist()):
-            rank_of_bucket[bk] = node * rpn + solver.right_mate(k)
+            rank_of_bucket[bk] = node * dpn + solver.right_mate(k)
     return rank_of_bucket[bucket]
 
 

@@ -16,10 +16,12 @@ table Π_llm ∘ B ∘ Π_enc⁻¹, where B is the unbalanced boundary (encoder 
 one move, not back-and-forth (`StepTables.boundary_table`).
 
 Cost per sample and phase (the dispatcher's cost = c + a·len + b·len² for len > 0,
-planner/balance/batch.py), from the model shape, in FLOPs per forward, summed over the module's layers:
-  a = 2 · params_per_layer   (every token goes through every block weight once: 2 FLOPs per MAC)
-  b = 4 · hidden             (QK^T and PV: 2 · 2 · hidden per pair of tokens), x0.5 for the causal LLM
-the LLM adds 2 · hidden · vocab per token to `a` (the head; text tokens only in fact, a small bias).
+planner/balance/batch.py; sample and rank costs from planner/balance/cost.py), from the model shape:
+the FLOPs of the module's forward as the planner counts them (planner/costs.py, `forward_coefficients`):
+  a = per token: every weight a token meets, 2 FLOPs per multiply-add (a MoE block's router and
+      its top_k experts; the LLM's head, text tokens only in fact, a small bias; an encoder's
+      stem and projector)
+  b = per pair of tokens: QK^T and PV, 4 · hidden per layer, x0.5 for the causal LLM.
 FLOPs alone miss two things the runtime really pays (`calibrate_module`): a fixed cost per sample
 (attention, the projector's padding and the LLM's embedding run once per sample in Python: a
 dozen small kernels per layer, forward and backward) and a per-pair rate above the matmul rate
@@ -32,7 +34,9 @@ t = call + c0·k + r1·k·a·n + r2·k·b·n² by least squares on relative erro
                       over tp ranks but the per-sample kernels do not)
   b ← b · r2 / r1    (attention's measured rate relative to the matmuls')
 Without a calibration (pure tests, `--balance none`) c = 0 and b is the FLOP count.
-Bytes a sample moves in a phase: its tokens x hidden x element size (`phase_bytes`).
+Bytes a sample moves in a phase (`_bytes`): its inputs, an encoder's tokens x frames per token
+(ModelSpec.modality(...).frames_per_token: 2 for audio) x input_dim, the LLM's tokens x hidden,
+times the element size.
 
 A phase whose balanced placement the cost model prices above the unbalanced one (lpt and paper
 are heuristics; a random placement can beat them) keeps the unbalanced placement.
@@ -57,27 +61,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from orch.planner.balance.batch import LLM_PHASE, Batch, PhaseSpec
-from orch.planner.balance.batch import Sample as BalanceSample
-from orch.planner.balance.dispatch import balance_batch
+from orch.planner.balance.batch import LLM_PHASE, PhaseSpec
+from orch.planner.balance.cost import MovedBytes, PhaseArrays, build_phase_arrays, moved_bytes, rank_costs
+from orch.planner.balance.dispatch import balance_arrays
 from orch.planner.balance.mode import Mode
+from orch.planner.costs import forward_coefficients
 from orch.planner.plan import Plan
 from orch.planner.routing import RouteTable
-from orch.planner.specs import DataSpec, ModelSpec, ModuleSpec
+from orch.planner.specs import DataSpec, ModelSpec
 from orch.runtime.data.synthetic import GlobalBatch, encoder_order, initial_dp_index
-from orch.runtime.models.reference import AUDIO_STEM_STRIDE, encoder_modality
 from orch.runtime.parallel.grid import Grid
-
-
-def cost_coefficients(spec: ModuleSpec, *, causal: bool) -> tuple[float, float]:
-    """(a, b) of cost(len) = a·len + b·len² for one module, FLOPs of a forward (module docstring)."""
-    h, kv = spec.hidden, spec.num_kv_heads * (spec.hidden // spec.heads)
-    mlp = (3 if spec.mlp_kind == "swiglu" else 2) * h * spec.ffn
-    params_per_layer = 2 * h * h + 2 * h * kv + mlp
-    a = 2.0 * params_per_layer * spec.layers + (2.0 * h * spec.vocab if spec.vocab else 0.0)
-    b = 4.0 * h * spec.layers * (0.5 if causal else 1.0)
-    return a, b
-
 
 # (samples k, tokens n each) timed by calibrate_module: small and large k at short n separate the
 # per-sample cost from the per-token one; n up to 256 at k = 1 brings in the per-pair term.
@@ -115,7 +108,7 @@ def _time_module(
         text_loss(module, prefixes, samples, k * n).backward()
         _sync(device)
         return time.perf_counter() - t
-    frames = AUDIO_STEM_STRIDE if encoder_modality(name, spec) == "audio" else 1
+    frames = model.modality(name).frames_per_token
     empty = torch.zeros(0, dtype=torch.int64, device=device)
     samples = [
         Sample(
@@ -125,7 +118,7 @@ def _time_module(
     ]
     _sync(device)
     t = time.perf_counter()
-    encode(module, name, samples, dtype).sum().backward()
+    encode(module, name, samples, dtype, model.modality(name).frames_per_token).sum().backward()
     _sync(device)
     return time.perf_counter() - t
 
@@ -158,7 +151,7 @@ def _calibrate(
     dtype = getattr(torch, dtype_name)
     device = torch.device(device_name)
     module = build_module(name, model).to(device, dtype)
-    a, b = cost_coefficients(model.modules[name], causal=name == model.llm_name)
+    a, b = forward_coefficients(model.modules[name], model.llm)
     rows, times = [], []
     for k, n in calibration_shapes(max_len):
         _time_module(model, name, module, k, n, dtype, device)  # warm-up: first-touch allocations
@@ -226,8 +219,9 @@ def phase_name(model: ModelSpec, module: str) -> str:
     return LLM_PHASE if module == model.llm_name else module
 
 
-def dp_ranks_per_node(grid: Grid, ranks_per_node: int) -> int:
-    """DP indices per node, as the dispatcher counts them (DP index d on node d // R).
+def dp_per_node(grid: Grid, ranks_per_node: int) -> int:
+    """DP indices per node, as the dispatcher counts them (DP index d on node d // R), on nodes of
+    `ranks_per_node` GPUs (the plan's).
 
     A DP index lives on the node of its leader. When the nodes do not form equal consecutive
     blocks of DP indices (an island straddling nodes unevenly), the phase is treated as one node:
@@ -305,10 +299,10 @@ class Orchestrator:
         self.elem_bytes = elem_bytes
         self.coeffs: dict[str, tuple[float, float, float]] = {}  # module -> (c, a, b)
         for m in self.modules:
-            a, b = cost_coefficients(self.model.modules[m], causal=m == self.model.llm_name)
+            a, b = forward_coefficients(self.model.modules[m], self.model.llm)
             per_sample, pair_rate = (calibration or {}).get(m, (0.0, 1.0))
             self.coeffs[m] = (grids[m].tp * per_sample, a, b * pair_rate)
-        self.rpn = {m: dp_ranks_per_node(grids[m], plan.ranks_per_node) for m in self.modules}
+        self.dp_per_node = {m: dp_per_node(grids[m], plan.ranks_per_node) for m in self.modules}
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[int, tuple[Future[StepTables], float]] = {}
 
@@ -340,16 +334,20 @@ class Orchestrator:
         spec = self.model.modules[module]
         if module == self.model.llm_name:
             return [n * spec.hidden * self.elem_bytes for n in lengths]
-        frames = AUDIO_STEM_STRIDE if encoder_modality(module, spec) == "audio" else 1
+        frames = self.model.modality(module).frames_per_token
         return [n * frames * (spec.input_dim or 1) * self.elem_bytes for n in lengths]
 
-    def _sample_costs(self, module: str, lengths: list[int]) -> np.ndarray:
+    def _phase(self, module: str, origin: np.ndarray, lengths: list[int]) -> PhaseArrays:
+        """One module's phase as the dispatcher reads it: the samples' lengths, origins and bytes, the
+        module's cost model, and the unbalanced placement's largest per-rank token count as the cap."""
+        dp = self.grids[module].dp
+        lens = np.asarray(lengths, dtype=np.int64)
+        cap = max(1, int(np.bincount(origin, weights=lens, minlength=dp).max()))
         c, a, b = self.coeffs[module]
-        x = np.asarray(lengths, dtype=np.float64)
-        return np.where(x > 0, c + a * x + b * x * x, 0.0)
-
-    def _rank_costs(self, module: str, costs: np.ndarray, where: tuple[int, ...]) -> np.ndarray:
-        return np.bincount(np.asarray(where), weights=costs, minlength=self.grids[module].dp)
+        spec = PhaseSpec(constant=c, linear=a, quadratic=b, max_tokens=cap)
+        nbytes = np.asarray(self._bytes(module, lengths), dtype=np.int64)
+        name = phase_name(self.model, module)
+        return build_phase_arrays(name, spec, lens, origin, nbytes, dp, self.dp_per_node[module])
 
     def dispatch(self, step: int, lengths: dict[str, list[int]]) -> StepTables:
         start = time.perf_counter()
@@ -358,34 +356,23 @@ class Orchestrator:
         dest: dict[str, tuple[int, ...]] = {}
         stats: dict[str, dict[str, float]] = {}
         for m in self.modules:
-            dp, lens = self.grids[m].dp, lengths[m]
-            if self.mode == Mode.NONE or dp == 1:
+            where = np.asarray(origin[m], dtype=np.int64)
+            ph = self._phase(m, where, lengths[m])
+            if self.mode == Mode.NONE or ph.num_ranks == 1:
                 dest[m] = origin[m]
             else:
-                cap = max(1, *np.bincount(np.asarray(origin[m]), weights=lens, minlength=dp).astype(int).tolist())
-                c, a, b = self.coeffs[m]
-                name = phase_name(self.model, m)
-                batch = Batch(
-                    num_ranks=dp,
-                    ranks_per_node=self.rpn[m],
-                    phases={name: PhaseSpec(constant=c, linear=a, quadratic=b, max_tokens=cap)},
-                    samples=[
-                        BalanceSample(origin=o, lengths={name: ln}, bytes={name: by})
-                        for o, ln, by in zip(origin[m], lens, self._bytes(m, lens), strict=True)
-                    ],
-                )
-                dest[m] = tuple(balance_batch(batch, self.mode).phases[name].dest)
-            costs = self._sample_costs(m, lens)
-            before, after = self._rank_costs(m, costs, origin[m]), self._rank_costs(m, costs, dest[m])
+                dest[m] = tuple(balance_arrays({ph.name: ph}, where, self.mode)[ph.name].dest.tolist())
+            before = rank_costs(ph, ph.origin)
+            after = rank_costs(ph, np.asarray(dest[m], dtype=np.int64)[ph.ids])
             if after.max() > before.max():  # a heuristic (lpt, paper) worse than where samples are: stay
                 dest[m], after = origin[m], before
-            stats[phase_name(self.model, m)] = {
+            stats[ph.name] = {
                 "max_cost_before": float(before.max()),
                 "mean_cost_before": float(before.mean()),
                 "max_cost": float(after.max()),
                 "mean_cost": float(after.mean()),
                 # no placement of whole samples has a smaller max: the mean rank, or the costliest sample
-                "floor_cost": float(max(after.mean(), costs.max(initial=0.0))),
+                "floor_cost": float(max(after.mean(), ph.costs.max(initial=0.0))),
             }
         dp = {m: self.grids[m].dp for m in self.modules}
         return StepTables(step, origin, dest, dp, self.model.llm_name, stats, time.perf_counter() - start)
@@ -417,25 +404,29 @@ class Orchestrator:
         """The step's metrics: per phase max/mean cost (before and after) and the bytes its inputs
         moved inside and across nodes (forward; the backward moves the same bytes back), and the
         dispatcher's seconds, total and hidden behind the previous step's compute."""
-        rpn, llm = self.plan.ranks_per_node, self.model.llm_name
+        gpn, llm = self.plan.ranks_per_node, self.model.llm_name
         balanced = self.mode != Mode.NONE
         out: dict[str, object] = {}
         llm_intra = llm_inter = 0
         for e in encoder_order(self.model):
             grid = self.grids[e]
-            intra = inter = 0
+            moved = MovedBytes(inter=0, intra=0)
             if balanced:
                 feats = self._bytes(e, [batch.enc_tokens[i][e] for i in range(batch.size)])
-                intra, inter = moved_bytes(t.input_table(e), grid, grid, feats, rpn)
-            out[phase_name(self.model, e)] = {**t.stats[e], "intra_node_bytes": intra, "inter_node_bytes": inter}
+                moved = _leader_bytes(t.input_table(e), grid, grid, feats, gpn)
+            out[phase_name(self.model, e)] = {
+                **t.stats[e],
+                "intra_node_bytes": moved.intra,
+                "inter_node_bytes": moved.inter,
+            }
             table = t.boundary_table(e)  # the unbalanced boundary when nothing is balanced
             rows = [batch.projected(e, i) * self.model.llm.hidden * self.elem_bytes for i in range(batch.size)]
-            a, b = moved_bytes(table, grid, self.grids[llm], rows, rpn)
-            llm_intra, llm_inter = llm_intra + a, llm_inter + b
+            moved = _leader_bytes(table, grid, self.grids[llm], rows, gpn)
+            llm_intra, llm_inter = llm_intra + moved.intra, llm_inter + moved.inter
         if balanced:
             text = [2 * n * 8 for n in batch.text_tokens]  # token and label ids, int64
-            a, b = moved_bytes(t.input_table(llm), self.grids[llm], self.grids[llm], text, rpn)
-            llm_intra, llm_inter = llm_intra + a, llm_inter + b
+            moved = _leader_bytes(t.input_table(llm), self.grids[llm], self.grids[llm], text, gpn)
+            llm_intra, llm_inter = llm_intra + moved.intra, llm_inter + moved.inter
         out[LLM_PHASE] = {**t.stats[LLM_PHASE], "intra_node_bytes": llm_intra, "inter_node_bytes": llm_inter}
         out["dispatcher_s"] = t.seconds
         out["dispatcher_hidden_s"] = t.hidden_s
@@ -451,20 +442,15 @@ def _with_wait(t: StepTables, waited: float) -> StepTables:
     return StepTables(t.step, t.origin, t.dest, t.dp, t.llm, t.stats, t.seconds, waited)
 
 
-def moved_bytes(
-    table: RouteTable, src: Grid, dst: Grid, sample_bytes: list[int], ranks_per_node: int
-) -> tuple[int, int]:
-    """(inside a node, across nodes) bytes of one move: leader to leader, a rank to itself is free."""
-    intra = inter = 0
-    for i, nbytes in enumerate(sample_bytes):
-        a, b = src.leader(table.src[i]), dst.leader(table.dst[i])
-        if a == b or nbytes == 0:
-            continue
-        if a // ranks_per_node == b // ranks_per_node:
-            intra += nbytes
-        else:
-            inter += nbytes
-    return intra, inter
+def _leader_bytes(table: RouteTable, src: Grid, dst: Grid, sample_bytes: list[int], gpus_per_node: int) -> MovedBytes:
+    """Bytes of one move by link: from the source DP index's leader to the destination's (the
+    transport's leader-to-leader move); a rank sending to itself moves nothing."""
+    return moved_bytes(
+        np.array([src.leader(d) for d in table.src], dtype=np.int64),
+        np.array([dst.leader(d) for d in table.dst], dtype=np.int64),
+        np.array(sample_bytes, dtype=np.int64),
+        gpus_per_node,
+    )
 
 
 __all__ = [
@@ -472,8 +458,6 @@ __all__ = [
     "StepTables",
     "calibrate_module",
     "calibration_shapes",
-    "cost_coefficients",
     "longest_sample",
-    "moved_bytes",
     "shared_calibration",
 ]

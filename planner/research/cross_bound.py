@@ -58,7 +58,7 @@ class PaddedBoundModel:
     prefix: FloatArray  # [M, L + 1] per node, cumulative (monotone-ised) bytes of its samples longest first
     cls: IntArray  # [M, L] class of each of those samples (0 for padding)
     real: IntArray  # [M] samples of each node (the rest of its row is padding)
-    ranks_per_node: int
+    dp_per_node: int
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def _class_starts(distinct: IntArray, ph: PhaseArrays, cap: float, num_classes: 
 
 def build_padded_bound_model(ph: PhaseArrays, cap: float, num_classes: int = 256) -> PaddedBoundModel:
     """Classes by k (see _class_starts); any classing gives a valid bound, finer ones a tighter one."""
-    rpn, num_nodes = ph.ranks_per_node, ph.num_nodes
+    dpn, num_nodes = ph.dp_per_node, ph.num_nodes
     lengths = ph.lengths
     lo = _class_starts(np.unique(lengths), ph, cap, num_classes)
     cls_of = np.searchsorted(lo, lengths, side="right") - 1
@@ -96,7 +96,7 @@ def build_padded_bound_model(ph: PhaseArrays, cap: float, num_classes: int = 256
         k = np.where(lo_cost > 0, np.floor(cap / lo_cost * (1 + _FUZZ)), ph.n)
     k = np.minimum(k, max(ph.n, 1)).astype(np.int64)
     need = np.cumsum(np.bincount(cls_of, minlength=lo.size)[::-1])[::-1].astype(np.int64)
-    node = ph.origin // rpn
+    node = ph.origin // dpn
     # per node: longest first, ties most bytes first
     order = np.lexsort((-ph.bytes, -lengths, node))
     s_node = node[order]
@@ -111,11 +111,11 @@ def build_padded_bound_model(ph: PhaseArrays, cap: float, num_classes: int = 256
     b = np.maximum.accumulate(b[:, ::-1], axis=1)[:, ::-1] if width else b
     prefix = np.zeros((num_nodes, width + 1))
     np.cumsum(b, axis=1, out=prefix[:, 1:])
-    return PaddedBoundModel(lo, k, need, float(ph.bytes.sum()), prefix, c, per.astype(np.int64), rpn)
+    return PaddedBoundModel(lo, k, need, float(ph.bytes.sum()), prefix, c, per.astype(np.int64), dpn)
 
 
 def _node_best(
-    v: FloatArray, real: IntArray, cls: IntArray, k: IntArray, pi_c: FloatArray, rpn: int
+    v: FloatArray, real: IntArray, cls: IntArray, k: IntArray, pi_c: FloatArray, dpn: int
 ) -> tuple[FloatArray, IntArray, np.ndarray]:
     """Every node's best answer at prices π (see the module docstring), for a chunk of nodes.
 
@@ -151,7 +151,7 @@ def _node_best(
     f = np.zeros((num_m, width + 1))
     fs = [f]
     hs, args = [], []
-    for _ in range(rpn):
+    for _ in range(dpn):
         w = np.where(ok_end[:, None, :], base + f[:, None, :], -np.inf)  # [m, T, L + 1]
         st = np.empty((levels, *w.shape))  # st[j][..., p] = max of w[..., p : p + 2**j]
         st[0] = w
@@ -179,7 +179,7 @@ def _node_best(
     kept_mask = np.zeros((num_m, width), dtype=bool)
     for m in range(num_m):
         i = 0
-        for r in range(rpn, 0, -1):
+        for r in range(dpn, 0, -1):
             fr, fp, h, a = fs[r][m], fs[r - 1][m], hs[r - 1][m], args[r - 1][m]
             target = fr[i]
             tol = 1e-9 * max(abs(target), 1.0)
@@ -198,7 +198,7 @@ def _node_best(
                 cover[m, best_c] += int(k[best_c])
                 i = j
     np.add.at(cover, (np.nonzero(kept_mask)[0], cls[kept_mask]), 1)
-    return fs[rpn][:, 0], cover, kept_mask
+    return fs[dpn][:, 0], cover, kept_mask
 
 
 def evaluate_bound(model: PaddedBoundModel, prices: FloatArray | None = None, chunk: int = 1 << 21) -> BoundEval:
@@ -219,7 +219,7 @@ def evaluate_bound(model: PaddedBoundModel, prices: FloatArray | None = None, ch
     kept = np.zeros(num_nodes)
     for s in range(0, num_nodes, step):
         sl = slice(s, min(s + step, num_nodes))
-        f0, cov, mask = _node_best(v[sl], real[sl], cls[sl], model.k, pi_c, model.ranks_per_node)
+        f0, cov, mask = _node_best(v[sl], real[sl], cls[sl], model.k, pi_c, model.dp_per_node)
         top[sl], cover[sl] = f0, cov
         kept[sl] = np.where(mask, b[sl], 0.0).sum(axis=1)
     cover_above = np.cumsum(cover.sum(axis=0)[::-1])[::-1].astype(np.float64)
