@@ -22,7 +22,7 @@ import torch
 
 from orch.planner.data import sample_lengths
 from orch.planner.specs import DataSpec, ModelSpec
-from orch.runtime.models.reference import AUDIO_STEM_STRIDE, encoder_modality, projected_len
+from orch.runtime.models.reference import projected_len
 
 
 def _mix(*parts: object) -> int:
@@ -89,11 +89,7 @@ class GlobalBatch:
 
     @cached_property
     def _frames_per_token(self) -> dict[str, int]:
-        out = {}
-        for e in encoder_order(self.model):
-            audio = encoder_modality(e, self.model.modules[e]) == "audio"
-            out[e] = AUDIO_STEM_STRIDE if audio else 1
-        return out
+        return {e: self.model.modality(e).frames_per_token for e in encoder_order(self.model)}
 
     def sample(self, sample_id: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> Sample:
         """Sample `sample_id`'s tensors on `device`: drawn on the CPU from its seed (the same numbers on

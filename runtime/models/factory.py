@@ -6,7 +6,7 @@ way from the seed (then keeps the ones it serves), so initialisation stays a fun
 alone, whatever the plan. The modules' contracts are those of runtime/models/reference.py:
 
 * an encoder is called as `encoder(feats_TF, seqlens)` on packed variable-length input features
-  ([sum of frames, input_dim]; audio has AUDIO_STEM_STRIDE frames per token) and returns its
+  ([sum of frames, input_dim]; audio has `Modality.frames_per_token` frames per token) and returns its
   tokens projected into the LLM's width, packed ([sum of projected tokens, llm hidden]);
 * the LLM has `embed_inputs(prefixes, texts)`, `run_blocks(x_TD, seqlens)` and
   `text_logits(x_TD, seqlens, text_lens)` (and `keep_stage(stage, stages)` for a pipeline); the
@@ -25,8 +25,7 @@ import torch
 from torch import nn
 
 from orch.planner.errors import SpecError
-from orch.planner.specs import ModelSpec
-from orch.runtime.models.reference import encoder_modality
+from orch.planner.specs import Modality, ModelSpec
 
 Factory = Callable[[ModelSpec], Mapping[str, nn.Module]]
 LLM_METHODS = ("embed_inputs", "run_blocks", "text_logits")
@@ -75,7 +74,7 @@ def build_from_factory(
         else:
             # What the executor reads of an encoder, derived from the spec when the module does not say.
             if not hasattr(module, "is_audio"):
-                module.is_audio = encoder_modality(name, model.modules[name]) == "audio"
+                module.is_audio = model.modality(name) == Modality.AUDIO
             if not hasattr(module, "output_dim"):
                 module.output_dim = model.llm.hidden
         out[name] = module.to(dtype)

@@ -25,9 +25,8 @@ from orch.planner.specs import Modality, ModelSpec, ModuleKind, ModuleSpec
 if TYPE_CHECKING:
     from orch.runtime.parallel.context import CPShard
 
-# Audio frames merged by the conv stem into one encoder token (Whisper-style stride-2 stem);
-# the DataSpec's audio length counts encoder tokens, so a sample carries STEM x that many frames.
-AUDIO_STEM_STRIDE = 2
+# The audio stem is a Whisper-style strided conv merging `Modality.frames_per_token` frames into one
+# encoder token (planner/specs.py); the DataSpec's audio length counts encoder tokens.
 
 
 class RMSNorm(nn.Module):
@@ -228,7 +227,8 @@ class Encoder(nn.Module):
         self.modality = modality
         self.is_audio = self.modality == Modality.AUDIO
         if self.is_audio:
-            self.stem = nn.Conv1d(spec.input_dim, spec.hidden, AUDIO_STEM_STRIDE, stride=AUDIO_STEM_STRIDE)
+            stride = modality.frames_per_token
+            self.stem = nn.Conv1d(spec.input_dim, spec.hidden, stride, stride=stride)
         else:
             self.stem = nn.Linear(spec.input_dim, spec.hidden)
         self.blocks = nn.ModuleList(Block(spec, causal=False) for _ in range(spec.layers))
@@ -242,12 +242,12 @@ class Encoder(nn.Module):
         rank's projected rows out (runtime/parallel/context.py).
         """
         if cp is not None:
-            feats_TF = cp.take(feats_TF, AUDIO_STEM_STRIDE if self.is_audio else 1)
+            feats_TF = cp.take(feats_TF, self.modality.frames_per_token)
             seqlens = cp.local_lens
         if self.is_audio and feats_TF.shape[0] == 0:  # a CP rank without tokens here: the conv refuses 0 frames
             x_TD = feats_TF.new_zeros(0, self.stem.out_channels)
         elif self.is_audio:
-            # Every sample has STEM x tokens frames, so the strided conv never straddles two samples.
+            # Every sample has frames_per_token x tokens frames, so the strided conv never straddles two samples.
             x_TD = self.stem(feats_TF.t().unsqueeze(0)).squeeze(0).t()
         else:
             x_TD = self.stem(feats_TF)
@@ -354,13 +354,7 @@ def build_module(name: str, model: ModelSpec) -> nn.Module:
     spec = model.modules[name]
     if spec.kind == ModuleKind.LLM:
         return LLM(spec)
-    return Encoder(spec, model.llm.hidden, encoder_modality(name, spec))
-
-
-def encoder_modality(name: str, spec: ModuleSpec) -> Modality:
-    if spec.modality is not None:
-        return spec.modality
-    return Modality(name) if name in (Modality.VISION, Modality.AUDIO) else Modality.VISION
+    return Encoder(spec, model.llm.hidden, model.modality(name))
 
 
 def _stable_seed(*parts: object) -> int:

@@ -9,7 +9,7 @@ computes; the rank runs the module on its rows only:
   is cut into 2·cp near-equal chunks and CP rank r takes chunks r and 2cp-1-r, so under a
   causal mask every rank does nearly the same work. A unit is one token for the LLM and the
   projector's `downsample` tokens for an encoder (the projector then merges inside a shard);
-  the audio stem takes 2 frames per token, so a rank's frames are its tokens' frame pairs.
+  the audio stem takes `Modality.frames_per_token` frames per token, so a rank's frames are its tokens' frame pairs.
   A sample shorter than 2·cp units leaves some ranks with no rows of it (or of a whole
   micro-batch): every collective below is still joined, with zero rows.
 * Attention (`CPShard.gather_kv`): queries stay sharded; K and V are all-gathered over the CP

@@ -160,7 +160,7 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
     from torch.distributed.device_mesh import init_device_mesh
 
     from orch.runtime.data.synthetic import GlobalBatch
-    from orch.runtime.models.reference import LLM, Block, Encoder, build_module, encoder_modality, init_module
+    from orch.runtime.models.reference import LLM, Block, Encoder, build_module, init_module
     from orch.runtime.parallel.tensor import apply_tp
     from orch.runtime.train.compute import build_optimizer
 
@@ -261,9 +261,7 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
                 if n not in rests:
                     bare = spec.model_copy(update={"layers": 0})
                     mod = (
-                        LLM(bare)
-                        if spec.kind == ModuleKind.LLM
-                        else Encoder(bare, model.llm.hidden, encoder_modality(n, spec))
+                        LLM(bare) if spec.kind == ModuleKind.LLM else Encoder(bare, model.llm.hidden, model.modality(n))
                     )
                     init_module(mod.to(dtype), n, cfg.seed)
                     rests[n] = mod.to(dev)
@@ -278,7 +276,7 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
                         F.cross_entropy(mod(p, tx), lb, reduction="sum").div(lb.numel()).backward()
 
                 else:
-                    frames = 2 if getattr(mod, "is_audio", False) else 1
+                    frames = model.modality(n).frames_per_token
                     feats = torch.randn(k * length * frames, spec.input_dim or 1, generator=gen, dtype=dtype).to(dev)
 
                     def run(mod: Any = mod, f: Any = feats, s: list[int] = [length] * k) -> None:
@@ -381,7 +379,6 @@ def _time_runtime(
 
     from orch.planner.balance.mode import Mode
     from orch.runtime.data.synthetic import GlobalBatch, encoder_order
-    from orch.runtime.models.reference import AUDIO_STEM_STRIDE, encoder_modality
     from orch.runtime.parallel.grid import Grid
     from orch.runtime.parallel.transport import Route, move, routed
     from orch.runtime.train.orchestrator import Orchestrator
@@ -400,8 +397,8 @@ def _time_runtime(
         if name == llm:
             rows, width, pdt = batch.text_tokens, 2, torch.int64
         else:
-            audio = encoder_modality(name, model.modules[name]) == "audio"
-            rows = tuple(t[name] * (AUDIO_STEM_STRIDE if audio else 1) for t in batch.enc_tokens)
+            fpt = model.modality(name).frames_per_token
+            rows = tuple(t[name] * fpt for t in batch.enc_tokens)
             width, pdt = model.modules[name].input_dim or 1, dtype
         here = [batch.sample(i, dtype) for i, d in enumerate(tables.origin[name]) if d == rank]
         parts = [torch.stack([s.text, s.labels], 1) if name == llm else s.feats[name] for s in here]

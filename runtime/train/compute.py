@@ -16,15 +16,21 @@ from orch.runtime.parallel.context import CPGroup
 
 
 def encode(
-    encoder: nn.Module, name: str, samples: list[Sample], dtype: torch.dtype, cp: CPGroup | None = None
+    encoder: nn.Module,
+    name: str,
+    samples: list[Sample],
+    dtype: torch.dtype,
+    frames_per_token: int,
+    cp: CPGroup | None = None,
 ) -> torch.Tensor:
     """Packed projected tokens of `samples` (ascending id order), [sum projected, llm_hidden].
+
+    `frames_per_token`: input rows per encoder token (the module's `ModelSpec.modality(name)`).
 
     With `cp` the samples are sharded over the CP group in units of the projector's downsample;
     the result is still every projected row (replicated over the group).
     """
     feats = [s.feats[name] for s in samples]
-    frames_per_token = 2 if getattr(encoder, "is_audio", False) else 1
     seqlens = [f.shape[0] // frames_per_token for f in feats]
     if sum(seqlens) == 0:
         # No tokens of this modality here (text-only samples, or no samples): an empty, shape-correct result.

@@ -14,7 +14,6 @@ import torch
 
 from orch.planner.plan import Plan
 from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order
-from orch.runtime.models.reference import AUDIO_STEM_STRIDE, encoder_modality
 from orch.runtime.parallel.grid import Grid
 from orch.runtime.parallel.pipeline import MicroBatch
 from orch.runtime.parallel.transport import Route, move
@@ -53,8 +52,8 @@ class InputRouter:
             rows = batch.text_tokens
             width, pack_dtype = 2, torch.int64
         else:
-            audio = encoder_modality(name, self.model.modules[name]) == "audio"
-            rows = tuple(t[name] * (AUDIO_STEM_STRIDE if audio else 1) for t in batch.enc_tokens)
+            fpt = self.model.modality(name).frames_per_token
+            rows = tuple(t[name] * fpt for t in batch.enc_tokens)
             width, pack_dtype = self.model.modules[name].input_dim or 1, dtype
         empty_x = torch.zeros(0, width, dtype=pack_dtype, device=self.device)
         # The LLM's token ids go to its first pipeline stage and its labels to its last: one move per stage.

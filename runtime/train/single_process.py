@@ -45,7 +45,9 @@ def run_reference(
     for step in range(steps):
         batch = GlobalBatch.build(model, data, seed, step)
         samples = [batch.sample(i, dtype) for i in range(batch.size)]
-        encoded = {e: encode(modules[e], e, samples, dtype) for e in encoder_order(model)}
+        encoded = {
+            e: encode(modules[e], e, samples, dtype, model.modality(e).frames_per_token) for e in encoder_order(model)
+        }
         rows = {e: [batch.projected(e, i) for i in range(batch.size)] for e in encoder_order(model)}
         per_enc = {e: encoded[e].split(rows[e]) for e in encoder_order(model)}
         prefixes = [torch.cat([per_enc[e][i] for e in encoder_order(model)]) for i in range(batch.size)]

@@ -31,7 +31,7 @@ from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
 from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order
 from orch.runtime.models.factory import build_from_factory
-from orch.runtime.models.reference import AUDIO_STEM_STRIDE, LLM, build_model
+from orch.runtime.models.reference import LLM, build_model
 from orch.runtime.parallel.boundary import Boundary
 from orch.runtime.parallel.context import CPShard, cp_group
 from orch.runtime.parallel.expert import build_expert_parallel, is_expert_param
@@ -152,8 +152,8 @@ class TrainStep:
         return self.router.inputs(name, work.batch, work.tables, self.cfg.torch_dtype, serves=name in self.modules)
 
     def count_encoder(self, counter: TokenCounter, name: str, samples: list[Sample]) -> None:
-        """The token count of an encoder: its tokens per sample (audio: frames / stem stride)."""
-        fpt = AUDIO_STEM_STRIDE if getattr(self.modules[name], "is_audio", False) else 1
+        """The token count of an encoder: its tokens per sample (input rows / frames per token)."""
+        fpt = self.model.modality(name).frames_per_token
         counter.add(name, {s.id: s.feats[name].shape[0] // fpt for s in samples})
 
     def step(self, k: int) -> StepMetrics:

@@ -86,7 +86,8 @@ def run_graph_1f1b(step: TrainStep, work: StepWork) -> torch.Tensor:
                 if kind == "F":
                     chunk = [s for s in inputs[e] if micro_of[s.id] == m]
                     step.count_encoder(work.counter, e, chunk)
-                    out = encode(step.modules[e], e, chunk, dtype, step.cp[e])
+                    fpt = model.modality(e).frames_per_token
+                    out = encode(step.modules[e], e, chunk, dtype, fpt, step.cp[e])
                     moved[(e, m)] = step.boundaries[e].forward(
                         out, batch, step.rank, step.world, table[e], only=members[m], p2p=p2p(e, m)
                     )

@@ -41,7 +41,8 @@ def run_three_phase(step: TrainStep, work: StepWork) -> torch.Tensor:
         if e in step.modules:
             step.count_encoder(work.counter, e, samples)
             chunks = step.router.chunks(e, samples)
-            out = torch.cat([encode(step.modules[e], e, c, dtype, step.cp[e]) for c in chunks])
+            fpt = model.modality(e).frames_per_token
+            out = torch.cat([encode(step.modules[e], e, c, dtype, fpt, step.cp[e]) for c in chunks])
         else:
             out = torch.zeros(0, width, dtype=dtype, device=device)
         outs[e] = out
