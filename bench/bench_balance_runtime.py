@@ -189,47 +189,44 @@ def summarise(records: list[dict], model: ModelSpec) -> dict[str, float]:
     }
 
 
-def _worker(rank: int, port: int, plan_json: str, data_json: str, steps: int, dtype: str, out: str) -> None:
+def _interleaved(plan_json: str, data_json: str, steps: int, dtype: str, out: str, ctx) -> None:
     """Both modes in one process group, step k of each back to back (order alternating per step),
     so that the machine's drifting load hits both alike."""
 
     import torch.distributed as dist
 
-    from orch.runtime.launch.procgroup import init_rank
     from orch.runtime.train.step import TrainStep
 
-    init_rank(rank, 2, master="127.0.0.1", port=port, timeout_s=300)
-    try:
-        plan, data = Plan.model_validate_json(plan_json), DataSpec.model_validate_json(data_json)
-        exs = {
-            m: TrainStep(plan, data, TrainConfig(steps=steps, seed=0, dtype=dtype, balance=m, calibrate=True), rank, 2)
-            for m in MODES
-        }
-        records: dict[str, list[dict]] = {m: [] for m in MODES}
-        for k in range(steps):
-            for mode in MODES if k % 2 == 0 else MODES[::-1]:
-                dist.barrier()
-                m = exs[mode].step(k)
-                everyone: list[dict[str, float] | None] = [None] * 2
-                dist.all_gather_object(everyone, {**m.phases, "step": m.step_time_s})
-                ranks = {str(r): p for r, p in enumerate(everyone) if p}
-                step_s = max(p["step"] for p in ranks.values())
-                records[mode].append(
-                    {"step": k, "loss": m.loss, "step_time_s": step_s, "ranks": ranks, "balance": m.balance}
-                )
-        for ex in exs.values():
-            ex.finish()
-        if rank == 0:
-            Path(out).write_text(json.dumps(records))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    rank = ctx.env.rank
+    plan, data = Plan.model_validate_json(plan_json), DataSpec.model_validate_json(data_json)
+    exs = {
+        m: TrainStep(plan, data, TrainConfig(steps=steps, seed=0, dtype=dtype, balance=m, calibrate=True), rank, 2)
+        for m in MODES
+    }
+    records: dict[str, list[dict]] = {m: [] for m in MODES}
+    for k in range(steps):
+        for mode in MODES if k % 2 == 0 else MODES[::-1]:
+            dist.barrier()
+            m = exs[mode].step(k)
+            everyone: list[dict[str, float] | None] = [None] * 2
+            dist.all_gather_object(everyone, {**m.phases, "step": m.step_time_s})
+            ranks = {str(r): p for r, p in enumerate(everyone) if p}
+            step_s = max(p["step"] for p in ranks.values())
+            records[mode].append(
+                {"step": k, "loss": m.loss, "step_time_s": step_s, "ranks": ranks, "balance": m.balance}
+            )
+    for ex in exs.values():
+        ex.finish()
+    if rank == 0:
+        Path(out).write_text(json.dumps(records))
+    dist.barrier()
 
 
 def main() -> None:
-    import torch.multiprocessing as mp
+    from functools import partial
 
-    from orch.runtime.launch.procgroup import free_port
+    from orch.runtime.launch.base import FunctionTask
+    from orch.runtime.launch.local import LocalLauncher
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
@@ -240,8 +237,8 @@ def main() -> None:
     plan = bench_plan(model, data)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "records.json"
-        job = (free_port(), plan.model_dump_json(), data.model_dump_json(), args.steps, args.dtype, str(path))
-        mp.start_processes(_worker, args=job, nprocs=plan.world_size, start_method="spawn")
+        body = partial(_interleaved, plan.model_dump_json(), data.model_dump_json(), args.steps, args.dtype, str(path))
+        LocalLauncher().submit(FunctionTask(body, plan.world_size, tmp, timeout_s=300)).wait()
         runs: dict[str, list[dict]] = json.loads(path.read_text())
     worst = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(runs["orch"], runs["none"], strict=True))
     summary = {mode: summarise(records, model) for mode, records in runs.items()}

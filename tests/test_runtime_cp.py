@@ -82,107 +82,105 @@ ENC_BATCHES = {  # encoder tokens per sample
 }
 
 
-def _worker(rank: int, port: int, out: str) -> None:
+def _check_cp_modules(out: str, ctx) -> None:
     import torch.distributed as dist
 
     from orch.planner.loading import load_model
     from orch.runtime.data.synthetic import Sample
-    from orch.runtime.launch.procgroup import init_rank
     from orch.runtime.models.reference import build_model
     from orch.runtime.parallel.context import cp_group
     from orch.runtime.parallel.grid import Grid, build_meshes
     from orch.runtime.parallel.tensor import apply_tp
     from orch.runtime.train.compute import encode, text_loss
 
-    init_rank(rank, 4, master="127.0.0.1", port=port, timeout_s=60)
-    try:
-        model = load_model("tiny")
-        grid = Grid("m", tp=2, cp=2, dp=1, pp=1, ranks=(0, 1, 2, 3))
-        build_meshes({"m": grid})
-        cp = cp_group(grid, rank)
-        assert cp is not None
-        cp_all = grid.flat_group("dp", "cp")
-        dt = torch.float64
-        errors: dict[str, float] = {}
+    rank = ctx.env.rank
+    model = load_model("tiny")
+    grid = Grid("m", tp=2, cp=2, dp=1, pp=1, ranks=(0, 1, 2, 3))
+    build_meshes({"m": grid})
+    cp = cp_group(grid, rank)
+    assert cp is not None
+    cp_all = grid.flat_group("dp", "cp")
+    dt = torch.float64
+    errors: dict[str, float] = {}
 
-        def grads(m: torch.nn.Module) -> dict[str, torch.Tensor]:
-            res = {}
-            for n, p in m.named_parameters():
-                g = p.grad if p.grad is not None else torch.zeros_like(p)
-                g = g.full_tensor() if hasattr(g, "full_tensor") else g
-                g = g.detach().clone()
-                dist.all_reduce(g, group=cp_all)  # CP ranks hold partial gradients
-                res[n] = g
-            return res
+    def grads(m: torch.nn.Module) -> dict[str, torch.Tensor]:
+        res = {}
+        for n, p in m.named_parameters():
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            g = g.full_tensor() if hasattr(g, "full_tensor") else g
+            g = g.detach().clone()
+            dist.all_reduce(g, group=cp_all)  # CP ranks hold partial gradients
+            res[n] = g
+        return res
 
-        def record(key: str, got: torch.Tensor, want: torch.Tensor) -> None:
-            scale = max(want.abs().max().item(), 1e-300) if want.numel() else 1.0
-            err = (got - want).abs().max().item() / scale if want.numel() else 0.0
-            errors[key] = max(errors.get(key, 0.0), err)
+    def record(key: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        scale = max(want.abs().max().item(), 1e-300) if want.numel() else 1.0
+        err = (got - want).abs().max().item() / scale if want.numel() else 0.0
+        errors[key] = max(errors.get(key, 0.0), err)
 
-        for name in ["llm", "audio", "vision"]:
-            ref = build_model(model, 3, dt, [name])[name]
-            mod = build_model(model, 3, dt, [name])[name]
-            apply_tp(mod, tp_mesh=grid.submesh("tp"))
-            batches = LLM_BATCHES if name == "llm" else ENC_BATCHES[name]
-            for b, batch in enumerate(batches):
-                gen = torch.Generator().manual_seed(100 + b)  # the same inputs on every rank (replicated)
-                ref.zero_grad(set_to_none=True)
-                mod.zero_grad(set_to_none=True)
-                if name == "llm":
-                    hidden, vocab = model.llm.hidden, model.llm.vocab
-                    prefixes = [torch.randn(p, hidden, generator=gen, dtype=dt) for p, _ in batch]
-                    samples = [
-                        Sample(
-                            i,
-                            {},
-                            torch.randint(0, vocab, (t,), generator=gen),
-                            torch.randint(0, vocab, (t,), generator=gen),
-                        )
-                        for i, (_, t) in enumerate(batch)
-                    ]
-                    label_tokens = 50
-                    leaves = [p.clone().requires_grad_() for p in prefixes]
-                    want = text_loss(ref, leaves, samples, label_tokens)
-                    want.backward()
-                    mine = [p.clone().requires_grad_() for p in prefixes]
-                    got = text_loss(mod, mine, samples, label_tokens, cp)
-                    got.backward()
-                    total = got.detach().clone()
-                    dist.all_reduce(total, group=cp.group)
-                    record(f"llm.loss.{b}", total, want.detach())
-                    for i, (g, w) in enumerate(zip(mine, leaves, strict=True)):
-                        gg = g.grad if g.grad is not None else torch.zeros_like(g)
-                        wg = w.grad if w.grad is not None else torch.zeros_like(w)
-                        record(f"llm.prefix_grad.{b}.{i}", gg, wg)  # full, on every replica
-                else:
-                    fpt = 2 if name == "audio" else 1
-                    dim = model.modules[name].input_dim
-                    samples = [
-                        Sample(i, {name: torch.randn(n * fpt, dim, generator=gen, dtype=dt)}, None, None)
-                        for i, n in enumerate(batch)
-                    ]
-                    want = encode(ref, name, samples, dt)
-                    got = encode(mod, name, samples, dt, cp)
-                    record(f"{name}.out.{b}", got.detach(), want.detach())
-                    upstream = torch.randn(want.shape, generator=gen, dtype=dt)
-                    want.backward(upstream)
-                    got.backward(upstream)
-                for n, g in grads(mod).items():
-                    w = dict(ref.named_parameters())[n].grad
-                    record(f"{name}.grad.{b}.{n}", g, w if w is not None else torch.zeros_like(g))
-        torch.save(errors, Path(out) / f"errors.rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    for name in ["llm", "audio", "vision"]:
+        ref = build_model(model, 3, dt, [name])[name]
+        mod = build_model(model, 3, dt, [name])[name]
+        apply_tp(mod, tp_mesh=grid.submesh("tp"))
+        batches = LLM_BATCHES if name == "llm" else ENC_BATCHES[name]
+        for b, batch in enumerate(batches):
+            gen = torch.Generator().manual_seed(100 + b)  # the same inputs on every rank (replicated)
+            ref.zero_grad(set_to_none=True)
+            mod.zero_grad(set_to_none=True)
+            if name == "llm":
+                hidden, vocab = model.llm.hidden, model.llm.vocab
+                prefixes = [torch.randn(p, hidden, generator=gen, dtype=dt) for p, _ in batch]
+                samples = [
+                    Sample(
+                        i,
+                        {},
+                        torch.randint(0, vocab, (t,), generator=gen),
+                        torch.randint(0, vocab, (t,), generator=gen),
+                    )
+                    for i, (_, t) in enumerate(batch)
+                ]
+                label_tokens = 50
+                leaves = [p.clone().requires_grad_() for p in prefixes]
+                want = text_loss(ref, leaves, samples, label_tokens)
+                want.backward()
+                mine = [p.clone().requires_grad_() for p in prefixes]
+                got = text_loss(mod, mine, samples, label_tokens, cp)
+                got.backward()
+                total = got.detach().clone()
+                dist.all_reduce(total, group=cp.group)
+                record(f"llm.loss.{b}", total, want.detach())
+                for i, (g, w) in enumerate(zip(mine, leaves, strict=True)):
+                    gg = g.grad if g.grad is not None else torch.zeros_like(g)
+                    wg = w.grad if w.grad is not None else torch.zeros_like(w)
+                    record(f"llm.prefix_grad.{b}.{i}", gg, wg)  # full, on every replica
+            else:
+                fpt = 2 if name == "audio" else 1
+                dim = model.modules[name].input_dim
+                samples = [
+                    Sample(i, {name: torch.randn(n * fpt, dim, generator=gen, dtype=dt)}, None, None)
+                    for i, n in enumerate(batch)
+                ]
+                fpt = model.modality(name).frames_per_token
+                want = encode(ref, name, samples, dt, fpt)
+                got = encode(mod, name, samples, dt, fpt, cp)
+                record(f"{name}.out.{b}", got.detach(), want.detach())
+                upstream = torch.randn(want.shape, generator=gen, dtype=dt)
+                want.backward(upstream)
+                got.backward(upstream)
+            for n, g in grads(mod).items():
+                w = dict(ref.named_parameters())[n].grad
+                record(f"{name}.grad.{b}.{n}", g, w if w is not None else torch.zeros_like(g))
+    torch.save(errors, Path(out) / f"errors.rank{rank}.pt")
 
 
 @pytest.mark.slow
 def test_cp_modules_match_unsharded_on_gloo(tmp_path):
-    import torch.multiprocessing as mp
+    from functools import partial
 
-    from orch.runtime.launch.procgroup import free_port
+    from orch.runtime.launch.base import FunctionTask
+    from orch.runtime.launch.local import LocalLauncher
 
-    mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=4, start_method="spawn")
+    LocalLauncher().submit(FunctionTask(partial(_check_cp_modules, str(tmp_path)), 4, str(tmp_path))).wait()
     for rank in range(4):
         errors = torch.load(tmp_path / f"errors.rank{rank}.pt")
         assert any(k.startswith("llm.prefix_grad") for k in errors) and any(k.startswith("audio.out") for k in errors)

@@ -11,7 +11,9 @@ first), `result`, and a rank's `logs`. The local launcher (runtime/launch/local.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orch.planner.errors import OrchError
@@ -74,6 +76,27 @@ class Handle(ABC):
 
 class Launcher(Protocol):
     def submit(self, task: Task) -> Handle: ...
+
+
+@dataclass
+class FunctionTask:
+    """A picklable `fn(ctx)` run on every rank in the process group (benchmarks, tests of parallel parts):
+    submitit's `submit(fn)`, for a world of ranks."""
+
+    fn: Callable[[RankContext], Any]
+    world_size: int
+    workdir: str
+    device: str = "cpu"
+    timeout_s: float = 120.0
+
+    def prepare(self) -> None:
+        Path(self.workdir).mkdir(parents=True, exist_ok=True)
+
+    def run(self, ctx: RankContext) -> None:
+        self.fn(ctx)
+
+    def result(self) -> None:
+        return None
 
 
 @dataclass
