@@ -23,59 +23,30 @@ import math
 import os
 import socket
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from orch.planner.errors import OrchError
 from orch.planner.profile import BoundaryFit, CollectiveRow, ComputeFit, CoreSharing, LinkFit, ModuleProfile, Profile
 from orch.planner.specs import DataSpec, ModelSpec, ModuleKind
+from orch.runtime.profile.cases import (
+    LINKS,
+    BlockCase,
+    CommCase,
+    Link,
+    OverheadCase,
+    ProfileConfig,
+    RestCase,
+    RuntimeCase,
+    StepCase,
+    build_cases,
+    tp_degrees,
+)
 from orch.runtime.profile.fit import bandwidths, fit_alpha_beta, fit_compute, median
 
-_ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
-BOUNDARY_SCALES = (1, 4)  # row multipliers of the boundary case: two message sizes for the alpha-beta fit
 RUNTIME_REPS = 10  # at least this many repetitions of the runtime case (tens of ms each: medians of 3 are noisy)
 MIN_WINDOW_S = 0.02  # a timed window spans several scheduler slices (see _time)
 MAX_CALLS = 64
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
-
-
-@dataclass(frozen=True)
-class ProfileConfig:
-    model_json: str
-    data_json: str
-    ranks_per_node: int
-    quick: bool = False
-    max_bytes: int = 16 << 20
-    dtype: str = "float32"
-    seed: int = 0
-    progress: bool = False  # rank 0 draws a progress bar on stderr
-    lengths: tuple[int, ...] = ()  # override the sequence lengths (tests)
-    modules: tuple[str, ...] = ()  # only these modules (tests); default all
-
-    def seq_lengths(self) -> tuple[int, ...]:
-        if self.lengths:
-            return self.lengths
-        return (16, 64, 192) if self.quick else (8, 16, 32, 64, 128, 192, 256, 384)
-
-    def sizes(self) -> list[int]:
-        step = 32 if self.quick else 4
-        out, b = [], 1024
-        while b <= self.max_bytes:
-            out.append(b)
-            b *= step
-        if out and out[-1] != self.max_bytes and self.max_bytes > 1024:
-            out.append(self.max_bytes)
-        return out or [1024]
-
-    @property
-    def reps(self) -> int:
-        return 3 if self.quick else 10
-
-
-def _tp_degrees(model: ModelSpec, name: str, world: int, ranks_per_node: int) -> list[int]:
-    m = model.modules[name]
-    return [t for t in (1, 2, 4, 8) if t <= ranks_per_node and world % t == 0 and m.heads % t == 0 and m.ffn % t == 0]
 
 
 def _time(fn: Any, reps: int, sync: Any, agree: Any = None) -> float:
@@ -176,7 +147,6 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
     def agree(calls: int) -> int:
         return _agree(calls, dev)
 
-    names = [n for n in model.modules if not cfg.modules or n in cfg.modules]
     rpn = cfg.ranks_per_node
     nodes = world // rpn
     # Groups of both link kinds; every rank creates every group in the same order (torch requires it).
@@ -190,24 +160,10 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
             if rank in ranks and g is not None:
                 groups[kind] = (g, ranks)
     tp_meshes = {}
-    for t in sorted({t for n in names for t in _tp_degrees(model, n, world, rpn)}):
+    cases = build_cases(cfg, model, world)
+    for t in sorted({c.tp for c in cases if isinstance(c, BlockCase)}):
         if t > 1:
             tp_meshes[t] = init_device_mesh(dev.type, (world // t, t), mesh_dim_names=("dp", "tp"))["tp"]
-
-    lengths = cfg.seq_lengths()
-    ks = (1, 2, 4)  # three micro-batch sizes separate the per-call cost from the per-sample one
-    cases: list[tuple[str, ...]] = []
-    for n in names:
-        for t in _tp_degrees(model, n, world, rpn):
-            cases += [("block", n, str(t), str(k), str(length)) for length in lengths for k in ks]
-        cases += [("rest", n, "1", str(k), str(length)) for length in lengths for k in ks]
-        cases.append(("overhead", n))
-    cases.append(("step",))
-    cases.append(("runtime",))
-    sizes = cfg.sizes()
-    for kind in ("intra_node", "inter_node"):
-        if nodes > 1 or kind == "intra_node":
-            cases += [("comm", kind, op, str(b)) for op in OPS for b in sizes]
 
     results: dict[str, float] = {}
     memory: dict[str, float] = {}
@@ -231,12 +187,11 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
     try:
         for case in cases:
             if progress is not None:
-                progress.update(task, description=" ".join(case))
+                progress.update(task, description=case.key.replace("/", " "))
             dist.barrier()
-            key = "/".join(case)
-            if case[0] == "block":
-                _, n, t_s, k_s, l_s = case
-                t, k, length = int(t_s), int(k_s), int(l_s)
+            key = case.key
+            if isinstance(case, BlockCase):
+                n, t, k, length = case.module, case.tp, case.k, case.length
                 spec = model.modules[n]
                 if (n, t) not in blocks:
                     blk = Block(spec, causal=spec.kind == ModuleKind.LLM).to(dtype)
@@ -252,11 +207,10 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
                     blk(x, seqlens).sum().backward()
 
                 results[key] = _time(run, cfg.reps, sync, agree)
-                if length == max(lengths) and k == max(ks):
-                    memory[f"{n}/{t}"] = _peak_bytes(lambda blk=blk, x=x, s=seqlens: blk(x, s), dev) / (k * length)
-            elif case[0] == "rest":
-                _, n, _, k_s, l_s = case
-                k, length = int(k_s), int(l_s)
+                if case.peak:
+                    memory[key] = _peak_bytes(lambda blk=blk, x=x, s=seqlens: blk(x, s), dev) / (k * length)
+            elif isinstance(case, RestCase):
+                n, k, length = case.module, case.k, case.length
                 spec = model.modules[n]
                 if n not in rests:
                     bare = spec.model_copy(update={"layers": 0})
@@ -283,8 +237,8 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
                         mod(f, s).sum().backward()
 
                 results[key] = _time(run, cfg.reps, sync, agree)
-            elif case[0] == "overhead":
-                n = case[1]
+            elif isinstance(case, OverheadCase):
+                n = case.module
                 full = build_module(n, model).to(dtype).to(dev)
                 params = list(full.parameters())
                 for p in params:
@@ -303,9 +257,9 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
                     opt.zero_grad(set_to_none=False)
 
                 results[key] = _time(run, cfg.reps, sync, agree)
-            elif case[0] == "runtime":
-                results.update(_time_runtime(model, data, cfg, rank, world, dtype))
-            elif case[0] == "step":
+            elif isinstance(case, RuntimeCase):
+                results.update(_time_runtime(case, model, data, cfg, rank, world, dtype))
+            elif isinstance(case, StepCase):
                 counter = [0]
 
                 def run(counter: list[int] = counter) -> None:
@@ -323,11 +277,9 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
                     dist.all_gather_object(everyone, {"step": 0.0})
 
                 results[key] = _time(run, cfg.reps, sync, agree)
-            else:
-                _, kind, op, b_s = case
-                if kind in groups:
-                    g, ranks = groups[kind]
-                    results[key] = _time_collective(op, int(b_s), g, ranks, rank, dev, cfg.reps, sync)
+            elif case.link in groups:
+                g, ranks = groups[case.link]
+                results[key] = _time_collective(case, g, ranks, rank, dev, cfg.reps, sync)
             if progress is not None:
                 progress.advance(task)
     finally:
@@ -358,7 +310,7 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
 
 
 def _time_runtime(
-    model: ModelSpec, data: DataSpec, cfg: ProfileConfig, rank: int, world: int, dtype: Any
+    case: RuntimeCase, model: ModelSpec, data: DataSpec, cfg: ProfileConfig, rank: int, world: int, dtype: Any
 ) -> dict[str, float]:
     """The runtime's per-step work outside the modules, through its own code (runtime/train/step.py's step):
 
@@ -386,7 +338,7 @@ def _time_runtime(
     ranks = tuple(range(world))
     grids = {n: Grid(n, 1, 1, world, 1, ranks) for n in model.modules}
     plan = types.SimpleNamespace(model=model, ranks_per_node=cfg.ranks_per_node)
-    orch = Orchestrator(plan, grids, Mode.ORCH, _ELEM_BYTES[cfg.dtype])  # type: ignore[arg-type]
+    orch = Orchestrator(plan, grids, Mode.ORCH, cfg.elem_bytes)  # type: ignore[arg-type]
     llm, hidden = model.llm_name, model.llm.hidden
     encs = encoder_order(model)
     samples: dict[str, list[float]] = {}
@@ -416,24 +368,21 @@ def _time_runtime(
                 inputs(name, batch, tables)
             took = time.perf_counter() - t
             if step:
-                samples.setdefault("balance", []).append(took)
-            for e in encs:
-                for scale in BOUNDARY_SCALES:
-                    rows = tuple(scale * batch.projected(e, i) for i in range(batch.size))
-                    held = sum(rows[i] for i, d in enumerate(tables.dest[e]) if d == rank)
-                    x = torch.randn(held, hidden, dtype=dtype).requires_grad_()
-                    route = Route(tables.boundary_table(e), grids[e], grids[llm], rows)
-                    dist.barrier()
-                    t = time.perf_counter()
-                    y = routed(x, route, rank, world)
-                    y.backward(torch.ones_like(y))
-                    took = time.perf_counter() - t
-                    if step:
-                        key = f"{e}/{scale}"
-                        samples.setdefault(f"boundary/{key}", []).append(took)
-                        nbytes.setdefault(f"boundary_bytes/{key}", []).append(
-                            sum(rows) * hidden * _ELEM_BYTES[cfg.dtype] / world
-                        )
+                samples.setdefault(case.key, []).append(took)
+            for point in case.boundaries:
+                e, scale = point.encoder, point.scale
+                rows = tuple(scale * batch.projected(e, i) for i in range(batch.size))
+                held = sum(rows[i] for i, d in enumerate(tables.dest[e]) if d == rank)
+                x = torch.randn(held, hidden, dtype=dtype).requires_grad_()
+                route = Route(tables.boundary_table(e), grids[e], grids[llm], rows)
+                dist.barrier()
+                t = time.perf_counter()
+                y = routed(x, route, rank, world)
+                y.backward(torch.ones_like(y))
+                took = time.perf_counter() - t
+                if step:
+                    samples.setdefault(point.key, []).append(took)
+                    nbytes.setdefault(point.bytes_key, []).append(sum(rows) * hidden * cfg.elem_bytes / world)
     finally:
         orch.close()
     out = {k: median(v) for k, v in samples.items()}
@@ -441,14 +390,12 @@ def _time_runtime(
     return out
 
 
-def _time_collective(
-    op: str, nbytes: int, group: Any, ranks: list[int], rank: int, dev: Any, reps: int, sync: Any
-) -> float:
+def _time_collective(case: CommCase, group: Any, ranks: list[int], rank: int, dev: Any, reps: int, sync: Any) -> float:
     import torch
     import torch.distributed as dist
 
-    n = len(ranks)
-    numel = max(nbytes // 4 // n * n, n)  # float32, divisible by the group size
+    op, n = case.op, len(ranks)
+    numel = max(case.nbytes // 4 // n * n, n)  # float32, divisible by the group size
     x = torch.zeros(numel, dtype=torch.float32, device=dev)
     me = ranks.index(rank)
     if op == "all_reduce":
@@ -489,46 +436,52 @@ def _device_name(dev: Any) -> str:
 
 
 def build_profile(raw: dict[str, Any], model: ModelSpec, cfg: ProfileConfig, world: int, backend: str) -> Profile:
-    """Fit the raw medians into the profile the planner reads."""
+    """Fit the raw medians into the profile the planner reads (each number found by its case)."""
     import torch
 
     times: dict[str, float] = raw["times"]
+    memory: dict[str, float] = raw["memory"]
+    cases = build_cases(cfg, model, world)
     modules: dict[str, ModuleProfile] = {}
     for n in model.modules:
         fits: dict[int, ComputeFit] = {}
-        for t in _tp_degrees(model, n, world, cfg.ranks_per_node):
-            pts = _points(times, f"block/{n}/{t}/")
+        for t in tp_degrees(model, n, world, cfg.ranks_per_node):
+            blocks = [c for c in cases if isinstance(c, BlockCase) and c.module == n and c.tp == t]
+            pts = _points(blocks, times)
             if pts:
-                fits[t] = _fit(pts, raw["memory"].get(f"{n}/{t}", 0.0))
+                mem = next((memory[c.key] for c in blocks if c.peak and c.key in memory), 0.0)
+                fits[t] = _fit(pts, mem)
         if not fits:
             continue
-        rest_pts = _points(times, f"rest/{n}/1/")
-        overhead = times.get(f"overhead/{n}", 0.0)
+        rest_pts = _points([c for c in cases if isinstance(c, RestCase) and c.module == n], times)
+        overhead = times.get(OverheadCase(n).key, 0.0)
         modules[n] = ModuleProfile(block=fits, rest=_fit(rest_pts, 0.0) if rest_pts else None, step_overhead_s=overhead)
     rows: list[CollectiveRow] = []
-    links: dict[str, LinkFit] = {}
+    links: dict[Link, LinkFit] = {}
     sizes: dict[str, int] = raw["group_sizes"]
-    for key, secs in sorted(times.items(), key=_comm_order):
-        if not key.startswith("comm/") or secs <= 0:
+    comms = sorted((c for c in cases if isinstance(c, CommCase)), key=lambda c: (c.link, c.op, c.nbytes))
+    for c in comms:
+        secs = times.get(c.key, 0.0)
+        if secs <= 0:  # not measured, or the backend lacks the op
             continue
-        _, kind, op, b_s = key.split("/")
-        n = sizes[kind]
-        algbw, busbw = bandwidths(op, n, int(b_s), secs)
+        ranks = sizes[c.link]
+        algbw, busbw = bandwidths(c.op, ranks, c.nbytes, secs)
         rows.append(
-            CollectiveRow(op=op, link=kind, ranks=n, bytes=int(b_s), time_s=secs, algbw_gbps=algbw, busbw_gbps=busbw)  # type: ignore[arg-type]
+            CollectiveRow(
+                op=c.op, link=c.link, ranks=ranks, bytes=c.nbytes, time_s=secs, algbw_gbps=algbw, busbw_gbps=busbw
+            )
         )
-    for kind in sizes:
-        pts = [(r.bytes, r.time_s) for r in rows if r.link == kind and r.op == "send_recv"]
+    for link in (link for link in LINKS if link in sizes):
+        pts = [(r.bytes, r.time_s) for r in rows if r.link == link and r.op == "send_recv"]
         if len(pts) >= 2:
             alpha, gbps = fit_alpha_beta(pts)
-            links[kind] = LinkFit(alpha_s=alpha, gbps=gbps)
+            links[link] = LinkFit(alpha_s=alpha, gbps=gbps)
     boundary = None
-    bpts = [
-        (times[k.replace("boundary/", "boundary_bytes/", 1)], v) for k, v in times.items() if k.startswith("boundary/")
-    ]
+    runtime = next(c for c in cases if isinstance(c, RuntimeCase))
+    bpts = [(times[p.bytes_key], times[p.key]) for p in runtime.boundaries if p.key in times]
     if len({b for b, _ in bpts}) >= 2:
         alpha, gbps = fit_alpha_beta(sorted(bpts))
-        boundary = BoundaryFit(alpha_s=alpha, gbps=gbps, elem_bytes=_ELEM_BYTES[cfg.dtype])
+        boundary = BoundaryFit(alpha_s=alpha, gbps=gbps, elem_bytes=cfg.elem_bytes)
     return Profile(
         cluster=f"local x{world}",
         device=raw["device"],
@@ -538,30 +491,21 @@ def build_profile(raw: dict[str, Any], model: ModelSpec, cfg: ProfileConfig, wor
         dtype=cfg.dtype,
         model=model.name,
         modules=modules,
-        links=links,  # type: ignore[arg-type]
+        links=links,
         collectives=rows,
         nproc=world,
         ranks_per_node=cfg.ranks_per_node,
         quick=cfg.quick,
         boundary=boundary,
-        balance_step_s=times.get("balance", 0.0),
-        step_bookkeeping_s=times.get("step", 0.0),
+        balance_step_s=times.get(runtime.key, 0.0),
+        step_bookkeeping_s=times.get(StepCase().key, 0.0),
         sharing=CoreSharing(**raw["sharing"]) if raw.get("sharing") else None,
     )
 
 
-def _comm_order(item: tuple[str, float]) -> tuple[str, ...] | tuple[str, str, str, int]:
-    parts = item[0].split("/")
-    return (parts[0], parts[1], parts[2], int(parts[3])) if parts[0] == "comm" else tuple(parts)
-
-
-def _points(times: dict[str, float], prefix: str) -> list[tuple[int, int, float]]:
-    out = []
-    for key, secs in times.items():
-        if key.startswith(prefix):
-            k_s, l_s = key[len(prefix) :].split("/")
-            out.append((int(k_s), int(l_s), secs))
-    return sorted(out)
+def _points(cases: list[BlockCase] | list[RestCase], times: dict[str, float]) -> list[tuple[int, int, float]]:
+    """(k, length, seconds) of the measured `cases`, sorted."""
+    return sorted((c.k, c.length, times[c.key]) for c in cases if c.key in times)
 
 
 def _fit(points: list[tuple[int, int, float]], mem_per_token: float) -> ComputeFit:
