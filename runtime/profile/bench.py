@@ -127,13 +127,13 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
     """Run every case on this rank (the process group is initialised); rank 0 returns the raw results."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
 
-    from orch.runtime.data.synthetic import GlobalBatch
+    from orch.runtime.data.synthetic import GlobalBatch, Sample
     from orch.runtime.models.reference import LLM, Block, Encoder, build_module, init_module
     from orch.runtime.parallel.tensor import apply_tp
-    from orch.runtime.train.compute import build_optimizer
+    from orch.runtime.train.compute import build_optimizer, encode, text_loss
+    from orch.runtime.train.grad_sync import all_reduce_flat
 
     model = ModelSpec.model_validate_json(cfg.model_json)
     data = DataSpec.model_validate_json(cfg.data_json)
@@ -220,21 +220,23 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
                     init_module(mod.to(dtype), n, cfg.seed)
                     rests[n] = mod.to(dev)
                 mod = rests[n]
+                empty = torch.zeros(0, dtype=torch.int64, device=dev)
                 if spec.kind == ModuleKind.LLM:
                     vocab = spec.vocab or 1
                     texts = [torch.randint(0, vocab, (length,), generator=gen).to(dev) for _ in range(k)]
                     prefixes = [torch.zeros(0, spec.hidden, dtype=dtype, device=dev) for _ in range(k)]
-                    labels = torch.cat(texts)
+                    texts_only = [Sample(i, {}, text, text) for i, text in enumerate(texts)]
 
-                    def run(mod: Any = mod, p: Any = prefixes, tx: Any = texts, lb: Any = labels) -> None:
-                        F.cross_entropy(mod(p, tx), lb, reduction="sum").div(lb.numel()).backward()
+                    def run(mod: Any = mod, p: Any = prefixes, s: Any = texts_only, n: int = k * length) -> None:
+                        text_loss(mod, p, s, label_tokens=n).backward()
 
                 else:
                     frames = model.modality(n).frames_per_token
                     feats = torch.randn(k * length * frames, spec.input_dim or 1, generator=gen, dtype=dtype).to(dev)
+                    inputs = [Sample(i, {n: f}, empty, empty) for i, f in enumerate(feats.split(length * frames))]
 
-                    def run(mod: Any = mod, f: Any = feats, s: list[int] = [length] * k) -> None:
-                        mod(f, s).sum().backward()
+                    def run(mod: Any = mod, n: str = n, s: list[Sample] = inputs, fpt: int = frames) -> None:
+                        encode(mod, n, s, dtype, fpt).sum().backward()
 
                 results[key] = _time(run, cfg.reps, sync, agree)
             elif isinstance(case, OverheadCase):
@@ -246,19 +248,15 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
                 opt = build_optimizer(params, "sgd", 0.0)
 
                 def run(params: list[Any] = params, opt: Any = opt) -> None:
-                    # what Executor._sync_grads + the optimizer do once per step for this module (DP over all
-                    # ranks): one coalesced all_reduce of the flattened gradients, copied back
-                    grads = [p.grad for p in params]
-                    flat = torch.cat([g.reshape(-1) for g in grads])
-                    dist.all_reduce(flat)
-                    for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
-                        g.copy_(part.view_as(g))
+                    # what the gradient sync and the optimizer do once per step for this module, DP over all
+                    # ranks (runtime/train/grad_sync.py): one coalesced all_reduce of its gradients
+                    all_reduce_flat([p.grad for p in params], None)
                     opt.step()
                     opt.zero_grad(set_to_none=False)
 
                 results[key] = _time(run, cfg.reps, sync, agree)
             elif isinstance(case, RuntimeCase):
-                results.update(_time_runtime(case, model, data, cfg, rank, world, dtype))
+                results.update(_time_runtime(case, model, data, cfg, rank, world, dtype, dev))
             elif isinstance(case, StepCase):
                 counter = [0]
 
@@ -310,53 +308,53 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
 
 
 def _time_runtime(
-    case: RuntimeCase, model: ModelSpec, data: DataSpec, cfg: ProfileConfig, rank: int, world: int, dtype: Any
+    case: RuntimeCase,
+    model: ModelSpec,
+    data: DataSpec,
+    cfg: ProfileConfig,
+    rank: int,
+    world: int,
+    dtype: Any,
+    dev: Any,
 ) -> dict[str, float]:
     """The runtime's per-step work outside the modules, through its own code (runtime/train/step.py's step):
 
-    - "balance": the post-balancing orchestrator (runtime/train/orchestrator.py) on a synthetic batch of the
-      DataSpec: announce (length all_gather), dispatch on its worker thread and the wait for it, then the
-      input routes (one transport.move per module: encoder features, the LLM's text and label ids);
-    - "boundary/<enc>/<scale>": each encoder's boundary move into the LLM layout by the orchestrator's
-      composed table, forward and backward (transport.routed), encoder outputs of the batch's sizes with
-      the rows multiplied by `scale`; "boundary_bytes/..." the mean encoder-output bytes per rank.
+    - the case's key: the post-balancing orchestrator (runtime/train/orchestrator.py) on a synthetic batch
+      of the DataSpec: announce (length all_gather), dispatch on its worker thread and the wait for it, then
+      the input routes (runtime/train/inputs.py `InputRouter.inputs`: one transport.move per module,
+      encoder features, the LLM's text and label ids);
+    - each boundary point: its encoder's boundary move into the LLM layout by the orchestrator's composed
+      table (runtime/parallel/boundary.py `Boundary.route`), forward and backward (transport.routed),
+      encoder outputs of the batch's sizes with the rows multiplied by the point's scale; its bytes key:
+      the mean encoder-output bytes per rank.
 
     Every module on dp = world, tp = 1 (the plan-independent part); each repetition starts after a barrier,
     so what is timed is the work itself, not the skew between ranks.
     """
-    import types
+    import dataclasses
 
     import torch
     import torch.distributed as dist
 
     from orch.planner.balance.mode import Mode
+    from orch.planner.plan import Layout
     from orch.runtime.data.synthetic import GlobalBatch, encoder_order
-    from orch.runtime.parallel.grid import Grid
-    from orch.runtime.parallel.transport import Route, move, routed
+    from orch.runtime.parallel.boundary import Boundary
+    from orch.runtime.parallel.grid import build_grids
+    from orch.runtime.parallel.transport import routed
+    from orch.runtime.plans import hand_plan
+    from orch.runtime.train.inputs import InputRouter
     from orch.runtime.train.orchestrator import Orchestrator
 
-    ranks = tuple(range(world))
-    grids = {n: Grid(n, 1, 1, world, 1, ranks) for n in model.modules}
-    plan = types.SimpleNamespace(model=model, ranks_per_node=cfg.ranks_per_node)
-    orch = Orchestrator(plan, grids, Mode.ORCH, cfg.elem_bytes)  # type: ignore[arg-type]
     llm, hidden = model.llm_name, model.llm.hidden
-    encs = encoder_order(model)
+    plan = hand_plan(model, data, {llm: (Layout(dp=world), list(range(world)))})
+    plan = plan.model_copy(update={"ranks_per_node": cfg.ranks_per_node})  # the nodes being profiled
+    grids = build_grids(plan.modules, dev.type)
+    orch = Orchestrator(plan, grids, Mode.ORCH, cfg.elem_bytes, device=dev)
+    router = InputRouter(plan, grids, rank, world, dev, balanced=True)
+    boundaries = {e.src: Boundary(e, grids[e.src], grids[llm]) for e in plan.edges}
     samples: dict[str, list[float]] = {}
     nbytes: dict[str, list[float]] = {}
-
-    def inputs(name: str, batch: GlobalBatch, tables: Any) -> None:
-        # runtime/train/step.py Executor._inputs: this rank's origin samples to their balanced DP index
-        if name == llm:
-            rows, width, pdt = batch.text_tokens, 2, torch.int64
-        else:
-            fpt = model.modality(name).frames_per_token
-            rows = tuple(t[name] * fpt for t in batch.enc_tokens)
-            width, pdt = model.modules[name].input_dim or 1, dtype
-        here = [batch.sample(i, dtype) for i, d in enumerate(tables.origin[name]) if d == rank]
-        parts = [torch.stack([s.text, s.labels], 1) if name == llm else s.feats[name] for s in here]
-        x = torch.cat(parts).to(pdt) if parts else torch.zeros(0, width, dtype=pdt)
-        move(x, Route(tables.input_table(name), grids[name], grids[name], tuple(rows)), rank, world)
-
     try:
         for step in range(max(cfg.reps, RUNTIME_REPS) + 1):  # the first is a warm-up; short cases: more reps
             batch = GlobalBatch.build(model, data, cfg.seed, 1_000 + step)
@@ -364,17 +362,16 @@ def _time_runtime(
             t = time.perf_counter()
             orch.prefetch(batch, rank, world)
             tables = orch.tables(batch, rank, world)
-            for name in [*encs, llm]:
-                inputs(name, batch, tables)
+            for name in [*encoder_order(model), llm]:
+                router.inputs(name, batch, tables, dtype, serves=True)
             took = time.perf_counter() - t
             if step:
                 samples.setdefault(case.key, []).append(took)
             for point in case.boundaries:
-                e, scale = point.encoder, point.scale
-                rows = tuple(scale * batch.projected(e, i) for i in range(batch.size))
-                held = sum(rows[i] for i, d in enumerate(tables.dest[e]) if d == rank)
-                x = torch.randn(held, hidden, dtype=dtype).requires_grad_()
-                route = Route(tables.boundary_table(e), grids[e], grids[llm], rows)
+                route = boundaries[point.encoder].route(batch, tables.boundary_table(point.encoder))
+                route = dataclasses.replace(route, rows=tuple(point.scale * r for r in route.rows))
+                held = sum(route.rows[i] for i in router.held(point.encoder, tables))
+                x = torch.randn(held, hidden, dtype=dtype, device=dev).requires_grad_()
                 dist.barrier()
                 t = time.perf_counter()
                 y = routed(x, route, rank, world)
@@ -382,7 +379,8 @@ def _time_runtime(
                 took = time.perf_counter() - t
                 if step:
                     samples.setdefault(point.key, []).append(took)
-                    nbytes.setdefault(point.bytes_key, []).append(sum(rows) * hidden * cfg.elem_bytes / world)
+                    moved = sum(route.rows) * hidden * cfg.elem_bytes / world
+                    nbytes.setdefault(point.bytes_key, []).append(moved)
     finally:
         orch.close()
     out = {k: median(v) for k, v in samples.items()}
