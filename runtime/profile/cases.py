@@ -9,9 +9,12 @@ reads each number through its case's fields, never by parsing a key back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from orch.planner.specs import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
 
 ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
 MICRO_BATCH_SIZES = (1, 2, 4)  # three micro-batch sizes separate the per-call cost from the per-sample one
@@ -23,6 +26,8 @@ LINKS: tuple[Link, ...] = ("intra_node", "inter_node")
 
 @dataclass(frozen=True)
 class ProfileConfig:
+    """What `orch profile` is asked to measure; a frozen value pickled to every rank."""
+
     model_json: str
     data_json: str
     ranks_per_node: int
@@ -56,6 +61,12 @@ class ProfileConfig:
     @property
     def elem_bytes(self) -> int:
         return ELEM_BYTES[self.dtype]
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        import torch
+
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[self.dtype]
 
 
 def tp_degrees(model: ModelSpec, name: str, world: int, ranks_per_node: int) -> list[int]:
