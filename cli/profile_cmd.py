@@ -12,7 +12,7 @@ import typer
 if TYPE_CHECKING:
     from orch.planner.profile import Profile
     from orch.planner.specs import ClusterSpec, ModelSpec
-    from orch.runtime.profile.bench import ProfileConfig
+    from orch.runtime.profile.cases import ProfileConfig
     from orch.runtime.profile.validate import Validation
 
 EXECUTORS = ("local", "slurm")
@@ -65,7 +65,8 @@ def profile(
     if nproc % rpn:
         raise SpecError("--nproc", "", f"{nproc} is not a multiple of the cluster's {rpn} GPUs per node")
 
-    from orch.runtime.profile.bench import ProfileConfig, run_profile_local
+    from orch.runtime.profile.cases import ProfileConfig
+    from orch.runtime.profile.local import run_profile_local
 
     cfg = ProfileConfig(
         model_spec.model_dump_json(),

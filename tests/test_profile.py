@@ -1,4 +1,5 @@
-"""`orch profile`: the fits, nccl-tests' bus factors, the schema round-trip, the planner using a profile, errors."""
+"""`orch profile`: the fits, nccl-tests' bus factors, the cases and the profile built from them, the schema
+round-trip, the planner using a profile, errors."""
 
 import json
 
@@ -9,6 +10,17 @@ from orch.planner.costs import module_cost
 from orch.planner.loading import load_cluster, load_data, load_model
 from orch.planner.plan import Layout, Recompute
 from orch.planner.profile import BoundaryFit, CollectiveRow, ComputeFit, LinkFit, ModuleProfile, Profile
+from orch.runtime.profile.build import build_profile
+from orch.runtime.profile.cases import (
+    BlockCase,
+    CommCase,
+    OverheadCase,
+    ProfileConfig,
+    RestCase,
+    RuntimeCase,
+    StepCase,
+    build_cases,
+)
 from orch.runtime.profile.fit import bandwidths, bus_factor, fit_alpha_beta, fit_compute
 
 
@@ -80,6 +92,72 @@ def test_alpha_beta_fit_is_exact_on_a_line():
     assert g == pytest.approx(gbps, rel=1e-6)
     with pytest.raises(ValueError, match="two message sizes"):
         fit_alpha_beta(pts[:1])
+
+
+def _cfg(**kw) -> ProfileConfig:
+    model, data = load_model("tiny"), load_data("tiny-mix")
+    return ProfileConfig(model.model_dump_json(), data.model_dump_json(), ranks_per_node=2, quick=True, **kw)
+
+
+def test_cases_have_distinct_keys_and_one_peak_per_block_group():
+    model = load_model("tiny")
+    one, two = build_cases(_cfg(), model, 2), build_cases(_cfg(), model, 4)
+    for cases in (one, two):
+        keys = [c.key for c in cases]
+        runtime = next(c for c in cases if isinstance(c, RuntimeCase))
+        keys += [k for p in runtime.boundaries for k in (p.key, p.bytes_key)]
+        assert len(set(keys)) == len(keys)
+        peaks = [(c.module, c.tp, c.k, c.length) for c in cases if isinstance(c, BlockCase) and c.peak]
+        assert peaks == [(n, t, 4, 192) for n in model.modules for t in (1, 2)]
+    assert {c.link for c in one if isinstance(c, CommCase)} == {"intra_node"}  # one node: no inter-node link
+    assert {c.link for c in two if isinstance(c, CommCase)} == {"intra_node", "inter_node"}
+    assert {c.module for c in build_cases(_cfg(modules=("llm",)), model, 2) if isinstance(c, BlockCase)} == {"llm"}
+
+
+def test_profile_reads_each_number_through_its_case():
+    """A raw record made from the case list, with times from known coefficients, builds the profile back
+    (after a JSON round trip, as rank 0's file travels): fits, memory, collectives in order, links, boundary."""
+    model, cfg = load_model("tiny"), _cfg(max_bytes=1 << 20)
+    call, c0, c1 = 2e-4, 1e-5, 1e-7
+    times, memory = {}, {}
+    for c in build_cases(cfg, model, 4):
+        if isinstance(c, BlockCase):
+            times[c.key] = c.tp * call + c.k * (c0 + c1 * c.length)
+            if c.peak:
+                memory[c.key] = 1000.0 * c.tp
+        elif isinstance(c, RestCase):
+            times[c.key] = call + c.k * c1 * c.length
+        elif isinstance(c, OverheadCase):
+            times[c.key] = 0.5
+        elif isinstance(c, StepCase):
+            times[c.key] = 0.25
+        elif isinstance(c, RuntimeCase):
+            times[c.key] = 0.125
+            for p in c.boundaries:
+                times[p.bytes_key] = 1e6 * p.scale
+                times[p.key] = 1e-3 + 1e6 * p.scale / 2e9
+        elif isinstance(c, CommCase):
+            times[c.key] = -1.0 if c.op == "reduce_scatter" else 1e-4 + c.nbytes / 1e9
+    raw = {"times": times, "memory": memory, "group_sizes": {"intra_node": 2, "inter_node": 2}, "device": "cpu"}
+    prof = build_profile(json.loads(json.dumps(raw)), model, cfg, 4, "gloo")
+
+    assert set(prof.modules) == set(model.modules)
+    for mp in prof.modules.values():
+        assert set(mp.block) == {1, 2}
+        for t, fit in mp.block.items():
+            assert (fit.call_s, fit.c0, fit.c1) == pytest.approx((t * call, c0, c1), rel=1e-6)
+            assert fit.memory_bytes_per_token == 1000.0 * t
+        assert mp.rest is not None and (mp.rest.call_s, mp.rest.c1) == pytest.approx((call, c1), rel=1e-6)
+        assert mp.step_overhead_s == 0.5
+    assert (prof.step_bookkeeping_s, prof.balance_step_s) == (0.25, 0.125)
+    assert prof.boundary is not None
+    assert (prof.boundary.alpha_s, prof.boundary.gbps) == pytest.approx((1e-3, 2.0), rel=1e-6)
+    order = [(r.link, r.op, r.bytes) for r in prof.collectives]
+    assert order == sorted(order) and "reduce_scatter" not in {r.op for r in prof.collectives}
+    assert {(r.link, r.ranks) for r in prof.collectives} == {("intra_node", 2), ("inter_node", 2)}
+    assert list(prof.links) == ["intra_node", "inter_node"]
+    for link in prof.links.values():
+        assert (link.alpha_s, link.gbps) == pytest.approx((1e-4, 1.0), rel=1e-6)
 
 
 def _profile() -> Profile:

@@ -134,14 +134,14 @@ def test_profile_plan_launch_validate_end_to_end(cli, tmp_path, monkeypatch):
     import dataclasses
 
     from orch.planner.profile import Profile
-    from orch.runtime.profile import bench as profile_bench
+    from orch.runtime.profile import local as profile_local
 
-    real = profile_bench.run_profile_local
+    real = profile_local.run_profile_local
 
     def fewer_lengths(cfg, **kw):
         return real(dataclasses.replace(cfg, lengths=(16, 64)), **kw)
 
-    monkeypatch.setattr(profile_bench, "run_profile_local", fewer_lengths)
+    monkeypatch.setattr(profile_local, "run_profile_local", fewer_lengths)
 
     prof = tmp_path / "profile.json"
     r = cli(

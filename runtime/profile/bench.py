@@ -1,335 +1,92 @@
-"""`orch profile`'s measurements: one rank body that times compute and collectives, and a local launcher.
+"""`orch profile`'s rank body: every case of the profile timed on this rank, the medians gathered to rank 0.
 
 Every rank runs every case at the same time, as training does: on a machine where ranks share
 cores (here 4 gloo processes on 2 CPUs) a block timed alone runs about N/cores times faster than
 in a step, so timing it on one idle process would predict a step 2x too short. Each case starts
-after a barrier; a rank keeps the median of its repetitions and the profile takes the median
-over ranks.
+after a barrier; a rank keeps the median of its repetitions (runtime/profile/timing.py) and the
+profile takes the median over ranks.
 
-What is timed is what the runtime executes (runtime/train/step.py): a Block (a DTensor TP shard
-over a real TP group when tp > 1) forward+backward on a packed micro-batch of k samples with
-per-sample attention; the module's parts outside the blocks; the per-step fixed work (one
-coalesced gradient all_reduce per module, the optimizer step, batch assembly and the metric
-collectives); the runtime's own per-step work through its code (`_time_runtime`: the orchestrator's
-announce, dispatch and input routes, and the boundary moves forward and backward); and
-nccl-tests-style collectives inside a node and across nodes.
+The cases (runtime/profile/cases.py) and who times them: the modules' compute (compute.py), the
+per-step work outside the modules, the runtime's own through its code (per_step.py), and
+nccl-tests-style collectives inside a node and across nodes (collectives.py). The submitting host
+turns rank 0's raw record into the profile (build.py).
 
 `profile_rank` needs only an initialised process group, so a Slurm job can call it unchanged.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import socket
-import time
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-from orch.planner.errors import OrchError
-from orch.planner.profile import BoundaryFit, CollectiveRow, ComputeFit, CoreSharing, LinkFit, ModuleProfile, Profile
-from orch.planner.specs import DataSpec, ModelSpec, ModuleKind
-from orch.runtime.profile.fit import bandwidths, fit_alpha_beta, fit_compute, median
-
-_ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
-BOUNDARY_SCALES = (1, 4)  # row multipliers of the boundary case: two message sizes for the alpha-beta fit
-RUNTIME_REPS = 10  # at least this many repetitions of the runtime case (tens of ms each: medians of 3 are noisy)
-MIN_WINDOW_S = 0.02  # a timed window spans several scheduler slices (see _time)
-MAX_CALLS = 64
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
-
-
-@dataclass(frozen=True)
-class ProfileConfig:
-    model_json: str
-    data_json: str
-    ranks_per_node: int
-    quick: bool = False
-    max_bytes: int = 16 << 20
-    dtype: str = "float32"
-    seed: int = 0
-    progress: bool = False  # rank 0 draws a progress bar on stderr
-    lengths: tuple[int, ...] = ()  # override the sequence lengths (tests)
-    modules: tuple[str, ...] = ()  # only these modules (tests); default all
-
-    def seq_lengths(self) -> tuple[int, ...]:
-        if self.lengths:
-            return self.lengths
-        return (16, 64, 192) if self.quick else (8, 16, 32, 64, 128, 192, 256, 384)
-
-    def sizes(self) -> list[int]:
-        step = 32 if self.quick else 4
-        out, b = [], 1024
-        while b <= self.max_bytes:
-            out.append(b)
-            b *= step
-        if out and out[-1] != self.max_bytes and self.max_bytes > 1024:
-            out.append(self.max_bytes)
-        return out or [1024]
-
-    @property
-    def reps(self) -> int:
-        return 3 if self.quick else 10
-
-
-def _tp_degrees(model: ModelSpec, name: str, world: int, ranks_per_node: int) -> list[int]:
-    m = model.modules[name]
-    return [t for t in (1, 2, 4, 8) if t <= ranks_per_node and world % t == 0 and m.heads % t == 0 and m.ffn % t == 0]
-
-
-def _time(fn: Any, reps: int, sync: Any, agree: Any = None) -> float:
-    """Median seconds of one call of `fn` over `reps` timed windows of at least MIN_WINDOW_S each.
-
-    One call of a tiny block is well under a scheduler time slice: where ranks share cores, a lone
-    call either runs undisturbed or waits a whole slice, and its median is neither. A window of
-    many calls sees the share of the core a rank really gets, as a training step does. `agree`
-    makes every rank use the largest call count (collective cases must call equally often).
-    """
-    fn()  # warm-up: allocator, autograd graph, DTensor dispatch caches
-    sync()
-    t = time.perf_counter()
-    fn()
-    sync()
-    one = time.perf_counter() - t
-    calls = max(1, min(MAX_CALLS, math.ceil(MIN_WINDOW_S / max(one, 1e-9))))
-    if agree is not None:
-        calls = agree(calls)
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        times.append((time.perf_counter() - t) / calls)
-    return median(times)
-
-
-def _agree(calls: int, device: Any, group: Any = None) -> int:
-    """The largest call count over the group (every rank of a collective case must call equally often)."""
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([calls], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return int(t.item())
-
-
-def _saved_bytes(fn: Any) -> int:
-    """Bytes autograd keeps for backward during one forward (the CPU stand-in for the allocator's peak)."""
-    import torch
-
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        local = getattr(t, "_local_tensor", t)  # a DTensor's shard is what this rank holds
-        try:
-            st = local.untyped_storage()
-            seen[st.data_ptr()] = st.nbytes()
-        except RuntimeError:  # no real storage (views of wrapper subclasses): count the tensor itself
-            seen[id(t)] = local.numel() * local.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    del out
-    return sum(seen.values())
-
-
-def _peak_bytes(fn: Any, dev: Any) -> int:
-    """Activation bytes of one forward: the allocator's peak on CUDA, the saved tensors' sizes on CPU."""
-    import torch
-
-    if dev.type != "cuda":
-        return _saved_bytes(fn)
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated(dev)
-    torch.cuda.reset_peak_memory_stats(dev)
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated(dev) - base
-    del out
-    return int(peak)
+from orch.planner.specs import DataSpec, ModelSpec
+from orch.runtime.profile.cases import (
+    BlockCase,
+    Case,
+    OverheadCase,
+    ProfileConfig,
+    RestCase,
+    RuntimeCase,
+    StepCase,
+    build_cases,
+)
+from orch.runtime.profile.collectives import link_groups, time_collective
+from orch.runtime.profile.compute import ModuleCases
+from orch.runtime.profile.fit import median
+from orch.runtime.profile.per_step import time_bookkeeping, time_runtime
+from orch.runtime.profile.timing import Timer
 
 
 def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu") -> dict[str, Any] | None:
-    """Run every case on this rank (the process group is initialised); rank 0 returns the raw results."""
+    """Run every case on this rank (the process group is initialised); rank 0 returns the raw record:
+
+    `times` (case key -> median seconds over ranks; a runtime case's boundary points and their bytes too),
+    `memory` (peak block case key -> activation bytes per token), `group_sizes` (link kind -> ranks),
+    `device` and `sharing` (the cores and ranks of the busiest host, on CPUs), all plain JSON.
+    """
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
-
-    from orch.runtime.data.synthetic import GlobalBatch
-    from orch.runtime.models.reference import LLM, Block, Encoder, build_module, init_module
-    from orch.runtime.parallel.tensor import apply_tp
-    from orch.runtime.train.compute import build_optimizer
 
     model = ModelSpec.model_validate_json(cfg.model_json)
     data = DataSpec.model_validate_json(cfg.data_json)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[cfg.dtype]
     dev = torch.device(device)
-
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
-    def agree(calls: int) -> int:
-        return _agree(calls, dev)
-
-    names = [n for n in model.modules if not cfg.modules or n in cfg.modules]
-    rpn = cfg.ranks_per_node
-    nodes = world // rpn
-    # Groups of both link kinds; every rank creates every group in the same order (torch requires it).
-    groups: dict[str, Any] = {}
-    for kind, members in (
-        ("intra_node", [list(range(n * rpn, (n + 1) * rpn)) for n in range(nodes)]),
-        ("inter_node", [list(range(i, world, rpn)) for i in range(rpn)] if nodes > 1 else []),
-    ):
-        for ranks in members:
-            g = dist.new_group(ranks) if len(ranks) > 1 else None
-            if rank in ranks and g is not None:
-                groups[kind] = (g, ranks)
+    timer = Timer(cfg.reps, dev)
+    cases = build_cases(cfg, model, world)
+    # Process groups: every rank creates every one, in the same order (torch requires it).
+    groups = link_groups(rank, world, cfg.ranks_per_node)
     tp_meshes = {}
-    for t in sorted({t for n in names for t in _tp_degrees(model, n, world, rpn)}):
+    for t in sorted({c.tp for c in cases if isinstance(c, BlockCase)}):
         if t > 1:
             tp_meshes[t] = init_device_mesh(dev.type, (world // t, t), mesh_dim_names=("dp", "tp"))["tp"]
-
-    lengths = cfg.seq_lengths()
-    ks = (1, 2, 4)  # three micro-batch sizes separate the per-call cost from the per-sample one
-    cases: list[tuple[str, ...]] = []
-    for n in names:
-        for t in _tp_degrees(model, n, world, rpn):
-            cases += [("block", n, str(t), str(k), str(length)) for length in lengths for k in ks]
-        cases += [("rest", n, "1", str(k), str(length)) for length in lengths for k in ks]
-        cases.append(("overhead", n))
-    cases.append(("step",))
-    cases.append(("runtime",))
-    sizes = cfg.sizes()
-    for kind in ("intra_node", "inter_node"):
-        if nodes > 1 or kind == "intra_node":
-            cases += [("comm", kind, op, str(b)) for op in OPS for b in sizes]
+    modules = ModuleCases(model, cfg, timer, tp_meshes, rank)
 
     results: dict[str, float] = {}
     memory: dict[str, float] = {}
-    progress = None
-    if cfg.progress and rank == 0:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        progress = Progress(
-            TextColumn("{task.description:<36}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-        )
-        progress.start()
-        task = progress.add_task("profiling", total=len(cases))
-    blocks: dict[tuple[str, int], Any] = {}
-    rests: dict[str, Any] = {}
-    gen = torch.Generator().manual_seed(cfg.seed + rank)
+    progress = _Progress(len(cases)) if cfg.progress and rank == 0 else None
     try:
         for case in cases:
             if progress is not None:
-                progress.update(task, description=" ".join(case))
+                progress.show(case)
             dist.barrier()
-            key = "/".join(case)
-            if case[0] == "block":
-                _, n, t_s, k_s, l_s = case
-                t, k, length = int(t_s), int(k_s), int(l_s)
-                spec = model.modules[n]
-                if (n, t) not in blocks:
-                    blk = Block(spec, causal=spec.kind == ModuleKind.LLM).to(dtype)
-                    init_module(blk, n, cfg.seed)
-                    if t > 1:
-                        apply_tp(blk, tp_mesh=tp_meshes[t])
-                    blocks[(n, t)] = blk.to(dev)
-                blk = blocks[(n, t)]
-                x = torch.randn(k * length, spec.hidden, generator=gen, dtype=dtype).to(dev).requires_grad_()
-                seqlens = [length] * k
-
-                def run(blk: Any = blk, x: Any = x, seqlens: list[int] = seqlens) -> None:
-                    blk(x, seqlens).sum().backward()
-
-                results[key] = _time(run, cfg.reps, sync, agree)
-                if length == max(lengths) and k == max(ks):
-                    memory[f"{n}/{t}"] = _peak_bytes(lambda blk=blk, x=x, s=seqlens: blk(x, s), dev) / (k * length)
-            elif case[0] == "rest":
-                _, n, _, k_s, l_s = case
-                k, length = int(k_s), int(l_s)
-                spec = model.modules[n]
-                if n not in rests:
-                    bare = spec.model_copy(update={"layers": 0})
-                    mod = (
-                        LLM(bare) if spec.kind == ModuleKind.LLM else Encoder(bare, model.llm.hidden, model.modality(n))
-                    )
-                    init_module(mod.to(dtype), n, cfg.seed)
-                    rests[n] = mod.to(dev)
-                mod = rests[n]
-                if spec.kind == ModuleKind.LLM:
-                    vocab = spec.vocab or 1
-                    texts = [torch.randint(0, vocab, (length,), generator=gen).to(dev) for _ in range(k)]
-                    prefixes = [torch.zeros(0, spec.hidden, dtype=dtype, device=dev) for _ in range(k)]
-                    labels = torch.cat(texts)
-
-                    def run(mod: Any = mod, p: Any = prefixes, tx: Any = texts, lb: Any = labels) -> None:
-                        F.cross_entropy(mod(p, tx), lb, reduction="sum").div(lb.numel()).backward()
-
-                else:
-                    frames = model.modality(n).frames_per_token
-                    feats = torch.randn(k * length * frames, spec.input_dim or 1, generator=gen, dtype=dtype).to(dev)
-
-                    def run(mod: Any = mod, f: Any = feats, s: list[int] = [length] * k) -> None:
-                        mod(f, s).sum().backward()
-
-                results[key] = _time(run, cfg.reps, sync, agree)
-            elif case[0] == "overhead":
-                n = case[1]
-                full = build_module(n, model).to(dtype).to(dev)
-                params = list(full.parameters())
-                for p in params:
-                    p.grad = torch.zeros_like(p)
-                opt = build_optimizer(params, "sgd", 0.0)
-
-                def run(params: list[Any] = params, opt: Any = opt) -> None:
-                    # what Executor._sync_grads + the optimizer do once per step for this module (DP over all
-                    # ranks): one coalesced all_reduce of the flattened gradients, copied back
-                    grads = [p.grad for p in params]
-                    flat = torch.cat([g.reshape(-1) for g in grads])
-                    dist.all_reduce(flat)
-                    for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
-                        g.copy_(part.view_as(g))
-                    opt.step()
-                    opt.zero_grad(set_to_none=False)
-
-                results[key] = _time(run, cfg.reps, sync, agree)
-            elif case[0] == "runtime":
-                results.update(_time_runtime(model, data, cfg, rank, world, dtype))
-            elif case[0] == "step":
-                counter = [0]
-
-                def run(counter: list[int] = counter) -> None:
-                    # per-step work outside the modules: batch assembly, the samples this rank builds for
-                    # every module it serves, the boundary moves (every placement runs them, also homogeneous),
-                    # the global loss all_reduce and the metrics all_gather_object
-                    counter[0] += 1
-                    batch = GlobalBatch.build(model, data, cfg.seed, counter[0])
-                    for _ in model.modules:
-                        for i in range(rank, batch.size, world):
-                            batch.sample(i, dtype)
-                    # (the boundary moves and the orchestrator's work are the "runtime" case)
-                    dist.all_reduce(torch.zeros((), dtype=torch.float64))
-                    everyone: list[Any] = [None] * world
-                    dist.all_gather_object(everyone, {"step": 0.0})
-
-                results[key] = _time(run, cfg.reps, sync, agree)
-            else:
-                _, kind, op, b_s = case
-                if kind in groups:
-                    g, ranks = groups[kind]
-                    results[key] = _time_collective(op, int(b_s), g, ranks, rank, dev, cfg.reps, sync)
+            if isinstance(case, BlockCase):
+                results[case.key], peak = modules.block(case)
+                if peak is not None:
+                    memory[case.key] = peak
+            elif isinstance(case, RestCase):
+                results[case.key] = modules.rest(case)
+            elif isinstance(case, OverheadCase):
+                results[case.key] = modules.overhead(case)
+            elif isinstance(case, RuntimeCase):
+                results.update(time_runtime(case, model, data, cfg, rank, world, dev))
+            elif isinstance(case, StepCase):
+                results[case.key] = time_bookkeeping(model, data, cfg, rank, world, timer)
+            elif case.link in groups:
+                g, ranks = groups[case.link]
+                results[case.key] = time_collective(case, g, ranks, rank, timer)
             if progress is not None:
-                progress.advance(task)
+                progress.advance()
     finally:
         if progress is not None:
             progress.stop()
@@ -347,7 +104,7 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
         sharing = {"cores": min(busiest), "ranks": len(busiest)}
     merged = {k: median([e["times"][k] for e in everyone if k in e["times"]]) for k in results}
     mem = {k: median([e["memory"][k] for e in everyone if k in e["memory"]]) for k in memory}
-    group_sizes = {kind: len(groups[kind][1]) for kind in groups}
+    group_sizes = {link: len(ranks) for link, (_, ranks) in groups.items()}
     return {
         "times": merged,
         "memory": mem,
@@ -357,127 +114,31 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
     }
 
 
-def _time_runtime(
-    model: ModelSpec, data: DataSpec, cfg: ProfileConfig, rank: int, world: int, dtype: Any
-) -> dict[str, float]:
-    """The runtime's per-step work outside the modules, through its own code (runtime/train/step.py's step):
+class _Progress:
+    """Rank 0's progress bar on stderr, one step per case."""
 
-    - "balance": the post-balancing orchestrator (runtime/train/orchestrator.py) on a synthetic batch of the
-      DataSpec: announce (length all_gather), dispatch on its worker thread and the wait for it, then the
-      input routes (one transport.move per module: encoder features, the LLM's text and label ids);
-    - "boundary/<enc>/<scale>": each encoder's boundary move into the LLM layout by the orchestrator's
-      composed table, forward and backward (transport.routed), encoder outputs of the batch's sizes with
-      the rows multiplied by `scale`; "boundary_bytes/..." the mean encoder-output bytes per rank.
+    def __init__(self, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    Every module on dp = world, tp = 1 (the plan-independent part); each repetition starts after a barrier,
-    so what is timed is the work itself, not the skew between ranks.
-    """
-    import types
+        self.bar = Progress(
+            TextColumn("{task.description:<36}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+        )
+        self.bar.start()
+        self.task = self.bar.add_task("profiling", total=total)
 
-    import torch
-    import torch.distributed as dist
+    def show(self, case: Case) -> None:
+        self.bar.update(self.task, description=case.key.replace("/", " "))
 
-    from orch.planner.balance.mode import Mode
-    from orch.runtime.data.synthetic import GlobalBatch, encoder_order
-    from orch.runtime.parallel.grid import Grid
-    from orch.runtime.parallel.transport import Route, move, routed
-    from orch.runtime.train.orchestrator import Orchestrator
+    def advance(self) -> None:
+        self.bar.advance(self.task)
 
-    ranks = tuple(range(world))
-    grids = {n: Grid(n, 1, 1, world, 1, ranks) for n in model.modules}
-    plan = types.SimpleNamespace(model=model, ranks_per_node=cfg.ranks_per_node)
-    orch = Orchestrator(plan, grids, Mode.ORCH, _ELEM_BYTES[cfg.dtype])  # type: ignore[arg-type]
-    llm, hidden = model.llm_name, model.llm.hidden
-    encs = encoder_order(model)
-    samples: dict[str, list[float]] = {}
-    nbytes: dict[str, list[float]] = {}
-
-    def inputs(name: str, batch: GlobalBatch, tables: Any) -> None:
-        # runtime/train/step.py Executor._inputs: this rank's origin samples to their balanced DP index
-        if name == llm:
-            rows, width, pdt = batch.text_tokens, 2, torch.int64
-        else:
-            fpt = model.modality(name).frames_per_token
-            rows = tuple(t[name] * fpt for t in batch.enc_tokens)
-            width, pdt = model.modules[name].input_dim or 1, dtype
-        here = [batch.sample(i, dtype) for i, d in enumerate(tables.origin[name]) if d == rank]
-        parts = [torch.stack([s.text, s.labels], 1) if name == llm else s.feats[name] for s in here]
-        x = torch.cat(parts).to(pdt) if parts else torch.zeros(0, width, dtype=pdt)
-        move(x, Route(tables.input_table(name), grids[name], grids[name], tuple(rows)), rank, world)
-
-    try:
-        for step in range(max(cfg.reps, RUNTIME_REPS) + 1):  # the first is a warm-up; short cases: more reps
-            batch = GlobalBatch.build(model, data, cfg.seed, 1_000 + step)
-            dist.barrier()
-            t = time.perf_counter()
-            orch.prefetch(batch, rank, world)
-            tables = orch.tables(batch, rank, world)
-            for name in [*encs, llm]:
-                inputs(name, batch, tables)
-            took = time.perf_counter() - t
-            if step:
-                samples.setdefault("balance", []).append(took)
-            for e in encs:
-                for scale in BOUNDARY_SCALES:
-                    rows = tuple(scale * batch.projected(e, i) for i in range(batch.size))
-                    held = sum(rows[i] for i, d in enumerate(tables.dest[e]) if d == rank)
-                    x = torch.randn(held, hidden, dtype=dtype).requires_grad_()
-                    route = Route(tables.boundary_table(e), grids[e], grids[llm], rows)
-                    dist.barrier()
-                    t = time.perf_counter()
-                    y = routed(x, route, rank, world)
-                    y.backward(torch.ones_like(y))
-                    took = time.perf_counter() - t
-                    if step:
-                        key = f"{e}/{scale}"
-                        samples.setdefault(f"boundary/{key}", []).append(took)
-                        nbytes.setdefault(f"boundary_bytes/{key}", []).append(
-                            sum(rows) * hidden * _ELEM_BYTES[cfg.dtype] / world
-                        )
-    finally:
-        orch.close()
-    out = {k: median(v) for k, v in samples.items()}
-    out.update({k: median(v) for k, v in nbytes.items()})
-    return out
-
-
-def _time_collective(
-    op: str, nbytes: int, group: Any, ranks: list[int], rank: int, dev: Any, reps: int, sync: Any
-) -> float:
-    import torch
-    import torch.distributed as dist
-
-    n = len(ranks)
-    numel = max(nbytes // 4 // n * n, n)  # float32, divisible by the group size
-    x = torch.zeros(numel, dtype=torch.float32, device=dev)
-    me = ranks.index(rank)
-    if op == "all_reduce":
-        fn = lambda: dist.all_reduce(x, group=group)  # noqa: E731
-    elif op == "all_gather":  # nccl-tests: the message is the gathered output
-        parts = [torch.empty(numel // n, device=dev) for _ in range(n)]
-        fn = lambda: dist.all_gather(parts, x[: numel // n], group=group)  # noqa: E731
-    elif op == "reduce_scatter":
-        out = torch.empty(numel // n, device=dev)
-        rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor  # renamed in torch 2.13
-        fn = lambda: rs(out, x, group=group)  # noqa: E731
-    elif op == "all_to_all":
-        out = torch.empty_like(x)
-        fn = lambda: dist.all_to_all_single(out, x, group=group)  # noqa: E731
-    else:  # send_recv: every rank sends to the next and receives from the previous (nccl-tests sendrecv)
-        buf = torch.empty_like(x)
-
-        def fn() -> None:
-            reqs = [
-                dist.isend(x, ranks[(me + 1) % n], group=group),
-                dist.irecv(buf, ranks[(me - 1) % n], group=group),
-            ]
-            for r in reqs:
-                r.wait()
-
-    try:
-        return _time(fn, reps, sync, lambda c: _agree(c, dev, group))
-    except (RuntimeError, NotImplementedError):
-        return -1.0  # the backend lacks this op (gloo has no reduce_scatter); left out of the table
+    def stop(self) -> None:
+        self.bar.stop()
 
 
 def _device_name(dev: Any) -> str:
@@ -488,104 +149,4 @@ def _device_name(dev: Any) -> str:
     return "cpu"
 
 
-def build_profile(raw: dict[str, Any], model: ModelSpec, cfg: ProfileConfig, world: int, backend: str) -> Profile:
-    """Fit the raw medians into the profile the planner reads."""
-    import torch
-
-    times: dict[str, float] = raw["times"]
-    modules: dict[str, ModuleProfile] = {}
-    for n in model.modules:
-        fits: dict[int, ComputeFit] = {}
-        for t in _tp_degrees(model, n, world, cfg.ranks_per_node):
-            pts = _points(times, f"block/{n}/{t}/")
-            if pts:
-                fits[t] = _fit(pts, raw["memory"].get(f"{n}/{t}", 0.0))
-        if not fits:
-            continue
-        rest_pts = _points(times, f"rest/{n}/1/")
-        overhead = times.get(f"overhead/{n}", 0.0)
-        modules[n] = ModuleProfile(block=fits, rest=_fit(rest_pts, 0.0) if rest_pts else None, step_overhead_s=overhead)
-    rows: list[CollectiveRow] = []
-    links: dict[str, LinkFit] = {}
-    sizes: dict[str, int] = raw["group_sizes"]
-    for key, secs in sorted(times.items(), key=_comm_order):
-        if not key.startswith("comm/") or secs <= 0:
-            continue
-        _, kind, op, b_s = key.split("/")
-        n = sizes[kind]
-        algbw, busbw = bandwidths(op, n, int(b_s), secs)
-        rows.append(
-            CollectiveRow(op=op, link=kind, ranks=n, bytes=int(b_s), time_s=secs, algbw_gbps=algbw, busbw_gbps=busbw)  # type: ignore[arg-type]
-        )
-    for kind in sizes:
-        pts = [(r.bytes, r.time_s) for r in rows if r.link == kind and r.op == "send_recv"]
-        if len(pts) >= 2:
-            alpha, gbps = fit_alpha_beta(pts)
-            links[kind] = LinkFit(alpha_s=alpha, gbps=gbps)
-    boundary = None
-    bpts = [
-        (times[k.replace("boundary/", "boundary_bytes/", 1)], v) for k, v in times.items() if k.startswith("boundary/")
-    ]
-    if len({b for b, _ in bpts}) >= 2:
-        alpha, gbps = fit_alpha_beta(sorted(bpts))
-        boundary = BoundaryFit(alpha_s=alpha, gbps=gbps, elem_bytes=_ELEM_BYTES[cfg.dtype])
-    return Profile(
-        cluster=f"local x{world}",
-        device=raw["device"],
-        backend=backend,
-        torch_version=torch.__version__,
-        date=datetime.now(UTC).isoformat(timespec="seconds"),
-        dtype=cfg.dtype,
-        model=model.name,
-        modules=modules,
-        links=links,  # type: ignore[arg-type]
-        collectives=rows,
-        nproc=world,
-        ranks_per_node=cfg.ranks_per_node,
-        quick=cfg.quick,
-        boundary=boundary,
-        balance_step_s=times.get("balance", 0.0),
-        step_bookkeeping_s=times.get("step", 0.0),
-        sharing=CoreSharing(**raw["sharing"]) if raw.get("sharing") else None,
-    )
-
-
-def _comm_order(item: tuple[str, float]) -> tuple[str, ...] | tuple[str, str, str, int]:
-    parts = item[0].split("/")
-    return (parts[0], parts[1], parts[2], int(parts[3])) if parts[0] == "comm" else tuple(parts)
-
-
-def _points(times: dict[str, float], prefix: str) -> list[tuple[int, int, float]]:
-    out = []
-    for key, secs in times.items():
-        if key.startswith(prefix):
-            k_s, l_s = key[len(prefix) :].split("/")
-            out.append((int(k_s), int(l_s), secs))
-    return sorted(out)
-
-
-def _fit(points: list[tuple[int, int, float]], mem_per_token: float) -> ComputeFit:
-    quadratic = len({length for _, length, _ in points}) >= 3
-    f = fit_compute(points, quadratic=quadratic)
-    return ComputeFit(
-        c0=f.c0, c1=f.c1, c2=f.c2, call_s=f.call, rel_error=f.rel_error, memory_bytes_per_token=mem_per_token
-    )
-
-
-def run_profile_local(cfg: ProfileConfig, *, nproc: int, workdir: str | os.PathLike[str]) -> Profile:
-    """Profile on `nproc` local gloo processes (the local launcher running a ProfileTask)."""
-    from orch.runtime.launch.base import LaunchError
-    from orch.runtime.launch.local import LocalLauncher
-    from orch.runtime.profile.task import ProfileTask
-
-    if nproc < 1 or nproc % cfg.ranks_per_node:
-        raise OrchError(f"--nproc {nproc}: must be a positive multiple of {cfg.ranks_per_node} ranks per node")
-    task = ProfileTask(cfg, str(workdir), nproc, device="cpu")
-    try:
-        profile: Profile = LocalLauncher(nproc).submit(task).result()
-    except LaunchError as exc:
-        raise OrchError(f"profile rank {exc.rank} failed: {exc.message}") from None
-    return profile
-
-
-__all__ = ["ProfileConfig", "build_profile", "profile_rank", "run_profile_local"]
+__all__ = ["profile_rank"]

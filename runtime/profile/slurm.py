@@ -14,7 +14,7 @@ from orch.planner.errors import OrchError
 from orch.planner.specs import ClusterSpec, ModelSpec
 from orch.runtime.launch.sbatch import SlurmOptions, allocation_parameters, sbatch_text
 from orch.runtime.launch.slurm import SlurmHandle, SlurmLauncher, python_command, setup_text
-from orch.runtime.profile.bench import ProfileConfig
+from orch.runtime.profile.cases import ProfileConfig
 from orch.runtime.profile.task import ProfileTask
 
 

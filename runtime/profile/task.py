@@ -16,7 +16,8 @@ from orch.planner.errors import OrchError
 from orch.planner.io import write_text_atomic
 from orch.planner.profile import Profile
 from orch.planner.specs import ModelSpec
-from orch.runtime.profile.bench import ProfileConfig, build_profile
+from orch.runtime.profile.build import build_profile
+from orch.runtime.profile.cases import ProfileConfig
 
 if TYPE_CHECKING:
     from orch.runtime.launch.rank import RankContext

@@ -1,0 +1,120 @@
+"""`orch profile`'s per-step cases outside the modules: the step's bookkeeping and the runtime's own work.
+
+The bookkeeping (StepCase): batch assembly, the samples a rank builds for every module, the global
+loss all_reduce and the metrics all_gather_object. The runtime's own work (RuntimeCase) runs through
+its code: the orchestrator, the input routes and the boundary moves of runtime/train/step.py's step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orch.planner.specs import DataSpec, ModelSpec
+from orch.runtime.profile.cases import ProfileConfig, RuntimeCase
+from orch.runtime.profile.fit import median
+from orch.runtime.profile.timing import Timer
+
+RUNTIME_REPS = 10  # at least this many repetitions of the runtime case (tens of ms each: medians of 3 are noisy)
+
+
+def time_bookkeeping(
+    model: ModelSpec, data: DataSpec, cfg: ProfileConfig, rank: int, world: int, timer: Timer
+) -> float:
+    """Seconds of one step's work outside the modules (the boundary moves and the orchestrator's work are
+    the runtime case)."""
+    import torch
+    import torch.distributed as dist
+
+    from orch.runtime.data.synthetic import GlobalBatch
+
+    counter, dtype = [0], cfg.torch_dtype
+
+    def step() -> None:
+        counter[0] += 1
+        batch = GlobalBatch.build(model, data, cfg.seed, counter[0])
+        for _ in model.modules:
+            for i in range(rank, batch.size, world):
+                batch.sample(i, dtype)
+        dist.all_reduce(torch.zeros((), dtype=torch.float64))
+        everyone: list[Any] = [None] * world
+        dist.all_gather_object(everyone, {"step": 0.0})
+
+    return timer.time(step)
+
+
+def time_runtime(
+    case: RuntimeCase, model: ModelSpec, data: DataSpec, cfg: ProfileConfig, rank: int, world: int, device: Any
+) -> dict[str, float]:
+    """The runtime's per-step work outside the modules, through its own code, by result key:
+
+    - the case's key: the post-balancing orchestrator (runtime/train/orchestrator.py) on a synthetic batch
+      of the DataSpec: announce (length all_gather), dispatch on its worker thread and the wait for it, then
+      the input routes (runtime/train/inputs.py `InputRouter.inputs`: one transport.move per module,
+      encoder features, the LLM's text and label ids);
+    - each boundary point: its encoder's boundary move into the LLM layout by the orchestrator's composed
+      table (runtime/parallel/boundary.py `Boundary.route`), forward and backward (transport.routed),
+      encoder outputs of the batch's sizes with the rows multiplied by the point's scale; its bytes key:
+      the mean encoder-output bytes per rank.
+
+    Every module on dp = world, tp = 1 (the plan-independent part); each repetition starts after a barrier,
+    so what is timed is the work itself, not the skew between ranks.
+    """
+    import dataclasses
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from orch.planner.balance.mode import Mode
+    from orch.planner.plan import Layout
+    from orch.runtime.data.synthetic import GlobalBatch, encoder_order
+    from orch.runtime.parallel.boundary import Boundary
+    from orch.runtime.parallel.grid import build_grids
+    from orch.runtime.parallel.transport import routed
+    from orch.runtime.plans import hand_plan
+    from orch.runtime.train.inputs import InputRouter
+    from orch.runtime.train.orchestrator import Orchestrator
+
+    llm, hidden, dtype = model.llm_name, model.llm.hidden, cfg.torch_dtype
+    plan = hand_plan(model, data, {llm: (Layout(dp=world), list(range(world)))})
+    plan = plan.model_copy(update={"ranks_per_node": cfg.ranks_per_node})  # the nodes being profiled
+    grids = build_grids(plan.modules, device.type)
+    orch = Orchestrator(plan, grids, Mode.ORCH, cfg.elem_bytes, device=device)
+    router = InputRouter(plan, grids, rank, world, device, balanced=True)
+    boundaries = {e.src: Boundary(e, grids[e.src], grids[llm]) for e in plan.edges}
+    samples: dict[str, list[float]] = {}
+    nbytes: dict[str, list[float]] = {}
+    try:
+        for step in range(max(cfg.reps, RUNTIME_REPS) + 1):  # the first is a warm-up; short cases: more reps
+            batch = GlobalBatch.build(model, data, cfg.seed, 1_000 + step)
+            dist.barrier()
+            t = time.perf_counter()
+            orch.prefetch(batch, rank, world)
+            tables = orch.tables(batch, rank, world)
+            for name in [*encoder_order(model), llm]:
+                router.inputs(name, batch, tables, dtype, serves=True)
+            took = time.perf_counter() - t
+            if step:
+                samples.setdefault(case.key, []).append(took)
+            for point in case.boundaries:
+                route = boundaries[point.encoder].route(batch, tables.boundary_table(point.encoder))
+                route = dataclasses.replace(route, rows=tuple(point.scale * r for r in route.rows))
+                held = sum(route.rows[i] for i in router.held(point.encoder, tables))
+                x = torch.randn(held, hidden, dtype=dtype, device=device).requires_grad_()
+                dist.barrier()
+                t = time.perf_counter()
+                y = routed(x, route, rank, world)
+                y.backward(torch.ones_like(y))
+                took = time.perf_counter() - t
+                if step:
+                    samples.setdefault(point.key, []).append(took)
+                    moved = sum(route.rows) * hidden * cfg.elem_bytes / world
+                    nbytes.setdefault(point.bytes_key, []).append(moved)
+    finally:
+        orch.close()
+    out = {k: median(v) for k, v in samples.items()}
+    out.update({k: median(v) for k, v in nbytes.items()})
+    return out
+
+
+__all__ = ["time_bookkeeping", "time_runtime"]
