@@ -5,7 +5,7 @@ prepared once before the ranks start (`prepare`), and what it produced once they
 A `Handle` is a submitted task: its `state`, `wait` (raises LaunchError naming the rank that failed
 first), `result`, and a rank's `logs`. The local launcher (runtime/launch/local.py) and the Slurm one
 (runtime/launch/slurm.py) implement it; training (runtime/train/trainer.py `TrainTask`), the profile
-(runtime/profile/bench.py `ProfileTask`) and the tests' sequences of runs are tasks.
+(runtime/profile/task.py `ProfileTask`) and the tests' sequences of runs are tasks.
 """
 
 from __future__ import annotations

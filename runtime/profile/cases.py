@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from orch.planner.specs import ModelSpec
+from orch.runtime.train.config import ELEM_BYTES, torch_dtype
 
 if TYPE_CHECKING:
     import torch
 
-ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}
 MICRO_BATCH_SIZES = (1, 2, 4)  # three micro-batch sizes separate the per-call cost from the per-sample one
 BOUNDARY_SCALES = (1, 4)  # row multipliers of the boundary case: two message sizes for the alpha-beta fit
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
@@ -64,9 +64,7 @@ class ProfileConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        import torch
-
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[self.dtype]
+        return torch_dtype(self.dtype)
 
 
 def tp_degrees(model: ModelSpec, name: str, world: int, ranks_per_node: int) -> list[int]:

@@ -14,6 +14,16 @@ if TYPE_CHECKING:
     import torch
 
 DTYPES = ("float32", "bfloat16", "float64")
+ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}  # bytes per element of each of DTYPES
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of one of DTYPES (torch imported here, not at import)."""
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[name]
+
+
 DEFAULT_BALANCE = Mode.ORCH  # the one default of post-balancing, for the CLI and the API alike
 
 
@@ -47,6 +57,4 @@ class TrainConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        import torch
-
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[self.dtype]
+        return torch_dtype(self.dtype)

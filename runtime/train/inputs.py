@@ -3,7 +3,7 @@
 Unbalanced (`balance == none`): every rank builds its own samples' inputs from the seeded batch. Balanced:
 every world rank joins one all_to_all_single per module (an encoder's features; the LLM's text and label
 ids, to its first and last pipeline stage), from each sample's origin DP index to the dispatcher's.
-The profile (runtime/profile/bench.py) times the same routes through this class.
+The profile (runtime/profile/per_step.py) times the same routes through this class.
 """
 
 from __future__ import annotations
