@@ -11,7 +11,7 @@ What it checks (and prints, one line per check; exit 1 if any fails, 2 without C
 2. float64 equivalence, through `the local launcher` (the launcher's spawned ranks, `device="cuda"`):
    the tiny model and tiny-moe on 1 GPU against `run_reference` on the CPU: loss at every step
    within 1e-9 relative, step-0 gradients within 1e-9 and parameters after 3 SGD steps within 1e-8
-   (of each tensor's largest entry), as tests/test_runtime_equivalence.py does on gloo. With 2 or
+   (of each tensor's largest entry), as tests/distributed/test_runtime_equivalence.py does on gloo. With 2 or
    more GPUs also TP2, PP2, CP2 and a disaggregated (graph-aware 1F1B, point-to-point) plan; with 4,
    two of the 4-rank plans of the tests. NCCL puts one rank per GPU, so more ranks need more GPUs.
 3. Step time: a short run per (model, device, dtype) through `the local launcher`, median step time of the

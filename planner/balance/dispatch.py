@@ -137,7 +137,7 @@ def routes(outcomes: dict[str, PhaseOutcome]) -> dict[str, np.ndarray]:
     """Per encoder phase, (encoder rank, LLM rank) of every sample: Π_llm ∘ Π_enc⁻¹ as two columns.
 
     routing.RouteTable(origin→enc).inverse().then(RouteTable(origin→llm)) is the same table
-    (tests/test_balance_props.py checks it); here it stays numpy.
+    (tests/unit/test_balance_props.py checks it); here it stays numpy.
     """
     if LLM_PHASE not in outcomes:
         return {}

@@ -32,7 +32,7 @@ a chunk at once in numpy. If bytes do not fall with length (here bytes ∝ token
 sample's bytes become the most of any shorter-or-equal sample of its node: never less, so still valid.
 
 Any classing gives a valid bound; the best π is searched outside (bench: column generation with
-GLOP), every evaluated π being a certificate on its own. tests/test_balance_bound.py checks
+GLOP), every evaluated π being a certificate on its own. tests/unit/test_balance_bound.py checks
 L(π) <= the brute-force optimum on small batches and <= what orch and paper send.
 """
 

@@ -1,6 +1,6 @@
 """What `orch launch --executor slurm` asks Slurm for: validated submitit parameters and the sbatch text.
 
-Pure functions (no cluster, no submission), tested against tests/golden/sbatch_tiny.txt. Every value
+Pure functions (no cluster, no submission), tested against tests/cli/golden/sbatch_tiny.txt. Every value
 that reaches the sbatch script is checked against a strict pattern, or shell-quoted when it is
 substituted into a setup line, so neither a plan nor a flag can inject shell: `#SBATCH` lines are
 parsed by sbatch, not by a shell, so quoting alone would not make a partition like "gpu; rm" safe.

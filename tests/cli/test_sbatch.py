@@ -1,4 +1,4 @@
-"""The sbatch text and its validation: pure functions, no cluster (golden file: tests/golden/sbatch_tiny.txt)."""
+"""The sbatch text and its validation: pure functions, no cluster (golden file: tests/cli/golden/sbatch_tiny.txt)."""
 
 from pathlib import Path
 

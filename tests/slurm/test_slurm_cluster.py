@@ -30,7 +30,7 @@ from orch.runtime.train.single_process import run_reference
 
 JOB_TIMEOUT_S = 150
 SEED = 3
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "slurm-cluster.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm-cluster.sh"
 # `orch` in a subprocess, from the same checkout as this test (the job's python resolves orch the same way).
 ORCH = [sys.executable, "-c", "from orch.cli.app import main; main()"]
 
