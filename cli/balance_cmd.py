@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from orch.cli.output import console, print_json
+from orch.cli.output import console, print_json, table
 
 MODES = ("orch", "paper", "lpt", "none")
 
@@ -50,20 +50,24 @@ def balance(
         print_json(result)
         return
     baseline = result if chosen == Mode.NONE else balance_batch(batch, Mode.NONE, source=batch_file)
-    from rich.table import Table
-
-    table = Table(
-        title=f"orch balance {batch_file}: {len(batch.samples)} samples on {batch.num_ranks} ranks "
-        f"({batch.dp_per_node} per node), mode {chosen.value} beside none"
+    t = table(
+        f"orch balance {batch_file}: {len(batch.samples)} samples on {batch.num_ranks} ranks "
+        f"({batch.dp_per_node} per node), mode {chosen.value} beside none",
+        [
+            ("phase", "name"),
+            ("mode", "name"),
+            *((c, "num") for c in ("max", "mean", "LB", "max/mean", "max/LB")),
+            ("intra", "num"),
+            ("inter", "num"),
+            ("ms", "num"),
+        ],
     )
-    for col in ("phase", "mode", "max", "mean", "LB", "max/mean", "max/LB", "intra", "inter", "ms"):
-        table.add_column(col, justify="left" if col in ("phase", "mode") else "right", no_wrap=True)
     for name in batch.phases:
         rows = [("none", baseline.phases[name])]
         if chosen != Mode.NONE:
             rows.append((chosen.value, result.phases[name]))
         for label, r in rows:
-            table.add_row(
+            t.add_row(
                 name,
                 label,
                 _num(r.max_cost),
@@ -75,7 +79,7 @@ def balance(
                 _bytes(r.inter_node_bytes),
                 f"{r.seconds * 1000:.1f}",
             )
-    console().print(table)
+    console().print(t)
     console().print("cost: per rank, the phase's cost model; intra/inter: bytes moved inside / across nodes")
 
 
@@ -102,17 +106,23 @@ def analyze(
     if json_out:
         print_json(result)
         return
-    from rich.table import Table
-
     out = console()
-    table = Table(
-        title=f"orch analyze {manifest}: {steps} batches of {dp} x {micro_batch} samples, {dp_per_node} ranks/node"
+    t = table(
+        f"orch analyze {manifest}: {steps} batches of {dp} x {micro_batch} samples, {dp_per_node} ranks/node",
+        [
+            ("phase", "name"),
+            ("mode", "name"),
+            ("max cost", "num"),
+            ("mean cost", "num"),
+            ("wasted", "num"),
+            ("x-node", "num"),
+            ("ms/step", "num"),
+        ],
+        caption="wasted: rank time idle waiting for the slowest; x-node: share of bytes moved across nodes",
     )
-    for col in ("phase", "mode", "max cost", "mean cost", "wasted", "inter-node bytes", "ms/step"):
-        table.add_column(col, justify="left" if col in ("phase", "mode") else "right")
     for name, per_mode in result.phases.items():
         for mode, s in per_mode.items():
-            table.add_row(
+            t.add_row(
                 name,
                 mode,
                 f"{s.max_cost:,.0f}",
@@ -121,7 +131,7 @@ def analyze(
                 f"{100 * s.inter_node_fraction:.1f}%",
                 f"{1000 * s.seconds:.1f}",
             )
-    out.print(table)
+    out.print(t)
     out.print(
         "expected speed-up of the balanced phases: "
         + ", ".join(f"{m} {v:.2f}x" for m, v in result.speedup.items() if m != "none")

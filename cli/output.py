@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from functools import cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -29,3 +29,23 @@ def print_json_text(text: str) -> None:
 
 def error(line: str) -> None:
     sys.stderr.write(f"error: {line}\n")
+
+
+def table(title: str, columns: list[tuple[str, str]], caption: str | None = None) -> Any:
+    """A table readable in an 80-column terminal: headers short enough never to be cut (units go in the
+    title or the caption), no vertical rules and collapsed padding, numbers right-aligned and names
+    never wrapped, free text wrapped at spaces.
+
+    `columns`: (header, kind) in order; kind "num" (right-aligned), "name" (a word: module, mode, op) or
+    "text" (wraps: layouts, summaries).
+    """
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for header, kind in columns:
+        if kind == "text":
+            t.add_column(header, justify="left", overflow="fold")
+        else:
+            t.add_column(header, justify="right" if kind == "num" else "left", no_wrap=True)
+    return t

@@ -27,7 +27,7 @@ def plan(
     from orch.planner.candidates import Pin, SearchInput
     from orch.planner.errors import SpecError
     from orch.planner.io import to_yaml, write_text_atomic
-    from orch.planner.loading import check_data_against_model, load_cluster, load_data, load_json_file, load_model
+    from orch.planner.loading import data_for, load_cluster, load_json_file, load_model
     from orch.planner.plan import Placement
     from orch.planner.planner import make_plan
     from orch.planner.profile import Profile
@@ -37,11 +37,11 @@ def plan(
         raise SpecError("--placement", "", f"expected one of {', '.join(PLACEMENTS)}, got '{placement}'")
     model_spec = load_model(model)
     cluster_spec = load_cluster(cluster, nodes)
-    data_ref = data or model_spec.data
-    if data_ref is None:
-        raise SpecError(model, "data", "the model names no default data; pass --data")
-    data_spec = load_data(data_ref)
-    check_data_against_model(data_spec, model_spec, data_ref)
+    data_spec, hint = data_for(model_spec, data, "planned on")
+    if hint is not None:
+        from rich.markup import escape
+
+        console().print(f"hint: {escape(hint)}")
     prof = load_json_file(Profile, profile) if profile else None
     pins = tuple(Pin.parse(f, model_spec) for f in fix)
     placements = tuple(Placement) if placement == "auto" else (Placement(placement),)

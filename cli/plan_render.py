@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from orch.cli.output import table
 from orch.planner.plan import ModulePlan, Plan, Prediction
 
 COLOURS = ("cyan", "magenta", "yellow", "green", "blue", "red")
@@ -18,19 +19,30 @@ def _colour_of(plan: Plan) -> dict[str, str]:
 
 
 def _layout_table(plan: Plan, colours: dict[str, str]) -> Table:
-    t = Table(title=f"{plan.model.name} on {plan.cluster.name} ({plan.world_size} GPUs): {plan.placement.value}")
-    for col in ("module", "layout", "GPUs", "ranks", "micro-batch", "recompute", "memory/GPU", "busy time"):
-        t.add_column(col, justify="right" if col in ("GPUs", "memory/GPU", "busy time") else "left")
+    t = table(
+        f"{plan.model.name} on {plan.cluster.name} ({plan.world_size} GPUs): {plan.placement.value}",
+        [
+            ("module", "name"),
+            ("layout", "text"),
+            ("GPUs", "num"),
+            ("ranks", "text"),
+            ("micro", "num"),
+            ("recompute", "name"),
+            ("GB/GPU", "num"),
+            ("busy s", "num"),
+        ],
+        caption="micro: samples per micro-batch x micro-batches; GB/GPU: memory; busy s: compute per step",
+    )
     for name, mp in plan.modules.items():
         t.add_row(
             Text(name, style=colours[name]),
             mp.layout.short(),
             str(mp.layout.gpus),
             _ranks(mp),
-            f"{mp.micro_batch} x {mp.num_micro_batches}",
+            f"{mp.micro_batch}x{mp.num_micro_batches}",
             mp.recompute.value,
-            f"{mp.memory_gb:.1f} GB",
-            f"{mp.time_s:.3f} s",
+            f"{mp.memory_gb:.1f}",
+            f"{mp.time_s:.3f}",
         )
     return t
 
@@ -38,7 +50,9 @@ def _layout_table(plan: Plan, colours: dict[str, str]) -> Table:
 def _ranks(mp: ModulePlan) -> str:
     r = mp.ranks
     contiguous = r == list(range(r[0], r[0] + len(r)))
-    return f"{r[0]}-{r[-1]}" if contiguous and len(r) > 1 else ",".join(map(str, r[:8])) + ("…" if len(r) > 8 else "")
+    if contiguous and len(r) > 1:
+        return f"{r[0]}-{r[-1]}"
+    return ",".join(map(str, r[:8])) + (f" +{len(r) - 8} more" if len(r) > 8 else "")
 
 
 def _placement_picture(plan: Plan, colours: dict[str, str]) -> Text:
@@ -69,13 +83,11 @@ def _placement_picture(plan: Plan, colours: dict[str, str]) -> Text:
 
 
 def _prediction_table(plan: Plan) -> Table:
-    t = Table(title="predicted step (cost model)")
-    t.add_column("")
-    t.add_column(f"orch ({plan.placement.value})", justify="right")
     base: Prediction | None = plan.baseline.predicted if plan.baseline else None
+    columns = [("", "text"), (f"orch ({plan.placement.value})", "num")]
     if base is not None:
-        t.add_column("baseline (homogeneous)", justify="right")
-        t.add_column("gain", justify="right")
+        columns += [("baseline (homogeneous)", "num"), ("gain", "num")]
+    t = table("predicted step (cost model)", columns)
     p = plan.predicted
     mem = max(mp.memory_gb for mp in plan.modules.values())
     rows = [("step time", f"{p.step_time_s:.3f} s", base and f"{base.step_time_s:.3f} s"),
@@ -100,13 +112,14 @@ def _prediction_table(plan: Plan) -> Table:
 
 
 def _alternatives_table(plan: Plan) -> Table:
-    t = Table(title="next best plans")
-    for col in ("#", "placement", "layouts", "step time", "vs best"):
-        t.add_column(col)
+    t = table(
+        "next best plans",
+        [("#", "num"), ("placement", "name"), ("layouts", "text"), ("step s", "num"), ("vs best", "num")],
+    )
     for i, a in enumerate(plan.alternatives, start=2):
         layouts = "; ".join(f"{n}: {lay} ({a.gpus[n]} GPUs)" for n, lay in a.layouts.items())
         ratio = a.predicted.step_time_s / plan.predicted.step_time_s - 1
-        t.add_row(str(i), a.placement.value, layouts, f"{a.predicted.step_time_s:.3f} s", f"{ratio:+.1%}")
+        t.add_row(str(i), a.placement.value, layouts, f"{a.predicted.step_time_s:.3f}", f"{ratio:+.1%}")
     return t
 
 

@@ -40,7 +40,7 @@ def profile(
     from orch.cli.output import console, print_json
     from orch.planner.errors import SpecError
     from orch.planner.io import to_yaml, write_text_atomic
-    from orch.planner.loading import load_cluster, load_data, load_model
+    from orch.planner.loading import data_for, load_cluster, load_model
 
     if executor not in EXECUTORS:
         raise SpecError("--executor", "", f"expected one of {', '.join(EXECUTORS)}, got '{executor}'")
@@ -54,10 +54,11 @@ def profile(
         raise SpecError("--max-bytes", "", f"expected at least 1024 bytes, got {max_bytes}")
     model_spec = load_model(model)
     cluster_spec = load_cluster(cluster)
-    data_ref = data or model_spec.data
-    if data_ref is None:
-        raise SpecError(model, "data", "the model names no default data; pass --data")
-    data_spec = load_data(data_ref)
+    data_spec, hint = data_for(model_spec, data, "profiling on")
+    if hint is not None:
+        from rich.markup import escape
+
+        console().print(f"hint: {escape(hint)}")
     if executor == "slurm":
         assert nodes is not None
         nproc = nodes * cluster_spec.gpus_per_node
@@ -131,13 +132,24 @@ def _profile_on_slurm(
 
 
 def render_profile(prof: Profile) -> None:
-    from rich.table import Table
+    from orch.cli.output import console, table
 
-    from orch.cli.output import console
-
-    t = Table(title=f"compute fits: t = call + k(c0 + c1·len + c2·len²)  [{prof.device}, {prof.backend}]")
-    for col in ("module", "part", "tp", "call µs", "c0 µs", "c1 µs/tok", "c2 ns/tok²", "fit err", "B/tok"):
-        t.add_column(col, justify="left" if col in ("module", "part") else "right")
+    t = table(
+        f"compute fits: t = call + k(c0 + c1·len + c2·len²)  [{prof.device}, {prof.backend}]",
+        [
+            ("module", "name"),
+            ("part", "name"),
+            ("tp", "num"),
+            ("call", "num"),
+            ("c0", "num"),
+            ("c1", "num"),
+            ("c2", "num"),
+            ("err", "num"),
+            ("B/tok", "num"),
+        ],
+        caption="call, c0: µs; c1: µs per token; c2: ns per token²; err: the fit's relative error; "
+        "B/tok: activation bytes per token",
+    )
     for name, mp in prof.modules.items():
         parts = [("block", tp, f) for tp, f in sorted(mp.block.items())]
         if mp.rest is not None:
@@ -156,9 +168,18 @@ def render_profile(prof: Profile) -> None:
             )
         t.add_row(name, "step overhead", "", f"{mp.step_overhead_s * 1e6:.0f}", "", "", "", "", "")
     console().print(t)
-    c = Table(title="collectives (nccl-tests: busbw = algbw x bus factor)")
-    for col in ("op", "link", "ranks", "bytes", "time µs", "algbw GB/s", "busbw GB/s"):
-        c.add_column(col, justify="left" if col in ("op", "link") else "right")
+    c = table(
+        "collectives (nccl-tests: busbw = algbw x bus factor; time in µs, bandwidths in GB/s)",
+        [
+            ("op", "name"),
+            ("link", "name"),
+            ("ranks", "num"),
+            ("bytes", "num"),
+            ("time", "num"),
+            ("algbw", "num"),
+            ("busbw", "num"),
+        ],
+    )
     for r in prof.collectives:
         c.add_row(
             r.op,
@@ -203,17 +224,16 @@ def validate(
 
 
 def render_validation(v: Validation) -> None:
-    from rich.table import Table
-
-    from orch.cli.output import console
+    from orch.cli.output import console, table
 
     def s(x: float | None) -> str:
         return "-" if x is None else f"{x * 1e3:.1f}"
 
     runs = f" of {v.runs} runs" if v.runs > 1 else ""
-    t = Table(title=f"{v.placement} plan: predicted vs measured ({v.steps_used} steps{runs})")
-    for col in ("phase", "predicted ms", "measured ms", "error"):
-        t.add_column(col, justify="left" if col == "phase" else "right")
+    t = table(
+        f"{v.placement} plan: predicted vs measured, ms ({v.steps_used} steps{runs})",
+        [("phase", "name"), ("predicted", "num"), ("measured", "num"), ("error", "num")],
+    )
     for r in v.phases:
         t.add_row(
             r.phase, s(r.predicted_s), s(r.measured_s), "-" if r.relative_error is None else f"{r.relative_error:+.0%}"

@@ -24,14 +24,15 @@ def presets(json_out: bool = typer.Option(False, "--json", help="Print as JSON."
     if json_out:
         print_json_text(json.dumps(rows, indent=2))
         return
-    from rich.table import Table
+    from orch.cli.output import table
 
-    table = Table(title="orch presets (use the name with --model / --cluster / --data)")
-    for col in ("kind", "name", "summary"):
-        table.add_column(col)
+    t = table(
+        "orch presets (use the name with --model / --cluster / --data)",
+        [("kind", "name"), ("name", "name"), ("summary", "text")],
+    )
     for r in rows:
-        table.add_row(r["kind"], r["name"], r["summary"])
-    console().print(table)
+        t.add_row(r["kind"], r["name"], r["summary"])
+    console().print(t)
 
 
 def _summary(kind: str, spec: object) -> str:

@@ -11,7 +11,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from orch.planner.errors import SpecError, SpecErrors
-from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec
+from orch.planner.specs import ClusterSpec, DataSpec, Modality, ModelSpec, TaskSpec
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
@@ -128,3 +128,54 @@ def check_data_against_model(data: DataSpec, model: ModelSpec, source: str = "da
                     f"tasks.{i}.tokens.{key}",
                     f"model '{model.name}' has no module '{key}'; expected one of {sorted(model.modules)}",
                 )
+
+
+# Per-sample tokens of the default mix's task for an encoder of each modality (mean, max) and the LLM text
+# that comes with it: a LLaVA-style image (576 patches of a 336-pixel image at 14 px, up to a 4-tile
+# high-resolution image) or a Whisper-style clip (1,500 tokens for 30 s of audio, up to two minutes).
+_DEFAULT_TASKS = {
+    Modality.VISION: ({"mean": 576, "max": 2304}, {"mean": 600, "max": 4096}),
+    Modality.AUDIO: ({"mean": 1500, "max": 6000}, {"mean": 900, "max": 4096}),
+}
+DEFAULT_GLOBAL_BATCH = 256
+DEFAULT_SEQ_LEN = 8192
+
+
+def default_mix(model: ModelSpec) -> DataSpec:
+    """The mix a model is planned against when neither `--data` nor the model names one: a text-only
+    task (a fifth of the samples) and one task per encoder sharing the rest, with lengths typical of
+    its modality (`_DEFAULT_TASKS`; a text encoder takes the vision task's)."""
+    encoders = model.encoder_names
+    llm = model.llm_name
+    tasks = [TaskSpec(name="text", weight=0.2 if encoders else 1.0, tokens={llm: 900}, max={llm: DEFAULT_SEQ_LEN})]
+    for name in encoders:
+        enc, text = _DEFAULT_TASKS.get(model.modality(name), _DEFAULT_TASKS[Modality.VISION])
+        tasks.append(
+            TaskSpec(
+                name=name,
+                weight=0.8 / len(encoders),
+                tokens={name: enc["mean"], llm: text["mean"]},
+                max={name: enc["max"], llm: text["max"]},
+            )
+        )
+    return DataSpec(
+        name=f"default-mix-{model.name}", global_batch=DEFAULT_GLOBAL_BATCH, seq_len=DEFAULT_SEQ_LEN, tasks=tasks
+    )
+
+
+def data_for(model: ModelSpec, data: str | None, action: str = "planned on") -> tuple[DataSpec, str | None]:
+    """The data a command plans or profiles on: `--data`, else the model's `data`, else its default mix;
+    with the hint line to print when the default mix was taken (None otherwise), saying what was
+    `action` ("planned on", "profiling on")."""
+    ref = data or model.data
+    if ref is not None:
+        spec = load_data(ref)
+        check_data_against_model(spec, model, ref)
+        return spec, None
+    spec = default_mix(model)
+    kinds = ", ".join(t.name for t in spec.tasks)
+    hint = (
+        f"the model names no data and no --data was given: {action} a default mix ({kinds}; "
+        f"global batch {spec.global_batch}, seq_len {spec.seq_len}); pass --data for yours"
+    )
+    return spec, hint

@@ -35,6 +35,13 @@ class Modality(StrEnum):
         one token, so a clip of n tokens is 2n frames. A patch or a text token is one row."""
         return 2 if self == Modality.AUDIO else 1
 
+    @property
+    def default_input_dim(self) -> int | None:
+        """An encoder's features per input row when its spec names none: the pixels of one RGB 14x14
+        patch (3·14·14 = 588: CLIP ViT-L/14, SigLIP so400m/14) for vision, Whisper large-v3's 128 mel
+        bins for audio; a text encoder has no such default."""
+        return {Modality.VISION: 3 * 14 * 14, Modality.AUDIO: 128}.get(self)
+
 
 class ModuleSpec(_Spec):
     """One transformer module: an encoder or the LLM backbone."""
@@ -57,7 +64,10 @@ class ModuleSpec(_Spec):
         description="input modality; default: the module's name if vision/audio, else text (llm) or vision (encoder)",
     )
     input_dim: int | None = Field(
-        default=None, gt=0, description="features per input token (patch pixels, mel bins); encoders only"
+        default=None,
+        gt=0,
+        description="features per input row (patch pixels, mel bins); encoders only; default by modality: "
+        "588 for vision (an RGB 14x14 patch), 128 for audio (mel bins)",
     )
     downsample: int = Field(default=1, gt=0, description="encoder tokens merged into one LLM token by the projector")
     trainable: bool = Field(default=True, description="false freezes the module (no gradients, no optimizer)")
@@ -106,6 +116,17 @@ class ModelSpec(_Spec):
         for name, mod in self.modules.items():
             if mod.feeds is not None and mod.feeds != llms[0]:
                 raise ValueError(f"modules.{name}.feeds: '{mod.feeds}' is not the llm module '{llms[0]}'")
+        # An encoder without input_dim gets its modality's default, recorded in the spec (and so in the plan).
+        filled = dict(self.modules)
+        for name, mod in self.modules.items():
+            if mod.kind != ModuleKind.ENCODER or mod.input_dim is not None:
+                continue
+            default = self.modality(name).default_input_dim
+            if default is None:
+                raise ValueError(f"modules.{name}.input_dim: a {self.modality(name)} encoder needs input_dim")
+            filled[name] = mod.model_copy(update={"input_dim": default})
+        if filled != self.modules:
+            object.__setattr__(self, "modules", filled)  # frozen: set once, while validating
         return self
 
     @property

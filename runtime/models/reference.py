@@ -223,7 +223,8 @@ class Encoder(nn.Module):
 
     def __init__(self, spec: ModuleSpec, llm_hidden: int, modality: Modality) -> None:
         super().__init__()
-        assert spec.input_dim is not None, "encoders need input_dim"
+        if spec.input_dim is None:  # ModelSpec fills it by modality; a bare ModuleSpec may lack it
+            raise ValueError("an encoder needs input_dim (ModelSpec gives each encoder its modality's default)")
         self.modality = modality
         self.is_audio = self.modality == Modality.AUDIO
         if self.is_audio:

@@ -153,3 +153,53 @@ def test_bad_placement_and_unknown_preset(cli, tmp_path):
     assert "--placement" in line
     line = _single_error_line(cli("plan", "-m", "tiny", "-c", "a100", "-o", str(tmp_path / "p")))
     assert line.startswith("error: a100: no such cluster file or preset; presets: ")
+
+
+# A model written as DESIGN.md shows it: no input_dim, no data.
+FRESH_MODEL = """\
+name: fresh
+modules:
+  vision: {kind: encoder, layers: 2, hidden: 32, heads: 4, ffn: 64, feeds: llm}
+  audio:  {kind: encoder, layers: 2, hidden: 32, heads: 4, ffn: 64, feeds: llm}
+  llm:    {kind: llm, layers: 2, hidden: 64, heads: 4, kv_heads: 2, ffn: 128, vocab: 512}
+"""
+
+
+def test_a_model_without_data_plans_on_a_default_mix_and_says_so(cli, tmp_path):
+    from orch.planner.plan import Plan
+
+    model = tmp_path / "model.yaml"
+    model.write_text(FRESH_MODEL)
+    result = cli("plan", "-m", str(model), "-c", "local-cpu", "--json", "--top", "0")
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stderr.split())  # the hint wraps at the terminal's width
+    assert said.count("hint:") == 1 and "planned on a default mix (text, vision, audio;" in said
+    plan = Plan.model_validate_json(result.stdout)
+    assert plan.data.name == "default-mix-fresh"  # recorded in the plan, so `orch launch` trains on it
+    assert {t.name for t in plan.data.tasks} == {"text", "vision", "audio"}
+    assert sum(t.weight for t in plan.data.tasks) == pytest.approx(1.0)
+    # the encoders' input_dim: the modality's documented default, recorded too
+    assert (plan.model.modules["vision"].input_dim, plan.model.modules["audio"].input_dim) == (588, 128)
+
+
+def test_a_model_without_input_dim_that_plans_also_launches(cli, tmp_path):
+    """Before: planned, then every rank died with `AssertionError: encoders need input_dim`."""
+    import json
+
+    model = tmp_path / "model.yaml"
+    model.write_text(FRESH_MODEL)
+    plan = tmp_path / "plan.yaml"
+    planned = cli("plan", "-m", str(model), "-c", "local-cpu", "-d", "tiny-mix", "--nodes", "1", "--out", str(plan))
+    assert planned.exit_code == 0, planned.output
+    run = tmp_path / "run"
+    launched = cli("launch", str(plan), "--steps", "1", "--workdir", str(run), "--balance", "none")
+    assert launched.exit_code == 0, launched.output
+    (line,) = (run / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(line)["loss"] > 0
+
+
+def test_a_text_encoder_without_input_dim_is_one_line(cli, tmp_path):
+    model = tmp_path / "model.yaml"
+    model.write_text(FRESH_MODEL.replace("vision: {kind: encoder,", "vision: {kind: encoder, modality: text,"))
+    line = _single_error_line(cli("plan", "-m", str(model), "-c", "local-cpu"))
+    assert line.startswith(f"error: {model}:") and "modules.vision.input_dim: a text encoder needs input_dim" in line
