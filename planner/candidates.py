@@ -152,7 +152,9 @@ def layouts(inp: SearchInput, module: str, gpus: int, allow_pp: bool) -> Iterato
                 if gpus % (tp * cp * pp) or not _allowed(inp, module, "pp", pp):
                     continue
                 dp = gpus // (tp * cp * pp)
-                if batch % dp or not _allowed(inp, module, "dp", dp):
+                # Any batch runs on any dp (ranks hold floor or ceil of batch/dp samples before balancing;
+                # the loss is normalised by the global token count), but not more ranks than samples.
+                if dp > batch or not _allowed(inp, module, "dp", dp):
                     continue
                 eps = [e for e in _divisors(dp) if m.experts % e == 0] if m.experts > 1 else [1]
                 for ep in eps:
@@ -160,8 +162,14 @@ def layouts(inp: SearchInput, module: str, gpus: int, allow_pp: bool) -> Iterato
                         yield Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep)
 
 
+def samples_per_dp(inp: SearchInput, layout: Layout) -> int:
+    """Samples the fullest DP rank holds before balancing: ceil(batch / dp) (runtime/data/synthetic.py deals
+    sample i to DP index i % dp)."""
+    return -(-inp.data.global_batch // layout.dp)
+
+
 def _micro_batches(inp: SearchInput, layout: Layout) -> list[int]:
-    per_dp = inp.data.global_batch // layout.dp
+    per_dp = samples_per_dp(inp, layout)
     return [b for b in MICRO_BATCHES if per_dp % b == 0]
 
 
@@ -236,7 +244,7 @@ def module_candidates(
     out = []
     for layout in layouts(inp, module, gpus, allow_pp=is_llm):
         for mb in _micro_batches(inp, layout):
-            num_mb = inp.data.global_batch // layout.dp // mb
+            num_mb = samples_per_dp(inp, layout) // mb
             in_flight = layout.pp if is_llm else num_mb
             for rc in Recompute:
                 cost = module_cost(
@@ -308,7 +316,7 @@ def homogeneous_options(inp: SearchInput) -> list[HomogeneousOption]:
         if any(model.modules[e].heads % layout.tp for e in model.encoder_names):
             continue
         for mb in _micro_batches(inp, layout):
-            num_mb = inp.data.global_batch // layout.dp // mb
+            num_mb = samples_per_dp(inp, layout) // mb
             best: HomogeneousOption | None = None
             for rc in Recompute:
                 llm_cost = module_cost(

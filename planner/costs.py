@@ -256,6 +256,8 @@ def _compute_seconds(
         if profile is not None and m.kind == ModuleKind.LLM:
             balance_s = profile.balance_step_s + profile.step_bookkeeping_s
         return block * layers * scale + max(rest_s, 0.0), mod.step_overhead_s, balance_s
+    if fwd * passes + extra == 0:  # no sample of the mix has this module's modality: no work
+        return 0.0, 0.0, 0.0
     tokens_per_gpu = micro_batch * w.stats.mean / layout.cp
     eff = cluster.mfu * gemm_efficiency(m, layout.tp, tokens_per_gpu, cfg)
     return (fwd * passes + extra) / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * eff), 0.0, 0.0

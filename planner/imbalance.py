@@ -41,16 +41,17 @@ def _imbalance(data_json: str, module: str, llm: str, dp: int, dpn: int, cost: t
     if c0 <= 0 and c1 <= 0 and c2 <= 0:
         c1 = 1.0  # no measured cost: tokens alone
     spec = PhaseSpec(constant=c0, linear=c1, quadratic=c2)
-    per_rank = data.global_batch // dp
+    batch = data.global_batch
     dpn = dpn if dp % dpn == 0 else dp  # DP ranks that straddle nodes unevenly: one node, as the runtime does
     ratios = []
     for step in range(BATCHES):
-        drawn = sample_lengths(data, per_rank * dp, seed=10_000 + step)
+        drawn = sample_lengths(data, batch, seed=10_000 + step)
         lengths = np.array(
             [min(d.get(module, 0), data.seq_len) if module == llm else d.get(module, 0) for d in drawn],
             dtype=np.int64,
         )
-        origin = np.repeat(np.arange(dp, dtype=np.int64), per_rank)
+        # floor or ceil of batch/dp samples per rank, as the runtime deals them (in rank order here)
+        origin = np.sort(np.arange(batch, dtype=np.int64) % dp)
         ph = build_phase_arrays(module, spec, lengths, origin, lengths, dp, dpn)
         if ph.n == 0:
             continue

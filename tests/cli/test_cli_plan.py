@@ -203,3 +203,25 @@ def test_a_text_encoder_without_input_dim_is_one_line(cli, tmp_path):
     model.write_text(FRESH_MODEL.replace("vision: {kind: encoder,", "vision: {kind: encoder, modality: text,"))
     line = _single_error_line(cli("plan", "-m", str(model), "-c", "local-cpu"))
     assert line.startswith(f"error: {model}:") and "modules.vision.input_dim: a text encoder needs input_dim" in line
+
+
+def test_a_batch_that_no_dp_divides_still_plans(cli, tmp_path):
+    """12 samples on 5 GPUs: DP 5 holds 3 or 2 samples a rank (before: no homogeneous layout at all)."""
+    from orch.planner.plan import Plan
+
+    cluster = tmp_path / "five.yaml"
+    cluster.write_text(
+        "name: five\nnodes: 1\ngpus_per_node: 5\ngpu: {memory_gb: 4, peak_tflops: 0.05}\n"
+        "links: {intra_node_gbps: 2, inter_node_gbps: 1}\ncpus_per_gpu: 1\n"
+    )
+    data = tmp_path / "d12.yaml"
+    data.write_text(
+        "global_batch: 12\nseq_len: 256\ntasks:\n"
+        "  - {weight: 0.5, tokens: {llm: 24}, max: {llm: 128}}\n"
+        "  - {weight: 0.5, tokens: {vision: 16, llm: 24}, max: {vision: 64, llm: 96}}\n"
+    )
+    result = cli("plan", "-m", "tiny", "-c", str(cluster), "-d", str(data), "--placement", "homogeneous", "--json")
+    assert result.exit_code == 0, result.output
+    plan = Plan.model_validate_json(result.stdout)
+    llm = plan.modules["llm"]
+    assert llm.layout.dp == 5 and llm.micro_batch * llm.num_micro_batches == 3  # the fullest rank: ceil(12 / 5)

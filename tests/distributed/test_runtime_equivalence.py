@@ -142,3 +142,28 @@ def test_out_of_memory_in_a_rank_is_reported_as_such(specs, tmp_path):
     debug = DebugConfig(oom_at=(1, 1, 1 << 30))  # 1 PiB: more than any machine
     with pytest.raises(LaunchError, match=r"rank 1 failed: out of memory: RuntimeError: .*can't allocate memory"):
         train_local(plan, data, cfg, tmp_path, debug=debug, timeout_s=30)
+
+
+@pytest.mark.slow
+def test_any_batch_on_any_dp_matches_reference(tmp_path):
+    """12 samples on DP 5 (ranks hold 3 or 2 before balancing), unbalanced and post-balanced, in one launch."""
+    from orch.runtime.train.config import TrainConfig as Cfg
+
+    model = load_model("tiny")
+    data = load_data("tiny-mix").model_copy(update={"global_batch": 12, "seq_len": 96})
+    five = [0, 1, 2, 3, 4]
+    plans = {
+        "homogeneous_dp5": hand_plan(model, data, {"llm": (Layout(dp=5), five)}, micro_batches=1),
+        "homogeneous_dp5_mb2": hand_plan(model, data, {"llm": (Layout(dp=5), five)}),
+    }
+    ref = run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64)
+    cfgs = {
+        "homogeneous_dp5": Cfg(steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE),
+        "homogeneous_dp5_mb2": Cfg(steps=STEPS, seed=SEED, dtype="float64", balance=Mode.ORCH, calibrate=False),
+    }
+    for name, (losses, grads, params) in run_plans(plans, data, cfgs, tmp_path).items():
+        assert len(losses) == STEPS, name
+        for got, want in zip(losses, ref.losses, strict=True):
+            assert got == pytest.approx(want, rel=1e-9, abs=0), name
+        assert_close(grads, ref.grads, 1e-9)
+        assert_close(params, ref.params, 1e-8)
