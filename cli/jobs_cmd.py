@@ -33,6 +33,7 @@ def launch_slurm(
     dry_run: bool,
     wait: bool,
     debug: DebugConfig | None = None,
+    source: str = "plan",
 ) -> None:
     """Called by `orch launch --executor slurm`: print the sbatch script (--dry-run) or submit.
 
@@ -43,7 +44,7 @@ def launch_slurm(
 
     out = console()
     nodes, per_node = allocation(plan)
-    params, script = plan_parameters(plan, opts, workdir)
+    params, script = plan_parameters(plan, opts, workdir, source)
     summary = (
         f"{plan.placement.value} plan: {plan.world_size} ranks on {nodes} node(s) x {per_node} task(s), "
         f"modules {', '.join(f'{n}:{m.layout.tp}tp/{m.layout.dp}dp' for n, m in plan.modules.items())}; "
@@ -91,6 +92,7 @@ def _watch(job_id: str) -> JobStatus:
 
     from orch.cli.output import console
     from orch.runtime.launch.jobs import job_status
+    from orch.runtime.launch.partition import stuck_reason
 
     out = console()
     status = job_status(job_id)
@@ -98,6 +100,7 @@ def _watch(job_id: str) -> JobStatus:
         seen = (status.state, status.step)
         out.print(_line(status))
         while not status.done:
+            stuck_reason(status)
             time.sleep(_POLL_S)
             status = job_status(job_id)
             if (status.state, status.step) != seen or status.done:
@@ -106,6 +109,7 @@ def _watch(job_id: str) -> JobStatus:
         return status
     with Live(_line(status), console=out, refresh_per_second=2, transient=False) as live:
         while not status.done:
+            stuck_reason(status)
             time.sleep(_POLL_S)
             status = job_status(job_id)
             live.update(_line(status))
@@ -129,6 +133,8 @@ def status(
     out = console()
     # soft_wrap: paths stay on one line (copy-pastable) whatever the terminal's width.
     out.print(_line(st))
+    if st.reason:
+        out.print(f"pending: Reason={st.reason}")
     out.print(f"workdir {st.workdir}  logs {st.log_folder}", soft_wrap=True)
     if st.failure is not None:
         out.print(f"[red]{escape(st.failure.summary)}[/]", soft_wrap=True)

@@ -120,7 +120,7 @@ def launch(
         from orch.runtime.launch.sbatch import SlurmOptions
 
         opts = SlurmOptions(partition=partition, account=account, qos=qos, time=time_limit, setup=setup, mem=mem)
-        launch_slurm(plan, data_spec, cfg, opts, workdir=workdir, dry_run=dry_run, wait=wait)
+        launch_slurm(plan, data_spec, cfg, opts, workdir=workdir, dry_run=dry_run, wait=wait, source=plan_file)
         return
     out = console()
     backend = "nccl" if device == "cuda" else "gloo"

@@ -172,7 +172,12 @@ class ClusterSpec(_Spec):
     gpu: GpuSpec
     links: LinkSpec
     mfu: float = Field(default=0.5, gt=0, le=1, description="achievable fraction of peak on large GEMMs")
-    cpus_per_gpu: int = Field(default=8, gt=0, description="CPU cores per GPU task (Slurm cpus_per_task)")
+    cpus_per_gpu: int | None = Field(
+        default=None,
+        gt=0,
+        description="CPU cores per GPU task (Slurm cpus_per_task); default: the partition's CPUs per node over "
+        "its tasks, read with sinfo at launch (8 where no Slurm answers, as in a dry run elsewhere)",
+    )
 
     @property
     def world_size(self) -> int:

@@ -53,6 +53,7 @@ class JobStatus(BaseModel):
     elapsed: str = ""
     exit_code: str = ""
     nodes: str = ""  # the allocation's node list (Slurm's notation)
+    reason: str = ""  # why a PENDING job waits (squeue's %r)
     workdir: str
     log_folder: str
     step: int | None = None
@@ -106,6 +107,7 @@ class Accounting(BaseModel):
     nodes: str = ""
     start: str = ""
     end: str = ""
+    reason: str = ""  # PENDING: why (squeue's %r)
 
 
 def accounting(job_id: str) -> Accounting:
@@ -114,7 +116,7 @@ def accounting(job_id: str) -> Accounting:
     lines = run_command(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", ",".join(fields)]).strip().splitlines()
     if lines:
         state, elapsed, code, nodes, start, end = [*lines[-1].split("|"), *[""] * 6][:6]
-        return Accounting(
+        acct = Accounting(
             state=state.split()[0] if state else "UNKNOWN",
             elapsed=elapsed,
             exit_code=code,
@@ -122,10 +124,13 @@ def accounting(job_id: str) -> Accounting:
             start=start,
             end=end,
         )
-    queued = run_command(["squeue", "-h", "-j", job_id, "-o", "%T|%M|%N"]).strip().splitlines()
+        if acct.state == "PENDING":
+            acct.reason = run_command(["squeue", "-h", "-j", job_id, "-o", "%r"]).strip()
+        return acct
+    queued = run_command(["squeue", "-h", "-j", job_id, "-o", "%T|%M|%N|%r"]).strip().splitlines()
     if queued:
-        state, elapsed, nodes = [*queued[0].split("|"), "", ""][:3]
-        return Accounting(state=state, elapsed=elapsed, nodes=nodes)
+        state, elapsed, nodes, reason = [*queued[0].split("|"), "", "", ""][:4]
+        return Accounting(state=state, elapsed=elapsed, nodes=nodes, reason=reason if state == "PENDING" else "")
     return Accounting()
 
 
@@ -144,6 +149,7 @@ def job_status(job_id: str) -> JobStatus:
         elapsed=acct.elapsed,
         exit_code=acct.exit_code,
         nodes=acct.nodes,
+        reason=acct.reason,
         workdir=record.workdir,
         log_folder=record.log_folder,
     )

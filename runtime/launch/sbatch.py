@@ -118,9 +118,17 @@ def executor_parameters(plan: Plan, opts: SlurmOptions, workdir: str, setup_text
 
 
 def allocation_parameters(
-    default_name: str, nodes: int, per_node: int, cpus_per_task: int, opts: SlurmOptions, workdir: str, setup_text: str
+    default_name: str,
+    nodes: int,
+    per_node: int,
+    cpus_per_task: int | None,
+    opts: SlurmOptions,
+    workdir: str,
+    setup_text: str,
 ) -> dict[str, object]:
-    """submitit parameters of one allocation: `nodes` x `per_node` tasks, one GPU each (a plan's, a profile's)."""
+    """submitit parameters of one allocation: `nodes` x `per_node` tasks, one GPU each (a plan's, a profile's).
+
+    `cpus_per_task` None: left for runtime/launch/partition.py to take from the partition."""
     for flag, value in (("--partition", opts.partition), ("--account", opts.account), ("--qos", opts.qos)):
         check_name(flag, value)
     job_name = opts.job_name if opts.job_name is not None else default_name

@@ -32,6 +32,7 @@ from orch.runtime.launch.base import Handle, LaunchError, Task
 from orch.runtime.launch.diagnose import record_node
 from orch.runtime.launch.failures import last_line
 from orch.runtime.launch.jobs import JobRecord, JobStatus, job_status, log_path, save_record
+from orch.runtime.launch.partition import fit_to_partition, read_partition, stuck_reason
 from orch.runtime.launch.rank import RankEnv, run_rank
 from orch.runtime.launch.sbatch import SlurmOptions, default_setup_text, executor_parameters, sbatch_text
 from orch.runtime.preemption import Preemption
@@ -191,6 +192,7 @@ class SlurmHandle(Handle):
     def wait(self, poll_s: float = POLL_S) -> None:
         status = self.status()
         while not status.done:
+            stuck_reason(status)  # a job that can never start is cancelled, with why
             time.sleep(poll_s)
             status = self.status()
         if status.state != "COMPLETED":
@@ -213,11 +215,17 @@ class SlurmHandle(Handle):
         return "".join(parts)
 
 
-def plan_parameters(plan: Plan, opts: SlurmOptions, workdir: str | os.PathLike[str]) -> tuple[dict[str, object], str]:
+def plan_parameters(
+    plan: Plan, opts: SlurmOptions, workdir: str | os.PathLike[str], source: str = "plan"
+) -> tuple[dict[str, object], str]:
     """(submitit parameters, sbatch text) of a training plan; validates every flag and setup value."""
     setup = setup_text(opts)
     folder = str(Path(workdir).absolute() / "slurm" / "%j")
     params = executor_parameters(plan, opts, str(Path(workdir).absolute()), setup)
+    memory = max((m.memory_gb for m in plan.modules.values()), default=0.0)  # a GPU's, all its modules
+    given = plan.cluster.cpus_per_gpu is not None
+    part = read_partition(opts.partition)
+    params = fit_to_partition(params, part, cpus_given=given, memory_gb_per_rank=memory, source=source)
     return params, sbatch_text(params, folder, python_command())
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from orch.planner.errors import OrchError
 from orch.planner.specs import ClusterSpec, ModelSpec
+from orch.runtime.launch.partition import fit_to_partition, read_partition
 from orch.runtime.launch.sbatch import SlurmOptions, allocation_parameters, sbatch_text
 from orch.runtime.launch.slurm import SlurmHandle, SlurmLauncher, python_command, setup_text
 from orch.runtime.profile.cases import ProfileConfig
@@ -28,6 +29,8 @@ def profile_parameters(
     params = allocation_parameters(
         f"orch-profile-{model.name}", nodes, cluster.gpus_per_node, cluster.cpus_per_gpu, opts, out, setup_text(opts)
     )
+    given = cluster.cpus_per_gpu is not None
+    params = fit_to_partition(params, read_partition(opts.partition), cpus_given=given, memory_gb_per_rank=0.0)
     return params, sbatch_text(params, str(Path(out) / "slurm" / "%j"), python_command())
 
 

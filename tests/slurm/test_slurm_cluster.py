@@ -458,3 +458,30 @@ def test_profile_runs_as_one_allocation_and_writes_the_profile(slurm_cluster, st
     assert set(prof.modules) == {"vision", "audio", "llm"}
     # The job is a known orch job: its record is where `orch status` looks.
     assert len(list(state_dir.glob("*.json"))) == 1
+
+
+def test_the_request_is_fitted_to_the_partition_before_submitting(slurm_cluster, state_dir, specs, tmp_path, cli):
+    """A cluster spec without cpus_per_gpu asked 8 CPUs a task of 8-CPU nodes (2 tasks: 16), and the job could
+    never start; it now takes the node's CPUs over its tasks, a --mem of what the ranks need, and a request
+    over the nodes' figures is one line before anything is submitted."""
+    plan = _plan(specs, HOMOGENEOUS)
+    cpus = int(subprocess.run(["sinfo", "-h", "-o", "%c"], capture_output=True, text=True).stdout.split()[0])
+    unset = plan.model_copy(update={"cluster": plan.cluster.model_copy(update={"cpus_per_gpu": None})})
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(unset.model_dump(mode="json")))
+    dry = cli("launch", str(path), "--executor", "slurm", "--dry-run", "--workdir", str(tmp_path / "run"))
+    assert dry.exit_code == 0, dry.output
+    lines = dry.output.splitlines()
+    assert f"#SBATCH --cpus-per-task={cpus // 2}" in lines
+    mem = [ln for ln in lines if ln.startswith("#SBATCH --mem=")]
+    assert len(mem) == 1 and int(mem[0].split("=")[1].rstrip("M")) >= 2 * 1024  # two ranks' host memory
+    greedy = plan.model_copy(update={"cluster": plan.cluster.model_copy(update={"cpus_per_gpu": cpus})})
+    path.write_text(yaml.safe_dump(greedy.model_dump(mode="json")))
+    refused = cli("launch", str(path), "--executor", "slurm", "--time", "5", "--workdir", str(tmp_path / "run"))
+    assert refused.exit_code == 1
+    assert refused.output.strip().splitlines() == [
+        f"error: {path}: cluster.cpus_per_gpu: {cpus} CPUs x 2 tasks = {2 * cpus} per node; partition debug's "
+        f"nodes have {cpus} CPUs (set cpus_per_gpu to at most {cpus // 2}, or leave it out to take it from the "
+        "partition)"
+    ]
+    assert not list(state_dir.glob("*.json"))  # nothing submitted
