@@ -7,8 +7,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from orch.planner.errors import SpecError
 
 
@@ -31,17 +29,16 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         raise
 
 
-class _FlowListDumper(yaml.SafeDumper):
-    """Lists of scalars (rank lists) on one line; everything else in block style."""
-
-
-def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
-    flow = all(not isinstance(x, (dict, list)) for x in data)
-    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
-
-
-_FlowListDumper.add_representer(list, _represent_list)
-
-
 def to_yaml(data: Any) -> str:
-    return yaml.dump(data, Dumper=_FlowListDumper, sort_keys=False, width=120)
+    """YAML with lists of scalars (rank lists) on one line and everything else in block style."""
+    import yaml  # here, not at import: `orch status` writes files through this module and reads no YAML
+
+    class FlowListDumper(yaml.SafeDumper):
+        pass
+
+    def represent_list(dumper: yaml.SafeDumper, items: list[Any]) -> yaml.Node:
+        flow = all(not isinstance(x, (dict, list)) for x in items)
+        return dumper.represent_sequence("tag:yaml.org,2002:seq", items, flow_style=flow)
+
+    FlowListDumper.add_representer(list, represent_list)
+    return yaml.dump(data, Dumper=FlowListDumper, sort_keys=False, width=120)
