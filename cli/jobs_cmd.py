@@ -55,7 +55,7 @@ def launch_slurm(
         print_json_text(script)
         out.print("dry run: nothing submitted")
         return
-    record = submit_train(plan, data, cfg, opts, workdir=workdir, debug=debug).record
+    record = submit_train(plan, data, cfg, opts, workdir=workdir, debug=debug, params=params).record
     out.print(summary, soft_wrap=True)
     out.print(
         f"submitted job [bold]{record.job_id}[/]; logs in {record.log_folder}, metrics in {record.workdir}",

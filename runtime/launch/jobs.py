@@ -134,12 +134,6 @@ def accounting(job_id: str) -> Accounting:
     return Accounting()
 
 
-def slurm_state(job_id: str) -> tuple[str, str, str]:
-    """(state, elapsed, exit code) of the allocation."""
-    acct = accounting(job_id)
-    return acct.state, acct.elapsed, acct.exit_code
-
-
 def job_status(job_id: str) -> JobStatus:
     record = load_record(job_id)
     acct = accounting(job_id)

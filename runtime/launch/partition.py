@@ -54,7 +54,7 @@ def read_partition(name: str | None) -> Partition | None:
     (a dry run on a machine without Slurm) or the partition has no nodes."""
     try:
         out = run_command(["sinfo", "-h", "-N", "-o", "%N|%c|%m|%G|%P"], timeout=20)
-    except Exception:
+    except OrchError:  # no sinfo here, or it hangs: nothing to fit to
         return None
     rows = []
     for line in out.splitlines():
@@ -105,7 +105,6 @@ def fit_to_partition(
     nodes = int(out["nodes"])  # type: ignore[call-overload]
     tasks = int(out["ntasks_per_node"])  # type: ignore[call-overload]
     if part is None:
-        out.setdefault("cpus_per_task", DEFAULT_CPUS_PER_TASK)
         if out.get("cpus_per_task") is None:
             out["cpus_per_task"] = DEFAULT_CPUS_PER_TASK
         return out

@@ -237,12 +237,16 @@ def submit_train(
     *,
     workdir: str | os.PathLike[str],
     debug: DebugConfig | None = None,
+    params: dict[str, object] | None = None,
 ) -> SlurmHandle:
-    """Train `plan` as one allocation (`orch launch --executor slurm`); the handle of the submitted job."""
+    """Train `plan` as one allocation (`orch launch --executor slurm`); the handle of the submitted job.
+
+    `params`: `plan_parameters`' result when the caller already has it (the partition is read once)."""
     from orch.runtime.train.trainer import TrainTask
 
     out = Path(workdir).absolute()
-    params, _ = plan_parameters(plan, opts, out)
+    if params is None:
+        params, _ = plan_parameters(plan, opts, out)
     task = TrainTask(plan, data, cfg, str(out), debug or DebugConfig(), timeout_s=120.0)
     return SlurmLauncher(params).submit(task)
 
