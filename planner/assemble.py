@@ -28,9 +28,10 @@ SCHEDULES: dict[Placement, Schedule] = {
 def module_ranks(inp: SearchInput, choice: Choice, name: str) -> list[int]:
     """Global ranks of a module, in its mesh order (tp fastest, then cp, dp, pp)."""
     c = choice.modules[name]
-    if choice.placement == Placement.DISAGGREGATED:
-        k = choice.island or 0
-        start = 0 if name != inp.model.llm_name else k
+    if choice.placement == Placement.DISAGGREGATED and choice.islands is not None:
+        # the encoder islands in order from rank 0, the LLM after the last
+        islands = choice.islands
+        start = islands.encoder_gpus if name == inp.model.llm_name else islands.offset_of(name)
         return list(range(start, start + c.gpus))
     # homogeneous encoders sit on the LLM's first pipeline stage: its first gpus ranks
     return list(range(c.gpus))

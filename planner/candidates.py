@@ -383,10 +383,3 @@ def _homogeneous(
     step = per_mb * (num_mb + pp - 1) + llm.cost.dp_s + sum(c.cost.dp_s for c in encs) + boundary_s + fixed
     return HomogeneousOption(llm, encs, step, llm.memory_gb + sum(c.memory_gb for c in encs), boundary_s)
 
-
-def island_sizes(inp: SearchInput) -> list[int]:
-    """Encoder island sizes k for disaggregated placement: whole nodes, or any size inside one node."""
-    n, gpn = inp.world, inp.cluster.gpus_per_node
-    if n <= gpn:
-        return list(range(1, n))
-    return [k for k in range(gpn, n, gpn)]

@@ -6,9 +6,11 @@ brute-force test enumerates choices through this module and must agree with it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orch.planner.candidates import Candidate, HomogeneousOption, SearchInput
+from orch.planner.islands import Islands
 from orch.planner.plan import Placement
 from orch.planner.profile import busy_ratio
 
@@ -19,10 +21,10 @@ class Choice:
     modules: dict[str, Candidate]
     step_s: float
     phases: dict[str, float]
-    island: int | None = None  # encoder island size (disaggregated)
+    islands: Islands | None = None  # encoder islands (disaggregated)
 
     def signature(self) -> tuple[object, ...]:
-        return (self.placement, self.island, *((n, c.describe()) for n, c in sorted(self.modules.items())))
+        return (self.placement, self.islands, *((n, c.describe()) for n, c in sorted(self.modules.items())))
 
 
 def dp_compatible(src_dp: int, dst_dp: int) -> bool:
@@ -38,15 +40,15 @@ def boundary_s(encoder: Candidate, llm: Candidate) -> float:
 class DisaggregatedParts:
     """A disaggregated step's work, as the graph-aware 1F1B runs it (seconds, every rank busy)."""
 
-    island: float  # encoders' forward+backward and their sends: cut into the LLM's micro-batches
+    islands: tuple[float, ...]  # per encoder island: its encoders' forward+backward and sends, cut into chunks
     llm_side: float  # the LLM's forward+backward and its receives
-    island_fixed: float  # once per step at the end: the encoders' gradient sync and optimizer
+    islands_fixed: tuple[float, ...]  # per island, once per step at the end: gradient sync and optimizer
     llm_fixed: float  # the LLM's
     common: float  # every rank: the orchestrator and the step's bookkeeping
 
 
 def island_work(encoder: Candidate) -> float:
-    """An encoder's share of the island's pipelined work: its passes and its sends."""
+    """An encoder's share of its island's pipelined work: its passes and its sends."""
     return encoder.cost.work_s + encoder.send_s
 
 
@@ -55,38 +57,52 @@ def llm_work(llm: Candidate, encoders: list[str]) -> float:
     return llm.cost.work_s + sum(llm.recv_for(e) for e in encoders)
 
 
-def disaggregated_parts(encs: list[Candidate], llm: Candidate) -> DisaggregatedParts:
+def disaggregated_parts(islands: list[list[Candidate]], llm: Candidate) -> DisaggregatedParts:
+    """The parts of a step whose encoders sit on `islands` (one list of encoder candidates per island)."""
     return DisaggregatedParts(
-        island=sum(island_work(e) for e in encs),
-        llm_side=llm_work(llm, [e.module for e in encs]),
-        island_fixed=sum(e.cost.fixed_s for e in encs),
+        islands=tuple(sum(island_work(e) for e in encs) for encs in islands),
+        llm_side=llm_work(llm, [e.module for encs in islands for e in encs]),
+        islands_fixed=tuple(sum(e.cost.fixed_s for e in encs) for encs in islands),
         llm_fixed=llm.cost.overhead_s,
         common=llm.cost.orchestrator_s,
     )
 
 
-def disaggregated_pace(island: float, llm_side: float, r_enc: float, r_llm: float) -> float:
-    """Seconds for both islands' work when they overlap fully, each measured with every rank busy.
+def disaggregated_pace(islands: Sequence[float], llm_side: float, r_enc: float, r_llm: float) -> float:
+    """Seconds for every island's work when they overlap fully, each measured with every rank busy.
 
-    While both islands work, each runs at its measured pace; once the lighter one is done, the other
-    runs alone at r times its measured time (busy_ratio; 1 on machines of their own). If the island
-    is the heavier: light + r_enc·(heavy − light) = r_enc·island + (1 − r_enc)·llm_side, and
-    symmetrically; the right one is the larger of the two (r_enc + r_llm >= 1). With r = 1 this is
-    max(island, llm_side): the slower island sets the pace.
+    The encoder islands run side by side, each feeding the LLM's first stage. While both sides work,
+    each runs at its measured pace; once the lighter one is done, the other runs alone at r times its
+    measured time (busy_ratio; 1 on machines of their own). If an encoder island is the heavier:
+    light + r_enc·(heavy − light) = r_enc·island + (1 − r_enc)·llm_side, and symmetrically; the right one
+    is the largest of these (r_enc + r_llm >= 1). With r = 1 this is the slowest island's work.
     """
-    return max(r_enc * island + (1 - r_enc) * llm_side, r_llm * llm_side + (1 - r_llm) * island)
+    enc = max(r_enc * w + (1 - r_enc) * llm_side for w in islands)
+    return max(enc, max(r_llm * llm_side + (1 - r_llm) * w for w in islands))
 
 
-def graph_pipeline(island: float, llm_side: float, m: int, r_enc: float, r_llm: float) -> float:
-    """Both islands' work under the graph-aware 1F1B over m micro-batches (two stages: island, LLM).
+def pipeline_serial(islands: Sequence[float], llm_side: float, r_enc: float, r_llm: float) -> float:
+    """One chunk of each side while the other waits (the encoders' first forward, the LLM's last backward),
+    times m: the slowest island's and the LLM's work, each alone."""
+    return r_enc * max(islands) + r_llm * llm_side
 
-    m − 1 of each island's m chunks overlap with the other's (disaggregated_pace); one chunk of each
-    runs while the other island waits (the encoders' first forward, the LLM's last backward), alone
-    at r times its measured time. m = 1: nothing overlaps, the islands take turns. With r = 1 and
+
+def graph_pipeline(islands: Sequence[float], llm_side: float, m: int, r_enc: float, r_llm: float) -> float:
+    """Every island's work under the graph-aware 1F1B over m micro-batches (two stages: islands, LLM).
+
+    m − 1 of each side's m chunks overlap with the other's (disaggregated_pace); one chunk of each runs
+    while the other waits (pipeline_serial). m = 1: nothing overlaps, the sides take turns. With r = 1 and
     a heavier LLM: llm_side + island / m, the classic fill.
     """
     m = max(m, 1)
-    return (m - 1) / m * disaggregated_pace(island, llm_side, r_enc, r_llm) + (r_enc * island + r_llm * llm_side) / m
+    pace = disaggregated_pace(islands, llm_side, r_enc, r_llm)
+    return (m - 1) / m * pace + pipeline_serial(islands, llm_side, r_enc, r_llm) / m
+
+
+def disaggregated_ratios(inp: SearchInput, llm_gpus: int) -> tuple[float, float]:
+    """Busy ratios (profile.busy_ratio) of the encoder side (every island at once) and of the LLM island."""
+    world = inp.world
+    return busy_ratio(inp.profile, world, world - llm_gpus), busy_ratio(inp.profile, world, llm_gpus)
 
 
 def evaluate_homogeneous(opt: HomogeneousOption) -> Choice:
@@ -98,8 +114,15 @@ def evaluate_homogeneous(opt: HomogeneousOption) -> Choice:
     return Choice(Placement.HOMOGENEOUS, mods, opt.step_s, phases)
 
 
-def evaluate(inp: SearchInput, placement: Placement, modules: dict[str, Candidate]) -> Choice | None:
-    """Step time of a heterogeneous choice, or None when it breaks a rule (memory, DP ratio, GPUs)."""
+def evaluate(
+    inp: SearchInput,
+    placement: Placement,
+    modules: dict[str, Candidate],
+    islands: Islands | None = None,
+) -> Choice | None:
+    """Step time of a heterogeneous choice, or None when it breaks a rule (memory, DP ratio, GPUs).
+
+    Disaggregated: `islands` says which encoders share ranks (default: every encoder on one island)."""
     llm_name = inp.model.llm_name
     llm = modules[llm_name]
     encs = [modules[e] for e in inp.model.encoder_names]
@@ -117,20 +140,28 @@ def evaluate(inp: SearchInput, placement: Placement, modules: dict[str, Candidat
         phases[llm_name] = llm.time_s
         return Choice(placement, dict(modules), sum(phases.values()), phases)
     if placement == Placement.DISAGGREGATED:
-        k = encs[0].gpus if encs else 0
-        if any(e.gpus != k for e in encs) or llm.gpus != inp.world - k or k <= 0:
+        enc_names = list(inp.model.encoder_names)
+        if islands is None:
+            islands = Islands.one(enc_names, encs[0].gpus if encs else 0)
+        if sorted(e for g in islands.groups for e in g) != sorted(enc_names) or min(islands.sizes, default=0) <= 0:
             return None
-        if sum(e.memory_gb for e in encs) > inp.capacity_gb:
+        if any(modules[e].gpus != islands.size_of(e) for e in enc_names):
             return None
-        parts = disaggregated_parts(encs, llm)
-        r_enc, r_llm = busy_ratio(inp.profile, inp.world, k), busy_ratio(inp.profile, inp.world, inp.world - k)
+        if llm.gpus != inp.world - islands.encoder_gpus:
+            return None
+        per_island = [[modules[e] for e in g] for g in islands.groups]
+        if any(sum(e.memory_gb for e in encs) > inp.capacity_gb for encs in per_island):
+            return None
+        parts = disaggregated_parts(per_island, llm)
+        r_enc, r_llm = disaggregated_ratios(inp, llm.gpus)
         m = llm.num_micro_batches
-        pipeline = graph_pipeline(parts.island, parts.llm_side, m, r_enc, r_llm)
+        pipeline = graph_pipeline(parts.islands, parts.llm_side, m, r_enc, r_llm)
         for e in encs:
             phases[e.module] = e.time_s
             phases[f"{e.module}->{llm_name}"] = max(e.send_s, llm.recv_for(e.module))
         phases[llm_name] = llm.time_s
-        phases["fill"] = (r_enc * parts.island + r_llm * parts.llm_side) / m  # one island alone: fill and drain
-        step = parts.common + max(parts.island_fixed, parts.llm_fixed) + pipeline
-        return Choice(placement, dict(modules), step, phases, island=k)
+        # one side alone: fill and drain
+        phases["fill"] = pipeline_serial(parts.islands, parts.llm_side, r_enc, r_llm) / m
+        step = parts.common + max(*parts.islands_fixed, parts.llm_fixed) + pipeline
+        return Choice(placement, dict(modules), step, phases, islands=islands)
     raise ValueError(f"evaluate() handles heterogeneous placements, not {placement}")

@@ -2,7 +2,7 @@
 
 Variables are one boolean per candidate (planner/candidates.py did the arithmetic and the
 dominance pre-filter); the model adds the combinatorics: exactly one placement, one
-candidate per module, shared GPU memory, encoder island size, DP ratios at the boundary,
+candidate per module, shared GPU memory, encoder islands (grouping and sizes), DP ratios at the boundary,
 and the step time of each placement as a linear (or max-of-linear) expression.
 """
 
@@ -18,12 +18,19 @@ from orch.planner.candidates import (
     HomogeneousOption,
     SearchInput,
     homogeneous_options,
-    island_sizes,
     module_candidates,
 )
-from orch.planner.evaluate import Choice, dp_compatible, evaluate, evaluate_homogeneous, island_work, llm_work
+from orch.planner.evaluate import (
+    Choice,
+    disaggregated_ratios,
+    dp_compatible,
+    evaluate,
+    evaluate_homogeneous,
+    island_work,
+    llm_work,
+)
+from orch.planner.islands import Group, Islands, IslandSizes, subsets
 from orch.planner.plan import Placement
-from orch.planner.profile import busy_ratio
 
 
 @dataclass(frozen=True)
@@ -35,19 +42,38 @@ class SolverConfig:
 
 
 @dataclass
+class DisaggregatedCandidates:
+    """Disaggregated candidates by island size: each encoder's on an island of k GPUs, the LLM's on n."""
+
+    encoders: dict[str, dict[int, list[Candidate]]]  # encoder -> island GPUs -> candidates
+    llm: dict[int, list[Candidate]]  # LLM island GPUs -> candidates
+
+    def size(self) -> int:
+        return sum(len(c) for per_k in self.encoders.values() for c in per_k.values()) + sum(
+            len(c) for c in self.llm.values()
+        )
+
+    def all(self) -> list[Candidate]:
+        out = [c for per_k in self.encoders.values() for cands in per_k.values() for c in cands]
+        return out + [c for cands in self.llm.values() for c in cands]
+
+
+@dataclass
 class CandidateSet:
     """Everything the model chooses from, by placement."""
 
     homogeneous: list[HomogeneousOption] = field(default_factory=list)
     colocated: dict[str, list[Candidate]] = field(default_factory=dict)
-    disaggregated: dict[int, dict[str, list[Candidate]]] = field(default_factory=dict)  # island k -> module -> cands
+    disaggregated: DisaggregatedCandidates | None = None
 
     def size(self) -> int:
         n = len(self.homogeneous) + sum(len(v) for v in self.colocated.values())
-        return n + sum(len(v) for per_k in self.disaggregated.values() for v in per_k.values())
+        return n + (self.disaggregated.size() if self.disaggregated is not None else 0)
 
 
 def build_candidates(inp: SearchInput) -> CandidateSet:
+    """Every candidate of every allowed placement; disaggregated ones on the island sizes of IslandSizes.of."""
+    sizes = IslandSizes.of(inp)
     cs = CandidateSet()
     model = inp.model
     # the baseline cannot honour island pins, nor encoder degrees that differ from the LLM's
@@ -63,13 +89,13 @@ def build_candidates(inp: SearchInput) -> CandidateSet:
         if all(per_module.values()):
             cs.colocated = per_module
     if Placement.DISAGGREGATED in inp.placements and model.encoder_names:
-        for k in island_sizes(inp):
-            per_module = {e: module_candidates(inp, e, k, Placement.DISAGGREGATED) for e in model.encoder_names}
-            if not all(per_module.values()):
-                continue
-            llm = module_candidates(inp, model.llm_name, inp.world - k, Placement.DISAGGREGATED)
-            if llm:
-                cs.disaggregated[k] = {**per_module, model.llm_name: llm}
+        encs = {
+            e: {k: c for k in sizes.encoders if (c := module_candidates(inp, e, k, Placement.DISAGGREGATED))}
+            for e in model.encoder_names
+        }
+        llm = {n: c for n in sizes.llm if (c := module_candidates(inp, model.llm_name, n, Placement.DISAGGREGATED))}
+        if all(encs.values()) and llm:
+            cs.disaggregated = DisaggregatedCandidates(encs, llm)
     return cs
 
 
@@ -91,14 +117,23 @@ class _Vars:
         self.placement: dict[Placement, Any] = {}
         self.homogeneous: list[tuple[Any, HomogeneousOption]] = []
         self.colocated: dict[str, list[tuple[Any, Candidate]]] = defaultdict(list)
-        self.island: dict[int, Any] = {}
-        self.disaggregated: dict[int, dict[str, list[tuple[Any, Candidate]]]] = defaultdict(lambda: defaultdict(list))
+        # disaggregated: encoder -> island GPUs k -> literals; the LLM's by its island GPUs n
+        self.dis_enc: dict[str, dict[int, list[tuple[Any, Candidate]]]] = defaultdict(lambda: defaultdict(list))
+        self.dis_llm: dict[int, list[tuple[Any, Candidate]]] = defaultdict(list)
+        self.island: dict[tuple[Group, int], Any] = {}  # group g is an island of k GPUs
+        self.active: dict[Group, Any] = {}  # group g is an island
+        self.llm_gpus: dict[int, Any] = {}  # the LLM island has n GPUs
+
+    def dis_enc_literals(self, group: Group, k: int | None = None) -> list[tuple[Any, Candidate]]:
+        """The candidates of the group's encoders, on islands of k GPUs (every k when None)."""
+        return [xc for e in group for size, lits in self.dis_enc[e].items() if k is None or size == k for xc in lits]
 
     def all_choice_literals(self) -> list[Any]:
         out = [v for v, _ in self.homogeneous]
         out += [v for vs in self.colocated.values() for v, _ in vs]
-        out += [v for per_k in self.disaggregated.values() for vs in per_k.values() for v, _ in vs]
-        return out
+        out += [v for per_k in self.dis_enc.values() for vs in per_k.values() for v, _ in vs]
+        out += [v for vs in self.dis_llm.values() for v, _ in vs]
+        return out + list(self.island.values())
 
 
 class LayoutModel:
@@ -145,13 +180,24 @@ class LayoutModel:
             for name, cands in cs.colocated.items():
                 for i, c in enumerate(cands):
                     v.colocated[name].append((m.new_bool_var(f"coloc[{name},{i}]"), c))
-        if cs.disaggregated and enc:
+        if cs.disaggregated is not None and enc:
             v.placement[Placement.DISAGGREGATED] = m.new_bool_var("place[disaggregated]")
-            for k, per_module in cs.disaggregated.items():
-                v.island[k] = m.new_bool_var(f"island[{k}]")
-                for name, cands in per_module.items():
+            for name, per_k in cs.disaggregated.encoders.items():
+                for k, cands in per_k.items():
                     for i, c in enumerate(cands):
-                        v.disaggregated[k][name].append((m.new_bool_var(f"disagg[{k},{name},{i}]"), c))
+                        v.dis_enc[name][k].append((m.new_bool_var(f"disagg[{name},{k},{i}]"), c))
+            for n, cands in cs.disaggregated.llm.items():
+                v.llm_gpus[n] = m.new_bool_var(f"llm_gpus[{n}]")
+                for i, c in enumerate(cands):
+                    v.dis_llm[n].append((m.new_bool_var(f"disagg[llm,{n},{i}]"), c))
+            for g in subsets(list(enc)):
+                # an island of k GPUs for group g needs a candidate of each of its encoders at k
+                sizes = set.intersection(*(set(cs.disaggregated.encoders[e]) for e in g))
+                if not sizes:
+                    continue
+                v.active[g] = m.new_bool_var(f"active[{'+'.join(g)}]")
+                for k in sorted(sizes):
+                    v.island[(g, k)] = m.new_bool_var(f"island[{'+'.join(g)},{k}]")
 
     def _add_one_placement(self) -> None:
         # exactly one placement kind is chosen
@@ -165,26 +211,41 @@ class LayoutModel:
         for lits in v.colocated.values():
             # colocated: each module picks one grid over all GPUs
             self.m.add(sum(x for x, _ in lits) == v.placement[Placement.COLOCATED])
-        for k, per_module in v.disaggregated.items():
-            for lits in per_module.values():
-                # disaggregated: each module picks one grid on its island, only for the chosen k
-                self.m.add(sum(x for x, _ in lits) == v.island[k])
+        for n, lits in v.dis_llm.items():
+            # disaggregated: the LLM picks one grid on its island of n GPUs, only for the chosen n
+            self.m.add(sum(x for x, _ in lits) == v.llm_gpus[n])
+        for e, per_k in v.dis_enc.items():
+            for k, lits in per_k.items():
+                # an encoder picks one grid of k GPUs when the island that holds it has k
+                on_k = [s for (g, size), s in v.island.items() if size == k and e in g]
+                self.m.add(sum(x for x, _ in lits) == sum(on_k))
 
     def _add_island_choice(self) -> None:
-        if self.v.island:
-            # one encoder island size when disaggregated, none otherwise
-            self.m.add(sum(self.v.island.values()) == self.v.placement[Placement.DISAGGREGATED])
+        v = self.v
+        if Placement.DISAGGREGATED not in v.placement:
+            return
+        placed = v.placement[Placement.DISAGGREGATED]
+        m = self.m
+        # one LLM island size, and the encoders split into islands: each in exactly one, of one size
+        m.add(sum(v.llm_gpus.values()) == placed)
+        for g, a in v.active.items():
+            m.add(sum(s for (h, _), s in v.island.items() if h == g) == a)
+        for e in self.inp.model.encoder_names:
+            m.add(sum(a for g, a in v.active.items() if e in g) == placed)
+        # the islands and the LLM use every rank
+        gpus = sum(n * z for n, z in v.llm_gpus.items()) + sum(k * s for (_, k), s in v.island.items())
+        m.add(gpus == self.inp.world * placed)
 
     def _add_memory(self) -> None:
         cap = self.mem(self.inp.capacity_gb)
         if self.v.colocated:
             # colocated modules share every GPU's memory
             self.m.add(sum(self.mem(c.memory_gb) * x for lits in self.v.colocated.values() for x, c in lits) <= cap)
-        llm = self.inp.model.llm_name
-        for per_module in self.v.disaggregated.values():
-            # the encoders of an island share its GPUs' memory
-            enc = [(x, c) for name, lits in per_module.items() if name != llm for x, c in lits]
-            self.m.add(sum(self.mem(c.memory_gb) * x for x, c in enc) <= cap)
+        for (g, k), s in self.v.island.items():
+            if len(g) > 1:
+                # the encoders of an island share its GPUs' memory
+                lits = self.v.dis_enc_literals(g, k)
+                self.m.add(sum(self.mem(c.memory_gb) * x for x, c in lits) <= cap).only_enforce_if(s)
 
     def _dp_value_literals(self, lits: list[tuple[Any, Candidate]], tag: str) -> dict[int, Any]:
         by_dp: dict[int, list[Any]] = defaultdict(list)
@@ -204,7 +265,10 @@ class LayoutModel:
         groups: list[tuple[str, dict[str, list[tuple[Any, Candidate]]]]] = []
         if self.v.colocated:
             groups.append(("coloc", self.v.colocated))
-        groups += [(f"k{k}", per) for k, per in self.v.disaggregated.items()]
+        if self.v.dis_llm:
+            per = {e: self.v.dis_enc_literals((e,)) for e in self.inp.model.encoder_names}
+            per[llm] = [xc for lits in self.v.dis_llm.values() for xc in lits]
+            groups.append(("disagg", per))
         for tag, per_module in groups:
             dst = self._dp_value_literals(per_module[llm], f"{tag},{llm}")
             for e in self.inp.model.encoder_names:
@@ -232,45 +296,58 @@ class LayoutModel:
                 m.add(b >= sum(self.t(c.send_s) * x for x, c in v.colocated[e]))
                 m.add(b >= sum(self.t(c.recv_for(e)) * x for x, c in v.colocated[llm]))
                 terms.append(b)
-        if v.disaggregated:
-            # evaluate.graph_pipeline: with the island size k (busy ratios) and the LLM's micro-batch count m
-            # fixed, every part is linear in the chosen candidates; m enters through one enforced bound each
-            world, prof = self.inp.world, self.inp.profile
-            by_enc, by_llm, serial, fixed_enc, fixed_llm, common = [], [], [], [], [], []
-            by_m: dict[int, list[Any]] = {}
-            for k, per in v.disaggregated.items():
-                r_enc, r_llm = busy_ratio(prof, world, k), busy_ratio(prof, world, world - k)
-                for e in enc:
-                    for x, c in per[e]:
-                        work = island_work(c)
-                        alone = self.t(r_enc * work) * x  # the island's pace, and its turn alone
-                        by_enc.append(alone)
-                        by_llm.append(self.t((1 - r_llm) * work) * x)
-                        serial.append(alone)
-                        fixed_enc.append(self.t(c.cost.fixed_s) * x)
-                for x, c in per[llm]:
-                    work = llm_work(c, list(enc))
-                    alone = self.t(r_llm * work) * x
-                    by_enc.append(self.t((1 - r_enc) * work) * x)
-                    by_llm.append(alone)
-                    serial.append(alone)
-                    fixed_llm.append(self.t(c.cost.overhead_s) * x)
-                    common.append(self.t(c.cost.orchestrator_s) * x)
-                    by_m.setdefault(c.num_micro_batches, []).append(x)
-            pace = m.new_int_var(0, horizon, "pace[disagg]")
-            m.add(pace >= sum(by_enc))
-            m.add(pace >= sum(by_llm))
-            fixed = m.new_int_var(0, horizon, "fixed[disagg]")
-            m.add(fixed >= sum(fixed_enc))
-            m.add(fixed >= sum(fixed_llm))
-            pipeline = m.new_int_var(0, horizon, "pipeline[disagg]")
-            for count, lits in sorted(by_m.items()):
-                chosen = m.new_bool_var(f"llm_micro_batches[{count}]")
-                m.add(chosen == sum(lits))
-                m.add(count * pipeline >= (count - 1) * pace + sum(serial)).only_enforce_if(chosen)
-            terms += [pipeline, fixed, *common]
+        if v.dis_llm:
+            terms += self._disaggregated_terms(horizon)
         self.objective = sum(terms)
         m.minimize(self.objective)
+
+    def _disaggregated_terms(self, horizon: int) -> list[Any]:
+        """evaluate.graph_pipeline in integers. With the LLM island's size n fixed the busy ratios are
+        constants, and with the islands fixed every part is linear in the chosen candidates; so each
+        bound is enforced under the literals of its ratio pair and island, and m (the LLM's micro-batch
+        count) enters through one enforced bound each."""
+        m, v = self.m, self.v
+        enc = list(self.inp.model.encoder_names)
+        by_ratios: dict[tuple[float, float], list[int]] = defaultdict(list)
+        for n in v.dis_llm:
+            by_ratios[disaggregated_ratios(self.inp, n)].append(n)
+
+        def llm_sum(ns: list[int], scale: float) -> Any:
+            return sum(self.t(scale * llm_work(c, enc)) * x for n in ns for x, c in v.dis_llm[n] if scale)
+
+        def island_sum(g: Group, scale: float) -> Any:
+            return sum(self.t(scale * island_work(c)) * x for x, c in v.dis_enc_literals(g) if scale)
+
+        pace = m.new_int_var(0, horizon, "pace[disagg]")
+        enc_alone = m.new_int_var(0, horizon, "encoders_alone[disagg]")
+        llm_alone = []
+        for (r_enc, r_llm), ns in sorted(by_ratios.items()):
+            on = m.new_bool_var(f"ratios[{r_enc:.6g},{r_llm:.6g}]")
+            m.add(on == sum(v.llm_gpus[n] for n in ns))
+            llm_alone.append(llm_sum(ns, r_llm))
+            m.add(pace >= llm_sum(ns, r_llm)).only_enforce_if(on)
+            for g, a in v.active.items():
+                # evaluate.disaggregated_pace: each island against the LLM, both ways
+                m.add(pace >= island_sum(g, r_enc) + llm_sum(ns, 1 - r_enc)).only_enforce_if([on, a])
+                if r_llm != 1:
+                    m.add(pace >= llm_sum(ns, r_llm) + island_sum(g, 1 - r_llm)).only_enforce_if([on, a])
+                # evaluate.pipeline_serial: the slowest island alone
+                m.add(enc_alone >= island_sum(g, r_enc)).only_enforce_if([on, a])
+        fixed = m.new_int_var(0, horizon, "fixed[disagg]")
+        for g, a in v.active.items():
+            m.add(fixed >= sum(self.t(c.cost.fixed_s) * x for x, c in v.dis_enc_literals(g))).only_enforce_if(a)
+        llm_lits = [xc for lits in v.dis_llm.values() for xc in lits]
+        m.add(fixed >= sum(self.t(c.cost.overhead_s) * x for x, c in llm_lits))
+        pipeline = m.new_int_var(0, horizon, "pipeline[disagg]")
+        by_m: dict[int, list[Any]] = defaultdict(list)
+        for x, c in llm_lits:
+            by_m[c.num_micro_batches].append(x)
+        for count, lits in sorted(by_m.items()):
+            chosen = m.new_bool_var(f"llm_micro_batches[{count}]")
+            m.add(chosen == sum(lits))
+            m.add(count * pipeline >= (count - 1) * pace + enc_alone + sum(llm_alone)).only_enforce_if(chosen)
+        common = [self.t(c.cost.orchestrator_s) * x for x, c in llm_lits]
+        return [pipeline, fixed, *common]
 
     # --- solving ------------------------------------------------------------------------
     def solve(self) -> Solution:
@@ -307,10 +384,18 @@ class LayoutModel:
         if Placement.COLOCATED in v.placement and solver.boolean_value(v.placement[Placement.COLOCATED]):
             mods = {n: c for n, lits in v.colocated.items() for x, c in lits if solver.boolean_value(x)}
             return _must(evaluate(self.inp, Placement.COLOCATED, mods))
-        for per in v.disaggregated.values():
-            mods = {n: c for n, lits in per.items() for x, c in lits if solver.boolean_value(x)}
-            if mods:
-                return _must(evaluate(self.inp, Placement.DISAGGREGATED, mods))
+        if Placement.DISAGGREGATED in v.placement and solver.boolean_value(v.placement[Placement.DISAGGREGATED]):
+            enc = list(self.inp.model.encoder_names)
+            chosen = [(g, k) for (g, k), s in v.island.items() if solver.boolean_value(s)]
+            chosen.sort(key=lambda gk: enc.index(gk[0][0]))
+            islands = Islands(tuple(g for g, _ in chosen), tuple(k for _, k in chosen))
+            mods = {
+                c.module: c
+                for lits in [*(lits for per_k in v.dis_enc.values() for lits in per_k.values()), *v.dis_llm.values()]
+                for x, c in lits
+                if solver.boolean_value(x)
+            }
+            return _must(evaluate(self.inp, Placement.DISAGGREGATED, mods, islands))
         raise AssertionError("solver returned no placement")
 
 
@@ -321,8 +406,9 @@ def _must(choice: Choice | None) -> Choice:
 
 def _max_time(cs: CandidateSet) -> float:
     times = [o.step_s for o in cs.homogeneous]
-    for per in [cs.colocated, *cs.disaggregated.values()]:
-        times += [c.time_s + c.send_s + sum(v for _, v in c.recv_s) for cands in per.values() for c in cands]
+    cands = [c for per in cs.colocated.values() for c in per]
+    cands += cs.disaggregated.all() if cs.disaggregated is not None else []
+    times += [c.time_s + c.send_s + sum(v for _, v in c.recv_s) for c in cands]
     return max(times, default=1.0)
 
 

@@ -110,12 +110,19 @@ def predicted_trace(plan: Plan) -> dict[str, Any]:
             t += d
     else:
         fill = phases.get("fill", 0.0)
+        # encoders on the same ranks share an island and take turns in each chunk; islands run side by side
+        islands: dict[tuple[int, ...], list[str]] = {}
         for e in encoders:
-            em = plan.modules[e]
-            per = phases.get(e, 0.0) / em.num_micro_batches
-            for i in range(em.num_micro_batches):
-                a = t + i * per
-                events.append(_event(f"chunk {i}", e, "encoder island", a, a + per))
+            islands.setdefault(tuple(plan.modules[e].ranks), []).append(e)
+        for i, members in enumerate(islands.values()):
+            tid = "encoder island" if len(islands) == 1 else f"encoder island {i}"
+            chunks = plan.modules[members[0]].num_micro_batches
+            per = {e: phases.get(e, 0.0) / chunks for e in members}
+            a = t
+            for c in range(chunks):
+                for e in members:
+                    events.append(_event(f"chunk {c}", e, tid, a, a + per[e]))
+                    a += per[e]
         pipeline(t + fill, work)
     return {
         "traceEvents": events,

@@ -61,6 +61,13 @@ PLANS = {
         "vision": (Layout(dp=2), [0, 1]),
         "audio": (Layout(dp=2), [0, 1]),
     },
+    # one island per encoder on node 0, the LLM island on node 1: both encoders' outputs are routed
+    # from islands of their own into the balanced LLM
+    "disaggregated_islands_llm_dp2": {
+        "llm": (Layout(dp=2), [2, 3]),
+        "vision": (Layout(dp=1), [0]),
+        "audio": (Layout(dp=1), [1]),
+    },
     # context parallelism in the LLM and in an encoder: balanced inputs are broadcast over (cp, tp)
     "colocated_cp2": {
         "llm": (Layout(cp=2, dp=2), [0, 1, 2, 3]),
@@ -77,6 +84,7 @@ RUNS = [(name, mode) for name in EQUAL_TO_NONE for mode in MODES] + [
     ("homogeneous_dp4", "orch"),
     ("colocated_enc_dp4_llm_pp2_dp2", "orch"),
     ("colocated_cp2", "orch"),
+    ("disaggregated_islands_llm_dp2", "orch"),
 ]
 
 

@@ -43,6 +43,12 @@ PLANS = {
         "vision": (Layout(dp=1), [0]),
         "audio": (Layout(dp=1), [1]),
     },
+    # one island per encoder, each with its own DP, into a data-parallel LLM (5 ranks)
+    "disaggregated_islands_vision_dp2_audio_dp1_llm_dp2": {
+        "llm": (Layout(dp=2), [3, 4]),
+        "vision": (Layout(dp=2), [0, 1]),
+        "audio": (Layout(dp=1), [2]),
+    },
     "colocated_enc_dp4_llm_pp2_tp2": {
         "llm": (Layout(pp=2, tp=2), [0, 1, 2, 3]),
         "vision": (Layout(dp=4), [0, 1, 2, 3]),

@@ -6,9 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from orch.planner.candidates import Pin, SearchInput, homogeneous_options, island_sizes, module_candidates
+from orch.planner.candidates import Pin, SearchInput, homogeneous_options, module_candidates
 from orch.planner.errors import InfeasibleError, SpecError
 from orch.planner.evaluate import evaluate, evaluate_homogeneous
+from orch.planner.islands import island_layouts
 from orch.planner.loading import load_cluster, load_data, load_model, parse_text
 from orch.planner.plan import Placement
 from orch.planner.planner import make_plan
@@ -36,15 +37,20 @@ def brute_force(inp: SearchInput, prune: bool) -> float:
             if choice is not None:
                 best = min(best, choice.step_s)
     if Placement.DISAGGREGATED in inp.placements:
-        for k in island_sizes(inp):
+        # every grouping of the encoders into islands, with every island size
+        for islands in island_layouts(inp):
             lists = [
                 module_candidates(
-                    inp, n, inp.world - k if n == inp.model.llm_name else k, Placement.DISAGGREGATED, prune
+                    inp,
+                    n,
+                    inp.world - islands.encoder_gpus if n == inp.model.llm_name else islands.size_of(n),
+                    Placement.DISAGGREGATED,
+                    prune,
                 )
                 for n in names
             ]
             for combo in itertools.product(*lists):
-                choice = evaluate(inp, Placement.DISAGGREGATED, dict(zip(names, combo, strict=True)))
+                choice = evaluate(inp, Placement.DISAGGREGATED, dict(zip(names, combo, strict=True)), islands)
                 if choice is not None:
                     best = min(best, choice.step_s)
     return best
@@ -252,27 +258,27 @@ def test_disaggregated_pace_on_shared_cores():
     assert busy_ratio(shared, 4, 1) == pytest.approx(0.5)  # one rank cannot use two cores
     assert busy_ratio(shared, 8, 2) == 1.0  # another world than the profile's: no claim
     assert busy_ratio(Profile(device="cuda", backend="nccl"), 4, 2) == 1.0
-    assert disaggregated_pace(0.10, 0.20, 0.5, 0.5) == pytest.approx(0.15)
-    assert disaggregated_pace(0.10, 0.20, 1.0, 1.0) == pytest.approx(0.20)
+    assert disaggregated_pace([0.10], 0.20, 0.5, 0.5) == pytest.approx(0.15)
+    assert disaggregated_pace([0.10], 0.20, 1.0, 1.0) == pytest.approx(0.20)
     # 1 encoder rank, 3 LLM ranks on 2 cores: r_enc = 1/1.5, r_llm = 1.5/2
     r_enc, r_llm = busy_ratio(shared, 4, 1), busy_ratio(shared, 4, 3)
-    assert disaggregated_pace(0.30, 0.10, r_enc, r_llm) == pytest.approx(0.10 + r_enc * 0.20)
-    assert disaggregated_pace(0.10, 0.30, r_enc, r_llm) == pytest.approx(0.10 + r_llm * 0.20)
+    assert disaggregated_pace([0.30], 0.10, r_enc, r_llm) == pytest.approx(0.10 + r_enc * 0.20)
+    assert disaggregated_pace([0.10], 0.30, r_enc, r_llm) == pytest.approx(0.10 + r_llm * 0.20)
 
 
 def test_graph_pipeline_overlaps_all_but_one_chunk_of_each_island():
     from orch.planner.evaluate import graph_pipeline
 
     # one micro-batch: the islands take turns, each alone (r) on shared cores, at full pace otherwise
-    assert graph_pipeline(0.1, 0.3, 1, 1.0, 1.0) == pytest.approx(0.4)
-    assert graph_pipeline(0.1, 0.3, 1, 0.5, 0.5) == pytest.approx(0.2)
+    assert graph_pipeline([0.1], 0.3, 1, 1.0, 1.0) == pytest.approx(0.4)
+    assert graph_pipeline([0.1], 0.3, 1, 0.5, 0.5) == pytest.approx(0.2)
     # a device per rank, LLM the heavier: the LLM's work plus one chunk of the encoders' (the fill)
-    assert graph_pipeline(0.1, 0.3, 4, 1.0, 1.0) == pytest.approx(0.3 + 0.1 / 4)
-    assert graph_pipeline(0.3, 0.1, 4, 1.0, 1.0) == pytest.approx(0.3 + 0.1 / 4)
+    assert graph_pipeline([0.1], 0.3, 4, 1.0, 1.0) == pytest.approx(0.3 + 0.1 / 4)
+    assert graph_pipeline([0.3], 0.1, 4, 1.0, 1.0) == pytest.approx(0.3 + 0.1 / 4)
     # 2 + 2 ranks on 2 cores: the cores are the bottleneck, overlap gains nothing (half the total work)
-    assert graph_pipeline(0.1, 0.3, 4, 0.5, 0.5) == pytest.approx(0.2)
+    assert graph_pipeline([0.1], 0.3, 4, 0.5, 0.5) == pytest.approx(0.2)
     # 3 + 3 ranks on 4 cores: more micro-batches overlap more, down to the overlapped pace
-    times = [graph_pipeline(0.1, 0.3, m, 0.75, 0.75) for m in (1, 2, 4, 8, 1000)]
+    times = [graph_pipeline([0.1], 0.3, m, 0.75, 0.75) for m in (1, 2, 4, 8, 1000)]
     assert times == sorted(times, reverse=True) and times[0] > times[-1]
     assert times[0] == pytest.approx(0.75 * 0.4)
     assert times[-1] == pytest.approx(0.25 * 0.1 + 0.75 * 0.3, rel=1e-2)

@@ -1,0 +1,97 @@
+"""Encoder islands: every grouping, sizes that fill the cluster, and plans with one island per encoder."""
+
+import pytest
+
+from orch.planner.candidates import Pin, SearchInput
+from orch.planner.islands import Islands, IslandSizes, island_layouts, island_sizes, llm_island_sizes, set_partitions
+from orch.planner.loading import load_cluster, load_data, load_model, parse_text
+from orch.planner.plan import Placement
+from orch.planner.planner import make_plan
+from orch.planner.search import SolverConfig, search
+from orch.planner.specs import ClusterSpec
+
+SEVEN = """
+name: seven
+nodes: 1
+gpus_per_node: 7
+gpu: {memory_gb: 4, peak_tflops: 0.05}
+links: {intra_node_gbps: 2, inter_node_gbps: 1, intra_node_latency_us: 50, inter_node_latency_us: 100}
+mfu: 0.5
+cpus_per_gpu: 1
+"""
+
+
+@pytest.mark.parametrize(("n", "bell"), [(1, 1), (2, 2), (3, 5), (4, 15)])
+def test_set_partitions_are_every_grouping_once(n, bell):
+    items = [f"e{i}" for i in range(n)]
+    parts = list(set_partitions(items))
+    assert len(parts) == bell
+    assert len({frozenset(frozenset(g) for g in p) for p in parts}) == bell
+    for p in parts:
+        assert sorted(x for g in p for x in g) == items
+
+
+def test_islands_lay_out_ranks_in_order():
+    isl = Islands((("vision",), ("audio", "video")), (2, 3))
+    assert isl.encoder_gpus == 5
+    assert (isl.offset_of("vision"), isl.offset_of("audio"), isl.offset_of("video")) == (0, 2, 2)
+    assert isl.size_of("video") == 3 and isl.group_of("audio") == ("audio", "video")
+    assert isl.describe() == "vision:2 | audio+video:3"
+
+
+def test_island_layouts_fill_the_cluster():
+    inp = SearchInput(load_model("tiny"), load_cluster("local-cpu"), load_data("tiny-mix"))  # 2 nodes x 2
+    layouts = list(island_layouts(inp))
+    assert layouts, "no island layout on 4 GPUs"
+    for isl in layouts:
+        assert inp.world - isl.encoder_gpus in llm_island_sizes(inp)
+    # separate islands of one rank each, the LLM on the second node
+    assert Islands((("vision",), ("audio",)), (1, 1)) in layouts
+
+
+def test_one_island_per_encoder_on_seven_gpus():
+    """Vision on 2, audio on 2, the LLM on 3: 'no layout satisfies these pins' before encoder islands."""
+    cluster = parse_text(ClusterSpec, "seven", SEVEN)
+    model = load_model("tiny")
+    pins = tuple(Pin.parse(t, model) for t in ("vision.gpus=2", "audio.gpus=2", "llm.gpus=3"))
+    inp = SearchInput(model, cluster, load_data("tiny-mix"), pins=pins, placements=(Placement.DISAGGREGATED,))
+    plan = make_plan(inp, SolverConfig(alternatives=0))
+    assert plan.placement == Placement.DISAGGREGATED and plan.schedule == "graph_1f1b"
+    assert plan.modules["vision"].ranks == [0, 1]
+    assert plan.modules["audio"].ranks == [2, 3]
+    assert plan.modules["llm"].ranks == [4, 5, 6]
+
+
+def test_search_may_group_encoders_or_not():
+    """Unpinned, the optimum over every grouping is at least as good as the one-island optimum."""
+    cluster = parse_text(ClusterSpec, "seven", SEVEN)
+    inp = SearchInput(load_model("tiny"), cluster, load_data("tiny-mix"), placements=(Placement.DISAGGREGATED,))
+    best = search(inp, SolverConfig(alternatives=0))[0].best
+    assert best.islands is not None
+    from orch.planner.candidates import module_candidates
+    from orch.planner.evaluate import evaluate
+
+    one_island = float("inf")
+    for k in island_sizes(inp):
+        encs = {e: module_candidates(inp, e, k, Placement.DISAGGREGATED) for e in inp.model.encoder_names}
+        llms = module_candidates(inp, "llm", inp.world - k, Placement.DISAGGREGATED)
+        for v in encs["vision"]:
+            for a in encs["audio"]:
+                for lc in llms:
+                    c = evaluate(inp, Placement.DISAGGREGATED, {"vision": v, "audio": a, "llm": lc})
+                    one_island = min(one_island, c.step_s) if c else one_island
+    assert best.step_s <= one_island * (1 + 1e-6)
+
+
+def test_large_clusters_search_a_layout_grid_of_sizes_with_the_pins_in_it():
+    model = load_model("omni-84b")
+    cluster = load_cluster("h100-80g", 320)
+    data = load_data("omni-mix").model_copy(update={"global_batch": 5120})
+    inp = SearchInput(model, cluster, data, pins=(Pin("vision", "gpus", 1032),))
+    sizes = IslandSizes.of(inp)
+    assert len(sizes.encoders) < len(island_sizes(inp)) and len(sizes.llm) < len(llm_island_sizes(inp))
+    assert 1032 in sizes.encoders
+    assert set(sizes.llm) <= set(llm_island_sizes(inp))
+    # small clusters: every size
+    small = SearchInput(load_model("tiny"), load_cluster("local-cpu"), load_data("tiny-mix"))
+    assert IslandSizes.of(small) == IslandSizes(tuple(island_sizes(small)), tuple(llm_island_sizes(small)))
