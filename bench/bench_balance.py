@@ -8,6 +8,11 @@ max cost ÷ lower bound, inter-node bytes ÷ all bytes of the phase, and seconds
 
     .venv/bin/python bench/bench_balance.py            # the full table (several minutes: KK is slow)
     .venv/bin/python bench/bench_balance.py --quick    # small sizes only
+    .venv/bin/python bench/bench_balance.py --size 2560x16 --only-orch --repeat 7   # the 50 ms check, seconds
+
+--size RANKSxPER (repeatable) runs only those sizes; --only-orch leaves out the reference modes
+(none, lpt, kk, paper: their columns print '-', and the summary's comparisons with them are left
+out), for a quick look at orch's time and quality. Either writes the JSON only when --out is given.
 
 Targets (issue 3): orch max within 1% of min(LPT, KK) on every case; orch inter-node bytes at most
 1/10 of paper's on the median case and 1/4 on the worst; all phases of 2,560 × 16 under 50 ms.
@@ -79,6 +84,14 @@ MIXES: dict[str, list[Task]] = {
         Task(0.25, {LLM_PHASE: (1500, 2048)}),
         Task(0.25, {"audio": (1200, 1500), LLM_PHASE: (400, 1024)}),
     ],
+    # caption-heavy: mostly image-caption pairs (one image, a short caption), short text, a few long
+    # samples; many small samples of similar size, so the mean sets the bound and the LLM phase is
+    # made of tiny sequences (the refinement and repair loops have the most to do)
+    "caption-heavy": [
+        Task(0.70, {"vision": (729, 2304), LLM_PHASE: (120, 512)}, sigma=0.4),
+        Task(0.20, {LLM_PHASE: (300, 1024)}),
+        Task(0.10, {"vision": (1024, 4096), LLM_PHASE: (900, 2048)}),
+    ],
 }
 
 SIZES = [(64, 16), (512, 8), (512, 32), (2560, 8), (2560, 16)]
@@ -117,7 +130,9 @@ def _dest(ph: PhaseArrays, mode: str) -> np.ndarray:
     return dispatch_phase(ph, Mode(mode))
 
 
-def run_case(mix: str, num_ranks: int, per_rank: int, repeat: int, skip_kk_above: int) -> list[dict]:
+def run_case(
+    mix: str, num_ranks: int, per_rank: int, repeat: int, skip_kk_above: int, modes: tuple[str, ...] = MODES
+) -> list[dict]:
     phases, origin = make_batch(mix, num_ranks, per_rank)
     rows = []
     orch_total = []
@@ -140,7 +155,7 @@ def run_case(mix: str, num_ranks: int, per_rank: int, repeat: int, skip_kk_above
         total_bytes = int(ph.bytes.sum())
         row: dict = {"mix": mix, "ranks": num_ranks, "per_rank": per_rank, "phase": name, "samples": ph.n}
         for mode in MODES:
-            if mode == "kk" and ph.n > skip_kk_above:
+            if mode not in modes or (mode == "kk" and ph.n > skip_kk_above):
                 row[mode] = None
                 continue
             times = []
@@ -177,22 +192,26 @@ def _fmt(v: dict | None, key: str, pct: bool = False) -> str:
 
 def print_table(rows: list[dict]) -> None:
     head = (
-        f"{'mix':<11} {'N x per':>9} {'phase':<6} | {'none':>6} {'lpt':>6} {'kk':>6} {'paper':>6} {'orch':>6} "
-        f"| {'lpt':>6} {'paper':>6} {'orch':>6} | {'lpt ms':>7} {'kk ms':>8} {'paper ms':>8} {'orch ms':>7} {'all':>6}"
+        f"{'mix':<13} {'N x per':>9} {'phase':<6} | {'none':>6} {'lpt':>6} {'kk':>6} {'paper':>6} {'orch':>6} "
+        f"| {'lpt':>6} {'paper':>6} {'orch':>6} | {'lpt ms':>7} {'kk ms':>8} {'paper ms':>8} {'orch ms':>7} {'all':>6} {'cpu':>6}"
     )
-    print("max cost / LB (none lpt kk paper orch) | inter-node bytes / phase bytes (lpt paper orch) | ms")
+    print(
+        "max cost / LB (none lpt kk paper orch) | inter-node bytes / phase bytes (lpt paper orch) "
+        "| ms (all: all phases of orch, wall and CPU)"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
         size = f"{r['ranks']}x{r['per_rank']}"
         print(
-            f"{r['mix']:<11} {size:>9} {r['phase']:<6} | "
+            f"{r['mix']:<13} {size:>9} {r['phase']:<6} | "
             + " ".join(f"{_fmt(r[m], 'max_over_lb'):>6}" for m in MODES)
             + " | "
             + " ".join(f"{_fmt(r[m], 'inter_frac', pct=True):>6}" for m in ("lpt", "paper", "orch"))
             + " | "
             + f"{_fmt(r['lpt'], 'seconds'):>7} {_fmt(r['kk'], 'seconds'):>8} {_fmt(r['paper'], 'seconds'):>8} "
             + f"{_fmt(r['orch'], 'seconds'):>7} {r['orch_all_phases_seconds'] * 1000:>6.1f}"
+            + f" {r['orch_all_phases_cpu_seconds'] * 1000:>6.1f}"
         )
 
 
@@ -201,17 +220,18 @@ def summarise(rows: list[dict]) -> dict:
     ratios = []
     for r in rows:
         refs = [r[m]["max_over_lb"] for m in ("lpt", "kk") if r[m] is not None]
-        quality.append(r["orch"]["max_over_lb"] / min(refs))
-        if r["paper"]["inter_frac"] > 0:
+        if refs:
+            quality.append(r["orch"]["max_over_lb"] / min(refs))
+        if r["paper"] is not None and r["paper"]["inter_frac"] > 0:
             ratios.append(r["orch"]["inter_frac"] / r["paper"]["inter_frac"])
     big = {r["mix"]: r for r in rows if r["ranks"] == 2560 and r["per_rank"] == 16}
     worst = max(
-        (r for r in rows if r["paper"]["inter_frac"] > 0),
+        (r for r in rows if r["paper"] is not None and r["paper"]["inter_frac"] > 0),
         key=lambda r: r["orch"]["inter_frac"] / r["paper"]["inter_frac"],
         default=None,
     )
     out: dict = {
-        "orch_max_over_best_of_lpt_kk_worst": max(quality),
+        "orch_max_over_best_of_lpt_kk_worst": max(quality) if quality else None,
         "orch_inter_over_paper_median": statistics.median(ratios) if ratios else 0.0,
         "orch_inter_over_paper_worst": max(ratios) if ratios else 0.0,
         "orch_inter_over_paper_worst_case": (
@@ -226,19 +246,32 @@ def summarise(rows: list[dict]) -> dict:
     return out
 
 
+def _size(text: str) -> tuple[int, int]:
+    ranks, _, per = text.lower().partition("x")
+    try:
+        return int(ranks), int(per)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected RANKSxPER such as 2560x16, got {text!r}") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes only")
     parser.add_argument("--repeat", type=int, default=5, help="runs of orch per case (median)")
     parser.add_argument("--mix", action="append", choices=sorted(MIXES), help="only these mixes")
     parser.add_argument("--skip-kk-above", type=int, default=50_000, help="skip KK for phases with more samples")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "out" / "bench_balance.json"))
+    parser.add_argument("--size", action="append", type=_size, help="only these sizes, RANKSxPER (e.g. 2560x16)")
+    parser.add_argument("--only-orch", action="store_true", help="leave out the reference modes (quick)")
+    parser.add_argument("--out", default=None, help="JSON written here (default bench/out/bench_balance.json)")
     args = parser.parse_args()
-    sizes = QUICK_SIZES if args.quick else SIZES
+    sizes = args.size or (QUICK_SIZES if args.quick else SIZES)
+    modes = ("orch",) if args.only_orch else MODES
+    if args.out is None and not args.size and not args.only_orch:
+        args.out = str(Path(__file__).parent / "out" / "bench_balance.json")
     rows = []
     for mix in args.mix or list(MIXES):
         for num_ranks, per_rank in sizes:
-            case = run_case(mix, num_ranks, per_rank, args.repeat, args.skip_kk_above)
+            case = run_case(mix, num_ranks, per_rank, args.repeat, args.skip_kk_above, modes)
             rows.extend(case)
             print(f"done {mix} {num_ranks}x{per_rank}", file=sys.stderr, flush=True)
     print_table(rows)
@@ -246,6 +279,8 @@ def main() -> None:
     print()
     for k, v in summary.items():
         print(f"{k}: {round(v, 4) if isinstance(v, float) else v}")
+    if args.out is None:
+        return
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from orch.planner.balance.cost import IntArray, PhaseArrays, rank_costs
-from orch.planner.balance.padded import desc_order, greedy_starts, near_optimal_cap, node_runs, step_limits
+from orch.planner.balance.padded import desc_order_then, greedy_starts_sorted, near_optimal_cap, node_runs, step_limits
 from orch.planner.balance.refill import refill_padded
 from orch.planner.balance.topology import SLACK, match_runs_to_ranks, segment_first
 
@@ -42,7 +42,7 @@ def orch_padded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
     costs, lengths, tokens = ph.costs, ph.lengths, ph.spec.max_tokens
     node = ph.origin // dpn
     # longest first; equal lengths grouped by node, so that consecutive pool runs gather one node's samples
-    gd = desc_order(lengths * num_nodes + (num_nodes - 1 - node))
+    gd = desc_order_then(lengths, node, num_nodes)
     c_d, l_d = costs[gd], lengths[gd]
     cap = near_optimal_cap(c_d, l_d, num_ranks, tokens, slack)
     local, local_node, fill = node_runs(costs, lengths, node, num_nodes, cap, tokens)
@@ -57,7 +57,7 @@ def orch_padded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
         # among a node's R fullest runs, those at least θ full stay
         kept = (fill >= theta) & (rank_in_node < dpn)
         pool = ~kept[local_d]
-        starts = greedy_starts(c_d[pool].tolist(), steps[pool].tolist(), cap, num_ranks - int(kept.sum()))
+        starts = greedy_starts_sorted(c_d[pool], steps[pool], cap, num_ranks - int(kept.sum()))
         return None if starts is None else (kept, pool, starts)
 
     thetas = np.unique(np.quantile(fill, np.linspace(0.0, 1.0, _THETA_LEVELS)))

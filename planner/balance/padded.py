@@ -8,13 +8,15 @@ fewest runs. So feasibility is exact, and the optimum is one of the values k·co
 then finish exactly over the candidates left in the last interval.
 
 `--mode orch` needs less: a cap within (1 + slack) of the optimum (near_optimal_cap, a bracket
-search that walks only the runs' leaders, greedy_starts), and each node's own greedy runs
+search that walks only the runs' leaders, greedy_starts; on arrays, greedy_starts_sorted and
+run_count_sorted walk a block of equal run lengths per step), and each node's own greedy runs
 (node_runs) to keep samples at home (orch_padded.py).
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 
 import numpy as np
 
@@ -144,11 +146,17 @@ def run_capacity(
 
 
 def desc_order(lengths: IntArray, group: IntArray | None = None) -> IntArray:
-    """Indices by (group,) length longest first, ties by index: one int64 argsort instead of a lexsort."""
+    """Indices by (group,) length longest first, ties by index: stable radix sorts when lengths fit 16
+    bits (and groups 15), else one int64 argsort instead of a lexsort."""
     n = lengths.size
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     top = int(lengths.max())
+    if _radix_ok(lengths, top) and (group is None or _radix_ok(group, int(group.max()), 15)):
+        order = np.argsort((top - lengths).astype(np.uint16), kind="stable")
+        if group is not None:
+            order = order[np.argsort(group[order].astype(np.int16), kind="stable")]
+        return order.astype(np.int64)
     groups = int(group.max()) + 1 if group is not None and n else 1
     if (top + 1) * n * groups >= 1 << 62:  # the packed key would overflow: the slow exact path
         keys = (np.arange(n), -lengths) if group is None else (np.arange(n), -lengths, group)
@@ -159,27 +167,48 @@ def desc_order(lengths: IntArray, group: IntArray | None = None) -> IntArray:
     return np.argsort(key).astype(np.int64)  # keys are unique: any sort is stable
 
 
+def desc_order_then(lengths: IntArray, minor: IntArray, span: int) -> IntArray:
+    """Indices by length longest first, then minor (0..span-1) ascending, then index: what
+    desc_order(lengths · span + (span - 1 - minor)) gives, by two stable radix sorts when they fit."""
+    n = lengths.size
+    if n and _radix_ok(lengths, int(lengths.max())) and _radix_ok(minor, span - 1, 15):
+        order = np.argsort(minor.astype(np.int16), kind="stable")
+        return order[np.argsort((int(lengths.max()) - lengths[order]).astype(np.uint16), kind="stable")].astype(
+            np.int64
+        )
+    return desc_order(lengths * span + (span - 1 - minor))
+
+
+def _radix_ok(values: IntArray, top: int, bits: int = 16) -> bool:
+    """Whether non-negative values up to top sort as 16-bit keys (numpy's stable sort is a radix sort there)."""
+    return top < (1 << bits) and bool(values.min() >= 0)
+
+
 def node_runs(
     costs: FloatArray, lengths: IntArray, node: IntArray, num_nodes: int, cap: float, max_tokens: int | None
 ) -> tuple[IntArray, IntArray, FloatArray]:
     """The greedy runs each node makes of its own samples at cost cap C (longest first, each run as long
     as the cap allows): (run per sample, node per run, fill per run = its samples' own costs / C).
 
-    A Python step per run, not per sample.
+    All nodes walk their runs side by side: a numpy step per run of the node with the most runs.
     """
     n = lengths.size
     order = desc_order(lengths, node)
     c_s, l_s, g_s = costs[order], lengths[order], node[order]
     k = np.maximum(run_capacity(c_s, l_s, cap, max_tokens), 1)
     group_end = np.searchsorted(g_s, g_s, side="right")
-    nxt = np.minimum(np.arange(n) + k, group_end).tolist()
-    starts: list[int] = []
-    i = 0
-    while i < n:
-        starts.append(i)
-        i = nxt[i]
+    nxt = np.minimum(np.arange(n) + k, group_end)
+    # every node walks its runs at once: a round per run of the node with the most
+    ptr = np.flatnonzero(np.concatenate([[True], g_s[1:] != g_s[:-1]])) if n else np.zeros(0, dtype=np.int64)
+    end = group_end[ptr]
+    leaders = []
+    while ptr.size:
+        leaders.append(ptr)
+        ptr = nxt[ptr]
+        alive = ptr < end
+        ptr, end = ptr[alive], end[alive]
+    st = np.sort(np.concatenate(leaders)) if leaders else np.zeros(0, dtype=np.int64)
     marks = np.zeros(n, dtype=np.int64)
-    st = np.array(starts, dtype=np.int64)
     marks[st] = 1
     run_s = np.cumsum(marks) - 1
     runs = np.empty(n, dtype=np.int64)
@@ -261,6 +290,81 @@ def _blocks(costs_desc: FloatArray, steps: IntArray) -> list[int]:
     return out
 
 
+def _leader_steps(costs_desc: FloatArray, steps: IntArray, cap: float) -> IntArray:
+    """Samples the run led by each sample holds at cost cap C, as greedy_starts computes it for a leader."""
+    top = cap * (1 + _FUZZ)
+    st = steps.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        shrink = (costs_desc > 0) & (top < costs_desc * st)
+        k = np.where(shrink, np.floor(np.where(shrink, top / np.where(costs_desc > 0, costs_desc, 1.0), 0.0)), st)
+    return k.astype(np.int64)
+
+
+def _segments(k: IntArray) -> tuple[list[int], list[int], list[int]] | None:
+    """(start, end, k) of the runs of equal k, or None when k is not non-decreasing."""
+    n = k.size
+    change = np.flatnonzero(k[1:] != k[:-1]) + 1
+    if change.size and bool((k[change] < k[change - 1]).any()):
+        return None
+    bounds = np.concatenate([[0], change, [n]])
+    return bounds[:-1].tolist(), bounds[1:].tolist(), k[bounds[:-1]].tolist()
+
+
+def greedy_starts_sorted(costs_desc: FloatArray, steps: IntArray, cap: float, limit: int) -> list[int] | None:
+    """greedy_starts on arrays, a Python step per block of equal run length instead of per run.
+
+    Samples longest first have non-increasing costs and non-decreasing token steps, so the run length
+    k of a leader never decreases along the order: inside a block of samples that all allow the same
+    k, the leaders are i, i + k, i + 2k, ... up to the block's end, one range per block. The same
+    answer as greedy_starts (checked by tests); it falls back to it if k ever decreases.
+    """
+    n = costs_desc.size
+    if n == 0:
+        return []
+    segs = _segments(_leader_steps(costs_desc, steps, cap))
+    if segs is None:
+        return greedy_starts(costs_desc.tolist(), steps.tolist(), cap, limit)
+    seg_start, seg_end, seg_k = segs
+    starts: list[int] = []
+    runs = i = s = 0
+    while i < n:
+        if i >= seg_end[s]:
+            s = bisect_right(seg_start, i) - 1
+        k = seg_k[s]
+        if k < 1:  # over the cost cap, or over max_tokens, alone
+            return None
+        m = -(-(seg_end[s] - i) // k)  # leaders in this block
+        if runs + m > limit:
+            return None
+        starts.extend(range(i, i + m * k, k))
+        runs += m
+        i += m * k
+    return starts
+
+
+def run_count_sorted(costs_desc: FloatArray, steps: IntArray, cap: float, limit: int) -> int:
+    """_run_count on arrays by blocks of equal run length (as greedy_starts_sorted): runs counted up to
+    limit + 1; n + 1 if a sample alone is over C."""
+    n = costs_desc.size
+    segs = _segments(_leader_steps(costs_desc, steps, cap))
+    if segs is None:
+        return _run_count(costs_desc.tolist(), steps.tolist(), cap, limit, _blocks(costs_desc, steps))
+    seg_start, seg_end, seg_k = segs
+    runs = i = s = 0
+    while i < n:
+        if runs > limit:
+            return limit + 1
+        if i >= seg_end[s]:
+            s = bisect_right(seg_start, i) - 1
+        k = seg_k[s]
+        if k < 1:
+            return n + 1
+        m = -(-(seg_end[s] - i) // k)
+        runs += m
+        i += m * k
+    return min(runs, limit + 1)
+
+
 def near_optimal_cap(
     costs_desc: FloatArray, lengths_desc: IntArray, num_ranks: int, max_tokens: int | None, slack: float
 ) -> float:
@@ -274,24 +378,21 @@ def near_optimal_cap(
     n = costs_desc.size
     if n == 0:
         return 0.0
-    steps_arr = step_limits(lengths_desc, max_tokens, n)
-    same_until = _blocks(costs_desc, steps_arr)
-    steps = steps_arr.tolist()
-    c = costs_desc.tolist()
-    if greedy_starts(c, steps, math.inf, num_ranks) is None:
+    steps = step_limits(lengths_desc, max_tokens, n)
+    if greedy_starts_sorted(costs_desc, steps, math.inf, num_ranks) is None:
         raise InfeasibleError(f"no assignment of {n} samples to {num_ranks} ranks meets max_tokens {max_tokens}")
     lo = max(float(costs_desc.sum()) / num_ranks, float(costs_desc[0]))  # no cap below is feasible
     if lo <= 0:
         return 0.0
     count_limit = 2 * num_ranks
-    q_lo = _run_count(c, steps, lo, count_limit, same_until)
+    q_lo = run_count_sorted(costs_desc, steps, lo, count_limit)
     if q_lo <= num_ranks:
         return lo * (1 + slack)
     # grow hi by the runs' excess until feasible: the run count falls roughly as 1 / C
     hi = lo
     while True:
         hi = hi * max(min(q_lo, count_limit) / num_ranks, 1 + slack) * (1 + slack)
-        q_hi = _run_count(c, steps, hi, count_limit, same_until)
+        q_hi = run_count_sorted(costs_desc, steps, hi, count_limit)
         if q_hi <= num_ranks:
             break
         lo, q_lo = hi, q_hi
@@ -305,7 +406,7 @@ def near_optimal_cap(
         else:
             mid = math.sqrt(lo * hi)
         interpolate = not interpolate
-        q_mid = _run_count(c, steps, mid, count_limit, same_until)
+        q_mid = run_count_sorted(costs_desc, steps, mid, count_limit)
         if q_mid > num_ranks:
             lo, q_lo = mid, q_mid
         else:

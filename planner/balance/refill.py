@@ -14,8 +14,10 @@ import numpy as np
 
 from orch.planner.balance.cost import IntArray, PhaseArrays, moved_bytes, rank_costs, rank_tokens
 from orch.planner.balance.padded import run_capacity
+from orch.planner.balance.topology import segment_first
 
 REFILL_MIN_CROSS = 0.06  # refill_padded leaves alone runs that cross at most this share of the bytes
+_DEAL_BLOCK = 512  # entries _classes_to_nodes screens at once before walking them
 
 
 def refill_padded(
@@ -61,18 +63,19 @@ def refill_padded(
     cls = np.searchsorted(classes, k_sample, side="right") - 1
     if (cls < 0).any():
         return dest
-    # every sample's place in a most-bytes-first order: `largest` (longest first) when bytes follow it
-    by_bytes = np.empty(n, dtype=np.int64)
+    # a most-bytes-first order of the samples: `largest` (longest first) when bytes follow it
     top = int(ph.bytes.max())
     if largest is not None and largest.size == n and bool((np.diff(ph.bytes[largest]) <= 0).all()):
-        by_bytes[largest] = np.arange(n)
+        by_bytes = largest
     elif (top + 1) * n < 1 << 62:  # unique keys: any sort is stable
-        by_bytes[np.argsort((top - ph.bytes) * n + np.arange(n))] = np.arange(n)
+        by_bytes = np.argsort((top - ph.bytes) * n + np.arange(n))
     else:
-        by_bytes[np.argsort(-ph.bytes, kind="stable")] = np.arange(n)
+        by_bytes = np.argsort(-ph.bytes, kind="stable")
+    # per (node, class), most bytes first: what both the deal of classes and the re-deal read
+    by_node_class = _by_major(ph.origin // ph.dp_per_node * classes.size + cls, by_bytes)
     # the classes dealt to the nodes whose samples fill them most, else the ranks' own classes
-    for profile in (_classes_to_nodes(ph, k_rank, classes, cls, by_bytes), k_rank):
-        out = _redeal(ph, profile, classes, cls, by_bytes, cap)
+    for profile in (_classes_to_nodes(ph, k_rank, classes, cls, by_node_class), k_rank):
+        out = _redeal(ph, profile, classes, cls, by_bytes, by_node_class, cap)
         # fewer bytes across nodes, then inside them (MovedBytes compares inter first)
         if out is not None and moved_bytes(ph.origin, out, ph.bytes, ph.dp_per_node) < before:
             return out
@@ -80,7 +83,7 @@ def refill_padded(
 
 
 def _classes_to_nodes(
-    ph: PhaseArrays, k_rank: IntArray, classes: IntArray, cls: IntArray, by_bytes: IntArray
+    ph: PhaseArrays, k_rank: IntArray, classes: IntArray, cls: IntArray, by_node_class: IntArray
 ) -> IntArray:
     """The same multiset of rank classes, dealt to the nodes whose own samples would fill them most.
 
@@ -96,30 +99,39 @@ def _classes_to_nodes(
     used = k_rank > 0
     per_class = np.bincount(np.searchsorted(classes, k_rank[used]), minlength=num_c)
     onode = ph.origin // dpn
-    o = _sort_by(onode * num_c + cls, num_nodes * num_c, by_bytes, n)
+    o = by_node_class
     key = onode[o] * num_c + cls[o]
     chunk = (np.arange(n) - np.searchsorted(key, key, side="left")) // classes[cls[o]]
     near = chunk < dpn  # a node hosts at most R ranks of a class
-    ekey = key[near] * dpn + chunk[near]
-    uniq, inv = np.unique(ekey, return_inverse=True)
-    gain = np.bincount(inv, weights=ph.bytes[o][near])
-    e_node = (uniq // dpn // num_c).tolist()
-    e_cls = ((uniq // dpn) % num_c).tolist()
+    ekey = key[near] * dpn + chunk[near]  # sorted: key is, and chunk grows inside a key
+    first = segment_first(ekey)
+    uniq = ekey[first]
+    gain = np.add.reduceat(ph.bytes[o][near], first).astype(np.float64) if first.size else np.zeros(0)
+    e_node_a, e_cls_a = uniq // dpn // num_c, (uniq // dpn) % num_c
+    e_node, e_cls = e_node_a.tolist(), e_cls_a.tolist()
     node_left = [dpn] * num_nodes
     cls_left = per_class.tolist()
     took: list[int] = []  # entries hosted, in the order taken
     wanted = int(per_class.sum())
-    # most bytes first, ties by (node, class, t): uniq is sorted, so a stable sort on -gain
-    for e in np.argsort(-gain, kind="stable").tolist():
-        m = e_node[e]
-        if node_left[m]:
-            j = e_cls[e]
-            if cls_left[j]:
-                node_left[m] -= 1
-                cls_left[j] -= 1
-                took.append(e)
-                if len(took) == wanted:
-                    break
+    # most bytes first, ties by (node, class, t): uniq is sorted, so a stable sort on -gain. In blocks:
+    # entries whose node is full or class used up when the block starts are dropped at once (room
+    # only shrinks: the walk would skip them too), the rest walked one by one
+    by_gain = np.argsort(-gain, kind="stable")
+    for lo in range(0, by_gain.size, _DEAL_BLOCK):
+        if len(took) == wanted:
+            break
+        blk = by_gain[lo : lo + _DEAL_BLOCK]
+        alive = (np.array(node_left)[e_node_a[blk]] > 0) & (np.array(cls_left)[e_cls_a[blk]] > 0)
+        for e in blk[alive].tolist():
+            m = e_node[e]
+            if node_left[m]:
+                j = e_cls[e]
+                if cls_left[j]:
+                    node_left[m] -= 1
+                    cls_left[j] -= 1
+                    took.append(e)
+                    if len(took) == wanted:
+                        break
     hosted = np.full((num_nodes, dpn), -1, dtype=np.int64)
     t_node = np.array([e_node[e] for e in took], dtype=np.int64)
     order_t = np.argsort(t_node, kind="stable")
@@ -152,9 +164,12 @@ def _classes_to_nodes(
 
 
 def _redeal(
-    ph: PhaseArrays, k_rank: IntArray, classes: IntArray, cls: IntArray, by_bytes: IntArray, cap: float
-) -> IntArray | None:
-    """Deal the samples (class cls) to ranks with k_rank places each (of class k), node first; None if it fails."""
+    ph: PhaseArrays, k_rank: IntArray, classes: IntArray, cls: IntArray, by_bytes: IntArray,
+    by_node_class: IntArray, cap: float,
+) -> IntArray | None:  # fmt: skip
+    """Deal the samples (class cls) to ranks with k_rank places each (of class k), node first; None if it fails.
+
+    by_bytes: the samples most bytes first; by_node_class: the same, grouped by (node, class)."""
     n, num_ranks, dpn, num_nodes = ph.n, ph.num_ranks, ph.dp_per_node, ph.num_nodes
     num_c = classes.size
     onode = ph.origin // dpn
@@ -167,7 +182,7 @@ def _redeal(
     own = np.bincount(onode * num_c + cls, minlength=num_nodes * num_c).reshape(num_nodes, num_c)
     kept = _stay_counts(own, node_places)
     # the samples that stay: per (node, class) the most bytes first
-    o = _sort_by(onode * num_c + cls, num_nodes * num_c, by_bytes, n)
+    o = by_node_class
     key = onode[o] * num_c + cls[o]
     seg = np.searchsorted(key, key, side="left")
     stays = np.zeros(n, dtype=bool)
@@ -191,8 +206,7 @@ def _redeal(
     on_rank = np.zeros(n, dtype=bool)
     left = k_rank.copy()
     for pick in (home & (cls == rcls), home & (cls > rcls)):
-        cand = np.flatnonzero(pick)
-        o = cand[_sort_by(ph.origin[cand], num_ranks, by_bytes[cand], n)]
+        o = _by_major(ph.origin, by_bytes[pick[by_bytes]])  # by rank, most bytes first
         rseg = np.searchsorted(ph.origin[o], ph.origin[o], side="left")
         stay = o[(np.arange(o.size) - rseg) < left[ph.origin[o]]]
         on_rank[stay] = True
@@ -214,7 +228,7 @@ def _redeal(
         by_rank = np.argsort(rank_node * num_c + rank_cls, kind="stable")
         places = np.repeat(by_rank, room[by_rank])
         place_start = np.searchsorted(rank_node[places], np.arange(num_nodes))
-        r_sorted = rest[_sort_by(node_of[rest] * num_c + cls[rest], num_nodes * num_c, rest, n)]
+        r_sorted = _by_major(node_of * num_c + cls, rest)
         g = node_of[r_sorted]
         within = np.arange(r_sorted.size) - np.searchsorted(g, g, side="left")
         if (np.bincount(g, minlength=num_nodes) > np.diff(np.append(place_start, places.size))).any():
@@ -255,9 +269,13 @@ def _stay_counts(own: IntArray, places: IntArray) -> IntArray:
         reserved += need
         spare = np.maximum(free - future_t[j], 0)
         reach = np.cumsum(spare)  # places set aside: the first bins' spare places up to need
-        r = np.minimum(spare, np.maximum(need - (reach - spare), 0))
-        free -= r
-        need -= int(r.sum())
+        k = int(np.searchsorted(reach, need))  # bins before k give all their spare places, bin k the rest
+        free[:k] -= spare[:k]
+        if k < num_bins:
+            free[k] -= need - (int(reach[k - 1]) if k else 0)
+            need = 0
+        elif num_bins:
+            need -= int(reach[-1])
         if need > 0:
             order = np.argsort(future_t[j] - free, kind="stable")
             f = free[order]
@@ -286,11 +304,13 @@ def _allocate(room: IntArray, demand: IntArray) -> IntArray:
     return x
 
 
-def _sort_by(major: IntArray, span: int, minor: IntArray, n: int) -> IntArray:
-    """Order by (major, minor), minor unique in 0..n-1 within a major: one argsort of unique int64 keys."""
-    if (span + 1) * max(n, 1) >= 1 << 62:
-        return np.lexsort((minor, major))
-    return np.argsort(major * n + minor)
+def _by_major(major: IntArray, order: IntArray) -> IntArray:
+    """`order` (sample indices) stably regrouped by major[sample] ascending: a linear radix sort when
+    the keys fit 16 bits, else numpy's stable sort."""
+    keys = major[order]
+    if keys.size and int(keys.min()) >= 0 and int(keys.max()) < 1 << 16:
+        keys = keys.astype(np.uint16)
+    return order[np.argsort(keys, kind="stable")]
 
 
 def _valid_at_cap(ph: PhaseArrays, dest: IntArray, cap: float) -> bool:
