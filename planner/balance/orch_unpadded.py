@@ -42,6 +42,7 @@ from orch.planner.errors import InfeasibleError
 EXACT_LPT_SAMPLES = 1 << 20  # exact LPT as the fallback reference up to here (about 1 µs a sample)
 _MAX_ROUNDS = 64
 _REPAIR_ITERS = 4096
+_INT16_MAX = int(np.iinfo(np.int16).max)  # keys up to here sort by numpy's stable radix sort
 
 
 def _by_bin(pos: IntArray, home: IntArray, largest: IntArray | None = None) -> IntArray:
@@ -238,7 +239,7 @@ def _place_leftovers_uncapped(
 
 def _best_fit_in_nodes(
     items: IntArray, node_of: IntArray, origin: IntArray, dpn: int, costs: FloatArray, lengths: IntArray,
-    room: FloatArray, token_room: FloatArray, dest: IntArray, pos: IntArray,
+    room: FloatArray, token_room: FloatArray, dest: IntArray, pos: IntArray, largest: IntArray | None = None,
 ) -> IntArray:  # fmt: skip
     """Best fit decreasing inside each node, all nodes at once: per round every node places its largest
     pending sample on its rank with the least room that still fits it. Returns the samples that fit nowhere
@@ -251,17 +252,30 @@ def _best_fit_in_nodes(
     if items.size == 0:
         return items
     n_items = items.size
-    o = np.argsort(node_of[items] * max(pos.size, 1) + pos[items])
-    p, g = items[o], node_of[items][o]
+    small = int(node_of[items].max()) <= _INT16_MAX and int(node_of[items].min()) >= 0
+    if largest is not None and small:  # the phase's largest-first order, regrouped by node (radix)
+        mask = np.zeros(pos.size, dtype=bool)
+        mask[items] = True
+        p = largest[mask[largest]]
+        p = p[np.argsort(node_of[p].astype(np.int16), kind="stable")]
+    else:
+        p = items[np.argsort(node_of[items] * max(pos.size, 1) + pos[items])]
+    g = node_of[p]
     first = segment_first(g)
     count = np.diff(np.append(first, n_items))
     by_count = np.argsort(-count, kind="stable")  # nodes with the most samples first: active ones are a prefix
     nodes, count = g[first][by_count], count[by_count]
     rank_of_node = np.empty(by_count.size, dtype=np.int64)
     rank_of_node[by_count] = np.arange(by_count.size)
-    within = np.arange(n_items) - np.repeat(first, np.diff(np.append(first, n_items)))
+    sizes = np.diff(np.append(first, n_items))
+    within = np.arange(n_items) - np.repeat(first, sizes)
+    node_rank = np.repeat(rank_of_node, sizes)
     # round-major layout: round j holds the j-th largest item of each of its active nodes, in prefix order
-    seq = p[np.argsort(within * by_count.size + np.repeat(rank_of_node, np.diff(np.append(first, n_items))))]
+    if int(count[0]) <= _INT16_MAX and by_count.size <= _INT16_MAX:  # two stable radix passes
+        o = np.argsort(node_rank.astype(np.int16), kind="stable")
+        seq = p[o[np.argsort(within[o].astype(np.int16), kind="stable")]]
+    else:
+        seq = p[np.argsort(within * by_count.size + node_rank)]
     active = np.searchsorted(-count, -np.arange(int(count[0])), side="left")  # per round j: nodes with > j items
     offsets = np.concatenate([[0], np.cumsum(active)])
     tol = 1e-9 * max(float(np.abs(room).max(initial=1.0)), 1.0)
@@ -655,13 +669,13 @@ def _orch_at_cap(
     token_room = _token_room(max_tokens, origin[kept], lengths[kept], num_ranks)
     items = np.flatnonzero(~kept)
     dest[items] = -1  # not on any rank until placed (rank membership below reads dest)
-    left = _best_fit_in_nodes(items, node_of, origin, dpn, costs, lengths, room, token_room, dest, pos)
+    left = _best_fit_in_nodes(items, node_of, origin, dpn, costs, lengths, room, token_room, dest, pos, largest)
     members_of = _rank_members(dest, pos, np.unique(node_of[left]), dpn, num_ranks) if left.size else None
     for _ in range(4):  # a sample no rank of its node has room for displaces smaller ones, which then re-pack
         if left.size == 0 or members_of is None:
             break
         bumped = _displace(left, node_of, dpn, costs, lengths, room, token_room, dest, pos, members_of)
-        left = _best_fit_in_nodes(bumped, node_of, origin, dpn, costs, lengths, room, token_room, dest, pos)
+        left = _best_fit_in_nodes(bumped, node_of, origin, dpn, costs, lengths, room, token_room, dest, pos, largest)
     # 3. what the node could not absorb goes to any rank with room
     left = _match(left, pos, costs, lengths, room, token_room, dest)
     _place_leftovers(left, node_of, dpn, costs, lengths, room, token_room, dest)

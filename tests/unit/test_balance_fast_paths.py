@@ -206,17 +206,17 @@ def _best_fit_reference(items, node_of, origin, dpn, costs, lengths, room, token
 )
 def test_best_fit_in_nodes_is_the_per_node_walk(ph, capped, seed):
     rng = np.random.default_rng(seed)
-    _, pos = _largest_and_pos(ph)
+    largest, pos = _largest_and_pos(ph)
     items = np.flatnonzero(rng.random(ph.n) < 0.6)
     node_of = rng.integers(0, ph.num_nodes, ph.n)
     room = rng.uniform(-100.0, 3.0, ph.num_ranks) * float(ph.costs.mean())
     token_room = rng.integers(0, 6000, ph.num_ranks).astype(np.float64) if capped else np.full(ph.num_ranks, np.inf)
     runs = []
-    for fn in (_best_fit_reference, _best_fit_in_nodes):
+    for fn, extra in ((_best_fit_reference, ()), (_best_fit_in_nodes, ()), (_best_fit_in_nodes, (largest,))):
         r, t, d = room.copy(), token_room.copy(), np.full(ph.n, -1, dtype=np.int64)
-        left = fn(items, node_of, ph.origin, ph.dp_per_node, ph.costs, ph.lengths, r, t, d, pos)
+        left = fn(items, node_of, ph.origin, ph.dp_per_node, ph.costs, ph.lengths, r, t, d, pos, *extra)
         runs.append((left.tolist(), d.tolist(), r.tolist(), t.tolist()))
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]
 
 
 @settings(max_examples=100, deadline=None)
