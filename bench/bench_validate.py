@@ -18,22 +18,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ORCH = str(Path(sys.executable).with_name("orch"))
+from orch_cli import OrchFailed, run_orch
+
 PLANS = {"homogeneous": "homogeneous", "colocated": "colocated", "disaggregated": "disaggregated"}
 TARGET = 0.20
 
 
 def _orch(*args: str) -> str:
-    res = subprocess.run([ORCH, *args], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise SystemExit(f"orch {' '.join(args)} failed:\n{res.stderr[-2000:]}")
-    return res.stdout
+    try:
+        return run_orch(*args)
+    except OrchFailed as err:
+        raise SystemExit(str(err)) from None
 
 
 def main() -> None:

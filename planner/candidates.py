@@ -142,7 +142,7 @@ def layouts(inp: SearchInput, module: str, gpus: int, allow_pp: bool) -> Iterato
     if not _allowed(inp, module, "gpus", gpus):
         return
     for tp in _powers_of_two(min(gpn, m.heads)):
-        if m.heads % tp or not _allowed(inp, module, "tp", tp):
+        if not m.splits_over(tp) or not _allowed(inp, module, "tp", tp):
             continue
         for cp in _powers_of_two(MAX_CP):
             if tp * cp > gpus or not _allowed(inp, module, "cp", cp):
@@ -313,7 +313,7 @@ def homogeneous_options(inp: SearchInput) -> list[HomogeneousOption]:
     out = []
     for layout in layouts(inp, model.llm_name, n, allow_pp=True):
         stage0 = Layout(tp=layout.tp, cp=layout.cp, pp=1, dp=layout.dp)
-        if any(model.modules[e].heads % layout.tp for e in model.encoder_names):
+        if not all(model.modules[e].splits_over(layout.tp) for e in model.encoder_names):
             continue
         for mb in _micro_batches(inp, layout):
             num_mb = samples_per_dp(inp, layout) // mb

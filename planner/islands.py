@@ -147,7 +147,7 @@ def _layout_grid(inp: SearchInput, module: str) -> set[int]:
 
     m = inp.model.modules[module]
     gpn, world = inp.cluster.gpus_per_node, inp.world
-    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= min(gpn, m.heads) and m.heads % t == 0]
+    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= gpn and m.splits_over(t)]
     cps = [c for c in (1, 2, 4, 8, 16) if c <= MAX_CP]
     pps = [p for p in range(1, MAX_PP + 1) if m.layers % p == 0] if module == inp.model.llm_name else [1]
     out = set()

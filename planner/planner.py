@@ -91,7 +91,7 @@ def _explain_infeasible(inp: SearchInput) -> Exception:
     llm = inp.model.llm_name
     m = inp.model.llm
     gpn, n = inp.cluster.gpus_per_node, inp.world
-    tp = max(t for t in (1, 2, 4, 8, 16, 32) if t <= gpn and m.heads % t == 0)
+    tp = max(t for t in (1, 2, 4, 8, 16, 32) if t <= gpn and m.splits_over(t))
     pp = max(p for p in range(1, min(m.layers, max(n // tp, 1)) + 1) if m.layers % p == 0 and tp * p <= n)
     lay = Layout(tp=tp, pp=pp, dp=1)
     smallest = module_cost(inp.model, inp.data, inp.cluster, llm, lay, 1, Recompute.FULL, in_flight=pp)

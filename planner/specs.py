@@ -97,6 +97,11 @@ class ModuleSpec(_Spec):
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    def splits_over(self, tp: int) -> bool:
+        """Whether tensor parallelism of degree tp gives every rank whole heads, whole KV heads and an
+        equal slice of the FFN (the runtime shards all three; KV heads are not replicated)."""
+        return self.heads % tp == 0 and self.num_kv_heads % tp == 0 and self.ffn % tp == 0
+
     @property
     def mlp_kind(self) -> str:
         return self.mlp or ("swiglu" if self.kind == ModuleKind.LLM else "gelu")

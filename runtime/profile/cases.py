@@ -68,9 +68,9 @@ class ProfileConfig:
 
 
 def tp_degrees(model: ModelSpec, name: str, world: int, ranks_per_node: int) -> list[int]:
-    """The TP degrees `name` is timed at: inside a node, dividing the world, its heads and its FFN width."""
+    """The TP degrees `name` is timed at: inside a node, dividing the world, splitting the module (splits_over)."""
     m = model.modules[name]
-    return [t for t in (1, 2, 4, 8) if t <= ranks_per_node and world % t == 0 and m.heads % t == 0 and m.ffn % t == 0]
+    return [t for t in (1, 2, 4, 8) if t <= ranks_per_node and world % t == 0 and m.splits_over(t)]
 
 
 @dataclass(frozen=True)

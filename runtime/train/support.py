@@ -16,7 +16,13 @@ def check_supported(plan: Plan) -> None:
     for name, mp in plan.modules.items():
         if mp.layout.pp > 1 and name != plan.model.llm_name:
             raise UnsupportedPlan(f"modules.{name}.layout.pp: {mp.layout.pp}: only the LLM runs pipeline stages")
-        layers = plan.model.modules[name].layers
+        spec = plan.model.modules[name]
+        if not spec.splits_over(mp.layout.tp):
+            raise UnsupportedPlan(
+                f"modules.{name}.layout.tp: {mp.layout.tp} does not split {spec.heads} heads, "
+                f"{spec.num_kv_heads} KV heads and FFN {spec.ffn} evenly"
+            )
+        layers = spec.layers
         if mp.layout.pp > layers:
             raise UnsupportedPlan(f"modules.{name}.layout.pp: {mp.layout.pp} stages for {layers} layers")
         why = unsupported_ep(name, mp, plan.model.modules[name].experts, name == plan.model.llm_name)

@@ -8,7 +8,7 @@ from orch.planner.loading import load_cluster, load_data, load_model, parse_text
 from orch.planner.plan import Placement
 from orch.planner.planner import make_plan
 from orch.planner.search import SolverConfig, search
-from orch.planner.specs import ClusterSpec
+from orch.planner.specs import ClusterSpec, ModelSpec
 
 SEVEN = """
 name: seven
@@ -95,3 +95,30 @@ def test_large_clusters_search_a_layout_grid_of_sizes_with_the_pins_in_it():
     # small clusters: every size
     small = SearchInput(load_model("tiny"), load_cluster("local-cpu"), load_data("tiny-mix"))
     assert IslandSizes.of(small) == IslandSizes(tuple(island_sizes(small)), tuple(llm_island_sizes(small)))
+
+
+def test_tp_never_splits_kv_heads_unevenly():
+    """A model with one KV head (found by bench_sweep: profile ranks died in unflatten at TP 2)."""
+    from orch.planner.candidates import layouts
+    from orch.planner.plan import Layout
+    from orch.runtime.plans import hand_plan
+    from orch.runtime.profile.cases import tp_degrees
+    from orch.runtime.train.support import UnsupportedPlan, check_supported
+
+    model = parse_text(
+        ModelSpec,
+        "gqa1",
+        """
+name: gqa1
+modules:
+  vision: {kind: encoder, modality: vision, layers: 1, hidden: 16, heads: 2, ffn: 32, feeds: llm}
+  llm: {kind: llm, layers: 2, hidden: 24, heads: 2, kv_heads: 1, ffn: 72, vocab: 512}
+""",
+    )
+    assert not model.llm.splits_over(2) and model.modules["vision"].splits_over(2)
+    inp = SearchInput(model, load_cluster("local-cpu"), load_data("tiny-mix"))
+    assert {lay.tp for lay in layouts(inp, "llm", 4, allow_pp=True)} == {1}
+    assert tp_degrees(model, "llm", 4, 2) == [1] and tp_degrees(model, "vision", 4, 2) == [1, 2]
+    plan = hand_plan(model, load_data("tiny-mix"), {"llm": (Layout(tp=2, dp=2), [0, 1, 2, 3])})
+    with pytest.raises(UnsupportedPlan, match=r"modules\.llm\.layout\.tp: 2 does not split 2 heads, 1 KV heads"):
+        check_supported(plan)

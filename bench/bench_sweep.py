@@ -1,0 +1,179 @@
+"""Do predictions carry off the tuned case? A sweep of generated models and mixes, each closed in a loop.
+
+For each of N cases (seeded): a model of random widths, depths and encoder set (vision, audio or
+both) and a data mix with random lengths and long tails, written as fresh YAML specs (no preset);
+then, through the `orch` CLI: `orch profile --quick` on that model and mix (4 gloo processes),
+`orch plan --profile` for the planner's best plan and the homogeneous baseline, `orch launch`
+each for --steps steps, and `orch validate --json`. Prints one row per plan (predicted vs
+measured step time, relative error), the error distribution (median, |error| quantiles, share
+within 20%) and, per case, whether the planner ranks its two plans as the measurement does
+when it predicts them more than 15% apart. Writes bench/out/sweep.json.
+
+Goal (issue 17): |error| <= 20% on at least 90% of plans, ranking right for every pair predicted
+more than 15% apart. No constant is tuned to the run: every case is profiled from scratch.
+
+    .venv/bin/python bench/bench_sweep.py --cases 6 --seed 0 --steps 12
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from orch_cli import OrchFailed, run_orch
+
+TARGET = 0.20
+RANK_GAP = 0.15
+
+
+def _orch(*args: str) -> str:
+    try:
+        return run_orch(*args)
+    except OrchFailed as err:
+        raise RuntimeError(str(err).splitlines()[0] + " " + str(err).strip().splitlines()[-1]) from None
+
+
+def _module(rng: random.Random, kind: str, modality: str | None = None) -> str:
+    heads = rng.choice([2, 4])
+    hidden = heads * rng.choice([8, 12, 16, 24])
+    layers = rng.choice([1, 2, 3, 4] if kind == "encoder" else [2, 3, 4, 6])
+    ffn = hidden * rng.choice([2, 3, 4])
+    if kind == "llm":
+        kv = rng.choice([h for h in (1, 2, heads) if heads % h == 0])
+        return (
+            f"{{kind: llm, layers: {layers}, hidden: {hidden}, heads: {heads}, kv_heads: {kv}, ffn: {ffn}, "
+            f"vocab: {rng.choice([256, 512, 1024])}}}"
+        )
+    extra = ", downsample: 2" if modality == "audio" else ""
+    return (
+        f"{{kind: encoder, modality: {modality}, layers: {layers}, hidden: {hidden}, heads: {heads}, "
+        f"ffn: {ffn}{extra}, feeds: llm}}"
+    )
+
+
+def generate(rng: random.Random, index: int) -> tuple[str, str, dict[str, object]]:
+    """A model spec and a data spec (YAML text) and a summary of what was drawn."""
+    encoders = rng.choice([["vision"], ["audio"], ["vision", "audio"]])
+    mods = {e: _module(rng, "encoder", e) for e in encoders}
+    mods["llm"] = _module(rng, "llm")
+    model = f"name: sweep{index}\nmodules:\n" + "".join(f"  {n}: {m}\n" for n, m in mods.items())
+    seq_len = rng.choice([256, 512, 1024, 2048])
+    tasks = [f"  - {{name: text, weight: {rng.uniform(0.1, 0.4):.2f}, tokens: {{llm: {rng.randint(16, 96)}}}, "
+             f"max: {{llm: {seq_len // 2}}}}}"]  # fmt: skip
+    for e in encoders:
+        mean = rng.randint(16, 160)
+        tail = rng.choice([2, 4, 8, 16])  # the long tail: caps up to 16x the mean
+        cap = min(mean * tail, seq_len)
+        tasks.append(
+            f"  - {{name: {e}, weight: {rng.uniform(0.2, 0.5):.2f}, tokens: {{{e}: {mean}, llm: {rng.randint(16, 64)}}}, "
+            f"max: {{{e}: {cap}, llm: {seq_len // 4}}}}}"
+        )
+    batch = rng.choice([8, 12, 16])
+    data = f"name: sweep{index}-mix\nglobal_batch: {batch}\nseq_len: {seq_len}\ntasks:\n" + "\n".join(tasks) + "\n"
+    return model, data, {"encoders": encoders, "seq_len": seq_len, "global_batch": batch}
+
+
+def run_case(work: Path, model: str, data: str, steps: int) -> list[dict[str, object]]:
+    (work / "model.yaml").write_text(model)
+    (work / "data.yaml").write_text(data)
+    m, d = str(work / "model.yaml"), str(work / "data.yaml")
+    prof = work / "profile.json"
+    _orch("profile", "-m", m, "-d", d, "--nproc", "4", "--quick", "--max-bytes", str(1 << 20),
+          "--out", str(prof), "--workdir", str(work / "prof"))  # fmt: skip
+    rows = []
+    seen: list[dict[str, object]] = []
+    for label in ("best", "homogeneous"):
+        plan = work / f"{label}.yaml"
+        placement = "auto" if label == "best" else "homogeneous"
+        pj = json.loads(_orch("plan", "-m", m, "-d", d, "-c", "local-cpu", "--profile", str(prof),
+                              "--placement", placement, "--out", str(plan), "--json", "--top", "0"))  # fmt: skip
+        layouts = {n: x["layout"] for n, x in pj["modules"].items()}
+        if layouts in seen:
+            continue
+        seen.append(layouts)
+        run = work / f"run-{label}"
+        _orch("launch", str(plan), "--steps", str(steps), "--workdir", str(run))
+        v = json.loads(_orch("validate", "--plan", str(plan), "--metrics", str(run / "metrics.jsonl"), "--json"))
+        short = " ".join(
+            f"{n}:{''.join(f'{a}{k}' for a, k in lay.items() if k > 1) or '1'}" for n, lay in layouts.items()
+        )
+        rows.append({"plan": label, "placement": pj["placement"], "layouts": short, **v})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=12)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    out_dir = Path(__file__).parent / "out"
+    out_dir.mkdir(exist_ok=True)
+    cases = []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="orch-sweep-") as tmp:
+        for i in range(args.cases):
+            model, data, drawn = generate(rng, i)
+            work = Path(tmp) / f"case{i}"
+            work.mkdir()
+            try:
+                rows = run_case(work, model, data, args.steps)
+                cases.append({"case": i, **drawn, "model": model, "data": data, "plans": rows})
+            except RuntimeError as err:
+                cases.append({"case": i, **drawn, "model": model, "data": data, "plans": [], "failed": str(err)})
+            print(f"case {i} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    print(f"sweep: seed {args.seed}, {args.cases} cases, {args.steps} steps per plan, profile --quick per case")
+    print(f"{'case':>4} {'encoders':<13} {'plan':<12} {'placement':<14} {'pred s':>7} {'meas s':>7} {'error':>7}")
+    errors, pairs, right = [], 0, 0
+    for c in cases:
+        if c.get("failed"):
+            print(f"{c['case']:>4} {'+'.join(c['encoders']):<13} FAILED: {c['failed']}")
+            continue
+        for r in c["plans"]:
+            errors.append(r["relative_error"])
+            print(
+                f"{c['case']:>4} {'+'.join(c['encoders']):<13} {r['plan']:<12} {r['placement']:<14} "
+                f"{r['predicted_step_time_s']:>7.3f} {r['measured_step_time_s']:>7.3f} {r['relative_error']:>+7.0%}"
+            )
+        if len(c["plans"]) == 2:
+            a, b = c["plans"]
+            pa, pb = a["predicted_step_time_s"], b["predicted_step_time_s"]
+            if abs(pa - pb) / min(pa, pb) > RANK_GAP:
+                pairs += 1
+                right += (pa < pb) == (a["measured_step_time_s"] < b["measured_step_time_s"])
+    within = sum(abs(e) <= TARGET for e in errors)
+    absolute = sorted(abs(e) for e in errors)
+    summary = {
+        "plans": len(errors),
+        "within_20pct": within,
+        "share_within_20pct": within / len(errors) if errors else 0.0,
+        "median_error": statistics.median(errors) if errors else None,
+        "abs_error_p50": absolute[len(absolute) // 2] if absolute else None,
+        "abs_error_p90": absolute[min(len(absolute) - 1, int(0.9 * len(absolute)))] if absolute else None,
+        "pairs_apart_15pct": pairs,
+        "pairs_ranked_right": right,
+        "failed_cases": sum(1 for c in cases if c.get("failed")),
+    }
+    if errors:
+        print(
+            f"error distribution: median {summary['median_error']:+.0%}, |error| p50 {summary['abs_error_p50']:.0%}, "
+            f"p90 {summary['abs_error_p90']:.0%}; within 20%: {within}/{len(errors)} "
+            f"({summary['share_within_20pct']:.0%}, goal 90%)"
+        )
+    print(
+        f"ranking: {right}/{pairs} pairs predicted >15% apart ranked as measured; failed cases: {summary['failed_cases']}"
+    )
+    path = out_dir / "sweep.json"
+    path.write_text(json.dumps({"seed": args.seed, "steps": args.steps, "summary": summary, "cases": cases}, indent=2))
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()
