@@ -382,4 +382,3 @@ def _homogeneous(
     fixed = llm.cost.fixed_s + sum(c.cost.fixed_s for c in encs)
     step = per_mb * (num_mb + pp - 1) + llm.cost.dp_s + sum(c.cost.dp_s for c in encs) + boundary_s + fixed
     return HomogeneousOption(llm, encs, step, llm.memory_gb + sum(c.memory_gb for c in encs), boundary_s)
-
