@@ -109,29 +109,9 @@ def _classes_to_nodes(
     gain = np.add.reduceat(ph.bytes[o][near], first).astype(np.float64) if first.size else np.zeros(0)
     e_node_a, e_cls_a = uniq // dpn // num_c, (uniq // dpn) % num_c
     e_node, e_cls = e_node_a.tolist(), e_cls_a.tolist()
-    node_left = [dpn] * num_nodes
     cls_left = per_class.tolist()
-    took: list[int] = []  # entries hosted, in the order taken
-    wanted = int(per_class.sum())
-    # most bytes first, ties by (node, class, t): uniq is sorted, so a stable sort on -gain. In blocks:
-    # entries whose node is full or class used up when the block starts are dropped at once (room
-    # only shrinks: the walk would skip them too), the rest walked one by one
-    by_gain = np.argsort(-gain, kind="stable")
-    for lo in range(0, by_gain.size, _DEAL_BLOCK):
-        if len(took) == wanted:
-            break
-        blk = by_gain[lo : lo + _DEAL_BLOCK]
-        alive = (np.array(node_left)[e_node_a[blk]] > 0) & (np.array(cls_left)[e_cls_a[blk]] > 0)
-        for e in blk[alive].tolist():
-            m = e_node[e]
-            if node_left[m]:
-                j = e_cls[e]
-                if cls_left[j]:
-                    node_left[m] -= 1
-                    cls_left[j] -= 1
-                    took.append(e)
-                    if len(took) == wanted:
-                        break
+    # most bytes first, ties by (node, class, t): uniq is sorted, so a stable sort on -gain
+    took = _deal(np.argsort(-gain, kind="stable"), e_node_a, e_cls_a, [dpn] * num_nodes, cls_left)
     hosted = np.full((num_nodes, dpn), -1, dtype=np.int64)
     t_node = np.array([e_node[e] for e in took], dtype=np.int64)
     order_t = np.argsort(t_node, kind="stable")
@@ -161,6 +141,34 @@ def _classes_to_nodes(
     m_idx, slot = np.nonzero(hosted >= 0)
     out[m_idx * dpn + rank_of[m_idx, slot]] = classes[hosted[m_idx, slot]]
     return out
+
+
+def _deal(order: IntArray, e_node: IntArray, e_cls: IntArray, node_left: list[int], cls_left: list[int]) -> list[int]:
+    """Entries taken greedily in `order`, each using one of its node's and one of its class's places
+    (node_left, cls_left: updated in place), until every class place is used.
+
+    In blocks: entries whose node is full or whose class is used up when the block starts are
+    dropped at once (places only shrink: the walk would skip them too), the rest walked one by one.
+    """
+    wanted = sum(cls_left)
+    took: list[int] = []
+    nodes, kinds = e_node.tolist(), e_cls.tolist()
+    for lo in range(0, order.size, _DEAL_BLOCK):
+        if len(took) == wanted:
+            break
+        blk = order[lo : lo + _DEAL_BLOCK]
+        alive = (np.array(node_left)[e_node[blk]] > 0) & (np.array(cls_left)[e_cls[blk]] > 0)
+        for e in blk[alive].tolist():
+            m = nodes[e]
+            if node_left[m]:
+                j = kinds[e]
+                if cls_left[j]:
+                    node_left[m] -= 1
+                    cls_left[j] -= 1
+                    took.append(e)
+                    if len(took) == wanted:
+                        break
+    return took
 
 
 def _redeal(
@@ -194,7 +202,7 @@ def _redeal(
         if int(x.sum()) != go.size:
             return None  # cannot happen when the reservations hold; never risk an invalid answer
         # places in (class, node) order against the samples by class: the i-th with the i-th
-        go = go[np.argsort(cls[go], kind="stable")]
+        go = _by_major(cls, go)
         node_of[go] = np.repeat(np.tile(np.arange(num_nodes), num_c), x.T.reshape(-1))
     # ranks: a rank has places of one class. Of the samples its node keeps, its own of exactly that
     # class stay first (most bytes first): a place of a sample's own class leaves Hall's condition
@@ -291,17 +299,21 @@ def _allocate(room: IntArray, demand: IntArray) -> IntArray:
     demand[j]: samples of class j to place. Falls short (sum(x) < sum(demand)) only if no placement exists.
     """
     num_b, num_c = room.shape
-    # samples of classes <= J taken can never exceed any later room: suffix minimum
-    limit = np.minimum.accumulate(room[:, ::-1], axis=1)[:, ::-1]
-    x = np.zeros_like(room)
+    # samples of classes <= J taken can never exceed any later room: suffix minimum (class-major rows)
+    limit = np.ascontiguousarray(np.minimum.accumulate(room[:, ::-1], axis=1)[:, ::-1].T)
+    xt = np.zeros((num_c, num_b), dtype=room.dtype)
     taken = np.zeros(num_b, dtype=np.int64)
-    for j in range(num_c):
-        avail = np.maximum(limit[:, j] - taken, 0)
-        before = np.cumsum(avail) - avail
-        t = np.clip(demand[j] - before, 0, avail)
-        x[:, j] = t
+    for j in np.flatnonzero(demand > 0).tolist():  # a class nobody asks for takes nothing
+        avail = np.maximum(limit[j] - taken, 0)
+        reach = np.cumsum(avail)
+        # the bins in order, each as much as it has: bins before k give all they have, bin k the rest
+        k = int(np.searchsorted(reach, demand[j]))
+        t = xt[j]
+        t[:k] = avail[:k]
+        if k < num_b:
+            t[k] = demand[j] - (reach[k - 1] if k else 0)
         taken += t
-    return x
+    return np.ascontiguousarray(xt.T)
 
 
 def _by_major(major: IntArray, order: IntArray) -> IntArray:

@@ -26,7 +26,7 @@ from orch.planner.balance.padded import (
     run_count_sorted,
     step_limits,
 )
-from orch.planner.balance.refill import _by_major
+from orch.planner.balance.refill import _allocate, _by_major, _deal, _stay_counts
 from orch.planner.balance.topology import SLACK, segment_first
 
 PADDED = PhaseSpec(linear=1.0, quadratic=1 / 8192, padded=True)
@@ -302,3 +302,101 @@ def test_caption_heavy_vision_reaches_the_cap():
     dest = orch_unpadded(ph)
     assert float(rank_costs(ph, dest).max()) <= lower_bound(ph) * (1 + SLACK) * (1 + 1e-9)
     assert orch_unpadded(ph).tolist() == dest.tolist()
+
+
+# --- refill's class loops ------------------------------------------------------------------
+
+
+def _stay_counts_reference(own, places):
+    """refill._stay_counts before its reservation used one search for the bins that give places."""
+    num_bins, num_classes = own.shape
+    walk = np.cumsum(own - places, axis=1)
+    later = np.maximum.accumulate(walk[:, ::-1], axis=1)[:, ::-1]
+    future = np.zeros_like(walk)
+    future[:, :-1] = np.maximum(later[:, 1:] - walk[:, :-1], 0)
+    own_t, places_t, future_t = own.T.copy(), places.T.copy(), future.T.copy()
+    free = np.zeros(num_bins, dtype=np.int64)
+    kept = np.zeros_like(own_t)
+    unmatched = reserved = 0
+    own_sum = own_t.sum(axis=1).tolist()
+    for j in range(num_classes):
+        free += places_t[j]
+        take = np.minimum(own_t[j], free, out=kept[j])
+        free -= take
+        unmatched += own_sum[j] - int(take.sum())
+        need = unmatched - reserved
+        if need <= 0:
+            continue
+        reserved += need
+        spare = np.maximum(free - future_t[j], 0)
+        reach = np.cumsum(spare)
+        r = np.minimum(spare, np.maximum(need - (reach - spare), 0))
+        free -= r
+        need -= int(r.sum())
+        if need > 0:
+            order = np.argsort(future_t[j] - free, kind="stable")
+            f = free[order]
+            before = np.cumsum(f) - f
+            free[order] -= np.minimum(f, np.maximum(need - before, 0))
+    return np.ascontiguousarray(kept.T)
+
+
+def _allocate_reference(room, demand):
+    """refill._allocate as a plain loop over every class and bin."""
+    num_b, num_c = room.shape
+    limit = np.minimum.accumulate(room[:, ::-1], axis=1)[:, ::-1]
+    x = np.zeros_like(room)
+    taken = np.zeros(num_b, dtype=np.int64)
+    for j in range(num_c):
+        avail = np.maximum(limit[:, j] - taken, 0)
+        before = np.cumsum(avail) - avail
+        t = np.clip(demand[j] - before, 0, avail)
+        x[:, j] = t
+        taken += t
+    return x
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 9), st.integers(0, 2**20))
+def test_stay_counts_and_allocate_are_the_plain_loops(num_bins, num_classes, seed):
+    rng = np.random.default_rng(seed)
+    own = rng.integers(0, 6, (num_bins, num_classes))
+    places = rng.integers(0, 6, (num_bins, num_classes))
+    places[rng.random(places.shape) < 0.3] = 0
+    assert _stay_counts(own, places).tolist() == _stay_counts_reference(own, places).tolist()
+    room = np.cumsum(rng.integers(-2, 5, (num_bins, num_classes)), axis=1)
+    demand = rng.integers(0, 8, num_classes)
+    demand[rng.random(num_classes) < 0.3] = 0
+    assert _allocate(room, demand).tolist() == _allocate_reference(room, demand).tolist()
+
+
+def _deal_reference(order, e_node, e_cls, node_left, cls_left):
+    wanted, took = sum(cls_left), []
+    for e in order.tolist():
+        m = int(e_node[e])
+        if node_left[m]:
+            j = int(e_cls[e])
+            if cls_left[j]:
+                node_left[m] -= 1
+                cls_left[j] -= 1
+                took.append(e)
+                if len(took) == wanted:
+                    break
+    return took
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 3000), st.integers(1, 40), st.integers(1, 12), st.integers(0, 2**20))
+def test_deal_in_blocks_is_the_plain_greedy(num_entries, num_nodes, num_classes, seed):
+    rng = np.random.default_rng(seed)
+    e_node = rng.integers(0, num_nodes, num_entries)
+    e_cls = rng.integers(0, num_classes, num_entries)
+    order = rng.permutation(num_entries)
+    node_left = rng.integers(0, 9, num_nodes).tolist()
+    cls_left = rng.integers(0, 60, num_classes).tolist()
+    got_nodes, got_cls = list(node_left), list(cls_left)
+    want_nodes, want_cls = list(node_left), list(cls_left)
+    assert _deal(order, e_node, e_cls, got_nodes, got_cls) == _deal_reference(
+        order, e_node, e_cls, want_nodes, want_cls
+    )
+    assert (got_nodes, got_cls) == (want_nodes, want_cls)
