@@ -14,7 +14,7 @@ import numpy as np
 
 from orch.planner.balance.cost import IntArray, PhaseArrays, moved_bytes, rank_costs, rank_tokens
 from orch.planner.balance.padded import run_capacity
-from orch.planner.balance.topology import segment_first
+from orch.planner.balance.topology import run_starts, segment_first
 
 REFILL_MIN_CROSS = 0.06  # refill_padded leaves alone runs that cross at most this share of the bytes
 _DEAL_BLOCK = 512  # entries _classes_to_nodes screens at once before walking them
@@ -101,7 +101,7 @@ def _classes_to_nodes(
     onode = ph.origin // dpn
     o = by_node_class
     key = onode[o] * num_c + cls[o]
-    chunk = (np.arange(n) - np.searchsorted(key, key, side="left")) // classes[cls[o]]
+    chunk = (np.arange(n) - run_starts(key)) // classes[cls[o]]
     near = chunk < dpn  # a node hosts at most R ranks of a class
     ekey = key[near] * dpn + chunk[near]  # sorted: key is, and chunk grows inside a key
     first = segment_first(ekey)
@@ -192,7 +192,7 @@ def _redeal(
     # the samples that stay: per (node, class) the most bytes first
     o = by_node_class
     key = onode[o] * num_c + cls[o]
-    seg = np.searchsorted(key, key, side="left")
+    seg = run_starts(key)
     stays = np.zeros(n, dtype=bool)
     stays[o] = (np.arange(n) - seg) < kept.reshape(-1)[key]
     node_of = onode.copy()
@@ -215,7 +215,7 @@ def _redeal(
     left = k_rank.copy()
     for pick in (home & (cls == rcls), home & (cls > rcls)):
         o = _by_major(ph.origin, by_bytes[pick[by_bytes]])  # by rank, most bytes first
-        rseg = np.searchsorted(ph.origin[o], ph.origin[o], side="left")
+        rseg = run_starts(ph.origin[o])
         stay = o[(np.arange(o.size) - rseg) < left[ph.origin[o]]]
         on_rank[stay] = True
         left -= np.bincount(ph.origin[stay], minlength=num_ranks)
@@ -238,7 +238,7 @@ def _redeal(
         place_start = np.searchsorted(rank_node[places], np.arange(num_nodes))
         r_sorted = _by_major(node_of * num_c + cls, rest)
         g = node_of[r_sorted]
-        within = np.arange(r_sorted.size) - np.searchsorted(g, g, side="left")
+        within = np.arange(r_sorted.size) - run_starts(g)
         if (np.bincount(g, minlength=num_nodes) > np.diff(np.append(place_start, places.size))).any():
             return None  # cannot happen when the node-level counts are right; never risk an invalid answer
         out[r_sorted] = places[place_start[g] + within]

@@ -31,6 +31,13 @@ def segment_last(keys: IntArray) -> IntArray:
     return np.flatnonzero(np.concatenate([keys[1:] != keys[:-1], [True]]))
 
 
+def run_starts(keys: IntArray) -> IntArray:
+    """For a sorted key array, where the run of equal keys holding each element starts: what
+    np.searchsorted(keys, keys, side="left") gives, in linear time."""
+    first = segment_first(keys)
+    return np.repeat(first, np.diff(np.append(first, keys.size)))
+
+
 def match_runs_to_ranks(run: IntArray, run_node: IntArray, ph: PhaseArrays) -> IntArray:
     """Rank of every sample, given its run and each run's node (at most R runs per node).
 

@@ -27,7 +27,7 @@ from orch.planner.balance.padded import (
     step_limits,
 )
 from orch.planner.balance.refill import _allocate, _by_major, _deal, _stay_counts
-from orch.planner.balance.topology import SLACK, segment_first
+from orch.planner.balance.topology import SLACK, run_starts, segment_first
 
 PADDED = PhaseSpec(linear=1.0, quadratic=1 / 8192, padded=True)
 QUAD = PhaseSpec(linear=1.0, quadratic=1 / 4096)
@@ -400,3 +400,10 @@ def test_deal_in_blocks_is_the_plain_greedy(num_entries, num_nodes, num_classes,
         order, e_node, e_cls, want_nodes, want_cls
     )
     assert (got_nodes, got_cls) == (want_nodes, want_cls)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 20), max_size=60))
+def test_run_starts_is_the_left_search(keys):
+    k = np.sort(np.array(keys, dtype=np.int64))
+    assert run_starts(k).tolist() == np.searchsorted(k, k, side="left").tolist()
