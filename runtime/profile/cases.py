@@ -9,6 +9,7 @@ reads each number through its case's fields, never by parsing a key back.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
 
 from orch.planner.specs import ModelSpec
@@ -39,10 +40,17 @@ class ProfileConfig:
     lengths: tuple[int, ...] = ()  # override the sequence lengths (tests)
     modules: tuple[str, ...] = ()  # only these modules (tests); default all
 
-    def seq_lengths(self) -> tuple[int, ...]:
+    def seq_lengths(self, module: str, llm: str) -> tuple[int, ...]:
+        """The sequence lengths `module`'s blocks are timed at: a short ladder below, and the lengths the data
+        has (median, 90th percentile and largest of its samples that use the module), so the fit is
+        measured where the run will be and not extrapolated to it."""
         if self.lengths:
             return self.lengths
-        return (16, 64, 192) if self.quick else (8, 16, 32, 64, 128, 192, 256, 384)
+        seen = data_lengths(self.data_json, module, llm)
+        if not seen:
+            return (16, 64, 192) if self.quick else (8, 16, 32, 64, 128, 192, 256, 384)
+        ladder = (16,) if self.quick else (8, 16, 32, 64, 128, 256)
+        return tuple(sorted({x for x in ladder if x < seen[-1]} | set(seen)))
 
     def sizes(self) -> list[int]:
         step = 32 if self.quick else 4
@@ -65,6 +73,24 @@ class ProfileConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return torch_dtype(self.dtype)
+
+
+@lru_cache(maxsize=32)
+def data_lengths(data_json: str, module: str, llm: str) -> tuple[int, ...]:
+    """Median, 90th percentile and largest of `module`'s tokens per sample over the samples that use it
+    (the LLM's capped at seq_len); () when the data never uses the module."""
+    from orch.planner.data import sample_lengths
+    from orch.planner.specs import DataSpec
+
+    data = DataSpec.model_validate_json(data_json)
+    values = sorted(
+        min(n, data.seq_len) if module == llm else n
+        for lengths in sample_lengths(data, 4096, seed=0)
+        if (n := lengths.get(module, 0)) > 0
+    )
+    if not values:
+        return ()
+    return tuple(sorted({values[len(values) // 2], values[int(0.9 * (len(values) - 1))], values[-1]}))
 
 
 def tp_degrees(model: ModelSpec, name: str, world: int, ranks_per_node: int) -> list[int]:
@@ -173,9 +199,10 @@ def build_cases(cfg: ProfileConfig, model: ModelSpec, world: int) -> list[Case]:
     from orch.runtime.data.synthetic import encoder_order  # imports torch: only when the cases are built
 
     names = [n for n in model.modules if not cfg.modules or n in cfg.modules]
-    lengths, ks = cfg.seq_lengths(), MICRO_BATCH_SIZES
+    ks = MICRO_BATCH_SIZES
     cases: list[Case] = []
     for n in names:
+        lengths = cfg.seq_lengths(n, model.llm_name)
         for t in tp_degrees(model, n, world, cfg.ranks_per_node):
             cases += [
                 BlockCase(n, t, k, length, peak=length == max(lengths) and k == max(ks))
@@ -205,5 +232,6 @@ __all__ = [
     "RuntimeCase",
     "StepCase",
     "build_cases",
+    "data_lengths",
     "tp_degrees",
 ]

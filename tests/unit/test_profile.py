@@ -108,10 +108,31 @@ def test_cases_have_distinct_keys_and_one_peak_per_block_group():
         keys += [k for p in runtime.boundaries for k in (p.key, p.bytes_key)]
         assert len(set(keys)) == len(keys)
         peaks = [(c.module, c.tp, c.k, c.length) for c in cases if isinstance(c, BlockCase) and c.peak]
-        assert peaks == [(n, t, 4, 192) for n in model.modules for t in (1, 2)]
+        cfg = _cfg()
+        assert peaks == [(n, t, 4, max(cfg.seq_lengths(n, "llm"))) for n in model.modules for t in (1, 2)]
     assert {c.link for c in one if isinstance(c, CommCase)} == {"intra_node"}  # one node: no inter-node link
     assert {c.link for c in two if isinstance(c, CommCase)} == {"intra_node", "inter_node"}
     assert {c.module for c in build_cases(_cfg(modules=("llm",)), model, 2) if isinstance(c, BlockCase)} == {"llm"}
+
+
+def test_blocks_are_timed_at_the_lengths_the_data_has():
+    """Median, p90 and the largest sample per module (the LLM's capped at seq_len), above a short ladder."""
+    from orch.planner.data import sample_lengths
+    from orch.runtime.profile.cases import data_lengths
+
+    cfg, data = _cfg(), load_data("tiny-mix")
+    for n in ("vision", "audio", "llm"):
+        values = sorted(
+            min(v, data.seq_len) if n == "llm" else v for x in sample_lengths(data, 4096, 0) if (v := x.get(n, 0)) > 0
+        )
+        seen = data_lengths(cfg.data_json, n, "llm")
+        assert seen == tuple(sorted({values[len(values) // 2], values[int(0.9 * (len(values) - 1))], values[-1]}))
+        lengths = cfg.seq_lengths(n, "llm")
+        assert set(seen) <= set(lengths) and max(lengths) == values[-1] and min(lengths) == 16
+    text_only = load_data("tiny-mix").model_copy(update={"tasks": [load_data("tiny-mix").tasks[0]]})
+    cfg = ProfileConfig(load_model("tiny").model_dump_json(), text_only.model_dump_json(), ranks_per_node=2, quick=True)
+    assert cfg.seq_lengths("vision", "llm") == (16, 64, 192)  # the data never uses it: the ladder
+    assert _cfg(lengths=(8, 32)).seq_lengths("llm", "llm") == (8, 32)
 
 
 def test_profile_reads_each_number_through_its_case():
