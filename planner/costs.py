@@ -234,7 +234,9 @@ def _compute_seconds(
     if mod is not None and fit is not None:
         # measured: per-block seconds for this TP shard, tokens split over the other axes
         per_gpu_tokens = w.tokens / (layout.dp * layout.cp)
-        per_gpu_sq = w.tokens_sq / (layout.dp * layout.cp * layout.cp)
+        # attention: a CP rank's 1/cp of the queries meets every key of its sequence, so it does 1/cp of
+        # the Σlen² work (the zigzag shard evens out the causal half), not that of a sequence cp times shorter
+        per_gpu_sq = w.tokens_sq / (layout.dp * layout.cp)
         samples = w.samples * w.stats.present / layout.dp
         calls = max(w.samples / layout.dp / max(micro_batch, 1), 1.0)  # packed micro-batch calls per DP rank
         # the slowest DP rank sets the pace: the balanced batch's residual max/mean (planner/imbalance.py)
