@@ -105,7 +105,8 @@ class Profile(_Model):
     balance_step_s: float = Field(
         default=0.0,
         ge=0,
-        description="the post-balancing orchestrator's per-step work: length announce, dispatch and input routes",
+        description="the post-balancing orchestrator's per-step work on the critical path: the next step's length "
+        "announce and this step's input routes (the dispatch runs on a worker thread during the step before)",
     )
     step_bookkeeping_s: float = Field(
         default=0.0,

@@ -47,10 +47,12 @@ def time_runtime(
 ) -> dict[str, float]:
     """The runtime's per-step work outside the modules, through its own code, by result key:
 
-    - the case's key: the post-balancing orchestrator (runtime/train/orchestrator.py) on a synthetic batch
-      of the DataSpec: announce (length all_gather), dispatch on its worker thread and the wait for it, then
-      the input routes (runtime/train/inputs.py `InputRouter.inputs`: one transport.move per module,
-      encoder features, the LLM's text and label ids);
+    - the case's key: the post-balancing orchestrator (runtime/train/orchestrator.py) on synthetic batches
+      of the DataSpec, what of it the runtime's step waits for: the next step's announce (length
+      all_gather, then the dispatch handed to the worker thread) and this step's input routes
+      (runtime/train/inputs.py `InputRouter.inputs`: one transport.move per module, encoder features,
+      the LLM's text and label ids) while the thread dispatches; the dispatch itself runs during the step
+      before, as `prefetch` overlaps it in the runtime;
     - each boundary point: its encoder's boundary move into the LLM layout by the orchestrator's composed
       table (runtime/parallel/boundary.py `Boundary.route`), forward and backward (transport.routed),
       encoder outputs of the batch's sizes with the rows multiplied by the point's scale; its bytes key:
@@ -85,12 +87,19 @@ def time_runtime(
     samples: dict[str, list[float]] = {}
     nbytes: dict[str, list[float]] = {}
     try:
-        for step in range(max(cfg.reps, RUNTIME_REPS) + 1):  # the first is a warm-up; short cases: more reps
+        reps = max(cfg.reps, RUNTIME_REPS)  # short cases: more reps
+        orch.prefetch(GlobalBatch.build(model, data, cfg.seed, 1_000), rank, world)
+        for step in range(reps + 1):  # the first is a warm-up
             batch = GlobalBatch.build(model, data, cfg.seed, 1_000 + step)
+            # as in runtime/train/step.py: this step's tables were dispatched on the worker thread while the
+            # step before ran (untimed here: the runtime hides that wait behind the step's compute) ...
+            tables = orch.tables(batch, rank, world)
             dist.barrier()
             t = time.perf_counter()
-            orch.prefetch(batch, rank, world)
-            tables = orch.tables(batch, rank, world)
+            # ... and on the critical path: the next step's length announce, then this step's input routes
+            # while the dispatcher works
+            if step < reps:
+                orch.prefetch(GlobalBatch.build(model, data, cfg.seed, 1_000 + step + 1), rank, world)
             for name in [*encoder_order(model), llm]:
                 router.inputs(name, batch, tables, dtype, serves=True)
             took = time.perf_counter() - t
