@@ -134,22 +134,39 @@ def _allowed(inp: SearchInput, module: str, axis: str, value: int) -> bool:
     return pin is None or pin == value
 
 
+@dataclass(frozen=True)
+class Degrees:
+    """The TP, CP and PP degrees a module may take, whatever its GPU count (the pins included)."""
+
+    tp: tuple[int, ...]
+    cp: tuple[int, ...]
+    pp: tuple[int, ...]
+
+
+def degrees(inp: SearchInput, module: str, allow_pp: bool) -> Degrees:
+    m = inp.model.modules[module]
+    tps = [t for t in _powers_of_two(min(inp.cluster.gpus_per_node, m.heads)) if m.splits_over(t)]
+    pps = [p for p in _divisors(m.layers) if p <= MAX_PP] if allow_pp else [1]
+    return Degrees(
+        tuple(t for t in tps if _allowed(inp, module, "tp", t)),
+        tuple(c for c in _powers_of_two(MAX_CP) if _allowed(inp, module, "cp", c)),
+        tuple(p for p in pps if _allowed(inp, module, "pp", p)),
+    )
+
+
 def layouts(inp: SearchInput, module: str, gpus: int, allow_pp: bool) -> Iterator[Layout]:
     """Every layout of `module` on exactly `gpus` GPUs that the divisibility rules admit."""
     m = inp.model.modules[module]
-    gpn = inp.cluster.gpus_per_node
     batch = inp.data.global_batch
     if not _allowed(inp, module, "gpus", gpus):
         return
-    for tp in _powers_of_two(min(gpn, m.heads)):
-        if not m.splits_over(tp) or not _allowed(inp, module, "tp", tp):
-            continue
-        for cp in _powers_of_two(MAX_CP):
-            if tp * cp > gpus or not _allowed(inp, module, "cp", cp):
+    deg = degrees(inp, module, allow_pp)
+    for tp in deg.tp:
+        for cp in deg.cp:
+            if tp * cp > gpus:
                 continue
-            pps = [p for p in _divisors(m.layers) if p <= MAX_PP] if allow_pp else [1]
-            for pp in pps:
-                if gpus % (tp * cp * pp) or not _allowed(inp, module, "pp", pp):
+            for pp in deg.pp:
+                if gpus % (tp * cp * pp):
                     continue
                 dp = gpus // (tp * cp * pp)
                 # Any batch runs on any dp (ranks hold floor or ceil of batch/dp samples before balancing;

@@ -89,6 +89,15 @@ def sample_lengths(data: DataSpec, n: int, seed: int) -> list[Lengths]:
     return [_draw_task_lengths(t, rng) for t in tasks]
 
 
+def module_lengths(data: DataSpec, module: str, llm: str, samples: int, seed: int) -> list[int]:
+    """`module`'s tokens in each of `samples` drawn samples (0 where absent); the LLM's capped at seq_len."""
+    out = []
+    for lengths in sample_lengths(data, samples, seed):
+        v = lengths.get(module, 0)
+        out.append(min(v, data.seq_len) if module == llm else v)
+    return out
+
+
 def token_stats(data: DataSpec, module: str, llm: str, samples: int = 8192, seed: int = 0) -> TokenStats:
     """Moments of `module`'s tokens per sample; the LLM's are capped at seq_len."""
     return _token_stats(data.model_dump_json(), module, llm, samples, seed)
@@ -96,11 +105,7 @@ def token_stats(data: DataSpec, module: str, llm: str, samples: int = 8192, seed
 
 @lru_cache(maxsize=64)
 def _token_stats(data_json: str, module: str, llm: str, samples: int, seed: int) -> TokenStats:
-    data = DataSpec.model_validate_json(data_json)
-    values = []
-    for lengths in sample_lengths(data, samples, seed):
-        v = lengths.get(module, 0)
-        values.append(min(v, data.seq_len) if module == llm else v)
+    values = module_lengths(DataSpec.model_validate_json(data_json), module, llm, samples, seed)
     return TokenStats(
         mean=sum(values) / len(values),
         mean_sq=sum(v * v for v in values) / len(values),

@@ -158,7 +158,7 @@ def evaluate(
         pipeline = graph_pipeline(parts.islands, parts.llm_side, m, r_enc, r_llm)
         for e in encs:
             phases[e.module] = e.time_s
-            phases[f"{e.module}->{llm_name}"] = max(e.send_s, llm.recv_for(e.module))
+            phases[f"{e.module}->{llm_name}"] = boundary_s(e, llm)
         phases[llm_name] = llm.time_s
         # one side alone: fill and drain
         phases["fill"] = pipeline_serial(parts.islands, parts.llm_side, r_enc, r_llm) / m

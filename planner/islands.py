@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import product
 
-from orch.planner.candidates import SearchInput
+from orch.planner.candidates import SearchInput, degrees
 
 Group = tuple[str, ...]
 
@@ -38,9 +38,6 @@ class Islands:
     def offset_of(self, encoder: str) -> int:
         """First global rank of the island that holds `encoder`."""
         return sum(self.sizes[: self._index(encoder)])
-
-    def group_of(self, encoder: str) -> Group:
-        return self.groups[self._index(encoder)]
 
     def describe(self) -> str:
         return " | ".join(f"{'+'.join(g)}:{k}" for g, k in zip(self.groups, self.sizes, strict=True))
@@ -143,17 +140,11 @@ def _dp_grid(limit: int, batch: int) -> list[int]:
 def _layout_grid(inp: SearchInput, module: str) -> set[int]:
     """Island sizes that some layout of `module` fills exactly (tp·cp·pp·dp) with dp on _dp_grid: the
     sizes the module's own divisibility favours (a pipeline of 11 stages wants 11·k GPUs)."""
-    from orch.planner.candidates import MAX_CP, MAX_PP
-
-    m = inp.model.modules[module]
-    gpn, world = inp.cluster.gpus_per_node, inp.world
-    tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= gpn and m.splits_over(t)]
-    cps = [c for c in (1, 2, 4, 8, 16) if c <= MAX_CP]
-    pps = [p for p in range(1, MAX_PP + 1) if m.layers % p == 0] if module == inp.model.llm_name else [1]
+    deg = degrees(inp, module, allow_pp=module == inp.model.llm_name)
     out = set()
-    for tp in tps:
-        for cp in cps:
-            for pp in pps:
+    for tp in deg.tp:
+        for cp in deg.cp:
+            for pp in deg.pp:
                 unit = tp * cp * pp
-                out |= {unit * d for d in _dp_grid(world // unit, inp.data.global_batch)}
+                out |= {unit * d for d in _dp_grid(inp.world // unit, inp.data.global_batch)}
     return out

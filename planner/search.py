@@ -325,14 +325,16 @@ class LayoutModel:
             on = m.new_bool_var(f"ratios[{r_enc:.6g},{r_llm:.6g}]")
             m.add(on == sum(v.llm_gpus[n] for n in ns))
             llm_alone.append(llm_sum(ns, r_llm))
-            m.add(pace >= llm_sum(ns, r_llm)).only_enforce_if(on)
+            m.add(pace >= llm_alone[-1]).only_enforce_if(on)
+            llm_own, llm_waiting = llm_alone[-1], llm_sum(ns, 1 - r_enc)
             for g, a in v.active.items():
+                island = island_sum(g, r_enc)
                 # evaluate.disaggregated_pace: each island against the LLM, both ways
-                m.add(pace >= island_sum(g, r_enc) + llm_sum(ns, 1 - r_enc)).only_enforce_if([on, a])
+                m.add(pace >= island + llm_waiting).only_enforce_if([on, a])
                 if r_llm != 1:
-                    m.add(pace >= llm_sum(ns, r_llm) + island_sum(g, 1 - r_llm)).only_enforce_if([on, a])
+                    m.add(pace >= llm_own + island_sum(g, 1 - r_llm)).only_enforce_if([on, a])
                 # evaluate.pipeline_serial: the slowest island alone
-                m.add(enc_alone >= island_sum(g, r_enc)).only_enforce_if([on, a])
+                m.add(enc_alone >= island).only_enforce_if([on, a])
         fixed = m.new_int_var(0, horizon, "fixed[disagg]")
         for g, a in v.active.items():
             m.add(fixed >= sum(self.t(c.cost.fixed_s) * x for x, c in v.dis_enc_literals(g))).only_enforce_if(a)

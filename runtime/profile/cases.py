@@ -79,15 +79,10 @@ class ProfileConfig:
 def data_lengths(data_json: str, module: str, llm: str) -> tuple[int, ...]:
     """Median, 90th percentile and largest of `module`'s tokens per sample over the samples that use it
     (the LLM's capped at seq_len); () when the data never uses the module."""
-    from orch.planner.data import sample_lengths
+    from orch.planner.data import module_lengths
     from orch.planner.specs import DataSpec
 
-    data = DataSpec.model_validate_json(data_json)
-    values = sorted(
-        min(n, data.seq_len) if module == llm else n
-        for lengths in sample_lengths(data, 4096, seed=0)
-        if (n := lengths.get(module, 0)) > 0
-    )
+    values = sorted(n for n in module_lengths(DataSpec.model_validate_json(data_json), module, llm, 4096, 0) if n)
     if not values:
         return ()
     return tuple(sorted({values[len(values) // 2], values[int(0.9 * (len(values) - 1))], values[-1]}))

@@ -35,7 +35,7 @@ def test_islands_lay_out_ranks_in_order():
     isl = Islands((("vision",), ("audio", "video")), (2, 3))
     assert isl.encoder_gpus == 5
     assert (isl.offset_of("vision"), isl.offset_of("audio"), isl.offset_of("video")) == (0, 2, 2)
-    assert isl.size_of("video") == 3 and isl.group_of("audio") == ("audio", "video")
+    assert isl.size_of("video") == 3 and isl.groups[1] == ("audio", "video")
     assert isl.describe() == "vision:2 | audio+video:3"
 
 
