@@ -10,7 +10,7 @@ PLACEMENTS = ("auto", "homogeneous", "colocated", "disaggregated")
 
 
 def plan(
-    model: str = typer.Option(..., "--model", "-m", help="Model spec file or preset."),
+    model: str = typer.Option(..., "--model", "-m", help="Model spec file, preset, or Hugging Face model directory."),
     cluster: str = typer.Option(..., "--cluster", "-c", help="Cluster spec file or preset."),
     nodes: int | None = typer.Option(None, "--nodes", "-n", help="Override the cluster's node count."),
     data: str | None = typer.Option(None, "--data", "-d", help="Data spec file or preset (default: the model's)."),
@@ -36,6 +36,13 @@ def plan(
     if placement not in PLACEMENTS:
         raise SpecError("--placement", "", f"expected one of {', '.join(PLACEMENTS)}, got '{placement}'")
     model_spec = load_model(model)
+    if any(m.hf is not None for m in model_spec.modules.values()):
+        from rich.markup import escape
+
+        from orch.planner.hf_config import describe
+
+        for line in describe(model_spec):
+            console().print(f"config.json: {escape(line)}")
     cluster_spec = load_cluster(cluster, nodes)
     data_spec, hint = data_for(model_spec, data, "planned on")
     if hint is not None:

@@ -80,6 +80,11 @@ def parse_text(model: type[SpecT], source: str, text: str) -> SpecT:
 
 
 def load_model(ref: str) -> ModelSpec:
+    """A model spec file, a preset, or a Hugging Face model directory (planner/hf_config.py)."""
+    if Path(ref).is_dir():
+        from orch.planner.hf_config import model_spec_from_dir
+
+        return model_spec_from_dir(ref)
     source, text = resolve("model", ref)
     return parse_text(ModelSpec, source, text)
 

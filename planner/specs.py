@@ -43,6 +43,14 @@ class Modality(StrEnum):
         return {Modality.VISION: 3 * 14 * 14, Modality.AUDIO: 128}.get(self)
 
 
+class HFPart(_Spec):
+    """Where a module's weights and classes come from: a Hugging Face model directory and which of its
+    towers the module is (planner/hf_config.py derives the rest of the ModuleSpec from its config.json)."""
+
+    path: str = Field(description="the model directory (config.json, optional *.safetensors)")
+    part: Literal["vision", "audio", "text"] = Field(description="the tower of that model this module is")
+
+
 class ModuleSpec(_Spec):
     """One transformer module: an encoder or the LLM backbone."""
 
@@ -71,6 +79,13 @@ class ModuleSpec(_Spec):
     )
     downsample: int = Field(default=1, gt=0, description="encoder tokens merged into one LLM token by the projector")
     trainable: bool = Field(default=True, description="false freezes the module (no gradients, no optimizer)")
+    image_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="encoder tokens per image of a fixed-size vision tower: lengths are whole images and attention "
+        "stays inside one image (so the module takes no context parallelism)",
+    )
+    hf: HFPart | None = Field(default=None, description="the Hugging Face directory this module is built from")
 
     @model_validator(mode="after")
     def _check_shape(self) -> ModuleSpec:
@@ -101,6 +116,13 @@ class ModuleSpec(_Spec):
         """Whether tensor parallelism of degree tp gives every rank whole heads, whole KV heads and an
         equal slice of the FFN (the runtime shards all three; KV heads are not replicated)."""
         return self.heads % tp == 0 and self.num_kv_heads % tp == 0 and self.ffn % tp == 0
+
+    def whole_images(self, tokens: int) -> int:
+        """`tokens` rounded to whole images of `image_tokens` (at least one image where there are any
+        tokens); unchanged for a module without a fixed image size."""
+        if not self.image_tokens or tokens <= 0:
+            return tokens
+        return max(1, round(tokens / self.image_tokens)) * self.image_tokens
 
     @property
     def mlp_kind(self) -> str:

@@ -75,18 +75,28 @@ def attend(
     causal: bool,
     q_offset: int,
     q_pos: torch.Tensor | None = None,
+    scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Softmax attention of one sample; query i sits at key position q_pos[i] (CP shards), else q_offset + i."""
+    """Softmax attention of one sample; query i sits at key position q_pos[i] (CP shards), else q_offset + i.
+
+    `scale`: the scores' factor (default 1/sqrt(head dim)); `window`: a causal sliding window (Mistral's),
+    a query seeing only the `window` keys ending at its own position.
+    """
     if group > 1:  # GQA: query heads [g*j, g*j+g) share kv head j, also on a TP shard
         k_KHd = k_KHd.repeat_interleave(group, dim=1)
         v_KHd = v_KHd.repeat_interleave(group, dim=1)
-    scores_HQK = torch.einsum("qhd,khd->hqk", q_QHd, k_KHd) / math.sqrt(q_QHd.shape[-1])
+    factor = scale if scale is not None else 1.0 / math.sqrt(q_QHd.shape[-1])
+    scores_HQK = torch.einsum("qhd,khd->hqk", q_QHd, k_KHd) * factor
     if causal:
         dev = q_QHd.device  # positions on the activations' device (CP positions arrive on the CPU)
         qpos = q_pos.to(dev) if q_pos is not None else torch.arange(q_QHd.shape[0], device=dev) + q_offset
         qpos = qpos.unsqueeze(1)
         kpos = torch.arange(k_KHd.shape[0], device=dev).unsqueeze(0)
-        scores_HQK = scores_HQK.masked_fill(kpos > qpos, float("-inf"))
+        hidden = kpos > qpos
+        if window is not None:
+            hidden = hidden | (qpos - kpos >= window)
+        scores_HQK = scores_HQK.masked_fill(hidden, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores_HQK.softmax(-1), v_KHd)
 
 
@@ -314,17 +324,8 @@ class LLM(nn.Module):
     ) -> torch.Tensor:
         """Logits of the text positions (each sample's last text_len tokens; under CP, this rank's), packed."""
         assert self.norm is not None and self.head is not None, "text_logits runs on the last pipeline stage"
-        if cp is not None:
-            return self.head(self.norm(x_TD[cp.text_rows(text_lens)]))
-        dev = x_TD.device
-        text_rows = torch.cat(
-            [
-                torch.arange(s - t, s, device=dev) + off
-                for s, t, off in zip(seqlens, text_lens, _offsets(seqlens), strict=True)
-            ]
-            or [torch.zeros(0, dtype=torch.int64, device=dev)]
-        )
-        return self.head(self.norm(x_TD[text_rows]))
+        rows = cp.text_rows(text_lens) if cp is not None else text_rows(seqlens, text_lens, x_TD.device)
+        return self.head(self.norm(x_TD[rows]))
 
     def forward(
         self, prefixes: list[torch.Tensor], texts: list[torch.Tensor], cp: CPShard | None = None
@@ -341,6 +342,17 @@ def stage_layers(layers: int, stages: int, stage: int) -> range:
     base, extra = divmod(layers, stages)
     start = stage * base + min(stage, extra)
     return range(start, start + base + (1 if stage < extra else 0))
+
+
+def text_rows(seqlens: list[int], text_lens: list[int], device: torch.device) -> torch.Tensor:
+    """Rows of a packed micro-batch that are text positions: each sample's last text_len of its seqlen rows."""
+    return torch.cat(
+        [
+            torch.arange(s - t, s, device=device) + off
+            for s, t, off in zip(seqlens, text_lens, _offsets(seqlens), strict=True)
+        ]
+        or [torch.zeros(0, dtype=torch.int64, device=device)]
+    )
 
 
 def _offsets(seqlens: list[int]) -> list[int]:

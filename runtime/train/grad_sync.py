@@ -49,6 +49,8 @@ def sync_grads(
         experts = ep.get(name)
         buckets: dict[tuple[bool, torch.dtype], list[torch.Tensor]] = {}
         for pname, p in module.named_parameters():
+            if not p.requires_grad:  # frozen: no gradient anywhere, nothing to sum
+                continue
             if p.grad is None:  # no tokens of this modality on this rank
                 p.grad = torch.zeros_like(p)
             local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad

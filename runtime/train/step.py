@@ -30,8 +30,9 @@ from orch.planner.balance.mode import Mode
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
 from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order
-from orch.runtime.models.factory import build_from_factory
-from orch.runtime.models.reference import LLM, build_model
+from orch.runtime.models.build import build_modules
+from orch.runtime.models.hf.module import HFModule
+from orch.runtime.models.reference import LLM
 from orch.runtime.parallel.boundary import Boundary
 from orch.runtime.parallel.context import CPShard, cp_group
 from orch.runtime.parallel.expert import build_expert_parallel, is_expert_param
@@ -98,10 +99,8 @@ class TrainStep:
         build_meshes(self.grids)
         self.served = [n for n in self.model.modules if self.grids[n].coord(rank) is not None]
         self.cp = {n: cp_group(self.grids[n], rank, self.device) for n in self.served}  # None without CP
-        self.modules: dict[str, nn.Module] = (
-            build_from_factory(cfg.model_factory, self.model, cfg.seed, cfg.torch_dtype, self.served)
-            if cfg.model_factory
-            else build_model(self.model, cfg.seed, cfg.torch_dtype, self.served)
+        self.modules: dict[str, nn.Module] = build_modules(
+            self.model, cfg.seed, cfg.torch_dtype, cfg.model_factory, self.served
         )
         llm_grid = self.grids[self.model.llm_name]
         self.stage: PipelineStage | None = None
@@ -121,9 +120,13 @@ class TrainStep:
         ep = {n: mp.layout.ep for n, mp in plan.modules.items()}
         self.ep = build_expert_parallel(self.grids, ep, self.modules, rank)
         for name, module in self.modules.items():
+            tp_mesh = self.grids[name].submesh("tp")
+            if isinstance(module, HFModule):  # on meta until here: sharded, then this rank's share read or drawn
+                module.place(self.device, tp_mesh, cfg.seed, name, cfg.torch_dtype)
+                continue
             module.to(self.device)  # initialised on the CPU from the seed (and pruned to the stage/experts), then moved
-            apply_tp(module, tp_mesh=self.grids[name].submesh("tp"))
-        params = [p for m in self.modules.values() for p in m.parameters()]
+            apply_tp(module, tp_mesh=tp_mesh)
+        params = [p for m in self.modules.values() for p in m.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(params, cfg.optimizer, cfg.lr) if params else None
         edges = {e.src: e for e in plan.edges}
         self.boundaries = {
@@ -246,7 +249,8 @@ class TrainStep:
             assert c is not None
             for pname, p in self.modules[name].named_parameters():
                 value = get(p)
-                assert value is not None
+                if value is None:  # a frozen parameter (or one no sample reached) has no gradient
+                    continue
                 full = value.full_tensor() if hasattr(value, "full_tensor") else value
                 # Under EP the first EP group's ranks (dp < ep) hold the experts between them.
                 writer = c.dp < self.ep[name].ep if name in self.ep and is_expert_param(pname) else c.dp == 0

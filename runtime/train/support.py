@@ -22,6 +22,11 @@ def check_supported(plan: Plan) -> None:
                 f"modules.{name}.layout.tp: {mp.layout.tp} does not split {spec.heads} heads, "
                 f"{spec.num_kv_heads} KV heads and FFN {spec.ffn} evenly"
             )
+        if spec.image_tokens and mp.layout.cp > 1:
+            raise UnsupportedPlan(
+                f"modules.{name}.layout.cp: {mp.layout.cp}: a vision tower of whole images attends within one "
+                "image and takes no context parallelism"
+            )
         layers = spec.layers
         if mp.layout.pp > layers:
             raise UnsupportedPlan(f"modules.{name}.layout.pp: {mp.layout.pp} stages for {layers} layers")

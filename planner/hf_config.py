@@ -1,0 +1,234 @@
+"""A Hugging Face model directory read into a ModelSpec from its config.json alone (no torch, no transformers).
+
+The families the runtime builds with transformers' own classes (runtime/models/hf/):
+  llava        a CLIP or SigLIP vision tower and its projector (module `vision`) feeding a Llama, Qwen2 or
+               Mistral language model (module `llm`);
+  qwen2_audio  a Whisper-style audio encoder (module `audio`: 2 mel frames per encoder token, its average
+               pool merging 2 encoder tokens into one LLM token) feeding a Qwen2 language model;
+  llama, qwen2, mistral  a language model alone (module `llm`).
+A config.json written by hand (or by an older transformers) may leave fields at their class defaults;
+`_DEFAULTS` holds those of transformers 5.24 (tests/unit/test_hf_config.py checks them against it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from orch.planner.errors import SpecError
+from orch.planner.specs import HFPart, Modality, ModelSpec, ModuleKind, ModuleSpec
+
+TEXT_TYPES = ("llama", "qwen2", "mistral")
+VISION_TYPES = ("clip_vision_model", "siglip_vision_model")
+AUDIO_TYPES = ("qwen2_audio_encoder",)
+MULTIMODAL_TYPES = ("llava", "qwen2_audio")
+SUPPORTED_TYPES = (*MULTIMODAL_TYPES, *TEXT_TYPES)
+
+_TEXT = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": dict(
+        vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32
+    ),
+    "qwen2": dict(
+        vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32, num_attention_heads=32
+    ),
+    "mistral": dict(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+    ),
+    "clip_vision_model": dict(
+        hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=224,
+        patch_size=32, num_channels=3,
+    ),
+    "siglip_vision_model": dict(
+        hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=224,
+        patch_size=16, num_channels=3,
+    ),
+    "qwen2_audio_encoder": dict(
+        d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120, num_mel_bins=128
+    ),
+    # The sub-configs a composite config builds when its config.json names none.
+    "llava.vision_config": dict(
+        model_type="clip_vision_model", hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+        num_attention_heads=16, image_size=336, patch_size=14,
+    ),
+    "llava.text_config": dict(model_type="llama"),
+    "llava": dict(vision_feature_layer=-2, vision_feature_select_strategy="default"),
+    "qwen2_audio.audio_config": dict(model_type="qwen2_audio_encoder"),
+    "qwen2_audio.text_config": dict(model_type="qwen2"),
+}  # fmt: skip
+
+
+class HFConfig:
+    """One config dict (a composite's sub-config included) with its family's defaults behind it."""
+
+    def __init__(self, source: str, where: str, raw: dict[str, Any], defaults_key: str | None = None) -> None:
+        self.source, self.where = source, where
+        model_type = raw.get("model_type") or _DEFAULTS.get(defaults_key or "", {}).get("model_type")
+        self.model_type = str(model_type) if model_type is not None else None
+        self.values = {**_DEFAULTS.get(defaults_key or "", {}), **_DEFAULTS.get(self.model_type or "", {}), **raw}
+
+    def field(self, name: str) -> str:
+        return f"{self.where}.{name}" if self.where else name
+
+    def get(self, name: str, default: Any = None) -> Any:
+        value = self.values.get(name, default)
+        return default if value is None else value
+
+    def positive(self, name: str) -> int:
+        value = self.values.get(name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise SpecError(self.source, self.field(name), f"expected a positive integer, got {value!r}")
+        return value
+
+    def sub(self, name: str, family: str) -> HFConfig:
+        raw = self.values.get(name) or {}
+        if not isinstance(raw, dict):
+            raise SpecError(self.source, name, f"expected a mapping, got {type(raw).__name__}")
+        return HFConfig(self.source, name, raw, f"{family}.{name}")
+
+    def expect_type(self, allowed: tuple[str, ...]) -> str:
+        if self.model_type not in allowed:
+            raise SpecError(
+                self.source,
+                self.field("model_type"),
+                f"'{self.model_type}' is not supported; expected one of {', '.join(allowed)}",
+            )
+        return self.model_type
+
+
+def read_config(directory: str | Path) -> tuple[str, dict[str, Any]]:
+    """(the config file's path, its JSON) of a model directory; SpecError naming what is wrong."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise SpecError(str(directory), "", "a model directory needs config.json (a Hugging Face model directory)")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecError(str(path), "", f"not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(str(path), "", f"expected a JSON object, got {type(raw).__name__}")
+    return str(path), raw
+
+
+def text_module(cfg: HFConfig, hf: HFPart) -> ModuleSpec:
+    cfg.expect_type(TEXT_TYPES)
+    heads = cfg.positive("num_attention_heads")
+    hidden = cfg.positive("hidden_size")
+    head_dim = cfg.get("head_dim", hidden // heads)
+    if head_dim * heads != hidden:
+        raise SpecError(
+            cfg.source, cfg.field("head_dim"), f"{head_dim} x {heads} heads is not hidden_size {hidden}: unsupported"
+        )
+    return ModuleSpec(
+        kind=ModuleKind.LLM,
+        layers=cfg.positive("num_hidden_layers"),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=cfg.get("num_key_value_heads", heads),
+        ffn=cfg.positive("intermediate_size"),
+        mlp="swiglu",
+        vocab=cfg.positive("vocab_size"),
+        hf=hf,
+    )
+
+
+def feature_layers(layers: int, feature_layer: Any, source: str) -> int:
+    """Vision layers a LLaVA model runs: hidden_states[k] is the output of k layers (negative k from the end,
+    hidden_states holding layers + 1 entries); a list of k takes the deepest."""
+    picks = feature_layer if isinstance(feature_layer, list) else [feature_layer]
+    need = 0
+    for k in picks:
+        if not isinstance(k, int) or not -(layers + 1) <= k <= layers:
+            raise SpecError(source, "vision_feature_layer", f"expected layer indices within {layers} layers, got {k!r}")
+        need = max(need, k if k >= 0 else layers + 1 + k)
+    if need == 0:
+        raise SpecError(source, "vision_feature_layer", "selects the embeddings only: at least one layer must run")
+    return need
+
+
+def vision_module(cfg: HFConfig, top: HFConfig, hf: HFPart) -> ModuleSpec:
+    kind = cfg.expect_type(VISION_TYPES)
+    image, patch = cfg.positive("image_size"), cfg.positive("patch_size")
+    if image % patch:
+        raise SpecError(cfg.source, cfg.field("patch_size"), f"{patch} does not divide image_size {image}")
+    strategy = top.get("vision_feature_select_strategy")
+    has_cls = kind == "clip_vision_model"
+    # orch moves one LLM token per patch: CLIP's class token must be dropped ("default"), SigLIP has none ("full").
+    wanted = "default" if has_cls else "full"
+    if strategy != wanted:
+        raise SpecError(
+            top.source,
+            "vision_feature_select_strategy",
+            f"'{strategy}' with {kind}: orch supports '{wanted}' (one LLM token per patch)",
+        )
+    return ModuleSpec(
+        kind=ModuleKind.ENCODER,
+        layers=feature_layers(cfg.positive("num_hidden_layers"), top.get("vision_feature_layer"), top.source),
+        hidden=cfg.positive("hidden_size"),
+        heads=cfg.positive("num_attention_heads"),
+        ffn=cfg.positive("intermediate_size"),
+        mlp="gelu",
+        feeds="llm",
+        modality=Modality.VISION,
+        input_dim=cfg.positive("num_channels") * patch * patch,
+        image_tokens=(image // patch) ** 2,
+        hf=hf,
+    )
+
+
+def audio_module(cfg: HFConfig, hf: HFPart) -> ModuleSpec:
+    cfg.expect_type(AUDIO_TYPES)
+    return ModuleSpec(
+        kind=ModuleKind.ENCODER,
+        layers=cfg.positive("encoder_layers"),
+        hidden=cfg.positive("d_model"),
+        heads=cfg.positive("encoder_attention_heads"),
+        ffn=cfg.positive("encoder_ffn_dim"),
+        mlp="gelu",
+        feeds="llm",
+        modality=Modality.AUDIO,
+        input_dim=cfg.positive("num_mel_bins"),
+        downsample=2,  # the encoder's stride-2 average pool before the projector
+        hf=hf,
+    )
+
+
+def model_spec_from_dir(directory: str | Path) -> ModelSpec:
+    """The ModelSpec of a Hugging Face model directory (its modules carry `hf` so the runtime builds them)."""
+    path = str(Path(directory).resolve())
+    source, raw = read_config(directory)
+    top = HFConfig(source, "", raw)
+    family = top.expect_type(SUPPORTED_TYPES)
+    name = Path(path).name
+    if family in TEXT_TYPES:
+        return ModelSpec(name=name, modules={"llm": text_module(top, HFPart(path=path, part="text"))})
+    text = text_module(top.sub("text_config", family), HFPart(path=path, part="text"))
+    if family == "llava":
+        enc = vision_module(top.sub("vision_config", family), top, HFPart(path=path, part="vision"))
+        return ModelSpec(name=name, modules={"vision": enc, "llm": text})
+    enc = audio_module(top.sub("audio_config", family), HFPart(path=path, part="audio"))
+    return ModelSpec(name=name, modules={"audio": enc, "llm": text})
+
+
+def describe(model: ModelSpec) -> list[str]:
+    """One line per module of what was derived from config.json (printed by `orch plan`)."""
+    lines = []
+    for name, m in model.modules.items():
+        what = f"{m.layers} layers, hidden {m.hidden}, {m.heads} heads"
+        if m.num_kv_heads != m.heads:
+            what += f" ({m.num_kv_heads} KV)"
+        what += f", ffn {m.ffn}"
+        if m.vocab:
+            what += f", vocab {m.vocab}"
+        if m.image_tokens:
+            what += f", {m.image_tokens} tokens per image ({m.input_dim} values per patch)"
+        elif m.kind == ModuleKind.ENCODER:
+            what += f", {m.input_dim} features per frame, {m.downsample} tokens per LLM token"
+        lines.append(f"{name}: {what}")
+    return lines

@@ -1,0 +1,109 @@
+"""A Hugging Face decoder (Llama, Qwen2, Mistral) as orch's LLM: `embed_inputs`, `run_blocks`,
+`text_logits` and `keep_stage` over transformers' own embedding, decoder layers, norm and head.
+
+A micro-batch is packed into one row ([1, T, hidden]); positions restart at 0 in every sample (under
+CP: this rank's positions of each sample), the rotary embedding is the model's own, and attention is
+orch's registered varlen attention (runtime/models/hf/attention.py), which the layers reach through
+the config's `_attn_implementation` with the lengths passed as keyword arguments (a family with a
+sliding window, Mistral's or Qwen2's, passes its window itself).
+
+Layers live in a ModuleDict keyed by their index, so parameter names ("layers.3.self_attn.q_proj.weight")
+are those of the HF model's ModuleList, in the full model and in a stage that keeps layers 2-3.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from orch.runtime.models.hf.module import HFModule
+from orch.runtime.models.reference import stage_layers, text_rows
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    from orch.runtime.parallel.context import CPShard
+
+
+class HFCausalLM(HFModule):
+    def __init__(self, decoder: nn.Module, lm_head: nn.Module, config: Any) -> None:
+        super().__init__()
+        self.embed_tokens: nn.Module | None = decoder.embed_tokens
+        self.layers = nn.ModuleDict({str(i): layer for i, layer in enumerate(decoder.layers)})
+        self.norm: nn.Module | None = decoder.norm
+        self.rotary_emb = decoder.rotary_emb
+        self.lm_head: nn.Module | None = lm_head
+        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+
+    def tp_plan(self) -> dict[str, ParallelStyle]:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        plan: dict[str, ParallelStyle] = {}
+        for i in self.layers:
+            at = f"layers.{i}"
+            plan |= {f"{at}.self_attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")}
+            plan[f"{at}.self_attn.o_proj"] = RowwiseParallel()
+            plan |= {f"{at}.mlp.{p}": ColwiseParallel() for p in ("gate_proj", "up_proj")}
+            plan[f"{at}.mlp.down_proj"] = RowwiseParallel()
+        return plan
+
+    def keep_stage(self, stage: int, stages: int) -> None:
+        keep = stage_layers(len(self.layers), stages, stage)
+        for key in [k for k in self.layers if int(k) not in keep]:
+            del self.layers[key]
+        if stage != 0:
+            self.embed_tokens = None
+        if stage != stages - 1:
+            self.norm = self.lm_head = None
+
+    def embed_inputs(
+        self, prefixes: list[torch.Tensor], texts: list[torch.Tensor], cp: CPShard | None = None
+    ) -> tuple[torch.Tensor, list[int]]:
+        embed = self.embed_tokens
+        if embed is None:
+            raise RuntimeError("embed_inputs runs on the first pipeline stage")
+        if cp is not None and prefixes:
+            x_TD, local_lens, _ = cp.llm_input(prefixes, texts, embed)
+            return x_TD, local_lens
+        parts, seqlens = [], []
+        for prefix, text in zip(prefixes, texts, strict=True):
+            parts += [prefix, embed(text)]
+            seqlens.append(prefix.shape[0] + text.shape[0])
+        device = next(embed.parameters()).device
+        return (torch.cat(parts) if parts else embed(torch.zeros(0, dtype=torch.int64, device=device))), seqlens
+
+    def run_blocks(self, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
+        dev = x_TD.device
+        if cp is not None:
+            pos = [cp.mine_on_device(i) for i in range(len(seqlens))]
+        else:
+            pos = [torch.arange(n, device=dev) for n in seqlens]
+        position_ids = (torch.cat(pos) if pos else torch.zeros(0, dtype=torch.int64, device=dev)).unsqueeze(0)
+        hidden = x_TD.unsqueeze(0)
+        rotary = self.rotary_emb(hidden, position_ids=position_ids)
+        for layer in self.layers.values():
+            hidden = layer(
+                hidden,
+                attention_mask=None,
+                position_ids=position_ids,
+                position_embeddings=rotary,
+                orch_seqlens=seqlens,
+                orch_cp=cp,
+            )
+        return hidden.squeeze(0)
+
+    def text_logits(
+        self, x_TD: torch.Tensor, seqlens: list[int], text_lens: list[int], cp: CPShard | None = None
+    ) -> torch.Tensor:
+        if self.norm is None or self.lm_head is None:
+            raise RuntimeError("text_logits runs on the last pipeline stage")
+        rows = cp.text_rows(text_lens) if cp is not None else text_rows(seqlens, text_lens, x_TD.device)
+        return self.lm_head(self.norm(x_TD[rows]))
+
+    def forward(
+        self, prefixes: list[torch.Tensor], texts: list[torch.Tensor], cp: CPShard | None = None
+    ) -> torch.Tensor:
+        x_TD, seqlens = self.embed_inputs(prefixes, texts, cp)
+        return self.text_logits(self.run_blocks(x_TD, seqlens, cp), seqlens, [t.shape[0] for t in texts], cp)

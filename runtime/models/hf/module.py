@@ -1,0 +1,52 @@
+"""What every wrapped Hugging Face module shares: its parameters' names in the transformers model, its
+weights' source, its TP plan, and `place` (shard on meta, then allocate and fill this rank's share)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from orch.runtime.models.hf.meta import materialize
+from orch.runtime.models.hf.weights import Checkpoint, init_parameters, load_parameters
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+
+class HFModule(nn.Module):
+    """Subclasses set their children from a transformers model built on meta and call `bind` after."""
+
+    hf_keys: dict[str, str]  # local parameter name -> its name in the transformers model (and the checkpoint)
+    checkpoint: Checkpoint | None
+    init_std: float
+
+    def bind(self, full: nn.Module, checkpoint: Checkpoint | None, init_std: float) -> None:
+        """Record each parameter's name in `full` (by identity: a tied weight takes its first name)."""
+        names: dict[int, str] = {}
+        for key, p in full.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), key)
+        self.hf_keys = {local: names[id(p)] for local, p in self.named_parameters()}
+        self.checkpoint, self.init_std = checkpoint, init_std
+
+    def tp_plan(self) -> dict[str, ParallelStyle]:
+        raise NotImplementedError
+
+    def place(self, device: torch.device, tp_mesh: DeviceMesh, seed: int, name: str, dtype: torch.dtype) -> None:
+        """Shard over `tp_mesh` (still on meta), allocate this rank's share on `device` in `dtype`, fill it."""
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        self.to(dtype)
+        if tp_mesh.size() > 1:
+            parallelize_module(self, tp_mesh, self.tp_plan())
+        materialize(self, device)
+        if self.checkpoint is not None:
+            load_parameters(self, self.hf_keys, self.checkpoint)
+        else:
+            init_parameters(self, name, seed, self.init_std)
+
+
+def is_hf_module(module: nn.Module) -> bool:
+    return isinstance(module, HFModule)

@@ -1,0 +1,35 @@
+"""Tiny Hugging Face models written to local directories from configs (no hub): the tests' HF models."""
+
+from pathlib import Path
+
+TEXT = {"hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 128}  # fmt: skip
+VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+          "image_size": 28, "patch_size": 7}  # fmt: skip
+IMAGE_TOKEN = 127
+
+
+def make_llava(directory: Path, vision: str = "clip", text: str = "llama", *, seed: int = 0, **text_extra) -> Path:
+    """A LlavaForConditionalGeneration of `vision` (clip, siglip) and `text` (llama, qwen2, mistral), saved
+    with safetensors; returns the directory."""
+    import torch
+    import transformers
+
+    vision_cls = {"clip": transformers.CLIPVisionConfig, "siglip": transformers.SiglipVisionConfig}[vision]
+    text_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                "mistral": transformers.MistralConfig}[text]  # fmt: skip
+    config = transformers.LlavaConfig(
+        vision_config=vision_cls(**VISION),
+        text_config=text_cls(**{**TEXT, **text_extra}),
+        image_token_id=IMAGE_TOKEN,
+        vision_feature_select_strategy="default" if vision == "clip" else "full",
+        tie_word_embeddings=bool(text_extra.get("tie_word_embeddings", False)),
+    )
+    torch.manual_seed(seed)
+    model = transformers.LlavaForConditionalGeneration(config)
+    with torch.no_grad():  # HF's init leaves norms at exactly 1 and biases at 0: perturb them so their gradients count
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(directory)
+    return Path(directory)
