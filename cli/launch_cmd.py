@@ -13,6 +13,7 @@ from orch.planner.balance.mode import Mode
 from orch.runtime.train.config import DEFAULT_BALANCE, DTYPES
 
 EXECUTORS = ("local", "slurm")
+OPTIMIZERS = ("sgd", "adamw")
 BALANCE = tuple(m.value for m in Mode)  # post-balancing modes (runtime/train/orchestrator.py)
 DEVICES = ("auto", "cpu", "cuda")  # runtime/device.py DEVICES (not imported: it imports torch)
 
@@ -23,6 +24,8 @@ def launch(
     nproc: int | None = typer.Option(None, "--nproc", help="Processes to start (default: the plan's world size)."),
     steps: int = typer.Option(3, "--steps", help="Optimizer steps to run."),
     seed: int = typer.Option(0, "--seed", help="Seed of the initialisation and of the data."),
+    lr: float = typer.Option(0.1, "--lr", help="Learning rate (0 trains nothing: weights come back as loaded)."),
+    optimizer: str = typer.Option("sgd", "--optimizer", help=f"One of {', '.join(OPTIMIZERS)}."),
     dtype: str = typer.Option("float32", "--dtype", help=f"One of {', '.join(DTYPES)}."),
     device: str = typer.Option(
         "auto",
@@ -77,6 +80,10 @@ def launch(
         raise SpecError("--balance", "", f"expected one of {', '.join(BALANCE)}, got '{balance}'")
     if device not in DEVICES:
         raise SpecError("--device", "", f"expected one of {', '.join(DEVICES)}, got '{device}'")
+    if optimizer not in OPTIMIZERS:
+        raise SpecError("--optimizer", "", f"expected one of {', '.join(OPTIMIZERS)}, got '{optimizer}'")
+    if lr < 0:
+        raise SpecError("--lr", "", f"expected a learning rate >= 0, got {lr}")
     if steps <= 0:
         raise SpecError("--steps", "", f"expected a positive step count, got {steps}")
     if checkpoint_every < 0:
@@ -105,6 +112,8 @@ def launch(
         steps=steps,
         seed=seed,
         dtype=dtype,
+        lr=lr,
+        optimizer=optimizer,
         trace=trace,
         checkpoint_every=checkpoint_every,
         resume=resume,
@@ -115,6 +124,10 @@ def launch(
         from orch.runtime.models.factory import build_from_factory
 
         build_from_factory(model_factory, plan.model, seed, cfg.torch_dtype)  # fail here, not in every rank
+    if any(m.hf is not None for m in plan.model.modules.values()):
+        from orch.runtime.train.support import check_hf_plan
+
+        check_hf_plan(plan)  # configs, safetensors names and shapes, the layout: here, not in every rank
     if executor == "slurm":
         from orch.cli.jobs_cmd import launch_slurm
         from orch.runtime.launch.sbatch import SlurmOptions

@@ -57,7 +57,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         model_type="clip_vision_model", hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
         num_attention_heads=16, image_size=336, patch_size=14,
     ),
-    "llava.text_config": dict(model_type="llama"),
+    "llava.text_config": dict(model_type="llama"),  # a named sub-config takes its own family's defaults
     "llava": dict(vision_feature_layer=-2, vision_feature_select_strategy="default"),
     "qwen2_audio.audio_config": dict(model_type="qwen2_audio_encoder"),
     "qwen2_audio.text_config": dict(model_type="qwen2"),
@@ -67,11 +67,13 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 class HFConfig:
     """One config dict (a composite's sub-config included) with its family's defaults behind it."""
 
-    def __init__(self, source: str, where: str, raw: dict[str, Any], defaults_key: str | None = None) -> None:
+    def __init__(
+        self, source: str, where: str, raw: dict[str, Any], defaults_key: str | None = None, default_type: Any = None
+    ) -> None:
         self.source, self.where = source, where
-        model_type = raw.get("model_type") or _DEFAULTS.get(defaults_key or "", {}).get("model_type")
+        model_type = raw.get("model_type") or default_type
         self.model_type = str(model_type) if model_type is not None else None
-        self.values = {**_DEFAULTS.get(defaults_key or "", {}), **_DEFAULTS.get(self.model_type or "", {}), **raw}
+        self.values = {**_DEFAULTS.get(self.model_type or "", {}), **_DEFAULTS.get(defaults_key or "", {}), **raw}
 
     def field(self, name: str) -> str:
         return f"{self.where}.{name}" if self.where else name
@@ -90,7 +92,10 @@ class HFConfig:
         raw = self.values.get(name) or {}
         if not isinstance(raw, dict):
             raise SpecError(self.source, name, f"expected a mapping, got {type(raw).__name__}")
-        return HFConfig(self.source, name, raw, f"{family}.{name}")
+        # A composite builds its own default sub-config only when config.json names none; a sub-config
+        # without a model_type is of the composite's default type, with that type's defaults (as transformers does).
+        key = f"{family}.{name}"
+        return HFConfig(self.source, name, raw, None if raw else key, _DEFAULTS.get(key, {}).get("model_type"))
 
     def expect_type(self, allowed: tuple[str, ...]) -> str:
         if self.model_type not in allowed:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orch.planner.io import write_text_atomic
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
 from orch.runtime.launch.failures import clear_failures
@@ -35,6 +36,9 @@ def resume_step(workdir: str | Path, cfg: TrainConfig) -> int:
     from orch.runtime.checkpoint import latest_step
 
     return (latest_step(workdir) if cfg.resume else None) or 0
+
+
+PLAN_FILE = "plan.json"  # the plan a run directory was trained under
 
 
 @dataclass
@@ -61,6 +65,8 @@ class TrainTask:
         out.mkdir(parents=True, exist_ok=True)
         truncate_after(metrics_path(out), resume_step(out, self.cfg))
         clear_failures(out)
+        # What ran, for whoever reads the run later (`orch export` finds the model's sources here).
+        write_text_atomic(out / PLAN_FILE, self.plan.model_dump_json(indent=2) + "\n")
 
     def run(self, ctx: RankContext) -> None:
         Trainer(self.plan, self.data, self.cfg, self.workdir, ctx, self.debug).run()

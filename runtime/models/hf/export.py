@@ -1,0 +1,107 @@
+"""`orch export`: a run's checkpoint gathered back into Hugging Face directories, loadable with `from_pretrained`.
+
+The checkpoint (runtime/checkpoint.py, DCP) holds each module's parameters under orch's names; every
+HF module knows its parameters' names in the transformers model (`HFModule.hf_keys`). Per source
+directory: the full tensors in one process (DCP resharded into plain tensors), renamed, written in the
+layout `save_pretrained` writes (transformers' own `revert_weight_conversion`), cast to the source's
+dtype, beside a copy of the source's other files (config, tokenizer, processor). Written into a
+temporary directory and renamed, so a directory that exists is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from orch.planner.errors import SpecError
+from orch.planner.plan import Plan
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def read_checkpoint(step_dir: Path) -> dict[str, Any]:
+    """The whole DCP checkpoint as nested plain tensors, in this process."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        flat = Path(tmp) / "state.pt"
+        dcp_to_torch_save(str(step_dir), str(flat))
+        return torch.load(flat, weights_only=False)  # type: ignore[no-any-return]
+
+
+def source_dtype(directory: Path) -> Any:
+    """The dtype the source's config.json names (`dtype`, or the older `torch_dtype`), else None."""
+    import torch
+
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    name = config.get("dtype") or config.get("torch_dtype")
+    return getattr(torch, name, None) if isinstance(name, str) else None
+
+
+def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> list[Path]:
+    """Write one HF directory per source of the run's model (one source: `out` itself); returns them."""
+    import torch
+    from safetensors.torch import save_file
+
+    from orch.planner.loading import load_json_file
+    from orch.runtime.checkpoint import checkpoint_root, latest_step, step_name
+    from orch.runtime.models.hf.build import build_full, build_hf_modules
+    from orch.runtime.train.trainer import PLAN_FILE
+
+    run = Path(run_dir)
+    plan = load_json_file(Plan, str(run / PLAN_FILE))
+    chosen = step if step is not None else latest_step(run)
+    if chosen is None:
+        raise SpecError(str(run), "checkpoints", "no complete checkpoint; train with --checkpoint-every N")
+    step_dir = checkpoint_root(run) / step_name(chosen)
+    if not step_dir.is_dir():
+        raise SpecError(str(run), "--step", f"no checkpoint of step {chosen}")
+    sources: dict[str, list[str]] = {}
+    for name, spec in plan.model.modules.items():
+        if spec.hf is None:
+            raise SpecError(str(run / PLAN_FILE), f"model.modules.{name}.hf", "export writes Hugging Face modules only")
+        sources.setdefault(spec.hf.path, []).append(name)
+    state = read_checkpoint(step_dir)
+    modules = build_hf_modules(plan.model)
+    written = []
+    for i, (path, names) in enumerate(sources.items()):
+        src = Path(path)
+        target = Path(out) if len(sources) == 1 else Path(out) / f"{i}-{src.name}"
+        dtype = source_dtype(src)
+        weights: dict[str, torch.Tensor] = {}
+        for name in names:
+            saved = state[name]["model"]
+            for local, key in modules[name].hf_keys.items():
+                tensor = saved[local]
+                weights[key] = (tensor.to(dtype) if dtype is not None else tensor).contiguous()
+        from transformers.core_model_loading import revert_weight_conversion
+
+        on_disk = revert_weight_conversion(build_full(path), weights)
+        write_directory(src, target, {k: v.contiguous() for k, v in on_disk.items()}, save_file)
+        written.append(target)
+    return written
+
+
+def write_directory(src: Path, target: Path, weights: dict[str, Any], save_file: Any) -> None:
+    """target/: model.safetensors and every non-weight file of src, atomically (a temporary sibling, renamed)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        for f in src.iterdir():
+            if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.name not in INDEX_NAMES:
+                shutil.copy2(f, tmp / f.name)
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
