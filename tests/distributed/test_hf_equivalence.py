@@ -88,6 +88,30 @@ def llava(tmp_path_factory):
     return make_llava(tmp_path_factory.mktemp("llava") / "llava-clip-llama", "clip", "llama")
 
 
+# Other families, one launch: SigLIP (no class token) with Qwen2 (q/k/v biases) and tied embeddings, and
+# Mistral with a sliding window shorter than the samples (the window holds under CP too).
+FAMILIES = {
+    "siglip_qwen2_tied": (("siglip", "qwen2"), {"tie_word_embeddings": True}),
+    "clip_mistral_window": (("clip", "mistral"), {"sliding_window": 12}),
+}
+FAMILY_PLANS = {
+    "vision_dp4_llm_tp2_dp2": {"llm": (Layout(tp=2, dp=2), [0, 1, 2, 3]), "vision": (Layout(dp=4), [0, 1, 2, 3])},
+    "llm_cp2_dp2": {"llm": (Layout(cp=2, dp=2), [0, 1, 2, 3]), "vision": (Layout(tp=2, dp=2), [0, 1, 2, 3])},
+}
+
+
+def check(records, name, out, keys, want_loss, want_grads):
+    assert records[name][0].loss == pytest.approx(want_loss, rel=1e-9), name
+    got = {keys[k]: v for k, v in merged(out / name, "grads").items()}
+    assert set(got) == set(want_grads), name
+    # A key bias's gradient is zero in exact arithmetic (softmax ignores a shift shared by all keys): its
+    # reference is rounding noise, so errors are measured against a millionth of the largest gradient too.
+    floor = 1e-6 * max(g.abs().max().item() for g in want_grads.values())
+    for k, ref in want_grads.items():
+        err = (got[k] - ref).abs().max().item()
+        assert err <= 1e-9 * max(ref.abs().max().item(), floor), f"{name}: {k}: max error {err:.3e}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("plans", [PLANS_4, PLANS_5], ids=["ranks4", "ranks5"])
 def test_llava_plans_match_hf(llava, plans, tmp_path):
@@ -95,16 +119,25 @@ def test_llava_plans_match_hf(llava, plans, tmp_path):
     data = data_spec()
     want_loss, want_grads = hf_reference(llava, model, data, SEED)
     keys = orch_keys(model)
-    # A key bias's gradient is zero in exact arithmetic (softmax ignores a shift shared by all keys): its
-    # reference is rounding noise, so errors are measured against a millionth of the largest gradient too.
-    floor = 1e-6 * max(g.abs().max().item() for g in want_grads.values())
     cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
     built = {name: hand_plan(model, data, layout) for name, layout in plans.items()}
     records = train_tasks(built, data, cfg, tmp_path)
     for name in plans:
-        assert records[name][0].loss == pytest.approx(want_loss, rel=1e-9), name
-        got = {keys[k]: v for k, v in merged(tmp_path / name, "grads").items()}
-        assert set(got) == set(want_grads), name
-        for k, ref in want_grads.items():
-            err = (got[k] - ref).abs().max().item()
-            assert err <= 1e-9 * max(ref.abs().max().item(), floor), f"{name}: {k}: max error {err:.3e}"
+        check(records, name, tmp_path, keys, want_loss, want_grads)
+
+
+@pytest.mark.slow
+def test_other_families_match_hf(tmp_path_factory, tmp_path):
+    data = data_spec()
+    built, wants = {}, {}
+    for family, ((vision, text), extra) in FAMILIES.items():
+        directory = make_llava(tmp_path_factory.mktemp(family) / family, vision, text, **extra)
+        model = model_spec_from_dir(directory)
+        wants[family] = (orch_keys(model), *hf_reference(directory, model, data, SEED))
+        for plan_name, layout in FAMILY_PLANS.items():
+            built[f"{family}-{plan_name}"] = hand_plan(model, data, layout)
+    cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
+    records = train_tasks(built, data, cfg, tmp_path)
+    for name in built:
+        keys, want_loss, want_grads = wants[name.split("-")[0]]
+        check(records, name, tmp_path, keys, want_loss, want_grads)

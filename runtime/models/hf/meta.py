@@ -34,14 +34,26 @@ def meta_parameters() -> Iterator[None]:
 
 
 def materialize(module: nn.Module, device: torch.device) -> None:
-    """Give every meta parameter (DTensors included) uninitialised storage on `device`; buffers move there."""
+    """Give every meta parameter (DTensors included) uninitialised storage on `device`, tied ones still
+tied; buffers move there."""
     buffers = {
         (id(owner), bname): buf
         for owner in module.modules()
         for bname, buf in owner._buffers.items()
         if buf is not None
     }
+    # to_empty gives every module its own new tensor, which would untie a weight shared by two modules
+    # (tie_word_embeddings): the sharing is recorded before and restored after.
+    shared: dict[int, list[tuple[nn.Module, str]]] = {}
+    for owner in module.modules():
+        for pname, p in owner._parameters.items():
+            if p is not None:
+                shared.setdefault(id(p), []).append((owner, pname))
     module.to_empty(device=device)
+    for places in shared.values():
+        first_owner, first_name = places[0]
+        for owner, pname in places[1:]:
+            owner._parameters[pname] = first_owner._parameters[first_name]
     for owner in module.modules():
         for bname in list(owner._buffers):
             kept = buffers.get((id(owner), bname))
