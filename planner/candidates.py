@@ -147,7 +147,7 @@ def degrees(inp: SearchInput, module: str, allow_pp: bool) -> Degrees:
     m = inp.model.modules[module]
     tps = [t for t in _powers_of_two(min(inp.cluster.gpus_per_node, m.heads)) if m.splits_over(t)]
     pps = [p for p in _divisors(m.layers) if p <= MAX_PP] if allow_pp else [1]
-    cps = [1] if m.image_tokens else _powers_of_two(MAX_CP)  # a tower of whole images attends within one image
+    cps = [1] if m.windowed else _powers_of_two(MAX_CP)  # images and clips attend within themselves
     return Degrees(
         tuple(t for t in tps if _allowed(inp, module, "tp", t)),
         tuple(c for c in cps if _allowed(inp, module, "cp", c)),
@@ -333,8 +333,8 @@ def homogeneous_options(inp: SearchInput) -> list[HomogeneousOption]:
         stage0 = Layout(tp=layout.tp, cp=layout.cp, pp=1, dp=layout.dp)
         if not all(model.modules[e].splits_over(layout.tp) for e in model.encoder_names):
             continue
-        if layout.cp > 1 and any(model.modules[e].image_tokens for e in model.encoder_names):
-            continue  # the encoders share the LLM's grid, and a tower of whole images takes no CP
+        if layout.cp > 1 and any(model.modules[e].windowed for e in model.encoder_names):
+            continue  # the encoders share the LLM's grid, and a windowed tower takes no CP
         for mb in _micro_batches(inp, layout):
             num_mb = samples_per_dp(inp, layout) // mb
             best: HomogeneousOption | None = None

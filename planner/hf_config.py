@@ -50,7 +50,8 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         patch_size=16, num_channels=3,
     ),
     "qwen2_audio_encoder": dict(
-        d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120, num_mel_bins=128
+        d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120, num_mel_bins=128,
+        max_source_positions=1500,
     ),
     # The sub-configs a composite config builds when its config.json names none.
     "llava.vision_config": dict(
@@ -200,6 +201,7 @@ def audio_module(cfg: HFConfig, hf: HFPart) -> ModuleSpec:
         modality=Modality.AUDIO,
         input_dim=cfg.positive("num_mel_bins"),
         downsample=2,  # the encoder's stride-2 average pool before the projector
+        clip_tokens=cfg.positive("max_source_positions"),
         hf=hf,
     )
 
@@ -234,6 +236,8 @@ def describe(model: ModelSpec) -> list[str]:
         if m.image_tokens:
             what += f", {m.image_tokens} tokens per image ({m.input_dim} values per patch)"
         elif m.kind == ModuleKind.ENCODER:
-            what += f", {m.input_dim} features per frame, {m.downsample} tokens per LLM token"
+            what += f", {m.input_dim} mel bins, {m.downsample} tokens per LLM token"
+            if m.clip_tokens:
+                what += f", clips of {m.clip_tokens} tokens"
         lines.append(f"{name}: {what}")
     return lines

@@ -85,6 +85,12 @@ class ModuleSpec(_Spec):
         description="encoder tokens per image of a fixed-size vision tower: lengths are whole images and attention "
         "stays inside one image (so the module takes no context parallelism)",
     )
+    clip_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="encoder tokens of a full clip of an audio tower that runs fixed windows (Qwen2-Audio: 1500, "
+        "30 s): a sample's audio is cut into clips, each attending within itself (so no context parallelism)",
+    )
     hf: HFPart | None = Field(default=None, description="the Hugging Face directory this module is built from")
 
     @model_validator(mode="after")
@@ -117,12 +123,19 @@ class ModuleSpec(_Spec):
         equal slice of the FFN (the runtime shards all three; KV heads are not replicated)."""
         return self.heads % tp == 0 and self.num_kv_heads % tp == 0 and self.ffn % tp == 0
 
-    def whole_images(self, tokens: int) -> int:
-        """`tokens` rounded to whole images of `image_tokens` (at least one image where there are any
-        tokens); unchanged for a module without a fixed image size."""
-        if not self.image_tokens or tokens <= 0:
+    @property
+    def windowed(self) -> bool:
+        """Attention stays inside fixed windows (whole images, audio clips): no context parallelism."""
+        return bool(self.image_tokens or self.clip_tokens)
+
+    def round_length(self, tokens: int) -> int:
+        """A sample's encoder tokens as the module takes them: whole images of `image_tokens` (at least one
+        where there are any tokens), whole LLM tokens of a clip tower (a multiple of `downsample`, which its
+        pooling needs); unchanged otherwise."""
+        if tokens <= 0:
             return tokens
-        return max(1, round(tokens / self.image_tokens)) * self.image_tokens
+        unit = self.image_tokens or (self.downsample if self.clip_tokens else 1)
+        return max(1, round(tokens / unit)) * unit
 
     @property
     def mlp_kind(self) -> str:

@@ -33,3 +33,27 @@ def make_llava(directory: Path, vision: str = "clip", text: str = "llama", *, se
                 p.add_(0.1 * torch.randn_like(p))
     model.save_pretrained(directory)
     return Path(directory)
+
+
+AUDIO = {"d_model": 32, "encoder_layers": 2, "encoder_attention_heads": 4, "encoder_ffn_dim": 64,
+         "num_mel_bins": 16, "max_source_positions": 20}  # fmt: skip
+
+
+def make_qwen2_audio(directory: Path, *, seed: int = 0) -> Path:
+    """A Qwen2AudioForConditionalGeneration (clips of 20 encoder tokens) with a Qwen2 LLM, saved with safetensors."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen2AudioConfig(
+        audio_config=transformers.Qwen2AudioEncoderConfig(**AUDIO),
+        text_config=transformers.Qwen2Config(**TEXT),
+        audio_token_id=IMAGE_TOKEN,
+    )
+    torch.manual_seed(seed)
+    model = transformers.Qwen2AudioForConditionalGeneration(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(directory)
+    return Path(directory)

@@ -67,7 +67,7 @@ class GlobalBatch:
         encs = encoder_order(model)
         enc_tokens, text_tokens = [], []
         for row in lengths:
-            enc = {e: model.modules[e].whole_images(int(row.get(e, 0))) for e in encs}
+            enc = {e: model.modules[e].round_length(int(row.get(e, 0))) for e in encs}
             projected = sum(projected_len(n, model.modules[e].downsample) for e, n in enc.items())
             llm_len = min(int(row.get(model.llm_name, 0)), data.seq_len)
             enc_tokens.append(enc)

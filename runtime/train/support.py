@@ -22,10 +22,10 @@ def check_supported(plan: Plan) -> None:
                 f"modules.{name}.layout.tp: {mp.layout.tp} does not split {spec.heads} heads, "
                 f"{spec.num_kv_heads} KV heads and FFN {spec.ffn} evenly"
             )
-        if spec.image_tokens and mp.layout.cp > 1:
+        if spec.windowed and mp.layout.cp > 1:
             raise UnsupportedPlan(
-                f"modules.{name}.layout.cp: {mp.layout.cp}: a vision tower of whole images attends within one "
-                "image and takes no context parallelism"
+                f"modules.{name}.layout.cp: {mp.layout.cp}: a tower of fixed windows (whole images, audio clips) "
+                "attends within each and takes no context parallelism"
             )
         layers = spec.layers
         if mp.layout.pp > layers:

@@ -85,24 +85,14 @@ def test_safetensors_shape_mismatch_is_one_line_before_any_rank(cli, llava, data
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_a_planned_family_the_runtime_does_not_build_is_refused_at_launch(cli, tmp_path):
-    model = tmp_path / "qwen2-audio"
-    model.mkdir()
-    config = {"model_type": "qwen2_audio", "audio_config": {"encoder_layers": 2, "d_model": 32,
-              "encoder_attention_heads": 4, "encoder_ffn_dim": 64}, "text_config": {"model_type": "qwen2",
-              "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "vocab_size": 128}}  # fmt: skip
-    (model / "config.json").write_text(json.dumps(config))
-    data = tmp_path / "data.yaml"
-    data.write_text(
-        yaml.safe_dump({**DATA, "tasks": [{"name": "asr", "weight": 1, "tokens": {"audio": 30, "llm": 40}}]})
-    )
-    plan_of(cli, model, data, tmp_path / "plan.yaml")
+def test_tied_embeddings_under_a_pipeline_are_refused_at_launch(cli, data_file, tmp_path):
+    tied = make_llava(tmp_path / "tied", "siglip", "qwen2", tie_word_embeddings=True)
+    plan_of(cli, tied, data_file, tmp_path / "plan.yaml", "--fix", "llm.pp=2", "--placement", "colocated")
     result = cli("launch", str(tmp_path / "plan.yaml"), "--workdir", str(tmp_path / "run"))
     assert result.exit_code == 1
     assert result.output.strip() == (
-        f"error: {model / 'config.json'}: model_type: 'qwen2_audio' is planned but not built by the runtime yet; "
-        "it builds llava, llama, qwen2, mistral"
+        "error: modules.llm.layout.pp: 2: the model ties its embedding and head (tie_word_embeddings), "
+        "which a pipeline would split over two stages"
     )
 
 

@@ -3,7 +3,7 @@
 Per directory: its config through transformers (`AutoConfig`, local files only), the whole
 transformers model built with parameters on meta (runtime/models/hf/meta.py), the LLM's attention
 switched to orch's varlen attention, and each module the spec takes from it wrapped in orch's contract
-(`vision` -> HFVisionEncoder: the tower and the projector; `text` -> HFCausalLM). Nothing is
+(`vision` -> HFVisionEncoder, `audio` -> HFAudioEncoder: the tower and the projector; `text` -> HFCausalLM). Nothing is
 allocated here: `HFModule.place` shards and fills each rank's share once the plan's layout is known.
 """
 
@@ -24,6 +24,7 @@ from orch.runtime.models.hf.weights import Checkpoint
 # model_type -> the transformers class holding every part orch takes from the directory
 MODEL_CLASSES = {
     "llava": "LlavaForConditionalGeneration",
+    "qwen2_audio": "Qwen2AudioForConditionalGeneration",
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -65,6 +66,7 @@ def build_full(directory: str) -> nn.Module:
 
 
 def _wrap(full: nn.Module, part: str) -> HFModule:
+    from orch.runtime.models.hf.audio import HFAudioEncoder
     from orch.runtime.models.hf.llm import HFCausalLM
     from orch.runtime.models.hf.vision import HFVisionEncoder
 
@@ -74,6 +76,10 @@ def _wrap(full: nn.Module, part: str) -> HFModule:
         if not hasattr(base, "vision_tower"):
             raise SpecError(f"{config.name_or_path}/config.json", "vision_config", "the model has no vision tower")
         return HFVisionEncoder(base.vision_tower, base.multi_modal_projector, config)
+    if part == "audio":
+        if not hasattr(base, "audio_tower"):
+            raise SpecError(f"{config.name_or_path}/config.json", "audio_config", "the model has no audio tower")
+        return HFAudioEncoder(base.audio_tower, base.multi_modal_projector, config)
     if part == "text":
         decoder = getattr(base, "language_model", base)
         return HFCausalLM(decoder, full.lm_head, text_config(config))  # type: ignore[attr-defined]

@@ -34,6 +34,9 @@ class HFModule(nn.Module):
     def tp_plan(self) -> dict[str, ParallelStyle]:
         raise NotImplementedError
 
+    def after_tp(self, tp: int) -> None:
+        """Adjust what a family reads from its config but TP changes (a head count used in a reshape)."""
+
     def place(self, device: torch.device, tp_mesh: DeviceMesh, seed: int, name: str, dtype: torch.dtype) -> None:
         """Shard over `tp_mesh` (still on meta), allocate this rank's share on `device` in `dtype`, fill it."""
         from torch.distributed.tensor.parallel import parallelize_module
@@ -41,6 +44,7 @@ class HFModule(nn.Module):
         self.to(dtype)
         if tp_mesh.size() > 1:
             parallelize_module(self, tp_mesh, self.tp_plan())
+            self.after_tp(tp_mesh.size())
         materialize(self, device)
         if self.checkpoint is not None:
             load_parameters(self, self.hf_keys, self.checkpoint)
