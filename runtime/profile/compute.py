@@ -1,7 +1,8 @@
 """`orch profile`'s compute cases on one rank: a module's block, its parts outside the blocks, its step overhead.
 
 What is timed is what the runtime executes (runtime/train/step.py), through its functions: a Block of
-runtime/models/reference.py (a DTensor TP shard over a real TP group when tp > 1) forward and backward
+runtime/models/reference.py, or a Hugging Face module's own layer (runtime/models/hf/parts.py), (a
+DTensor TP shard over a real TP group when tp > 1) forward and backward
 on a packed micro-batch of k samples with per-sample attention; the module with no blocks, fed as
 training feeds it (runtime/train/compute.py `encode`, `text_loss`); and the module's fixed work per
 step, its coalesced gradient all_reduce (runtime/train/grad_sync.py `all_reduce_flat`) and the
@@ -53,8 +54,9 @@ class ModuleCases:
         from orch.runtime.data.synthetic import Sample
         from orch.runtime.train.compute import encode, text_loss
 
-        n, k, length, dev = case.module, case.k, case.length, self.device
+        n, k, dev = case.module, case.k, self.device
         spec, mod = self.model.modules[n], self._rest(n)
+        length = spec.round_length(case.length)  # whole images or clips where the module takes only those
         empty = torch.zeros(0, dtype=torch.int64, device=dev)
         if spec.kind == ModuleKind.LLM:
             texts = [torch.randint(0, spec.vocab or 1, (length,), generator=self.gen).to(dev) for _ in range(k)]
@@ -93,6 +95,12 @@ class ModuleCases:
 
         if (name, tp) not in self._blocks:
             spec = self.model.modules[name]
+            if spec.hf is not None:  # the HF model's own layer (runtime/models/hf/parts.py)
+                from orch.runtime.models.hf.parts import layer_case
+
+                mesh = self.tp_meshes[tp] if tp > 1 else None
+                self._blocks[(name, tp)] = layer_case(self.model, name, self.dtype, self.device, self.cfg.seed, mesh)
+                return self._blocks[(name, tp)]
             blk = Block(spec, causal=spec.kind == ModuleKind.LLM).to(self.dtype)
             init_module(blk, name, self.cfg.seed)
             if tp > 1:
@@ -106,6 +114,11 @@ class ModuleCases:
 
         if name not in self._rests:
             spec = self.model.modules[name]
+            if spec.hf is not None:
+                from orch.runtime.models.hf.parts import bare_module
+
+                self._rests[name] = bare_module(self.model, name, self.dtype, self.device, self.cfg.seed, None)
+                return self._rests[name]
             bare = spec.model_copy(update={"layers": 0})
             if spec.kind == ModuleKind.LLM:
                 mod = LLM(bare)

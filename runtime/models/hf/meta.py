@@ -35,7 +35,7 @@ def meta_parameters() -> Iterator[None]:
 
 def materialize(module: nn.Module, device: torch.device) -> None:
     """Give every meta parameter (DTensors included) uninitialised storage on `device`, tied ones still
-tied; buffers move there."""
+    tied; buffers move there."""
     buffers = {
         (id(owner), bname): buf
         for owner in module.modules()

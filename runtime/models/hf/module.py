@@ -37,12 +37,13 @@ class HFModule(nn.Module):
     def after_tp(self, tp: int) -> None:
         """Adjust what a family reads from its config but TP changes (a head count used in a reshape)."""
 
-    def place(self, device: torch.device, tp_mesh: DeviceMesh, seed: int, name: str, dtype: torch.dtype) -> None:
-        """Shard over `tp_mesh` (still on meta), allocate this rank's share on `device` in `dtype`, fill it."""
+    def place(self, device: torch.device, tp_mesh: DeviceMesh | None, seed: int, name: str, dtype: torch.dtype) -> None:
+        """Shard over `tp_mesh` (still on meta; None: no TP), allocate this rank's share on `device` in `dtype`,
+        fill it."""
         from torch.distributed.tensor.parallel import parallelize_module
 
         self.to(dtype)
-        if tp_mesh.size() > 1:
+        if tp_mesh is not None and tp_mesh.size() > 1:
             parallelize_module(self, tp_mesh, self.tp_plan())
             self.after_tp(tp_mesh.size())
         materialize(self, device)

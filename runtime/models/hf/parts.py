@@ -1,0 +1,85 @@
+"""The pieces `orch profile` times of a Hugging Face module: one of its real layers, and the module without
+its layers, each called as the reference model's Block and bare module are (runtime/profile/compute.py).
+
+A layer runs as it runs in training: the LLM's decoder layer on a packed row with orch's varlen attention
+and the model's rotary positions (HFCausalLM.run_blocks with one layer kept); a vision layer on whole
+images of `image_tokens`; an audio layer on clips padded to `clip_tokens` (as the tower pads them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from orch.planner.specs import ModelSpec, ModuleSpec
+from orch.runtime.models.hf.audio import HFAudioEncoder
+from orch.runtime.models.hf.build import build_hf_modules
+from orch.runtime.models.hf.llm import HFCausalLM
+from orch.runtime.models.hf.module import HFModule
+from orch.runtime.models.hf.vision import HFVisionEncoder
+
+
+def _layers_of(module: HFModule) -> Any:
+    if isinstance(module, HFCausalLM):
+        return module.layers
+    if isinstance(module, HFVisionEncoder):
+        return module.core.encoder.layers
+    if isinstance(module, HFAudioEncoder):
+        return module.audio_tower.layers
+    raise TypeError(type(module).__name__)
+
+
+def _keep_layers(module: HFModule, keep: int) -> None:
+    layers = _layers_of(module)
+    if isinstance(layers, nn.ModuleDict):
+        for key in list(layers)[keep:]:
+            del layers[key]
+    else:
+        del layers[keep:]
+    if isinstance(module, HFVisionEncoder):
+        module.picks = [min(k, keep) for k in module.picks]
+
+
+class LayerCase(nn.Module):
+    """One layer of an HF module, called as `block(x_TD, seqlens)`."""
+
+    def __init__(self, module: HFModule, spec: ModuleSpec) -> None:
+        super().__init__()
+        self.module = module
+        self.window = spec.image_tokens or spec.clip_tokens  # attention windows of an encoder
+
+    def forward(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
+        if isinstance(self.module, HFCausalLM):
+            return self.module.run_blocks(x_TD, seqlens)
+        assert self.window is not None
+        rows = x_TD.shape[0]
+        pad = -rows % self.window
+        windows = F.pad(x_TD, (0, 0, 0, pad)).view(-1, self.window, x_TD.shape[1])
+        out = _layers_of(self.module)[0](windows, None)
+        return out.reshape(-1, x_TD.shape[1])[:rows]
+
+
+def build_part(
+    model: ModelSpec, name: str, layers: int, dtype: torch.dtype, device: torch.device, seed: int, tp_mesh: Any
+) -> HFModule:
+    """Module `name` with only its first `layers` layers, placed (TP-sharded over `tp_mesh`) and drawn from the seed."""
+    module = build_hf_modules(model, [name])[name]
+    module.checkpoint = None  # timing needs no trained weights: drawn from the seed
+    _keep_layers(module, layers)
+    module.place(device, tp_mesh, seed, name, dtype)
+    return module
+
+
+def layer_case(
+    model: ModelSpec, name: str, dtype: torch.dtype, device: torch.device, seed: int, tp_mesh: Any
+) -> nn.Module:
+    return LayerCase(build_part(model, name, 1, dtype, device, seed, tp_mesh), model.modules[name])
+
+
+def bare_module(
+    model: ModelSpec, name: str, dtype: torch.dtype, device: torch.device, seed: int, tp_mesh: Any
+) -> nn.Module:
+    return build_part(model, name, 0, dtype, device, seed, tp_mesh)
