@@ -158,24 +158,38 @@ def feature_layers(layers: int, feature_layer: Any, source: str) -> int:
     return need
 
 
+def select_strategy(vision_type: str) -> str:
+    """orch moves one LLM token per patch: CLIP's class token is dropped ("default"), SigLIP has none ("full")."""
+    return "default" if vision_type == "clip_vision_model" else "full"
+
+
+def default_feature_layer(vision_type: str) -> int:
+    """A bare tower's features when a composed spec names none: LLaVA's penultimate CLIP layer, SigLIP's last."""
+    return -2 if vision_type == "clip_vision_model" else -1
+
+
 def vision_module(cfg: HFConfig, top: HFConfig, hf: HFPart) -> ModuleSpec:
     kind = cfg.expect_type(VISION_TYPES)
-    image, patch = cfg.positive("image_size"), cfg.positive("patch_size")
-    if image % patch:
-        raise SpecError(cfg.source, cfg.field("patch_size"), f"{patch} does not divide image_size {image}")
     strategy = top.get("vision_feature_select_strategy")
-    has_cls = kind == "clip_vision_model"
-    # orch moves one LLM token per patch: CLIP's class token must be dropped ("default"), SigLIP has none ("full").
-    wanted = "default" if has_cls else "full"
+    wanted = select_strategy(kind)
     if strategy != wanted:
         raise SpecError(
             top.source,
             "vision_feature_select_strategy",
             f"'{strategy}' with {kind}: orch supports '{wanted}' (one LLM token per patch)",
         )
+    return tower_module(cfg, top.get("vision_feature_layer"), top.source, hf)
+
+
+def tower_module(cfg: HFConfig, feature_layer: Any, source: str, hf: HFPart) -> ModuleSpec:
+    """A CLIP or SigLIP tower running up to `feature_layer` (LLaVA's vision_feature_layer)."""
+    cfg.expect_type(VISION_TYPES)
+    image, patch = cfg.positive("image_size"), cfg.positive("patch_size")
+    if image % patch:
+        raise SpecError(cfg.source, cfg.field("patch_size"), f"{patch} does not divide image_size {image}")
     return ModuleSpec(
         kind=ModuleKind.ENCODER,
-        layers=feature_layers(cfg.positive("num_hidden_layers"), top.get("vision_feature_layer"), top.source),
+        layers=feature_layers(cfg.positive("num_hidden_layers"), feature_layer, source),
         hidden=cfg.positive("hidden_size"),
         heads=cfg.positive("num_attention_heads"),
         ffn=cfg.positive("intermediate_size"),
@@ -221,6 +235,46 @@ def model_spec_from_dir(directory: str | Path) -> ModelSpec:
         return ModelSpec(name=name, modules={"vision": enc, "llm": text})
     enc = audio_module(top.sub("audio_config", family), HFPart(path=path, part="audio"))
     return ModelSpec(name=name, modules={"audio": enc, "llm": text})
+
+
+# What a composed spec's module takes from its hf source; the spec may not set these itself.
+DERIVED = ("kind", "layers", "hidden", "heads", "kv_heads", "ffn", "mlp", "vocab", "input_dim", "image_tokens",
+           "clip_tokens", "experts", "top_k")  # fmt: skip
+BARE_VISION_TYPES = VISION_TYPES  # directories written by CLIPVisionModel / SiglipVisionModel.save_pretrained
+
+
+def composed_module(name: str, entry: dict[str, Any], base: Path, source: str) -> dict[str, Any]:
+    """A composed spec's module entry naming `hf` (a directory, relative to the spec file, or a mapping with
+    path and feature_layer) with the fields its config.json gives filled in: a bare CLIP or SigLIP tower
+    (its projector built by orch) or a Llama, Qwen2 or Mistral language model."""
+    where = f"modules.{name}"
+    ref = entry["hf"]
+    if isinstance(ref, str):
+        ref = {"path": ref}
+    if not isinstance(ref, dict) or not isinstance(ref.get("path"), str):
+        raise SpecError(source, f"{where}.hf", "expected a model directory, or a mapping with path")
+    for key in DERIVED:
+        if key in entry:
+            raise SpecError(source, f"{where}.{key}", "comes from the hf source's config.json; remove it")
+    path = Path(ref["path"])
+    directory = (path if path.is_absolute() else base / path).resolve()
+    config_path, raw = read_config(directory)
+    top = HFConfig(config_path, "", raw)
+    family = top.expect_type((*BARE_VISION_TYPES, *TEXT_TYPES))
+    rest = {k: v for k, v in entry.items() if k != "hf"}
+    wants_encoder = "feeds" in entry
+    if wants_encoder == (family in TEXT_TYPES):
+        role, need = (
+            ("an encoder", ", ".join(BARE_VISION_TYPES)) if wants_encoder else ("the llm", ", ".join(TEXT_TYPES))
+        )
+        raise SpecError(source, f"{where}.hf", f"{directory} holds a {family} model; {role} needs one of {need}")
+    if family in TEXT_TYPES:
+        spec = text_module(top, HFPart(path=str(directory), part="text"))
+    else:
+        feature = ref.get("feature_layer", default_feature_layer(family))
+        part = HFPart(path=str(directory), part="vision", feature_layer=feature)
+        spec = tower_module(top, feature, f"{source}: {where}.hf.feature_layer", part)
+    return {**spec.model_dump(exclude_none=True), **{k: v for k, v in rest.items() if v is not None}}
 
 
 def describe(model: ModelSpec) -> list[str]:

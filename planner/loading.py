@@ -69,14 +69,17 @@ def parse(model: type[SpecT], source: str, data: Any) -> SpecT:
         raise validation_errors(source, exc, model) from None
 
 
-def parse_text(model: type[SpecT], source: str, text: str) -> SpecT:
+def _yaml(source: str, text: str) -> Any:
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
         raise SpecError(source, where, f"not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    return parse(model, source, data)
+
+
+def parse_text(model: type[SpecT], source: str, text: str) -> SpecT:
+    return parse(model, source, _yaml(source, text))
 
 
 def load_model(ref: str) -> ModelSpec:
@@ -86,7 +89,19 @@ def load_model(ref: str) -> ModelSpec:
 
         return model_spec_from_dir(ref)
     source, text = resolve("model", ref)
-    return parse_text(ModelSpec, source, text)
+    data = _yaml(source, text)
+    modules = data.get("modules") if isinstance(data, dict) else None
+    if isinstance(modules, dict) and any(isinstance(m, dict) and "hf" in m for m in modules.values()):
+        # A composed spec: modules naming a Hugging Face source take their shapes from its config.json.
+        from orch.planner.hf_config import composed_module
+
+        base = Path(ref).parent
+        filled = {
+            name: composed_module(name, m, base, source) if isinstance(m, dict) and "hf" in m else m
+            for name, m in modules.items()
+        }
+        data = {**data, "modules": filled}
+    return parse(ModelSpec, source, data)
 
 
 def load_cluster(ref: str, nodes: int | None = None) -> ClusterSpec:

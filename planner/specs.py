@@ -49,6 +49,11 @@ class HFPart(_Spec):
 
     path: str = Field(description="the model directory (config.json, optional *.safetensors)")
     part: Literal["vision", "audio", "text"] = Field(description="the tower of that model this module is")
+    feature_layer: int | list[int] | None = Field(
+        default=None,
+        description="a bare vision tower's layer(s) whose hidden states feed the projector (LLaVA's "
+        "vision_feature_layer); default -2 for CLIP, -1 for SigLIP",
+    )
 
 
 class ModuleSpec(_Spec):
@@ -78,7 +83,11 @@ class ModuleSpec(_Spec):
         "588 for vision (an RGB 14x14 patch), 128 for audio (mel bins)",
     )
     downsample: int = Field(default=1, gt=0, description="encoder tokens merged into one LLM token by the projector")
-    trainable: bool = Field(default=True, description="false freezes the module (no gradients, no optimizer)")
+    trainable: bool = Field(
+        default=True,
+        description="false freezes the module's weights (no gradients, no optimizer state); an encoder's "
+        "projector still trains (LLaVA's stage 1 trains only the projectors)",
+    )
     image_tokens: int | None = Field(
         default=None,
         gt=0,

@@ -57,3 +57,20 @@ def make_qwen2_audio(directory: Path, *, seed: int = 0) -> Path:
                 p.add_(0.1 * torch.randn_like(p))
     model.save_pretrained(directory)
     return Path(directory)
+
+
+def make_parts(directory: Path, *, seed: int = 0) -> tuple[Path, Path]:
+    """A bare SigLIP tower and a Qwen2 language model in directories of their own (a composed spec's sources)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    tower = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**VISION))
+    llm = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**TEXT))
+    for model, name in ((tower, "siglip"), (llm, "qwen2")):
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.ndim == 1:
+                    p.add_(0.1 * torch.randn_like(p))
+        model.save_pretrained(Path(directory) / name)
+    return Path(directory) / "siglip", Path(directory) / "qwen2"

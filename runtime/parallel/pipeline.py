@@ -174,14 +174,17 @@ class PipelineStage:
     def _backward(
         self, mb: MicroBatch, received: torch.Tensor | None, out: torch.Tensor, carry: Transfer | None, sends: list[Any]
     ) -> Transfer | None:
+        # A frozen LLM's micro-batch of text only leaves nothing to differentiate on the first stage.
         if self.is_last:
             self._exchange(carry, None, sends)
-            out.backward()
+            if out.requires_grad:
+                out.backward()
         else:
             assert self.next is not None
             grad = torch.zeros_like(out)
             self._exchange(carry, (grad, self.next, 2 * mb.index + 1) if out.shape[0] else None, sends)
-            torch.autograd.backward(out, grad)
+            if out.requires_grad:
+                torch.autograd.backward(out, grad)
         if received is not None and received.shape[0]:
             assert received.grad is not None and self.prev is not None
             return (received.grad.contiguous(), self.prev, 2 * mb.index + 1)

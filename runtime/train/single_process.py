@@ -11,8 +11,7 @@ import torch
 
 from orch.planner.specs import DataSpec, ModelSpec
 from orch.runtime.data.synthetic import GlobalBatch, encoder_order
-from orch.runtime.models.factory import build_from_factory
-from orch.runtime.models.reference import build_model
+from orch.runtime.models.build import build_modules
 from orch.runtime.train.compute import build_optimizer, encode, text_loss
 
 
@@ -34,11 +33,8 @@ def run_reference(
     lr: float = 0.1,
     model_factory: str | None = None,
 ) -> ReferenceResult:
-    if model_factory:
-        modules = build_from_factory(model_factory, model, seed, dtype)
-    else:
-        modules = build_model(model, seed, dtype)
-    params = [p for m in modules.values() for p in m.parameters()]
+    modules = build_modules(model, seed, dtype, model_factory)
+    params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     opt = build_optimizer(params, optimizer, lr)
     losses: list[float] = []
     grads: dict[str, torch.Tensor] = {}
@@ -55,7 +51,12 @@ def run_reference(
         opt.zero_grad()
         loss.backward()
         if step == 0:
-            grads = {f"{n}.{pn}": p.grad.detach().clone() for n, m in modules.items() for pn, p in m.named_parameters()}
+            grads = {
+                f"{n}.{pn}": p.grad.detach().clone()
+                for n, m in modules.items()
+                for pn, p in m.named_parameters()
+                if p.grad is not None
+            }
         opt.step()
         losses.append(loss.item())
     final = {f"{n}.{pn}": p.detach().clone() for n, m in modules.items() for pn, p in m.named_parameters()}

@@ -103,3 +103,57 @@ def test_not_a_model_directory(cli, tmp_path, data_file):
         result.output.strip()
         == f"error: {tmp_path}: a model directory needs config.json (a Hugging Face model directory)"
     )
+
+
+def composed_spec(tmp_path, vision="parts/siglip", llm="parts/qwen2"):
+    from hf_models import make_parts
+
+    make_parts(tmp_path / "parts")
+    spec = tmp_path / "composed.yaml"
+    spec.write_text(yaml.safe_dump({"name": "joined", "modules": {
+        "vision": {"hf": vision, "feeds": "llm", "trainable": False}, "llm": {"hf": llm}}}))  # fmt: skip
+    return spec
+
+
+@pytest.mark.slow
+def test_composed_spec_exports_one_directory_per_source_and_the_projectors(cli, data_file, tmp_path):
+    from safetensors.torch import load_file
+
+    spec = composed_spec(tmp_path)
+    plan_of(cli, spec, data_file, tmp_path / "plan.yaml", "--placement", "homogeneous")
+    run = tmp_path / "run"
+    result = cli("launch", str(tmp_path / "plan.yaml"), "--lr", "0", "--steps", "1", "--checkpoint-every", "1",
+                 "--workdir", str(run))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "exported"
+    assert cli("export", str(run), "--out", str(out)).exit_code == 0
+    for module, source in (("vision", "siglip"), ("llm", "qwen2")):
+        before = load_file(tmp_path / "parts" / source / "model.safetensors")
+        after = load_file(out / module / "model.safetensors")
+        assert set(before) == set(after) and all(after[k].equal(v) for k, v in before.items()), module
+    projectors = load_file(out / "projectors.safetensors")
+    assert sorted(projectors) == [
+        f"vision.multi_modal_projector.linear_{i}.{w}" for i in (1, 2) for w in ("bias", "weight")
+    ]
+
+
+def test_composed_module_whose_source_has_the_wrong_tower(cli, data_file, tmp_path):
+    spec = composed_spec(tmp_path, vision="parts/qwen2")
+    result = cli("plan", "--model", str(spec), "--cluster", "local-cpu", "--data", str(data_file))
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        f"error: {spec}: modules.vision.hf: {(tmp_path / 'parts' / 'qwen2').resolve()} holds a qwen2 model; "
+        "an encoder needs one of clip_vision_model, siglip_vision_model"
+    )
+
+
+def test_composed_module_may_not_restate_what_config_json_gives(cli, data_file, tmp_path):
+    spec = composed_spec(tmp_path)
+    text = yaml.safe_load(spec.read_text())
+    text["modules"]["llm"]["layers"] = 3
+    spec.write_text(yaml.safe_dump(text))
+    result = cli("plan", "--model", str(spec), "--cluster", "local-cpu", "--data", str(data_file))
+    assert result.exit_code == 1
+    assert (
+        result.output.strip() == f"error: {spec}: modules.llm.layers: comes from the hf source's config.json; remove it"
+    )

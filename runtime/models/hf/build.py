@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from orch.planner.errors import SpecError
-from orch.planner.specs import ModelSpec
+from orch.planner.specs import ModelSpec, ModuleSpec
 from orch.runtime.models.hf.attention import register
 from orch.runtime.models.hf.meta import meta_parameters
 from orch.runtime.models.hf.module import HFModule
@@ -28,6 +28,9 @@ MODEL_CLASSES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "mistral": "MistralForCausalLM",
+    # bare towers of a composed spec (their projector is orch's)
+    "clip_vision_model": "CLIPVisionModel",
+    "siglip_vision_model": "SiglipVisionModel",
 }
 
 
@@ -56,21 +59,61 @@ def build_full(directory: str) -> nn.Module:
             "model_type",
             f"'{config.model_type}' is planned but not built by the runtime yet; it builds {', '.join(MODEL_CLASSES)}",
         )
-    tc = text_config(config)
-    if getattr(tc, "attention_dropout", 0.0):
-        raise SpecError(str(Path(directory) / "config.json"), "attention_dropout", "orch trains with 0 here")
-    tc._attn_implementation = register()
+    if config.model_type not in ("clip_vision_model", "siglip_vision_model"):  # towers keep their own attention
+        tc = text_config(config)
+        if getattr(tc, "attention_dropout", 0.0):
+            raise SpecError(str(Path(directory) / "config.json"), "attention_dropout", "orch trains with 0 here")
+        tc._attn_implementation = register()
     with meta_parameters():
         full = getattr(transformers, cls_name)(config)
     return full  # type: ignore[no-any-return]
 
 
-def _wrap(full: nn.Module, part: str) -> HFModule:
+class LlavaProjector(nn.Module):
+    """The LLaVA-1.5 projector orch builds for a bare vision tower: Linear, GELU, Linear (LLaVA's names)."""
+
+    def __init__(self, vision_width: int, llm_hidden: int) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(vision_width, llm_hidden)
+        self.act = nn.GELU()
+        self.linear_2 = nn.Linear(llm_hidden, llm_hidden)
+
+    def forward(self, x: Any) -> Any:
+        return self.linear_2(self.act(self.linear_1(x)))
+
+
+def _bare_tower(full: nn.Module, spec: ModuleSpec, llm_hidden: int) -> HFModule:
+    """A composed spec's CLIP or SigLIP tower with a projector of orch's into the LLM's width."""
+    from types import SimpleNamespace
+
+    from orch.planner.hf_config import default_feature_layer, select_strategy
+    from orch.runtime.models.hf.vision import HFVisionEncoder
+
+    vc = full.config  # type: ignore[attr-defined]
+    assert spec.hf is not None
+    feature = spec.hf.feature_layer if spec.hf.feature_layer is not None else default_feature_layer(vc.model_type)
+    config = SimpleNamespace(
+        vision_config=vc,
+        vision_feature_layer=feature,
+        vision_feature_select_strategy=select_strategy(vc.model_type),
+        text_config=SimpleNamespace(hidden_size=llm_hidden),
+    )
+    picks = 1 if isinstance(feature, int) else len(feature)
+    with meta_parameters():
+        projector = LlavaProjector(int(vc.hidden_size) * picks, llm_hidden)
+    return HFVisionEncoder(full, projector, config)
+
+
+def _wrap(full: nn.Module, spec: ModuleSpec, llm_hidden: int) -> HFModule:
     from orch.runtime.models.hf.audio import HFAudioEncoder
     from orch.runtime.models.hf.llm import HFCausalLM
     from orch.runtime.models.hf.vision import HFVisionEncoder
 
+    assert spec.hf is not None
+    part = spec.hf.part
     config = full.config  # type: ignore[attr-defined]
+    if config.model_type in ("clip_vision_model", "siglip_vision_model"):
+        return _bare_tower(full, spec, llm_hidden)
     base = full.model  # type: ignore[attr-defined]
     if part == "vision":
         if not hasattr(base, "vision_tower"):
@@ -98,7 +141,7 @@ def build_hf_modules(model: ModelSpec, names: list[str] | None = None) -> dict[s
             full = build_full(hf.path)
             fulls[hf.path] = (full, Checkpoint.of(hf.path, full))
         full, ckpt = fulls[hf.path]
-        module = _wrap(full, hf.part)
+        module = _wrap(full, model.modules[name], model.llm.hidden)
         std = float(getattr(text_config(full.config), "initializer_range", 0.02))  # type: ignore[attr-defined]
         module.bind(full, ckpt, std)
         if ckpt is not None:

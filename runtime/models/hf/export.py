@@ -5,7 +5,8 @@ HF module knows its parameters' names in the transformers model (`HFModule.hf_ke
 directory: the full tensors in one process (DCP resharded into plain tensors), renamed, written in the
 layout `save_pretrained` writes (transformers' own `revert_weight_conversion`), cast to the source's
 dtype, beside a copy of the source's other files (config, tokenizer, processor). Written into a
-temporary directory and renamed, so a directory that exists is complete.
+temporary directory and renamed, so a directory that exists is complete. The projectors orch builds
+for a composed spec belong to no source: they go to `projectors.safetensors`, keyed module.parameter.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from orch.planner.plan import Plan
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+PROJECTORS = "projectors.safetensors"  # orch's own parameters of a composed spec, "module.parameter" keyed
 
 
 def read_checkpoint(step_dir: Path) -> dict[str, Any]:
@@ -47,7 +49,8 @@ def source_dtype(directory: Path) -> Any:
 
 
 def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) -> list[Path]:
-    """Write one HF directory per source of the run's model (one source: `out` itself); returns them."""
+    """Write one HF directory per source of the run's model (one source: `out` itself; several: out/<modules>),
+    and a composed spec's projectors as out/projectors.safetensors; returns what was written."""
     import torch
     from safetensors.torch import save_file
 
@@ -72,15 +75,26 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     state = read_checkpoint(step_dir)
     modules = build_hf_modules(plan.model)
     written = []
-    for i, (path, names) in enumerate(sources.items()):
+    own = {
+        f"{n}.{local}": state[n]["model"][local].contiguous()
+        for n, m in modules.items()
+        for local in sorted(m.own_names)
+    }
+    if own:  # a composed spec's projectors: orch's modules, not any source's
+        Path(out).mkdir(parents=True, exist_ok=True)
+        tmp = Path(out) / f".{PROJECTORS}.tmp"
+        save_file(own, str(tmp), metadata={"format": "pt"})
+        tmp.rename(Path(out) / PROJECTORS)
+        written.append(Path(out) / PROJECTORS)
+    for path, names in sources.items():
         src = Path(path)
-        target = Path(out) if len(sources) == 1 else Path(out) / f"{i}-{src.name}"
+        target = Path(out) if len(sources) == 1 else Path(out) / "+".join(names)
         dtype = source_dtype(src)
         weights: dict[str, torch.Tensor] = {}
         for name in names:
             saved = state[name]["model"]
             for local, key in modules[name].hf_keys.items():
-                tensor = saved[local]
+                tensor = saved[local]  # a tied weight is saved under its first name, the one hf_keys holds
                 weights[key] = (tensor.to(dtype) if dtype is not None else tensor).contiguous()
         from transformers.core_model_loading import revert_weight_conversion
 

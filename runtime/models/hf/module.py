@@ -28,8 +28,13 @@ class HFModule(nn.Module):
         names: dict[int, str] = {}
         for key, p in full.named_parameters(remove_duplicate=False):
             names.setdefault(id(p), key)
-        self.hf_keys = {local: names[id(p)] for local, p in self.named_parameters()}
+        self.hf_keys = {local: names[id(p)] for local, p in self.named_parameters() if id(p) in names}
         self.checkpoint, self.init_std = checkpoint, init_std
+
+    @property
+    def own_names(self) -> set[str]:
+        """Parameters orch adds to the HF model (a composed spec's projector): drawn from the seed, exported apart."""
+        return {local for local, _ in self.named_parameters() if local not in self.hf_keys}
 
     def tp_plan(self) -> dict[str, ParallelStyle]:
         raise NotImplementedError
@@ -49,6 +54,7 @@ class HFModule(nn.Module):
         materialize(self, device)
         if self.checkpoint is not None:
             load_parameters(self, self.hf_keys, self.checkpoint)
+            init_parameters(self, name, seed, self.init_std, only=self.own_names)
         else:
             init_parameters(self, name, seed, self.init_std)
 

@@ -122,7 +122,7 @@ def load_parameters(module: nn.Module, keys: dict[str, str], ckpt: Checkpoint) -
     from safetensors import safe_open
 
     by_file: dict[Path, list[tuple[str, torch.Tensor]]] = {}
-    params = dict(module.named_parameters())
+    params = {local: p for local, p in module.named_parameters() if local in keys}
     for local, p in params.items():
         located = ckpt.tensors.get(keys[local])
         if located is None:
@@ -137,11 +137,14 @@ def load_parameters(module: nn.Module, keys: dict[str, str], ckpt: Checkpoint) -
 
 
 @torch.no_grad()
-def init_parameters(module: nn.Module, name: str, seed: int, std: float) -> None:
-    """Fill `module`'s parameters (materialised) with their local slices of full tensors drawn from the seed."""
+def init_parameters(module: nn.Module, name: str, seed: int, std: float, only: set[str] | None = None) -> None:
+    """Fill `module`'s parameters (materialised; `only` these names) with their local slices of full tensors
+    drawn from the seed."""
     norms = {id(m) for m in module.modules() if isinstance(m, nn.LayerNorm) or "Norm" in type(m).__name__}
     owner = {id(p): m for m in module.modules() for p in m.parameters(recurse=False)}
     for pname, p in module.named_parameters():
+        if only is not None and pname not in only:
+            continue
         gen = torch.Generator().manual_seed(_stable_seed(seed, name, pname))
         leaf = pname.rsplit(".", 1)[-1]
         if leaf == "bias":

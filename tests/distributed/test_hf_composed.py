@@ -1,0 +1,106 @@
+"""A composed spec: a bare SigLIP tower and a Qwen2 LLM from directories of their own, joined by orch's
+LLaVA projector, held against the HF models in one process; `trainable: false` trains only the projector."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from equivalence import merged
+from hf_models import make_parts
+from launching import train_tasks
+from test_hf_equivalence import SEED, data_spec
+
+from orch.planner.loading import load_model
+from orch.planner.plan import Layout
+from orch.runtime.data.synthetic import GlobalBatch
+from orch.runtime.plans import hand_plan
+from orch.runtime.train.config import TrainConfig
+
+LAYOUT = {"llm": (Layout(tp=2, dp=2), [0, 1, 2, 3]), "vision": (Layout(dp=4), [0, 1, 2, 3])}
+
+
+def spec_file(tmp_path, trainable: bool):
+    path = tmp_path / f"composed-{trainable}.yaml"
+    frozen = {} if trainable else {"trainable": False}
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "siglip-qwen2",
+                "modules": {
+                    "vision": {"hf": "parts/siglip", "feeds": "llm", **frozen},
+                    "llm": {"hf": {"path": "parts/qwen2"}, **frozen},
+                },
+            }
+        )
+    )
+    return path
+
+
+def reference(siglip, qwen2, projector, model, data, trainable):
+    """(loss, gradients keyed module:name) of step 0 by the HF models and the projector's weights."""
+    import transformers
+
+    tower = transformers.SiglipVisionModel.from_pretrained(siglip, dtype=torch.float64)
+    llm = transformers.Qwen2ForCausalLM.from_pretrained(qwen2, dtype=torch.float64)
+    proj = {k: v.clone().requires_grad_() for k, v in projector.items()}
+    for p in [*tower.parameters(), *llm.parameters()]:
+        p.requires_grad_(trainable)
+    vc = tower.config
+    g, p = vc.image_size // vc.patch_size, vc.patch_size
+    batch = GlobalBatch.build(model, data, SEED, 0)
+    total = torch.zeros((), dtype=torch.float64)
+    for i in range(batch.size):
+        s = batch.sample(i, torch.float64)
+        feats = s.feats["vision"]
+        parts = []
+        if feats.shape[0]:
+            n = feats.shape[0] // (g * g)
+            pixels = feats.reshape(n, g, g, 3, p, p).permute(0, 3, 1, 4, 2, 5).reshape(n, 3, g * p, g * p)
+            hidden = tower(pixel_values=pixels, output_hidden_states=True).hidden_states[-1]  # SigLIP: the last layer
+            x = F.linear(hidden, proj["vision.multi_modal_projector.linear_1.weight"],
+                         proj["vision.multi_modal_projector.linear_1.bias"])  # fmt: skip
+            x = F.linear(F.gelu(x), proj["vision.multi_modal_projector.linear_2.weight"],
+                         proj["vision.multi_modal_projector.linear_2.bias"])  # fmt: skip
+            parts.append(x.reshape(-1, x.shape[-1]))
+        parts.append(llm.get_input_embeddings()(s.text))
+        logits = llm(inputs_embeds=torch.cat(parts).unsqueeze(0)).logits[0, feats.shape[0] :]
+        total = total + F.cross_entropy(logits, s.labels, reduction="sum")
+    loss = total / batch.label_tokens
+    loss.backward()
+    grads = {f"vision:{k}": v.grad for k, v in tower.named_parameters() if v.grad is not None}
+    grads |= {f"llm:{k}": v.grad for k, v in llm.named_parameters() if v.grad is not None}
+    grads |= {k: v.grad for k, v in proj.items()}
+    return loss.item(), grads
+
+
+@pytest.mark.slow
+def test_composed_spec_matches_hf_and_stage_one_trains_only_the_projector(tmp_path):
+    from orch.runtime.models.hf.build import build_hf_modules
+
+    siglip, qwen2 = make_parts(tmp_path / "parts")
+    data = data_spec()
+    models = {t: load_model(str(spec_file(tmp_path, t))) for t in (True, False)}
+    built = {f"trainable-{t}": hand_plan(m, data, LAYOUT) for t, m in models.items()}
+    cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
+    out = tmp_path / "runs"
+    records = train_tasks(built, data, cfg, out)
+    keys = {
+        f"{n}.{local}": f"{n}:{key}"
+        for n, m in build_hf_modules(models[True]).items()
+        for local, key in m.hf_keys.items()
+    }
+    for trainable in (True, False):
+        name = f"trainable-{trainable}"
+        params = merged(out / name, "params")  # lr 0: the initial weights, the projector's drawn from the seed
+        projector = {k: v for k, v in params.items() if ".multi_modal_projector." in k}
+        assert len(projector) == 4
+        want_loss, want = reference(siglip, qwen2, projector, models[trainable], data, trainable)
+        assert records[name][0].loss == pytest.approx(want_loss, rel=1e-9), name
+        got = {keys.get(k, k): v for k, v in merged(out / name, "grads").items()}
+        assert set(got) == set(want), (name, sorted(set(got) ^ set(want)))
+        if not trainable:
+            assert set(got) == set(projector)  # stage 1: the projector alone has gradients
+        floor = 1e-6 * max(g.abs().max().item() for g in want.values())
+        for k, ref in want.items():
+            err = (got[k] - ref).abs().max().item()
+            assert err <= 1e-9 * max(ref.abs().max().item(), floor), f"{name}: {k}: max error {err:.3e}"
