@@ -49,6 +49,10 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=224,
         patch_size=16, num_channels=3,
     ),
+    "whisper": dict(
+        d_model=384, encoder_layers=4, encoder_attention_heads=6, encoder_ffn_dim=1536, num_mel_bins=80,
+        max_source_positions=1500,
+    ),
     "qwen2_audio_encoder": dict(
         d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120, num_mel_bins=128,
         max_source_positions=1500,
@@ -202,8 +206,13 @@ def tower_module(cfg: HFConfig, feature_layer: Any, source: str, hf: HFPart) -> 
     )
 
 
-def audio_module(cfg: HFConfig, hf: HFPart) -> ModuleSpec:
-    cfg.expect_type(AUDIO_TYPES)
+def audio_module(cfg: HFConfig, hf: HFPart, downsample: int = 2) -> ModuleSpec:
+    """A Whisper-style encoder: Qwen2-Audio's (its average pool merges 2 tokens) or a bare Whisper encoder
+    (orch's projector merges `downsample`)."""
+    cfg.expect_type((*AUDIO_TYPES, "whisper"))
+    clip = cfg.positive("max_source_positions")
+    if clip % downsample:
+        raise SpecError(cfg.source, "downsample", f"{downsample} does not divide a clip's {clip} encoder tokens")
     return ModuleSpec(
         kind=ModuleKind.ENCODER,
         layers=cfg.positive("encoder_layers"),
@@ -214,8 +223,8 @@ def audio_module(cfg: HFConfig, hf: HFPart) -> ModuleSpec:
         feeds="llm",
         modality=Modality.AUDIO,
         input_dim=cfg.positive("num_mel_bins"),
-        downsample=2,  # the encoder's stride-2 average pool before the projector
-        clip_tokens=cfg.positive("max_source_positions"),
+        downsample=downsample,
+        clip_tokens=clip,
         hf=hf,
     )
 
@@ -241,18 +250,23 @@ def model_spec_from_dir(directory: str | Path) -> ModelSpec:
 DERIVED = ("kind", "layers", "hidden", "heads", "kv_heads", "ffn", "mlp", "vocab", "input_dim", "image_tokens",
            "clip_tokens", "experts", "top_k")  # fmt: skip
 BARE_VISION_TYPES = VISION_TYPES  # directories written by CLIPVisionModel / SiglipVisionModel.save_pretrained
+BARE_ENCODER_TYPES = (*BARE_VISION_TYPES, "whisper")  # whisper: its encoder (part: encoder)
 
 
 def composed_module(name: str, entry: dict[str, Any], base: Path, source: str) -> dict[str, Any]:
     """A composed spec's module entry naming `hf` (a directory, relative to the spec file, or a mapping with
-    path and feature_layer) with the fields its config.json gives filled in: a bare CLIP or SigLIP tower
-    (its projector built by orch) or a Llama, Qwen2 or Mistral language model."""
+    path, part and feature_layer) with the fields its config.json gives filled in: a bare CLIP or SigLIP
+    tower or Whisper's encoder (part: encoder; `downsample` tokens merged by the projector), each with a
+    projector built by orch, or a Llama, Qwen2 or Mistral language model."""
     where = f"modules.{name}"
     ref = entry["hf"]
     if isinstance(ref, str):
         ref = {"path": ref}
     if not isinstance(ref, dict) or not isinstance(ref.get("path"), str):
         raise SpecError(source, f"{where}.hf", "expected a model directory, or a mapping with path")
+    unknown = sorted(set(ref) - {"path", "part", "feature_layer"})
+    if unknown:
+        raise SpecError(source, f"{where}.hf.{unknown[0]}", "unknown field; expected path, part, feature_layer")
     for key in DERIVED:
         if key in entry:
             raise SpecError(source, f"{where}.{key}", "comes from the hf source's config.json; remove it")
@@ -260,16 +274,25 @@ def composed_module(name: str, entry: dict[str, Any], base: Path, source: str) -
     directory = (path if path.is_absolute() else base / path).resolve()
     config_path, raw = read_config(directory)
     top = HFConfig(config_path, "", raw)
-    family = top.expect_type((*BARE_VISION_TYPES, *TEXT_TYPES))
+    family = top.expect_type((*BARE_ENCODER_TYPES, *TEXT_TYPES))
     rest = {k: v for k, v in entry.items() if k != "hf"}
     wants_encoder = "feeds" in entry
     if wants_encoder == (family in TEXT_TYPES):
         role, need = (
-            ("an encoder", ", ".join(BARE_VISION_TYPES)) if wants_encoder else ("the llm", ", ".join(TEXT_TYPES))
+            ("an encoder", ", ".join(BARE_ENCODER_TYPES)) if wants_encoder else ("the llm", ", ".join(TEXT_TYPES))
         )
         raise SpecError(source, f"{where}.hf", f"{directory} holds a {family} model; {role} needs one of {need}")
     if family in TEXT_TYPES:
         spec = text_module(top, HFPart(path=str(directory), part="text"))
+    elif family == "whisper":
+        if ref.get("part") != "encoder":
+            raise SpecError(
+                source, f"{where}.hf.part", "a whisper source is a sequence-to-sequence model: give part: encoder"
+            )
+        downsample = rest.pop("downsample", 1)
+        if not isinstance(downsample, int) or downsample <= 0:
+            raise SpecError(source, f"{where}.downsample", f"expected a positive integer, got {downsample!r}")
+        spec = audio_module(top, HFPart(path=str(directory), part="audio"), downsample)
     else:
         feature = ref.get("feature_layer", default_feature_layer(family))
         part = HFPart(path=str(directory), part="vision", feature_layer=feature)

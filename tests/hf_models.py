@@ -74,3 +74,24 @@ def make_parts(directory: Path, *, seed: int = 0) -> tuple[Path, Path]:
                     p.add_(0.1 * torch.randn_like(p))
         model.save_pretrained(Path(directory) / name)
     return Path(directory) / "siglip", Path(directory) / "qwen2"
+
+
+WHISPER = {"d_model": 32, "encoder_layers": 2, "encoder_attention_heads": 4, "encoder_ffn_dim": 64,
+           "decoder_layers": 1, "decoder_attention_heads": 4, "decoder_ffn_dim": 64, "num_mel_bins": 16,
+           "max_source_positions": 20, "max_target_positions": 16, "vocab_size": 64, "pad_token_id": 0,
+           "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 1}  # fmt: skip
+
+
+def make_whisper(directory: Path, *, seed: int = 0) -> Path:
+    """A WhisperForConditionalGeneration (clips of 20 encoder tokens), saved with safetensors."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**WHISPER))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(directory)
+    return Path(directory)

@@ -104,3 +104,83 @@ def test_composed_spec_matches_hf_and_stage_one_trains_only_the_projector(tmp_pa
         for k, ref in want.items():
             err = (got[k] - ref).abs().max().item()
             assert err <= 1e-9 * max(ref.abs().max().item(), floor), f"{name}: {k}: max error {err:.3e}"
+
+
+WHISPER_PLANS = {
+    "audio_dp4_llm_tp2_dp2": {"llm": (Layout(tp=2, dp=2), [0, 1, 2, 3]), "audio": (Layout(dp=4), [0, 1, 2, 3])},
+    "audio_tp2_dp2_llm_pp2_dp2": {
+        "llm": (Layout(pp=2, dp=2), [0, 1, 2, 3]),
+        "audio": (Layout(tp=2, dp=2), [0, 1, 2, 3]),
+    },
+}
+
+
+def whisper_reference(whisper, qwen2, projector, model, data, ds):
+    """Every clip padded to 30 s through the HF Whisper encoder, `ds` tokens concatenated into the projector."""
+    import transformers
+
+    encoder = transformers.WhisperForConditionalGeneration.from_pretrained(whisper, dtype=torch.float64).model.encoder
+    encoder.embed_positions.requires_grad_(False)  # as WhisperEncoder's __init__ has it (from_pretrained loses it)
+    llm = transformers.Qwen2ForCausalLM.from_pretrained(qwen2, dtype=torch.float64)
+    proj = {k: v.clone().requires_grad_() for k, v in projector.items()}
+    clip = 2 * encoder.config.max_source_positions
+    batch = GlobalBatch.build(model, data, SEED, 0)
+    total = torch.zeros((), dtype=torch.float64)
+    for i in range(batch.size):
+        s = batch.sample(i, torch.float64)
+        parts = []
+        for c in s.feats["audio"].split(clip) if s.feats["audio"].shape[0] else []:
+            hidden = encoder(F.pad(c.t(), (0, clip - c.shape[0])).unsqueeze(0)).last_hidden_state[0]
+            x = hidden.reshape(-1, ds * hidden.shape[-1])[: c.shape[0] // (2 * ds)]
+            x = F.linear(
+                x,
+                proj["audio.multi_modal_projector.linear_1.weight"],
+                proj["audio.multi_modal_projector.linear_1.bias"],
+            )
+            parts.append(F.linear(F.gelu(x), proj["audio.multi_modal_projector.linear_2.weight"],
+                                  proj["audio.multi_modal_projector.linear_2.bias"]))  # fmt: skip
+        prefix = sum(p.shape[0] for p in parts)
+        parts.append(llm.get_input_embeddings()(s.text))
+        logits = llm(inputs_embeds=torch.cat(parts).unsqueeze(0)).logits[0, prefix:]
+        total = total + F.cross_entropy(logits, s.labels, reduction="sum")
+    loss = total / batch.label_tokens
+    loss.backward()
+    grads = {f"audio:model.encoder.{k}": v.grad for k, v in encoder.named_parameters() if v.grad is not None}
+    grads |= {f"llm:{k}": v.grad for k, v in llm.named_parameters() if v.grad is not None}
+    return loss.item(), grads | {k: v.grad for k, v in proj.items()}
+
+
+@pytest.mark.slow
+def test_composed_whisper_encoder_matches_hf(tmp_path):
+    from hf_models import make_whisper
+    from test_hf_equivalence import audio_data_spec
+
+    from orch.runtime.models.hf.build import build_hf_modules
+
+    _, qwen2 = make_parts(tmp_path / "parts")
+    whisper = make_whisper(tmp_path / "parts" / "whisper")
+    spec = tmp_path / "whisper-qwen2.yaml"
+    spec.write_text(yaml.safe_dump({"name": "whisper-qwen2", "modules": {
+        "audio": {"hf": {"path": "parts/whisper", "part": "encoder"}, "feeds": "llm", "downsample": 2},
+        "llm": {"hf": "parts/qwen2"}}}))  # fmt: skip
+    model = load_model(str(spec))
+    assert (model.modules["audio"].downsample, model.modules["audio"].clip_tokens) == (2, 20)
+    data = audio_data_spec()
+    built = {name: hand_plan(model, data, layout) for name, layout in WHISPER_PLANS.items()}
+    cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
+    out = tmp_path / "runs"
+    records = train_tasks(built, data, cfg, out)
+    keys = {
+        f"{n}.{local}": f"{n}:{key}" for n, m in build_hf_modules(model).items() for local, key in m.hf_keys.items()
+    }
+    first = next(iter(WHISPER_PLANS))
+    projector = {k: v for k, v in merged(out / first, "params").items() if ".multi_modal_projector." in k}
+    want_loss, want = whisper_reference(whisper, qwen2, projector, model, data, 2)
+    floor = 1e-6 * max(g.abs().max().item() for g in want.values())
+    for name in WHISPER_PLANS:
+        assert records[name][0].loss == pytest.approx(want_loss, rel=1e-9), name
+        got = {keys.get(k, k): v for k, v in merged(out / name, "grads").items()}
+        assert set(got) == set(want), (name, sorted(set(got) ^ set(want)))
+        for k, ref in want.items():
+            err = (got[k] - ref).abs().max().item()
+            assert err <= 1e-9 * max(ref.abs().max().item(), floor), f"{name}: {k}: max error {err:.3e}"

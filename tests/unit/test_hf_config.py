@@ -141,3 +141,31 @@ def test_directory_without_config(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(SpecError, match="not valid JSON"):
         model_spec_from_dir(tmp_path)
+
+
+def test_composed_whisper_encoder_defaults_and_part(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import yaml
+
+    from orch.planner.loading import load_model
+
+    write(tmp_path, {"model_type": "whisper"}, "short")
+    write(tmp_path, full_dict(transformers.WhisperConfig()), "full")
+    write(tmp_path, {"model_type": "llama"}, "lm")
+    specs = {}
+    for name in ("short", "full"):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({"name": name, "modules": {
+            "audio": {"hf": {"path": name, "part": "encoder"}, "feeds": "llm", "downsample": 4},
+            "llm": {"hf": "lm"}}}))  # fmt: skip
+        specs[name] = load_model(str(path)).modules["audio"].model_copy(update={"hf": None})
+    assert specs["short"] == specs["full"]
+    audio = specs["short"]
+    assert (audio.hidden, audio.layers, audio.input_dim, audio.clip_tokens, audio.downsample) == (384, 4, 80, 1500, 4)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump({"name": "b", "modules": {"audio": {"hf": "short", "feeds": "llm"}, "llm": {"hf": "lm"}}})
+    )
+    with pytest.raises(SpecError, match="give part: encoder") as err:
+        load_model(str(bad))
+    assert err.value.field == "modules.audio.hf.part"

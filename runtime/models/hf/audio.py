@@ -74,3 +74,28 @@ class HFAudioEncoder(HFModule):
         projected = self.multi_modal_projector(hidden)
         keep = ((real - 2) // 2 + 1).tolist()
         return torch.cat([projected[i, :k] for i, k in enumerate(keep)])
+
+
+class HFWhisperEncoder(HFAudioEncoder):
+    """A composed spec's Whisper encoder with a projector of orch's: every clip padded to 30 s and run whole
+    (Whisper's encoder takes no mask: it was trained on padded clips), each clip's own tokens kept, and
+    `downsample` consecutive tokens concatenated into one projector input (runtime/models/hf/build.py)."""
+
+    def __init__(self, encoder: nn.Module, projector: nn.Module, clip_tokens: int, downsample: int, llm_hidden: int):
+        nn.Module.__init__(self)
+        self.audio_tower = encoder
+        self.multi_modal_projector = projector
+        self.clip_frames = 2 * clip_tokens
+        self.downsample = downsample
+        self.output_dim = llm_hidden
+
+    def forward(self, feats_TF: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
+        if cp is not None:
+            raise ValueError("an audio tower of fixed clips takes no context parallelism")
+        clips = self.clips(feats_TF, seqlens)
+        frames = torch.stack([F.pad(c.t(), (0, self.clip_frames - c.shape[0])) for c in clips])
+        hidden = self.audio_tower(frames).last_hidden_state  # [clips, clip_frames / 2, d]
+        ds = self.downsample
+        merged = hidden.reshape(hidden.shape[0], -1, ds * hidden.shape[-1])
+        projected = self.multi_modal_projector(merged)
+        return torch.cat([projected[i, : c.shape[0] // (2 * ds)] for i, c in enumerate(clips)])

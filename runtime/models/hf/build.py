@@ -31,7 +31,11 @@ MODEL_CLASSES = {
     # bare towers of a composed spec (their projector is orch's)
     "clip_vision_model": "CLIPVisionModel",
     "siglip_vision_model": "SiglipVisionModel",
+    "whisper": "WhisperForConditionalGeneration",  # its encoder
 }
+
+
+MULTIMODAL_OR_TEXT = ("llava", "qwen2_audio", "llama", "qwen2", "mistral")
 
 
 def load_config(directory: str) -> Any:
@@ -59,7 +63,7 @@ def build_full(directory: str) -> nn.Module:
             "model_type",
             f"'{config.model_type}' is planned but not built by the runtime yet; it builds {', '.join(MODEL_CLASSES)}",
         )
-    if config.model_type not in ("clip_vision_model", "siglip_vision_model"):  # towers keep their own attention
+    if config.model_type in MULTIMODAL_OR_TEXT:  # the LLM attends with orch's; towers keep their own attention
         tc = text_config(config)
         if getattr(tc, "attention_dropout", 0.0):
             raise SpecError(str(Path(directory) / "config.json"), "attention_dropout", "orch trains with 0 here")
@@ -114,6 +118,13 @@ def _wrap(full: nn.Module, spec: ModuleSpec, llm_hidden: int) -> HFModule:
     config = full.config  # type: ignore[attr-defined]
     if config.model_type in ("clip_vision_model", "siglip_vision_model"):
         return _bare_tower(full, spec, llm_hidden)
+    if config.model_type == "whisper":
+        from orch.runtime.models.hf.audio import HFWhisperEncoder
+
+        assert spec.clip_tokens is not None
+        with meta_parameters():
+            projector = LlavaProjector(int(config.d_model) * spec.downsample, llm_hidden)
+        return HFWhisperEncoder(full.model.encoder, projector, spec.clip_tokens, spec.downsample, llm_hidden)  # type: ignore[attr-defined]
     base = full.model  # type: ignore[attr-defined]
     if part == "vision":
         if not hasattr(base, "vision_tower"):

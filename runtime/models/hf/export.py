@@ -52,11 +52,12 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     """Write one HF directory per source of the run's model (one source: `out` itself; several: out/<modules>),
     and a composed spec's projectors as out/projectors.safetensors; returns what was written."""
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
     from orch.planner.loading import load_json_file
     from orch.runtime.checkpoint import checkpoint_root, latest_step, step_name
     from orch.runtime.models.hf.build import build_full, build_hf_modules
+    from orch.runtime.models.hf.weights import Checkpoint
     from orch.runtime.train.trainer import PLAN_FILE
 
     run = Path(run_dir)
@@ -98,7 +99,16 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
                 weights[key] = (tensor.to(dtype) if dtype is not None else tensor).contiguous()
         from transformers.core_model_loading import revert_weight_conversion
 
-        on_disk = revert_weight_conversion(build_full(path), weights)
+        full = build_full(path)
+        on_disk = revert_weight_conversion(full, weights)
+        # What the run never held (a Whisper source's decoder) comes back from the source as it was.
+        ckpt = Checkpoint.of(src, full)
+        untouched = [loc for name, loc in (ckpt.tensors.items() if ckpt else []) if name not in weights]
+        for file in {loc.file for loc in untouched}:
+            stored = load_file(str(file))
+            for loc in untouched:
+                if loc.file == file:
+                    on_disk.setdefault(loc.key, stored[loc.key])
         write_directory(src, target, {k: v.contiguous() for k, v in on_disk.items()}, save_file)
         written.append(target)
     return written
