@@ -73,39 +73,6 @@ def reference(siglip, qwen2, projector, model, data, trainable):
     return loss.item(), grads
 
 
-@pytest.mark.slow
-def test_composed_spec_matches_hf_and_stage_one_trains_only_the_projector(tmp_path):
-    from orch.runtime.models.hf.build import build_hf_modules
-
-    siglip, qwen2 = make_parts(tmp_path / "parts")
-    data = data_spec()
-    models = {t: load_model(str(spec_file(tmp_path, t))) for t in (True, False)}
-    built = {f"trainable-{t}": hand_plan(m, data, LAYOUT) for t, m in models.items()}
-    cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
-    out = tmp_path / "runs"
-    records = train_tasks(built, data, cfg, out)
-    keys = {
-        f"{n}.{local}": f"{n}:{key}"
-        for n, m in build_hf_modules(models[True]).items()
-        for local, key in m.hf_keys.items()
-    }
-    for trainable in (True, False):
-        name = f"trainable-{trainable}"
-        params = merged(out / name, "params")  # lr 0: the initial weights, the projector's drawn from the seed
-        projector = {k: v for k, v in params.items() if ".multi_modal_projector." in k}
-        assert len(projector) == 4
-        want_loss, want = reference(siglip, qwen2, projector, models[trainable], data, trainable)
-        assert records[name][0].loss == pytest.approx(want_loss, rel=1e-9), name
-        got = {keys.get(k, k): v for k, v in merged(out / name, "grads").items()}
-        assert set(got) == set(want), (name, sorted(set(got) ^ set(want)))
-        if not trainable:
-            assert set(got) == set(projector)  # stage 1: the projector alone has gradients
-        floor = 1e-6 * max(g.abs().max().item() for g in want.values())
-        for k, ref in want.items():
-            err = (got[k] - ref).abs().max().item()
-            assert err <= 1e-9 * max(ref.abs().max().item(), floor), f"{name}: {k}: max error {err:.3e}"
-
-
 WHISPER_PLANS = {
     "audio_dp4_llm_tp2_dp2": {"llm": (Layout(tp=2, dp=2), [0, 1, 2, 3]), "audio": (Layout(dp=4), [0, 1, 2, 3])},
     "audio_tp2_dp2_llm_pp2_dp2": {
@@ -150,37 +117,78 @@ def whisper_reference(whisper, qwen2, projector, model, data, ds):
     return loss.item(), grads | {k: v.grad for k, v in proj.items()}
 
 
-@pytest.mark.slow
-def test_composed_whisper_encoder_matches_hf(tmp_path):
+def whisper_spec(tmp_path):
+    path = tmp_path / "whisper-qwen2.yaml"
+    path.write_text(yaml.safe_dump({"name": "whisper-qwen2", "modules": {
+        "audio": {"hf": {"path": "parts/whisper", "part": "encoder"}, "feeds": "llm", "downsample": 2},
+        "llm": {"hf": "parts/qwen2"}}}))  # fmt: skip
+    return path
+
+
+@pytest.fixture(scope="module")
+def composed(tmp_path_factory):
+    """Both composed models' plans in ONE launch: (records, where they ran, sources, models, orch->HF names)."""
     from hf_models import make_whisper
-    from test_hf_equivalence import audio_data_spec
 
     from orch.runtime.models.hf.build import build_hf_modules
 
-    _, qwen2 = make_parts(tmp_path / "parts")
-    whisper = make_whisper(tmp_path / "parts" / "whisper")
-    spec = tmp_path / "whisper-qwen2.yaml"
-    spec.write_text(yaml.safe_dump({"name": "whisper-qwen2", "modules": {
-        "audio": {"hf": {"path": "parts/whisper", "part": "encoder"}, "feeds": "llm", "downsample": 2},
-        "llm": {"hf": "parts/qwen2"}}}))  # fmt: skip
-    model = load_model(str(spec))
-    assert (model.modules["audio"].downsample, model.modules["audio"].clip_tokens) == (2, 20)
-    data = audio_data_spec()
-    built = {name: hand_plan(model, data, layout) for name, layout in WHISPER_PLANS.items()}
+    root = tmp_path_factory.mktemp("composed")
+    siglip, qwen2 = make_parts(root / "parts")
+    whisper = make_whisper(root / "parts" / "whisper")
+    models = {f"trainable_{t}": load_model(str(spec_file(root, t))) for t in (True, False)}
+    models["whisper"] = load_model(str(whisper_spec(root)))
+    data = data_spec()
+    built = {f"{m}-plan": hand_plan(models[m], data, LAYOUT) for m in ("trainable_True", "trainable_False")}
+    built |= {f"whisper-{n}": hand_plan(models["whisper"], data, layout) for n, layout in WHISPER_PLANS.items()}
     cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
-    out = tmp_path / "runs"
+    out = root / "runs"
     records = train_tasks(built, data, cfg, out)
     keys = {
-        f"{n}.{local}": f"{n}:{key}" for n, m in build_hf_modules(model).items() for local, key in m.hf_keys.items()
+        f"{n}.{local}": f"{n}:{key}"
+        for model in (models["trainable_True"], models["whisper"])
+        for n, m in build_hf_modules(model).items()
+        for local, key in m.hf_keys.items()
     }
-    first = next(iter(WHISPER_PLANS))
-    projector = {k: v for k, v in merged(out / first, "params").items() if ".multi_modal_projector." in k}
-    want_loss, want = whisper_reference(whisper, qwen2, projector, model, data, 2)
+    return records, out, {"siglip": siglip, "qwen2": qwen2, "whisper": whisper}, models, keys
+
+
+def check(records, out, name, keys, want_loss, want):
+    assert records[name][0].loss == pytest.approx(want_loss, rel=1e-9), name
+    got = {keys.get(k, k): v for k, v in merged(out / name, "grads").items()}
+    assert set(got) == set(want), (name, sorted(set(got) ^ set(want)))
     floor = 1e-6 * max(g.abs().max().item() for g in want.values())
+    for k, ref in want.items():
+        err = (got[k] - ref).abs().max().item()
+        assert err <= 1e-9 * max(ref.abs().max().item(), floor), f"{name}: {k}: max error {err:.3e}"
+    return got
+
+
+def initial_projector(out, name):
+    """lr 0: the run's parameters are its initial ones, the projector's drawn from the seed."""
+    params = {k: v for k, v in merged(out / name, "params").items() if ".multi_modal_projector." in k}
+    assert len(params) == 4
+    return params
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainable", [True, False])
+def test_composed_spec_matches_hf_and_stage_one_trains_only_the_projector(composed, trainable):
+    records, out, src, models, keys = composed
+    name = f"trainable_{trainable}-plan"
+    projector = initial_projector(out, name)
+    want_loss, want = reference(src["siglip"], src["qwen2"], projector, models[f"trainable_{trainable}"],
+                                data_spec(), trainable)  # fmt: skip
+    got = check(records, out, name, keys, want_loss, want)
+    if not trainable:
+        assert set(got) == set(projector)  # stage 1: the projector alone has gradients
+
+
+@pytest.mark.slow
+def test_composed_whisper_encoder_matches_hf(composed):
+    records, out, src, models, keys = composed
+    model = models["whisper"]
+    assert (model.modules["audio"].downsample, model.modules["audio"].clip_tokens) == (2, 20)
+    projector = initial_projector(out, f"whisper-{next(iter(WHISPER_PLANS))}")
+    want_loss, want = whisper_reference(src["whisper"], src["qwen2"], projector, model, data_spec(), 2)
     for name in WHISPER_PLANS:
-        assert records[name][0].loss == pytest.approx(want_loss, rel=1e-9), name
-        got = {keys.get(k, k): v for k, v in merged(out / name, "grads").items()}
-        assert set(got) == set(want), (name, sorted(set(got) ^ set(want)))
-        for k, ref in want.items():
-            err = (got[k] - ref).abs().max().item()
-            assert err <= 1e-9 * max(ref.abs().max().item(), floor), f"{name}: {k}: max error {err:.3e}"
+        check(records, out, f"whisper-{name}", keys, want_loss, want)
