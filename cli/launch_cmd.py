@@ -14,6 +14,7 @@ from orch.runtime.train.config import DEFAULT_BALANCE, DTYPES
 
 EXECUTORS = ("local", "slurm")
 OPTIMIZERS = ("sgd", "adamw")
+SCHEDULES = ("constant", "linear", "cosine")  # runtime/train/optim.py SCHEDULES (not imported: it imports torch)
 BALANCE = tuple(m.value for m in Mode)  # post-balancing modes (runtime/train/orchestrator.py)
 DEVICES = ("auto", "cpu", "cuda")  # runtime/device.py DEVICES (not imported: it imports torch)
 
@@ -26,6 +27,11 @@ def launch(
     seed: int = typer.Option(0, "--seed", help="Seed of the initialisation and of the data."),
     lr: float = typer.Option(0.1, "--lr", help="Learning rate (0 trains nothing: weights come back as loaded)."),
     optimizer: str = typer.Option("sgd", "--optimizer", help=f"One of {', '.join(OPTIMIZERS)}."),
+    lr_schedule: str = typer.Option("constant", "--lr-schedule", help=f"After warmup: {', '.join(SCHEDULES)}."),
+    warmup_steps: int = typer.Option(0, "--warmup-steps", help="Steps of linear learning-rate warmup."),
+    min_lr: float = typer.Option(0.0, "--min-lr", help="Where linear and cosine decay end."),
+    clip_norm: float = typer.Option(0.0, "--clip-norm", help="Clip the global gradient norm to this (0: off)."),
+    weight_decay: float = typer.Option(0.1, "--weight-decay", help="AdamW's, on matrices and embeddings."),
     dtype: str = typer.Option("float32", "--dtype", help=f"One of {', '.join(DTYPES)}."),
     device: str = typer.Option(
         "auto",
@@ -84,6 +90,12 @@ def launch(
         raise SpecError("--optimizer", "", f"expected one of {', '.join(OPTIMIZERS)}, got '{optimizer}'")
     if lr < 0:
         raise SpecError("--lr", "", f"expected a learning rate >= 0, got {lr}")
+    if lr_schedule not in SCHEDULES:
+        raise SpecError("--lr-schedule", "", f"expected one of {', '.join(SCHEDULES)}, got '{lr_schedule}'")
+    for flag, value in (("--warmup-steps", warmup_steps), ("--min-lr", min_lr), ("--clip-norm", clip_norm),
+                        ("--weight-decay", weight_decay)):  # fmt: skip
+        if value < 0:
+            raise SpecError(flag, "", f"expected a value >= 0, got {value}")
     if steps <= 0:
         raise SpecError("--steps", "", f"expected a positive step count, got {steps}")
     if checkpoint_every < 0:
@@ -114,6 +126,11 @@ def launch(
         dtype=dtype,
         lr=lr,
         optimizer=optimizer,
+        lr_schedule=lr_schedule,
+        warmup_steps=warmup_steps,
+        min_lr=min_lr,
+        clip_norm=clip_norm,
+        weight_decay=weight_decay,
         trace=trace,
         checkpoint_every=checkpoint_every,
         resume=resume,

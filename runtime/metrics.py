@@ -35,6 +35,8 @@ class StepRecord(BaseModel):
     balance: dict[str, Any] = Field(
         default_factory=dict, description="post-balancing: mode, per-phase costs and bytes, dispatcher seconds"
     )
+    grad_norm: float | None = Field(default=None, ge=0, description="the whole model's gradient norm, before clipping")
+    lr: float | None = Field(default=None, ge=0, description="the step's learning rate (before per-module factors)")
     processed: dict[str, dict[str, dict[str, int]]] | None = Field(
         default=None, description="rank -> module -> sample id -> tokens (tests' token counts; absent otherwise)"
     )

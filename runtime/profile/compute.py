@@ -73,14 +73,13 @@ class ModuleCases:
         import torch
 
         from orch.runtime.models.reference import build_module
-        from orch.runtime.train.compute import build_optimizer
         from orch.runtime.train.grad_sync import all_reduce_flat
 
         full = build_module(case.module, self.model).to(self.dtype).to(self.device)
         params = list(full.parameters())
         for p in params:
             p.grad = torch.zeros_like(p)
-        opt = build_optimizer(params, "sgd", 0.0)
+        opt = torch.optim.SGD(params, lr=0.0, foreach=False)  # foreach=False as the runtime's optimizers
 
         def step() -> None:
             all_reduce_flat([p.grad for p in params], None)

@@ -72,12 +72,3 @@ def _device_of(module: nn.Module) -> torch.device:
 def label_loss(logits: torch.Tensor, labels: torch.Tensor, label_tokens: int) -> torch.Tensor:
     """Summed cross-entropy of packed text logits over the global batch's label-token count."""
     return F.cross_entropy(logits, labels, reduction="sum") / label_tokens
-
-
-def build_optimizer(params: list[nn.Parameter], kind: str, lr: float) -> torch.optim.Optimizer:
-    # foreach=False: the foreach kernels do not take a mix of DTensor and plain parameters.
-    if kind == "sgd":
-        return torch.optim.SGD(params, lr=lr, foreach=False)
-    if kind == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.01, foreach=False)
-    raise ValueError(f"unknown optimizer {kind!r}; expected sgd or adamw")

@@ -34,6 +34,15 @@ class TrainConfig:
     dtype: str = "float32"  # one of DTYPES
     optimizer: str = "sgd"
     lr: float = 0.1
+    # runtime/train/optim.py: AdamW's settings, the learning-rate schedule, the global-norm clip
+    weight_decay: float = 0.1  # AdamW, on matrices and embeddings only
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    lr_schedule: str = "constant"  # one of optim.SCHEDULES, after `warmup_steps` of linear warmup
+    warmup_steps: int = 0
+    min_lr: float = 0.0  # where linear and cosine decay end, at the last step
+    clip_norm: float = 0.0  # clip the global gradient norm to this (0: no clipping)
+    module_lr: tuple[tuple[str, float], ...] = ()  # (module, factor on lr)
     trace: str | None = None  # write a Chrome trace of the measured phases here (runtime/train/trace.py)
     checkpoint_every: int = 0  # save a checkpoint every this many steps (0: never; runtime/checkpoint.py)
     resume: bool = True  # continue from the newest complete checkpoint of the workdir, if any

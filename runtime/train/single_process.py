@@ -12,7 +12,9 @@ import torch
 from orch.planner.specs import DataSpec, ModelSpec
 from orch.runtime.data.synthetic import GlobalBatch, encoder_order
 from orch.runtime.models.build import build_modules
-from orch.runtime.train.compute import build_optimizer, encode, text_loss
+from orch.runtime.train.compute import encode, text_loss
+from orch.runtime.train.config import TrainConfig
+from orch.runtime.train.optim import build_optimizer, set_lr
 
 
 @dataclass
@@ -32,10 +34,14 @@ def run_reference(
     optimizer: str = "sgd",
     lr: float = 0.1,
     model_factory: str | None = None,
+    train: TrainConfig | None = None,
 ) -> ReferenceResult:
+    """`train`: the run's optimizer settings (schedule, clipping, AdamW's); default: `optimizer` at `lr`."""
+    cfg = train or TrainConfig(steps=steps, optimizer=optimizer, lr=lr)
     modules = build_modules(model, seed, dtype, model_factory)
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
-    opt = build_optimizer(params, optimizer, lr)
+    opt = build_optimizer(modules, cfg)
+    assert opt is not None
     losses: list[float] = []
     grads: dict[str, torch.Tensor] = {}
     for step in range(steps):
@@ -50,6 +56,11 @@ def run_reference(
         loss = text_loss(modules[model.llm_name], prefixes, samples, batch.label_tokens)
         opt.zero_grad()
         loss.backward()
+        # A module no sample of this step reached has no gradient here, but a zero one on the ranks (they join
+        # the sync with zeros), and AdamW decays a parameter with a zero gradient: the reference does the same.
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         if step == 0:
             grads = {
                 f"{n}.{pn}": p.grad.detach().clone()
@@ -57,6 +68,9 @@ def run_reference(
                 for pn, p in m.named_parameters()
                 if p.grad is not None
             }
+        if cfg.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm, foreach=False)
+        set_lr(opt, cfg, step)
         opt.step()
         losses.append(loss.item())
     final = {f"{n}.{pn}": p.detach().clone() for n, m in modules.items() for pn, p in m.named_parameters()}

@@ -39,11 +39,12 @@ from orch.runtime.parallel.expert import build_expert_parallel, is_expert_param
 from orch.runtime.parallel.grid import Grid, build_grids, build_meshes
 from orch.runtime.parallel.pipeline import MicroBatch, PipelineStage
 from orch.runtime.parallel.tensor import apply_tp
-from orch.runtime.train.compute import build_optimizer, label_loss
+from orch.runtime.train.compute import label_loss
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig, TokenCounter, write_dump
 from orch.runtime.train.grad_sync import sync_grads
 from orch.runtime.train.inputs import InputRouter
+from orch.runtime.train.optim import build_optimizer, clip_grads, global_grad_norm, lr_at, set_lr
 from orch.runtime.train.orchestrator import Orchestrator, StepTables, longest_sample, shared_calibration
 from orch.runtime.train.support import UnsupportedPlan, check_supported
 from orch.runtime.train.trace import Span
@@ -61,6 +62,8 @@ class StepMetrics:
     spans: list[Span] = field(default_factory=list)  # (module, phase, start, end), perf_counter
     balance: dict[str, object] = field(default_factory=dict)  # per phase costs and bytes, dispatcher seconds
     processed: dict[str, dict[int, int]] = field(default_factory=dict)  # module -> sample id -> tokens (DP leaders)
+    grad_norm: float = 0.0  # the whole model's gradient norm, before clipping
+    lr: float = 0.0  # the step's learning rate (before a module's factor)
 
 
 @dataclass
@@ -126,8 +129,7 @@ class TrainStep:
                 continue
             module.to(self.device)  # initialised on the CPU from the seed (and pruned to the stage/experts), then moved
             apply_tp(module, tp_mesh=tp_mesh)
-        params = [p for m in self.modules.values() for p in m.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(params, cfg.optimizer, cfg.lr) if params else None
+        self.optimizer = build_optimizer(self.modules, cfg)
         edges = {e.src: e for e in plan.edges}
         self.boundaries = {
             e: Boundary(edges[e], self.grids[e], self.grids[self.model.llm_name]) for e in self.model.encoder_names
@@ -184,7 +186,12 @@ class TrainStep:
         t = time.perf_counter()
         if self.debug.dump_dir is not None and k == 0:
             self._dump("grads", lambda p: p.grad)
+        grad_norm = global_grad_norm(self.modules, self.grids, self.ep, self.rank, self.device)
+        if self.cfg.clip_norm > 0:
+            clip_grads(self.modules, grad_norm, self.cfg.clip_norm)
+        lr = 0.0
         if self.optimizer is not None:
+            lr = set_lr(self.optimizer, self.cfg, k)
             self.optimizer.step()
             work.spans.append(("optimizer", "optimizer", t, time.perf_counter()))
         work.phases["optimizer"] = time.perf_counter() - t
@@ -200,6 +207,8 @@ class TrainStep:
             work.spans,
             balance,
             work.counter.processed,
+            grad_norm,
+            lr_at(self.cfg, k) if self.optimizer is None else lr,
         )
 
     def run_llm(

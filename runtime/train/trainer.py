@@ -149,6 +149,8 @@ class Trainer:
             # Tables and bytes are the same on every rank (a deterministic dispatcher); dispatcher seconds are
             # rank 0's.
             balance=m.balance,
+            grad_norm=m.grad_norm,
+            lr=m.lr,
             processed=processed,
         )
         append_record(metrics_path(self.workdir), record)
