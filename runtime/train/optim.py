@@ -5,8 +5,8 @@ global norm over every module and every sharding.
   weights or other vectors), as Megatron-LM and torchtitan do; a module's rate is the run's times its
   `module_lr` factor (a projector often trains faster than an encoder being unfrozen).
 * Schedule: linear warmup over `warmup_steps` (step k at lr·(k+1)/warmup, its last step at lr), then
-  constant, linear or cosine decay from there to `min_lr` at the last step. A function of the step alone, so a resumed run continues
-  on the same curve with nothing to checkpoint but the step.
+  constant, linear or cosine decay from there to `min_lr` at the last step. A function of the step
+  alone, so a resumed run continues on the same curve with nothing to checkpoint but the step.
 * Clipping: the norm of the whole model's gradient as one vector, as one process would compute it. Each
   rank adds the squares of the gradient entries it is the one to count: a TP shard by every TP rank, a
   replicated tensor by TP rank 0 only; DP and CP replicas (equal after the sync) by DP and CP index 0;
