@@ -40,7 +40,11 @@ def test_plan_reads_config_json_and_says_what_it_derived(cli, llava, data_file, 
     assert "config.json: vision: 2 layers, hidden 32, 4 heads" in result.output
     assert "config.json: llm: 4 layers, hidden 48, 4 heads (2 KV), ffn 96, vocab 128" in result.output
     plan = yaml.safe_load((tmp_path / "plan.yaml").read_text())
-    assert plan["model"]["modules"]["llm"]["hf"] == {"path": str(llava.resolve()), "part": "text"}
+    assert plan["model"]["modules"]["llm"]["hf"] == {
+        "path": str(llava.resolve()),
+        "part": "text",
+        "feature_layer": None,
+    }
     assert plan["modules"]["vision"]["layout"]["cp"] == 1  # a tower of whole images takes no CP
 
 
@@ -143,7 +147,7 @@ def test_composed_module_whose_source_has_the_wrong_tower(cli, data_file, tmp_pa
     assert result.exit_code == 1
     assert result.output.strip() == (
         f"error: {spec}: modules.vision.hf: {(tmp_path / 'parts' / 'qwen2').resolve()} holds a qwen2 model; "
-        "an encoder needs one of clip_vision_model, siglip_vision_model"
+        "an encoder needs one of clip_vision_model, siglip_vision_model, whisper"
     )
 
 
