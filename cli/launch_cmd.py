@@ -7,6 +7,8 @@ torch and the runtime are imported inside the command so `orch --help` stays fas
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from orch.planner.balance.mode import Mode
@@ -23,16 +25,19 @@ def launch(
     plan_file: str = typer.Argument(..., metavar="PLAN", help="Plan file written by `orch plan` (YAML or JSON)."),
     executor: str = typer.Option("local", "--executor", help=f"One of {', '.join(EXECUTORS)}."),
     nproc: int | None = typer.Option(None, "--nproc", help="Processes to start (default: the plan's world size)."),
-    steps: int = typer.Option(3, "--steps", help="Optimizer steps to run."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the initialisation and of the data."),
-    lr: float = typer.Option(0.1, "--lr", help="Learning rate (0 trains nothing: weights come back as loaded)."),
-    optimizer: str = typer.Option("sgd", "--optimizer", help=f"One of {', '.join(OPTIMIZERS)}."),
-    lr_schedule: str = typer.Option("constant", "--lr-schedule", help=f"After warmup: {', '.join(SCHEDULES)}."),
-    warmup_steps: int = typer.Option(0, "--warmup-steps", help="Steps of linear learning-rate warmup."),
-    min_lr: float = typer.Option(0.0, "--min-lr", help="Where linear and cosine decay end."),
-    clip_norm: float = typer.Option(0.0, "--clip-norm", help="Clip the global gradient norm to this (0: off)."),
-    weight_decay: float = typer.Option(0.1, "--weight-decay", help="AdamW's, on matrices and embeddings."),
-    dtype: str = typer.Option("float32", "--dtype", help=f"One of {', '.join(DTYPES)}."),
+    config: str | None = typer.Option(
+        None, "--config", help="Training config file (`orch schema train`); the flags below override it."
+    ),
+    steps: int | None = typer.Option(None, "--steps", help="Optimizer steps to run [default: 3]."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of the initialisation and of the data [default: 0]."),
+    lr: float | None = typer.Option(None, "--lr", help="Learning rate [default: 0.1; 0 trains nothing]."),
+    optimizer: str | None = typer.Option(None, "--optimizer", help=f"One of {', '.join(OPTIMIZERS)} [default: sgd]."),
+    lr_schedule: str | None = typer.Option(None, "--lr-schedule", help=f"After warmup: {', '.join(SCHEDULES)}."),
+    warmup_steps: int | None = typer.Option(None, "--warmup-steps", help="Steps of linear learning-rate warmup."),
+    min_lr: float | None = typer.Option(None, "--min-lr", help="Where linear and cosine decay end."),
+    clip_norm: float | None = typer.Option(None, "--clip-norm", help="Clip the global gradient norm (0: off)."),
+    weight_decay: float | None = typer.Option(None, "--weight-decay", help="AdamW's [default: 0.1]."),
+    dtype: str | None = typer.Option(None, "--dtype", help=f"One of {', '.join(DTYPES)} [default: float32]."),
     device: str = typer.Option(
         "auto",
         "--device",
@@ -41,16 +46,17 @@ def launch(
     workdir: str = typer.Option("orch-run", "--workdir", help="Where metrics.jsonl is written."),
     data: str | None = typer.Option(None, "--data", "-d", help="Data spec file or preset (default: the plan's)."),
     trace: str | None = typer.Option(None, "--trace", help="Write a Chrome trace of the measured phases here."),
-    checkpoint_every: int = typer.Option(
-        0, "--checkpoint-every", help="Save a checkpoint to WORKDIR/checkpoints every K steps (0: never)."
+    checkpoint_every: int | None = typer.Option(
+        None, "--checkpoint-every", help="Save a checkpoint to WORKDIR/checkpoints every K steps (0: never)."
     ),
     resume: bool = typer.Option(
         True, "--resume/--no-resume", help="Continue from WORKDIR's newest complete checkpoint, if any."
     ),
-    balance: str = typer.Option(
-        DEFAULT_BALANCE.value,
+    balance: str | None = typer.Option(
+        None,
         "--balance",
-        help=f"Post-balance samples across DP ranks every step: one of {', '.join(BALANCE)}.",
+        help=f"Post-balance samples across DP ranks every step: one of {', '.join(BALANCE)} "
+        f"[default: {DEFAULT_BALANCE.value}].",
     ),
     partition: str | None = typer.Option(None, "--partition", help="Slurm partition (--executor slurm)."),
     account: str | None = typer.Option(None, "--account", help="Slurm account (--executor slurm)."),
@@ -80,26 +86,14 @@ def launch(
 
     if executor not in EXECUTORS:
         raise SpecError("--executor", "", f"expected one of {', '.join(EXECUTORS)}, got '{executor}'")
-    if dtype not in DTYPES:
-        raise SpecError("--dtype", "", f"expected one of {', '.join(DTYPES)}, got '{dtype}'")
-    if balance not in BALANCE:
-        raise SpecError("--balance", "", f"expected one of {', '.join(BALANCE)}, got '{balance}'")
     if device not in DEVICES:
         raise SpecError("--device", "", f"expected one of {', '.join(DEVICES)}, got '{device}'")
-    if optimizer not in OPTIMIZERS:
-        raise SpecError("--optimizer", "", f"expected one of {', '.join(OPTIMIZERS)}, got '{optimizer}'")
-    if lr < 0:
-        raise SpecError("--lr", "", f"expected a learning rate >= 0, got {lr}")
-    if lr_schedule not in SCHEDULES:
-        raise SpecError("--lr-schedule", "", f"expected one of {', '.join(SCHEDULES)}, got '{lr_schedule}'")
-    for flag, value in (("--warmup-steps", warmup_steps), ("--min-lr", min_lr), ("--clip-norm", clip_norm),
-                        ("--weight-decay", weight_decay)):  # fmt: skip
-        if value < 0:
-            raise SpecError(flag, "", f"expected a value >= 0, got {value}")
-    if steps <= 0:
-        raise SpecError("--steps", "", f"expected a positive step count, got {steps}")
-    if checkpoint_every < 0:
-        raise SpecError("--checkpoint-every", "", f"expected a step count >= 0, got {checkpoint_every}")
+    flags = {
+        "steps": steps, "seed": seed, "dtype": dtype, "optimizer": optimizer, "lr": lr, "lr_schedule": lr_schedule,
+        "warmup_steps": warmup_steps, "min_lr": min_lr, "clip_norm": clip_norm, "weight_decay": weight_decay,
+        "checkpoint_every": checkpoint_every, "balance": balance,
+    }  # fmt: skip
+    train = train_spec(config, {k: v for k, v in flags.items() if v is not None})
     plan = load_json_file(Plan, plan_file)
     data_spec = load_data(data) if data else plan.data
     check_data_against_model(data_spec, plan.model, data or plan_file)
@@ -109,7 +103,6 @@ def launch(
 
     from orch.runtime.device import DeviceError, device_kind
     from orch.runtime.launch.local import LocalLauncher
-    from orch.runtime.train.config import TrainConfig
     from orch.runtime.train.support import check_supported
     from orch.runtime.train.trainer import TrainTask
 
@@ -119,28 +112,11 @@ def launch(
             device = device_kind(device, world)
         except DeviceError as exc:
             raise SpecError("--device", "", str(exc)) from None
-    cfg = TrainConfig(
-        model_factory=model_factory,
-        steps=steps,
-        seed=seed,
-        dtype=dtype,
-        lr=lr,
-        optimizer=optimizer,
-        lr_schedule=lr_schedule,
-        warmup_steps=warmup_steps,
-        min_lr=min_lr,
-        clip_norm=clip_norm,
-        weight_decay=weight_decay,
-        trace=trace,
-        checkpoint_every=checkpoint_every,
-        resume=resume,
-        balance=Mode(balance),
-        device=device,
-    )
+    cfg = train.config(model_factory=model_factory, trace=trace, resume=resume, device=device)
     if model_factory is not None:
         from orch.runtime.models.factory import build_from_factory
 
-        build_from_factory(model_factory, plan.model, seed, cfg.torch_dtype)  # fail here, not in every rank
+        build_from_factory(model_factory, plan.model, cfg.seed, cfg.torch_dtype)  # fail here, not in every rank
     if any(m.hf is not None for m in plan.model.modules.values()):
         from orch.runtime.train.support import check_hf_plan
 
@@ -154,13 +130,43 @@ def launch(
         return
     out = console()
     backend = "nccl" if device == "cuda" else "gloo"
-    out.print(f"launching {plan.placement} plan on {world} local processes ({device}/{backend}, {dtype}, seed {seed})")
+    out.print(
+        f"launching {plan.placement} plan on {world} local processes ({device}/{backend}, {cfg.dtype}, seed {cfg.seed})"
+    )
     records = LocalLauncher(world).submit(TrainTask(plan, data_spec, cfg, workdir)).result()
     for r in records:
         out.print(f"step {r.step}: loss {r.loss:.6f}  tokens {r.tokens}  step {r.step_time_s:.3f} s")
     out.print(f"metrics written to [bold]{workdir}/metrics.jsonl[/]")
     if trace is not None and Path(trace).exists():
         out.print(f"trace written to [bold]{trace}[/]")
+
+
+NON_NEGATIVE = ("lr", "warmup_steps", "min_lr", "clip_norm", "weight_decay", "checkpoint_every")
+ENUMS = {"dtype": DTYPES, "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "balance": BALANCE}
+
+
+def train_spec(config: str | None, given: dict[str, Any]) -> Any:
+    """The run's TrainSpec: the --config file (or the defaults) with the flags given on top; a bad value
+    is one line naming the flag, or the file and field."""
+    from pydantic import ValidationError
+
+    from orch.planner.errors import SpecError
+    from orch.planner.loading import load_json_file, validation_errors
+    from orch.runtime.train.config import TrainSpec
+
+    for key, value in given.items():
+        flag = "--" + key.replace("_", "-")
+        if key in ENUMS and value not in ENUMS[key]:
+            raise SpecError(flag, "", f"expected one of {', '.join(ENUMS[key])}, got '{value}'")
+        if key == "steps" and value <= 0:
+            raise SpecError(flag, "", f"expected a positive step count, got {value}")
+        if key in NON_NEGATIVE and value < 0:
+            raise SpecError(flag, "", f"expected a value >= 0, got {value}")
+    base = load_json_file(TrainSpec, config) if config else TrainSpec()
+    try:
+        return TrainSpec.model_validate({**base.model_dump(), **given})
+    except ValidationError as exc:
+        raise validation_errors("command line", exc, TrainSpec) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,7 @@ import typer
 
 from orch.cli.output import console, print_json_text
 
-SCHEMAS = ("model", "cluster", "data", "plan", "profile", "batch", "metrics")
+SCHEMAS = ("model", "cluster", "data", "plan", "profile", "batch", "metrics", "train")
 
 
 def presets(json_out: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
@@ -77,6 +77,10 @@ def _schema_model(kind: str) -> type:
         from orch.runtime.metrics import StepRecord
 
         return StepRecord
+    if kind == "train":
+        from orch.runtime.train.config import TrainSpec
+
+        return TrainSpec
     return {
         "model": specs.ModelSpec,
         "cluster": specs.ClusterSpec,

@@ -62,9 +62,14 @@ def _state(modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer | Non
 
 
 def save(
-    workdir: str | Path, step: int, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer | None
+    workdir: str | Path,
+    step: int,
+    modules: dict[str, nn.Module],
+    optimizer: torch.optim.Optimizer | None,
+    files: dict[str, str] | None = None,
 ) -> None:
-    """Collective: every rank writes its share, then rank 0 publishes step_{step} as the latest."""
+    """Collective: every rank writes its share, then rank 0 publishes step_{step} as the latest, with `files`
+    (name -> text: the training config) beside the tensors."""
     root = checkpoint_root(workdir)
     final = root / step_name(step)
     tmp = root / f"{step_name(step)}.tmp"
@@ -78,6 +83,8 @@ def save(
     dcp.save(_state(modules, optimizer), checkpoint_id=str(tmp))
     dist.barrier()
     if dist.get_rank() == 0:
+        for name, text in (files or {}).items():
+            (tmp / name).write_text(text)  # inside .tmp: published with the tensors by the rename
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         write_text_atomic(root / LATEST, step_name(step) + "\n")

@@ -6,7 +6,9 @@ A frozen value, pickled to every rank by the launchers; torch is imported only b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from orch.planner.balance.mode import Mode
 
@@ -67,3 +69,47 @@ class TrainConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return torch_dtype(self.dtype)
+
+
+class TrainSpec(BaseModel):
+    """A training config file (`orch launch PLAN --config train.yaml`; `orch schema train`): what TrainConfig
+    holds of the optimisation, versioned like the other specs. Flags given on the command line win."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: Literal[1] = 1
+    steps: int = Field(default=3, gt=0, description="optimizer steps")
+    seed: int = Field(default=0, description="seed of the initialisation and of the data")
+    dtype: Literal["float32", "bfloat16", "float64"] = "float32"
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    lr: float = Field(default=0.1, ge=0, description="peak learning rate")
+    weight_decay: float = Field(default=0.1, ge=0, description="AdamW's, on matrices and embeddings only")
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(default=1e-8, gt=0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(default="constant", description="after warmup")
+    warmup_steps: int = Field(default=0, ge=0, description="steps of linear warmup")
+    min_lr: float = Field(default=0.0, ge=0, description="where linear and cosine decay end, at the last step")
+    clip_norm: float = Field(default=0.0, ge=0, description="clip the global gradient norm to this (0: off)")
+    module_lr: dict[str, float] = Field(default_factory=dict, description="module -> factor on lr")
+    checkpoint_every: int = Field(default=0, ge=0, description="save a checkpoint every K steps (0: never)")
+    balance: Mode = Field(default=DEFAULT_BALANCE, description="post-balancing mode")
+
+    @field_validator("module_lr")
+    @classmethod
+    def _positive_factors(cls, value: dict[str, float]) -> dict[str, float]:
+        for module, factor in value.items():
+            if factor <= 0:
+                raise ValueError(f"{module}: expected a factor > 0, got {factor}")
+        return value
+
+    def config(self, **run: Any) -> TrainConfig:
+        """The TrainConfig of this spec, with the run's other settings (trace, device, resume, ...)."""
+        fields = self.model_dump(exclude={"version", "module_lr"})
+        return TrainConfig(**fields, module_lr=tuple(sorted(self.module_lr.items())), **run)
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> TrainSpec:
+        """What a run was asked to do, as the file it could have been given (saved in the run directory)."""
+        names = set(cls.model_fields) - {"version"}
+        values = {n: getattr(cfg, n) for n in names if n != "module_lr"}
+        return cls(**values, module_lr=dict(cfg.module_lr))

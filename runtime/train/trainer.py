@@ -39,6 +39,13 @@ def resume_step(workdir: str | Path, cfg: TrainConfig) -> int:
 
 
 PLAN_FILE = "plan.json"  # the plan a run directory was trained under
+TRAIN_FILE = "train.json"  # the training config it ran with (also in every checkpoint)
+
+
+def train_file_text(cfg: TrainConfig) -> str:
+    from orch.runtime.train.config import TrainSpec
+
+    return TrainSpec.of(cfg).model_dump_json(indent=2) + "\n"
 
 
 @dataclass
@@ -67,6 +74,7 @@ class TrainTask:
         clear_failures(out)
         # What ran, for whoever reads the run later (`orch export` finds the model's sources here).
         write_text_atomic(out / PLAN_FILE, self.plan.model_dump_json(indent=2) + "\n")
+        write_text_atomic(out / TRAIN_FILE, train_file_text(self.cfg))
 
     def run(self, ctx: RankContext) -> None:
         Trainer(self.plan, self.data, self.cfg, self.workdir, ctx, self.debug).run()
@@ -106,10 +114,12 @@ class Trainer:
             self._record(m, setup_s if k == start else 0.0)
             saved = cfg.checkpoint_every > 0 and (k + 1) % cfg.checkpoint_every == 0
             if saved:
-                checkpoint.save(self.workdir, k + 1, step.modules, step.optimizer)
+                checkpoint.save(self.workdir, k + 1, step.modules, step.optimizer, {TRAIN_FILE: train_file_text(cfg)})
             if k + 1 < cfg.steps and self.ctx.preemption.agreed():
                 if not saved:
-                    checkpoint.save(self.workdir, k + 1, step.modules, step.optimizer)
+                    checkpoint.save(
+                        self.workdir, k + 1, step.modules, step.optimizer, {TRAIN_FILE: train_file_text(cfg)}
+                    )
                 self.ctx.preemption.mark_stopped(k + 1)
                 step.orch.close()
                 return

@@ -79,7 +79,7 @@ def test_presets_json(cli):
     assert {(r["kind"], r["name"]) for r in rows} >= {("model", "tiny"), ("cluster", "h200-141g"), ("data", "omni-mix")}
 
 
-@pytest.mark.parametrize("kind", ["model", "cluster", "data", "plan", "profile", "metrics"])
+@pytest.mark.parametrize("kind", ["model", "cluster", "data", "plan", "profile", "metrics", "train"])
 def test_schema(cli, kind):
     result = cli("schema", kind)
     assert result.exit_code == 0, result.output
