@@ -45,6 +45,8 @@ class TrainConfig:
     min_lr: float = 0.0  # where linear and cosine decay end, at the last step
     clip_norm: float = 0.0  # clip the global gradient norm to this (0: no clipping)
     module_lr: tuple[tuple[str, float], ...] = ()  # (module, factor on lr)
+    # a fixed dataset of this many global batches, seen again and again (0: every step's batch is new)
+    repeat_every: int = 0
     trace: str | None = None  # write a Chrome trace of the measured phases here (runtime/train/trace.py)
     checkpoint_every: int = 0  # save a checkpoint every this many steps (0: never; runtime/checkpoint.py)
     resume: bool = True  # continue from the newest complete checkpoint of the workdir, if any
@@ -61,6 +63,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "balance", Mode(self.balance))
+
+    def data_step(self, step: int) -> int:
+        """Which global batch step `step` trains on."""
+        return step % self.repeat_every if self.repeat_every > 0 else step
 
     @property
     def calibrates(self) -> bool:
@@ -92,6 +98,9 @@ class TrainSpec(BaseModel):
     clip_norm: float = Field(default=0.0, ge=0, description="clip the global gradient norm to this (0: off)")
     module_lr: dict[str, float] = Field(default_factory=dict, description="module -> factor on lr")
     checkpoint_every: int = Field(default=0, ge=0, description="save a checkpoint every K steps (0: never)")
+    repeat_every: int = Field(
+        default=0, ge=0, description="a fixed dataset of this many global batches, repeated (0: new batches)"
+    )
     balance: Mode = Field(default=DEFAULT_BALANCE, description="post-balancing mode")
 
     @field_validator("module_lr")

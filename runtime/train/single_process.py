@@ -45,7 +45,7 @@ def run_reference(
     losses: list[float] = []
     grads: dict[str, torch.Tensor] = {}
     for step in range(steps):
-        batch = GlobalBatch.build(model, data, seed, step)
+        batch = GlobalBatch.build(model, data, seed, cfg.data_step(step))
         samples = [batch.sample(i, dtype) for i in range(batch.size)]
         encoded = {
             e: encode(modules[e], e, samples, dtype, model.modality(e).frames_per_token) for e in encoder_order(model)

@@ -167,7 +167,7 @@ class TrainStep:
 
         t0 = time.perf_counter()
         self.debug.inject(self.rank, k)
-        batch = GlobalBatch.build(self.model, self.data, self.cfg.seed, k)
+        batch = GlobalBatch.build(self.model, self.data, self.cfg.seed, self.cfg.data_step(k))
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
 
@@ -175,7 +175,8 @@ class TrainStep:
         t = time.perf_counter()
         tables = self.orch.tables(batch, self.rank, self.world)
         if k + 1 < self.cfg.steps:
-            self.orch.prefetch(GlobalBatch.build(self.model, self.data, self.cfg.seed, k + 1), self.rank, self.world)
+            upcoming = GlobalBatch.build(self.model, self.data, self.cfg.seed, self.cfg.data_step(k + 1))
+            self.orch.prefetch(upcoming, self.rank, self.world)
         work = StepWork(batch, tables, self.debug.counter(self._leader))
         work.phases["dispatch"] = time.perf_counter() - t
 

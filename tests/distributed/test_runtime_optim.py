@@ -63,3 +63,8 @@ def test_adamw_schedule_and_clipping_match_the_reference(tmp_path):
         assert all(n is not None and n > CFG.clip_norm for n in norms), (name, norms)  # every step was clipped
         assert [r.lr for r in records[name]] == [lr_at(CFG, k) for k in range(STEPS)]
         assert_close(merged(tmp_path / name, "params"), ref.params, rel=1e-8)
+
+
+def test_a_fixed_dataset_repeats_its_batches():
+    assert [TrainConfig(repeat_every=3).data_step(k) for k in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert [TrainConfig().data_step(k) for k in range(3)] == [0, 1, 2]
