@@ -37,6 +37,11 @@ class StepRecord(BaseModel):
     )
     grad_norm: float | None = Field(default=None, ge=0, description="the whole model's gradient norm, before clipping")
     lr: float | None = Field(default=None, ge=0, description="the step's learning rate (before per-module factors)")
+    memory: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description="rank -> state_bytes (parameters, gradients, optimizer state) and peak_bytes (CUDA: "
+        "max_memory_allocated; CPU: state + the most saved activations held at once; runtime/memory.py)",
+    )
     processed: dict[str, dict[str, dict[str, int]]] | None = Field(
         default=None, description="rank -> module -> sample id -> tokens (tests' token counts; absent otherwise)"
     )

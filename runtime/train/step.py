@@ -30,6 +30,7 @@ from orch.planner.balance.mode import Mode
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
 from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order
+from orch.runtime.memory import measured_step, peak_bytes, state_bytes
 from orch.runtime.models.build import build_modules
 from orch.runtime.models.hf.module import HFModule
 from orch.runtime.models.reference import LLM
@@ -64,6 +65,7 @@ class StepMetrics:
     processed: dict[str, dict[int, int]] = field(default_factory=dict)  # module -> sample id -> tokens (DP leaders)
     grad_norm: float = 0.0  # the whole model's gradient norm, before clipping
     lr: float = 0.0  # the step's learning rate (before a module's factor)
+    memory: dict[str, int] = field(default_factory=dict)  # state_bytes, peak_bytes (runtime/memory.py)
 
 
 @dataclass
@@ -180,7 +182,8 @@ class TrainStep:
         work = StepWork(batch, tables, self.debug.counter(self._leader))
         work.phases["dispatch"] = time.perf_counter() - t
 
-        loss_sum = (run_graph_1f1b if self.graph else run_three_phase)(self, work)
+        with measured_step(self.device) as meter:
+            loss_sum = (run_graph_1f1b if self.graph else run_three_phase)(self, work)
         t = time.perf_counter()
         sync_grads(self.modules, self.grids, self.ep, self.cp, work.spans)
         work.phases["grad_sync"] = time.perf_counter() - t
@@ -197,6 +200,8 @@ class TrainStep:
             work.spans.append(("optimizer", "optimizer", t, time.perf_counter()))
         work.phases["optimizer"] = time.perf_counter() - t
 
+        state = state_bytes(self.modules, self.optimizer)
+        memory = {"state_bytes": state, "peak_bytes": peak_bytes(self.device, meter, state)}
         loss_total = self._global_loss(loss_sum)
         balance = {"mode": self.orch.mode.value, **self.orch.record(tables, batch)}
         return StepMetrics(
@@ -210,6 +215,7 @@ class TrainStep:
             work.counter.processed,
             grad_norm,
             lr_at(self.cfg, k) if self.optimizer is None else lr,
+            memory,
         )
 
     def run_llm(

@@ -137,8 +137,8 @@ class Trainer:
         import torch.distributed as dist
 
         rank, world = self.ctx.env.rank, self.ctx.env.world
-        everyone: list[tuple[dict[str, float], dict[str, dict[int, int]]] | None] = [None] * world
-        dist.all_gather_object(everyone, ({**m.phases, "step": m.step_time_s}, m.processed))
+        everyone: list[tuple[dict[str, float], dict[str, dict[int, int]], dict[str, int]] | None] = [None] * world
+        dist.all_gather_object(everyone, ({**m.phases, "step": m.step_time_s}, m.processed, m.memory))
         if rank != 0:
             return
         times = [p[0] for p in everyone if p]
@@ -160,6 +160,7 @@ class Trainer:
             # rank 0's.
             balance=m.balance,
             grad_norm=m.grad_norm,
+            memory={str(r): p[2] for r, p in enumerate(everyone) if p},
             lr=m.lr,
             processed=processed,
         )
