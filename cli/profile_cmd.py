@@ -239,6 +239,21 @@ def render_validation(v: Validation) -> None:
             r.phase, s(r.predicted_s), s(r.measured_s), "-" if r.relative_error is None else f"{r.relative_error:+.0%}"
         )
     console().print(t)
+    if not v.memory:
+        return
+
+    def gb(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    m = table(
+        "memory per GPU, GB (last step)",
+        [("modules", "name"), ("ranks", "num"), ("predicted", "num"), ("peak", "num"), ("state", "num"),
+         ("error", "num")],
+    )  # fmt: skip
+    for r in v.memory:
+        err = "-" if r.relative_error is None else f"{r.relative_error:+.0%}"
+        m.add_row(r.modules, str(r.ranks), gb(r.predicted_gb), gb(r.measured_peak_gb), gb(r.measured_state_gb), err)
+    console().print(m)
 
 
 def register(app: typer.Typer) -> None:

@@ -35,6 +35,20 @@ class PhaseRow(BaseModel):
     relative_error: float | None = None
 
 
+class MemoryRow(BaseModel):
+    """The ranks that hold one set of modules: the planner's memory per GPU for them against the largest peak
+    and training state any of them measured (the last step's record)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    modules: str
+    ranks: int
+    predicted_gb: float
+    measured_peak_gb: float | None = None
+    measured_state_gb: float | None = None
+    relative_error: float | None = None
+
+
 class Validation(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -46,6 +60,7 @@ class Validation(BaseModel):
     steps_used: int
     runs: int = Field(default=1, description="runs of the plan whose steps were pooled")
     phases: list[PhaseRow] = Field(default_factory=list)
+    memory: list[MemoryRow] = Field(default_factory=list)
 
 
 def _rel(pred: float, meas: float) -> float:
@@ -139,6 +154,7 @@ def validate(plan: Plan, *runs: list[StepRecord]) -> Validation:
             add("fill", plan.predicted.phases["fill"], None)
     add("step", predicted, measured)
     return Validation(
+        memory=memory_rows(plan, runs[-1][-1] if runs and runs[-1] else None),
         placement=str(plan.placement),
         predicted_step_time_s=predicted,
         measured_step_time_s=measured,
@@ -149,4 +165,31 @@ def validate(plan: Plan, *runs: list[StepRecord]) -> Validation:
     )
 
 
-__all__ = ["PhaseRow", "Validation", "validate"]
+def memory_rows(plan: Plan, last: StepRecord | None) -> list[MemoryRow]:
+    """Per set of co-located modules: predicted GB per GPU (the sum of their modules' `memory_gb`) and the
+    largest measured peak and state of those ranks."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for rank in range(plan.world_size):
+        names = tuple(n for n, m in plan.modules.items() if rank in m.ranks)
+        groups.setdefault(names, []).append(rank)
+    rows = []
+    for names, ranks in groups.items():
+        predicted = sum(plan.modules[n].memory_gb for n in names)
+        measured = [last.memory[str(r)] for r in ranks if last is not None and str(r) in last.memory]
+        peak = max((m["peak_bytes"] for m in measured), default=None)
+        state = max((m["state_bytes"] for m in measured), default=None)
+        peak_gb = peak / 1e9 if peak is not None else None
+        rows.append(
+            MemoryRow(
+                modules="+".join(names),
+                ranks=len(ranks),
+                predicted_gb=predicted,
+                measured_peak_gb=peak_gb,
+                measured_state_gb=state / 1e9 if state is not None else None,
+                relative_error=_rel(predicted, peak_gb) if peak_gb else None,
+            )
+        )
+    return rows
+
+
+__all__ = ["MemoryRow", "PhaseRow", "Validation", "validate"]

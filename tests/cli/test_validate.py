@@ -226,3 +226,29 @@ def test_validate_pools_several_runs(cli, tmp_path, known_plan):
     v = Validation.model_validate_json(result.stdout)
     assert v.runs == 2 and v.steps_used == 4
     assert v.measured_step_time_s == pytest.approx((0.5 + 0.6) / 2)
+
+
+def test_memory_rows_set_predicted_beside_measured_per_set_of_modules():
+    from orch.planner.loading import load_data, load_model
+    from orch.planner.plan import Layout
+    from orch.runtime.metrics import StepRecord
+    from orch.runtime.plans import hand_plan
+    from orch.runtime.profile.validate import memory_rows
+
+    model, data = load_model("tiny"), load_data("tiny-mix")
+    plan = hand_plan(model, data, {"llm": (Layout(dp=2), [1, 2]), "vision": (Layout(dp=1), [0]),
+                                   "audio": (Layout(dp=1), [0])})  # fmt: skip
+    plan = plan.model_copy(
+        update={"modules": {n: m.model_copy(update={"memory_gb": 1.0}) for n, m in plan.modules.items()}}
+    )
+    record = StepRecord(step=0, loss=1.0, tokens=1, step_time_s=1.0, memory={
+        "0": {"state_bytes": 10**9, "peak_bytes": 4 * 10**9}, "1": {"state_bytes": 10**9, "peak_bytes": 2 * 10**9},
+        "2": {"state_bytes": 10**9, "peak_bytes": 10**9}})  # fmt: skip
+    rows = {r.modules: r for r in memory_rows(plan, record)}
+    assert set(rows) == {"vision+audio", "llm"}
+    assert (rows["vision+audio"].ranks, rows["vision+audio"].predicted_gb, rows["vision+audio"].measured_peak_gb) == (
+        1,
+        2.0,
+        4.0,
+    )
+    assert (rows["llm"].ranks, rows["llm"].measured_peak_gb, rows["llm"].relative_error) == (2, 2.0, -0.5)
