@@ -17,13 +17,11 @@ from typing import Any
 import torch
 from torch import nn
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t  # type: ignore[no-any-return]
+from orch.runtime.parallel.tensor import local_part
 
 
 def _nbytes(t: torch.Tensor) -> int:
-    local = _local(t)
+    local = local_part(t)
     return local.numel() * local.element_size()
 
 
@@ -54,7 +52,7 @@ class ActivationMeter:
         self.peak = 0
 
     def _pack(self, t: torch.Tensor) -> tuple[Any, torch.Tensor]:
-        local = _local(t)
+        local = local_part(t)
         key = (local.device, local.untyped_storage().data_ptr())
         if key not in self.live:
             self.live[key] = local.untyped_storage().nbytes()

@@ -32,3 +32,20 @@ def run_plans(plans: dict, data, cfg, out: Path) -> dict[str, tuple[list[float],
         name: ([r.loss for r in records[name]], merged(out / name, "grads"), merged(out / name, "params"))
         for name in plans
     }
+
+
+def assert_matches_hf(records: dict, name: str, out: Path, keys: dict[str, str], want_loss: float, want: dict) -> dict:
+    """Plan `name`'s step-0 loss (1e-9 relative) and every gradient, renamed by `keys` (orch name -> the HF
+    reference's; others as they are), against the HF reference's (1e-9). A key bias's gradient is zero in
+    exact arithmetic (softmax ignores a shift shared by all keys): its reference is rounding noise, so errors
+    are measured against a millionth of the largest gradient too. Returns the renamed gradients."""
+    import pytest
+
+    assert records[name][0].loss == pytest.approx(want_loss, rel=1e-9), name
+    got = {keys.get(k, k): v for k, v in merged(out / name, "grads").items()}
+    assert set(got) == set(want), (name, sorted(set(got) ^ set(want)))
+    floor = 1e-6 * max(g.abs().max().item() for g in want.values())
+    for k, ref in want.items():
+        err = (got[k] - ref).abs().max().item()
+        assert err <= 1e-9 * max(ref.abs().max().item(), floor), f"{name}: {k}: max error {err:.3e}"
+    return got

@@ -9,6 +9,18 @@ VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "n
 IMAGE_TOKEN = 127
 
 
+def save(model, directory) -> None:
+    """save_pretrained, after perturbing every vector: HF's init leaves norms at exactly 1 and biases at 0,
+    and their gradients should count too."""
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(directory)
+
+
 def make_llava(directory: Path, vision: str = "clip", text: str = "llama", *, seed: int = 0, **text_extra) -> Path:
     """A LlavaForConditionalGeneration of `vision` (clip, siglip) and `text` (llama, qwen2, mistral), saved
     with safetensors; returns the directory."""
@@ -27,11 +39,7 @@ def make_llava(directory: Path, vision: str = "clip", text: str = "llama", *, se
     )
     torch.manual_seed(seed)
     model = transformers.LlavaForConditionalGeneration(config)
-    with torch.no_grad():  # HF's init leaves norms at exactly 1 and biases at 0: perturb them so their gradients count
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.add_(0.1 * torch.randn_like(p))
-    model.save_pretrained(directory)
+    save(model, directory)
     return Path(directory)
 
 
@@ -51,11 +59,7 @@ def make_qwen2_audio(directory: Path, *, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     model = transformers.Qwen2AudioForConditionalGeneration(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.add_(0.1 * torch.randn_like(p))
-    model.save_pretrained(directory)
+    save(model, directory)
     return Path(directory)
 
 
@@ -68,11 +72,7 @@ def make_parts(directory: Path, *, seed: int = 0) -> tuple[Path, Path]:
     tower = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**VISION))
     llm = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**TEXT))
     for model, name in ((tower, "siglip"), (llm, "qwen2")):
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.ndim == 1:
-                    p.add_(0.1 * torch.randn_like(p))
-        model.save_pretrained(Path(directory) / name)
+        save(model, Path(directory) / name)
     return Path(directory) / "siglip", Path(directory) / "qwen2"
 
 
@@ -89,9 +89,5 @@ def make_whisper(directory: Path, *, seed: int = 0) -> Path:
 
     torch.manual_seed(seed)
     model = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**WHISPER))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 1:
-                p.add_(0.1 * torch.randn_like(p))
-    model.save_pretrained(directory)
+    save(model, directory)
     return Path(directory)

@@ -302,16 +302,7 @@ class LLM(nn.Module):
         With `cp`: only this CP rank's positions and their per-sample counts (CPShard.llm_input).
         """
         assert self.embed is not None, "embed_inputs runs on the first pipeline stage"
-        if cp is not None and prefixes:
-            x_TD, local_lens, _ = cp.llm_input(prefixes, texts, self.embed)
-            return x_TD, local_lens
-        parts, seqlens = [], []
-        for prefix, text in zip(prefixes, texts, strict=True):
-            parts += [prefix, self.embed(text)]
-            seqlens.append(prefix.shape[0] + text.shape[0])
-        # No samples (an empty micro-batch that EP ranks still run): zero rows that keep a graph.
-        empty = torch.zeros(0, dtype=torch.int64, device=self.embed.weight.device)
-        return (torch.cat(parts) if parts else self.embed(empty)), seqlens
+        return embed_packed(self.embed, prefixes, texts, cp)
 
     def run_blocks(self, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
         """`seqlens`: rows per sample as packed in x_TD (this CP rank's counts under CP)."""
@@ -333,6 +324,23 @@ class LLM(nn.Module):
         """Per sample: encoder tokens (prefix) then text tokens. Returns logits of the text positions, packed."""
         x_TD, seqlens = self.embed_inputs(prefixes, texts, cp)
         return self.text_logits(self.run_blocks(x_TD, seqlens, cp), seqlens, [t.shape[0] for t in texts], cp)
+
+
+def embed_packed(
+    embed: nn.Module, prefixes: list[torch.Tensor], texts: list[torch.Tensor], cp: CPShard | None = None
+) -> tuple[torch.Tensor, list[int]]:
+    """Per sample its prefix rows then its embedded text, packed, and the samples' lengths (under CP: this
+    rank's positions and counts, CPShard.llm_input). Every LLM's `embed_inputs`."""
+    if cp is not None and prefixes:
+        x_TD, local_lens, _ = cp.llm_input(prefixes, texts, embed)
+        return x_TD, local_lens
+    parts, seqlens = [], []
+    for prefix, text in zip(prefixes, texts, strict=True):
+        parts += [prefix, embed(text)]
+        seqlens.append(prefix.shape[0] + text.shape[0])
+    # No samples (an empty micro-batch that EP ranks still run): zero rows that keep a graph.
+    empty = torch.zeros(0, dtype=torch.int64, device=next(embed.parameters()).device)
+    return (torch.cat(parts) if parts else embed(empty)), seqlens
 
 
 def stage_layers(layers: int, stages: int, stage: int) -> range:

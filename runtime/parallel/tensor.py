@@ -12,6 +12,7 @@ over DP indices instead, runtime/parallel/expert.py).
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -33,6 +34,11 @@ def _block_plan(block: Block) -> dict[str, ColwiseParallel | RowwiseParallel]:
     else:
         plan |= {"mlp.gate": ColwiseParallel(), "mlp.up": ColwiseParallel(), "mlp.down": RowwiseParallel()}
     return plan
+
+
+def local_part(t: torch.Tensor) -> torch.Tensor:
+    """The part of a tensor this rank holds: a DTensor's local shard, a plain tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t  # type: ignore[no-any-return]
 
 
 def apply_tp(module: nn.Module, *, tp_mesh: DeviceMesh) -> None:

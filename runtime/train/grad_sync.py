@@ -21,6 +21,7 @@ from torch import nn
 from orch.runtime.parallel.context import CPGroup
 from orch.runtime.parallel.expert import ExpertParallel, is_expert_param
 from orch.runtime.parallel.grid import Grid
+from orch.runtime.parallel.tensor import local_part
 from orch.runtime.train.trace import Span
 
 
@@ -53,7 +54,7 @@ def sync_grads(
                 continue
             if p.grad is None:  # no tokens of this modality on this rank
                 p.grad = torch.zeros_like(p)
-            local = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            local = local_part(p.grad)
             buckets.setdefault((experts is not None and is_expert_param(pname), local.dtype), []).append(local)
         module_cp = cp.get(name)
         for (expert, _), grads in buckets.items():

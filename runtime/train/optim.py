@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from orch.runtime.parallel.tensor import local_part
+
 if TYPE_CHECKING:
     from orch.runtime.parallel.expert import ExpertParallel
     from orch.runtime.parallel.grid import Grid
@@ -84,10 +86,6 @@ def set_lr(optimizer: torch.optim.Optimizer, cfg: TrainConfig, step: int) -> flo
     return lr
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t  # type: ignore[no-any-return]
-
-
 def _sharded(p: torch.Tensor) -> bool:
     placements = getattr(p, "placements", ())
     return any(pl.is_shard() for pl in placements)
@@ -112,7 +110,7 @@ def _counted(
             if not (c.dp < experts.ep if expert and experts is not None else c.dp == 0):
                 continue
             if c.tp == 0 or _sharded(p):
-                out.append(_local(p.grad))
+                out.append(local_part(p.grad))
     return out
 
 
@@ -135,4 +133,4 @@ def clip_grads(modules: dict[str, nn.Module], norm: float, max_norm: float) -> N
     for module in modules.values():
         for p in module.parameters():
             if p.grad is not None:
-                _local(p.grad).mul_(coef)
+                local_part(p.grad).mul_(coef)

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from equivalence import merged
+from equivalence import assert_matches_hf, merged
 from hf_models import make_parts
 from launching import train_tasks
 from test_hf_equivalence import SEED, data_spec
@@ -152,17 +152,6 @@ def composed(tmp_path_factory):
     return records, out, {"siglip": siglip, "qwen2": qwen2, "whisper": whisper}, models, keys
 
 
-def check(records, out, name, keys, want_loss, want):
-    assert records[name][0].loss == pytest.approx(want_loss, rel=1e-9), name
-    got = {keys.get(k, k): v for k, v in merged(out / name, "grads").items()}
-    assert set(got) == set(want), (name, sorted(set(got) ^ set(want)))
-    floor = 1e-6 * max(g.abs().max().item() for g in want.values())
-    for k, ref in want.items():
-        err = (got[k] - ref).abs().max().item()
-        assert err <= 1e-9 * max(ref.abs().max().item(), floor), f"{name}: {k}: max error {err:.3e}"
-    return got
-
-
 def initial_projector(out, name):
     """lr 0: the run's parameters are its initial ones, the projector's drawn from the seed."""
     params = {k: v for k, v in merged(out / name, "params").items() if ".multi_modal_projector." in k}
@@ -178,7 +167,7 @@ def test_composed_spec_matches_hf_and_stage_one_trains_only_the_projector(compos
     projector = initial_projector(out, name)
     want_loss, want = reference(src["siglip"], src["qwen2"], projector, models[f"trainable_{trainable}"],
                                 data_spec(), trainable)  # fmt: skip
-    got = check(records, out, name, keys, want_loss, want)
+    got = assert_matches_hf(records, name, out, keys, want_loss, want)
     if not trainable:
         assert set(got) == set(projector)  # stage 1: the projector alone has gradients
 
@@ -191,4 +180,4 @@ def test_composed_whisper_encoder_matches_hf(composed):
     projector = initial_projector(out, f"whisper-{next(iter(WHISPER_PLANS))}")
     want_loss, want = whisper_reference(src["whisper"], src["qwen2"], projector, model, data_spec(), 2)
     for name in WHISPER_PLANS:
-        check(records, out, f"whisper-{name}", keys, want_loss, want)
+        assert_matches_hf(records, f"whisper-{name}", out, keys, want_loss, want)

@@ -10,7 +10,7 @@ parameter after one step (1e-9 of the tensor's largest entry).
 import pytest
 import torch
 import torch.nn.functional as F
-from equivalence import merged
+from equivalence import assert_matches_hf
 from hf_models import make_llava, make_qwen2_audio
 from launching import train_tasks
 
@@ -102,18 +102,6 @@ FAMILY_PLANS = {
 }
 
 
-def check(records, name, out, keys, want_loss, want_grads):
-    assert records[name][0].loss == pytest.approx(want_loss, rel=1e-9), name
-    got = {keys[k]: v for k, v in merged(out / name, "grads").items()}
-    assert set(got) == set(want_grads), (name, sorted(set(got) ^ set(want_grads)))
-    # A key bias's gradient is zero in exact arithmetic (softmax ignores a shift shared by all keys): its
-    # reference is rounding noise, so errors are measured against a millionth of the largest gradient too.
-    floor = 1e-6 * max(g.abs().max().item() for g in want_grads.values())
-    for k, ref in want_grads.items():
-        err = (got[k] - ref).abs().max().item()
-        assert err <= 1e-9 * max(ref.abs().max().item(), floor), f"{name}: {k}: max error {err:.3e}"
-
-
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory):
     """Every 4-rank plan of every family in ONE launch (process start-up dominates otherwise): the records,
@@ -141,7 +129,7 @@ def check_family(four_ranks, family):
     names = [n for n in records if n.split("-")[0] == family]
     assert names
     for name in names:
-        check(records, name, out, *wants[family])
+        assert_matches_hf(records, name, out, *wants[family])
 
 
 @pytest.mark.slow
@@ -158,7 +146,7 @@ def test_llava_disaggregated_2_to_3_matches_hf(llava, tmp_path):
     built = {name: hand_plan(model, data, layout) for name, layout in PLANS_5.items()}
     records = train_tasks(built, data, cfg, tmp_path)
     for name in PLANS_5:
-        check(records, name, tmp_path, orch_keys(model), want_loss, want_grads)
+        assert_matches_hf(records, name, tmp_path, orch_keys(model), want_loss, want_grads)
 
 
 @pytest.mark.slow

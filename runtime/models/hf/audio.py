@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from orch.runtime.models.hf.module import HFModule
+from orch.runtime.models.hf.module import HFModule, layer_plan
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -36,14 +36,9 @@ class HFAudioEncoder(HFModule):
         self.output_dim = int(config.text_config.hidden_size)
 
     def tp_plan(self) -> dict[str, ParallelStyle]:
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
         plan: dict[str, ParallelStyle] = {}
         for i in range(len(self.audio_tower.layers)):
-            at = f"audio_tower.layers.{i}"
-            plan |= {f"{at}.self_attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")}
-            plan[f"{at}.self_attn.out_proj"] = RowwiseParallel()
-            plan |= {f"{at}.fc1": ColwiseParallel(), f"{at}.fc2": RowwiseParallel()}
+            plan |= layer_plan(f"audio_tower.layers.{i}", ("self_attn.out_proj",), ("fc1",), ("fc2",))
         return plan
 
     def after_tp(self, tp: int) -> None:

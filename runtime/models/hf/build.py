@@ -15,6 +15,7 @@ from typing import Any
 from torch import nn
 
 from orch.planner.errors import SpecError
+from orch.planner.hf_config import SUPPORTED_TYPES
 from orch.planner.specs import ModelSpec, ModuleSpec
 from orch.runtime.models.hf.attention import register
 from orch.runtime.models.hf.meta import meta_parameters
@@ -33,9 +34,6 @@ MODEL_CLASSES = {
     "siglip_vision_model": "SiglipVisionModel",
     "whisper": "WhisperForConditionalGeneration",  # its encoder
 }
-
-
-MULTIMODAL_OR_TEXT = ("llava", "qwen2_audio", "llama", "qwen2", "mistral")
 
 
 def load_config(directory: str) -> Any:
@@ -63,7 +61,7 @@ def build_full(directory: str) -> nn.Module:
             "model_type",
             f"'{config.model_type}' is planned but not built by the runtime yet; it builds {', '.join(MODEL_CLASSES)}",
         )
-    if config.model_type in MULTIMODAL_OR_TEXT:  # the LLM attends with orch's; towers keep their own attention
+    if config.model_type in SUPPORTED_TYPES:  # the LLM attends with orch's; bare towers keep their own attention
         tc = text_config(config)
         if getattr(tc, "attention_dropout", 0.0):
             raise SpecError(str(Path(directory) / "config.json"), "attention_dropout", "orch trains with 0 here")
@@ -161,7 +159,3 @@ def build_hf_modules(model: ModelSpec, names: list[str] | None = None) -> dict[s
                 raise SpecError(hf.path, missing[0], f"not in the model's safetensors ({len(missing)} tensors missing)")
         out[name] = module
     return out
-
-
-def is_hf_model(model: ModelSpec) -> bool:
-    return any(m.hf is not None for m in model.modules.values())

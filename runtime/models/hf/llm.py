@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from orch.runtime.models.hf.module import HFModule
-from orch.runtime.models.reference import stage_layers, text_rows
+from orch.runtime.models.hf.module import HFModule, layer_plan
+from orch.runtime.models.reference import embed_packed, stage_layers, text_rows
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -38,15 +38,11 @@ class HFCausalLM(HFModule):
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
 
     def tp_plan(self) -> dict[str, ParallelStyle]:
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
         plan: dict[str, ParallelStyle] = {}
         for i in self.layers:
-            at = f"layers.{i}"
-            plan |= {f"{at}.self_attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")}
-            plan[f"{at}.self_attn.o_proj"] = RowwiseParallel()
-            plan |= {f"{at}.mlp.{p}": ColwiseParallel() for p in ("gate_proj", "up_proj")}
-            plan[f"{at}.mlp.down_proj"] = RowwiseParallel()
+            plan |= layer_plan(
+                f"layers.{i}", ("self_attn.o_proj",), ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",)
+            )
         return plan
 
     def keep_stage(self, stage: int, stages: int) -> None:
@@ -61,18 +57,9 @@ class HFCausalLM(HFModule):
     def embed_inputs(
         self, prefixes: list[torch.Tensor], texts: list[torch.Tensor], cp: CPShard | None = None
     ) -> tuple[torch.Tensor, list[int]]:
-        embed = self.embed_tokens
-        if embed is None:
+        if self.embed_tokens is None:
             raise RuntimeError("embed_inputs runs on the first pipeline stage")
-        if cp is not None and prefixes:
-            x_TD, local_lens, _ = cp.llm_input(prefixes, texts, embed)
-            return x_TD, local_lens
-        parts, seqlens = [], []
-        for prefix, text in zip(prefixes, texts, strict=True):
-            parts += [prefix, embed(text)]
-            seqlens.append(prefix.shape[0] + text.shape[0])
-        device = next(embed.parameters()).device
-        return (torch.cat(parts) if parts else embed(torch.zeros(0, dtype=torch.int64, device=device))), seqlens
+        return embed_packed(self.embed_tokens, prefixes, texts, cp)
 
     def run_blocks(self, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
         dev = x_TD.device

@@ -59,5 +59,13 @@ class HFModule(nn.Module):
             init_parameters(self, name, seed, self.init_std)
 
 
-def is_hf_module(module: nn.Module) -> bool:
-    return isinstance(module, HFModule)
+def layer_plan(
+    at: str, attn_out: tuple[str, ...], mlp_in: tuple[str, ...], mlp_out: tuple[str, ...]
+) -> dict[str, ParallelStyle]:
+    """Megatron's TP plan of one HF transformer layer under `at`: q/k/v and the MLP's input projections
+    colwise, the attention's output and the MLP's last projection rowwise (names relative to the layer)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    colwise = (*(f"self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj")), *mlp_in)
+    plan: dict[str, ParallelStyle] = {f"{at}.{name}": ColwiseParallel() for name in colwise}
+    return plan | {f"{at}.{name}": RowwiseParallel() for name in (*attn_out, *mlp_out)}

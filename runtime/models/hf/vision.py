@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from orch.runtime.models.hf.module import HFModule
+from orch.runtime.models.hf.module import HFModule, layer_plan
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -61,14 +61,11 @@ class HFVisionEncoder(HFModule):
         return getattr(self.vision_tower, "vision_model", self.vision_tower)
 
     def tp_plan(self) -> dict[str, ParallelStyle]:
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
         plan: dict[str, ParallelStyle] = {}
         for i in range(max(self.picks)):
-            at = f"{self._core_path}.encoder.layers.{i}"
-            plan |= {f"{at}.self_attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")}
-            plan[f"{at}.self_attn.out_proj"] = RowwiseParallel()
-            plan |= {f"{at}.mlp.fc1": ColwiseParallel(), f"{at}.mlp.fc2": RowwiseParallel()}
+            plan |= layer_plan(
+                f"{self._core_path}.encoder.layers.{i}", ("self_attn.out_proj",), ("mlp.fc1",), ("mlp.fc2",)
+            )
         return plan
 
     def images(self, feats_TF: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ from torch import nn
 
 from orch.planner.errors import SpecError
 from orch.runtime.models.reference import _stable_seed
+from orch.runtime.parallel.tensor import local_part
 
 INDEX = "model.safetensors.index.json"
 
@@ -112,10 +113,6 @@ def local_region(p: torch.Tensor) -> tuple[slice, ...]:
     return tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))
 
 
-def _local(p: torch.Tensor) -> torch.Tensor:
-    return p.to_local() if hasattr(p, "to_local") else p  # type: ignore[no-any-return]
-
-
 @torch.no_grad()
 def load_parameters(module: nn.Module, keys: dict[str, str], ckpt: Checkpoint) -> None:
     """Fill `module`'s parameters (materialised) with their local slices from the checkpoint."""
@@ -132,7 +129,7 @@ def load_parameters(module: nn.Module, keys: dict[str, str], ckpt: Checkpoint) -
         with safe_open(str(file), framework="pt") as f:
             for local, p in items:
                 part = f.get_slice(ckpt.tensors[keys[local]].key)[local_region(p)]
-                target = _local(p)
+                target = local_part(p)
                 target.copy_(part.to(dtype=target.dtype))
 
 
@@ -153,5 +150,5 @@ def init_parameters(module: nn.Module, name: str, seed: int, std: float, only: s
             full = torch.ones(p.shape, dtype=torch.float64)
         else:
             full = torch.randn(p.shape, generator=gen, dtype=torch.float64) * std
-        target = _local(p)
+        target = local_part(p)
         target.copy_(full[local_region(p)].to(target.dtype))
