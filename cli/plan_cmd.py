@@ -22,17 +22,24 @@ def plan(
     trace: str | None = typer.Option(None, "--trace", help="Write the predicted step as a Chrome trace JSON."),
     top: int = typer.Option(4, "--top", help="Alternatives to list beside the best plan."),
     time_limit: float = typer.Option(10.0, "--time-limit", help="CP-SAT time limit, seconds."),
+    data_parallel: str = typer.Option(
+        "auto", "--data-parallel", help="fsdp, replicate, or auto (fsdp unless a module is small)."
+    ),
 ) -> None:
     """Choose TP/CP/PP/DP/EP per module and the placement, and write the plan."""
     from orch.planner.candidates import Pin, SearchInput
+    from orch.planner.costs import CostConfig
     from orch.planner.errors import SpecError
     from orch.planner.io import to_yaml, write_text_atomic
     from orch.planner.loading import data_for, load_cluster, load_json_file, load_model
-    from orch.planner.plan import Placement
+    from orch.planner.plan import DataParallel, Placement
     from orch.planner.planner import make_plan
     from orch.planner.profile import Profile
     from orch.planner.search import SolverConfig
 
+    modes = ("auto", *(d.value for d in DataParallel))
+    if data_parallel not in modes:
+        raise SpecError("--data-parallel", "", f"expected one of {', '.join(modes)}, got '{data_parallel}'")
     if placement not in PLACEMENTS:
         raise SpecError("--placement", "", f"expected one of {', '.join(PLACEMENTS)}, got '{placement}'")
     model_spec = load_model(model)
@@ -52,7 +59,8 @@ def plan(
     prof = load_json_file(Profile, profile) if profile else None
     pins = tuple(Pin.parse(f, model_spec) for f in fix)
     placements = tuple(Placement) if placement == "auto" else (Placement(placement),)
-    inp = SearchInput(model_spec, cluster_spec, data_spec, profile=prof, pins=pins, placements=placements)
+    costs = CostConfig(data_parallel=None if data_parallel == "auto" else DataParallel(data_parallel))
+    inp = SearchInput(model_spec, cluster_spec, data_spec, profile=prof, pins=pins, placements=placements, cfg=costs)
     result = make_plan(inp, SolverConfig(time_limit_s=time_limit, alternatives=max(top, 0)))
 
     write_text_atomic(out, to_yaml(result.model_dump(mode="json")))

@@ -28,10 +28,14 @@ def _layout_table(plan: Plan, colours: dict[str, str]) -> Table:
             ("ranks", "text"),
             ("micro", "num"),
             ("recompute", "name"),
+            ("DP", "name"),
             ("GB/GPU", "num"),
             ("busy s", "num"),
         ],
-        caption="micro: samples per micro-batch x micro-batches; GB/GPU: memory; busy s: compute per step",
+        caption=(
+            "micro: samples per micro-batch x micro-batches; DP: fsdp (sharded state) or repl (replicated); "
+            "GB/GPU: memory; busy s: compute per step"
+        ),
     )
     for name, mp in plan.modules.items():
         t.add_row(
@@ -41,6 +45,7 @@ def _layout_table(plan: Plan, colours: dict[str, str]) -> Table:
             _ranks(mp),
             f"{mp.micro_batch}x{mp.num_micro_batches}",
             mp.recompute.value,
+            "fsdp" if mp.data_parallel == "fsdp" else "repl",
             f"{mp.memory_gb:.1f}",
             f"{mp.time_s:.3f}",
         )

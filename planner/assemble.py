@@ -98,6 +98,7 @@ def _module_plan(inp: SearchInput, choice: Choice, name: str) -> ModulePlan:
         micro_batch=c.micro_batch,
         num_micro_batches=c.num_micro_batches,
         recompute=c.recompute,
+        data_parallel=c.cost.data_parallel,
         memory_gb=round(memory, 3),
         time_s=c.time_s,
     )

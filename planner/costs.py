@@ -3,7 +3,7 @@
 Pure arithmetic over specs; the search (planner/search.py) only compares these numbers.
 Sources: Narayanan et al. 2021 (Megatron-LM PTD-P: 1F1B bubble, communication volumes),
 Korthikanti et al. 2022 (activation memory sbh(34 + 5as/h), sequence parallelism,
-selective recompute), Megatron's distributed optimizer (6 + 12/d bytes per parameter).
+selective recompute); state memory as FSDP2 holds it (`state_bytes_per_param`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from orch.planner.data import TokenStats, token_stats
 from orch.planner.imbalance import residual_imbalance
-from orch.planner.plan import Layout, Recompute
+from orch.planner.plan import DataParallel, Layout, Recompute
 from orch.planner.profile import Profile
 from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec, ModuleKind, ModuleSpec
 
@@ -31,6 +31,33 @@ class CostConfig:
     dp_overlap: float = 0.7  # share of DP gradient/parameter traffic hidden behind backward/forward
     grad_bytes: int = FP32  # bytes per gradient element reduced over DP
     memory_reserve_gb: float = 3.0  # CUDA context, allocator fragmentation, workspaces
+    data_parallel: DataParallel | None = None  # every module's, when the user chose; else `choose_data_parallel`
+    replicate_below_params: float = 20e6  # a module with fewer parameters per GPU replicates its state
+
+
+def choose_data_parallel(m: ModuleSpec, layout: Layout, cfg: CostConfig) -> DataParallel:
+    """fsdp unless there is nothing to shard over (dp x cp of 1) or the module is small, where one all-reduce
+    beats a gather and a reduce-scatter and the replicated state costs little memory."""
+    if cfg.data_parallel is not None:
+        return cfg.data_parallel
+    if layout.dp * layout.cp == 1 or _local_params(m, layout) < cfg.replicate_below_params:
+        return DataParallel.REPLICATE
+    return DataParallel.FSDP
+
+
+def state_bytes_per_param(mode: DataParallel, trainable: bool, shards: int, compute_bytes: int = BF16) -> float:
+    """Peak bytes per local parameter of a step's training state, as FSDP2 holds it (runtime/parallel/data.py).
+
+    The parameters are fp32 masters (sharded over `shards` ranks under fsdp); for the step they are gathered
+    once into the compute dtype, and the gradients accumulate at full size in fp32 until the step's one
+    reduction. AdamW's two moments follow the masters. A frozen module has no gradient or moments. With a
+    compute dtype of fp32 the gathered copy is the master itself under replicate (nothing to cast).
+    """
+    d = shards if mode == DataParallel.FSDP else 1
+    if not trainable:
+        return compute_bytes + FP32 / d if mode == DataParallel.FSDP or compute_bytes != FP32 else FP32
+    copy = compute_bytes if mode == DataParallel.FSDP or compute_bytes != FP32 else 0
+    return copy + FP32 + (FP32 + 2 * FP32) / d
 
 
 def layer_params(m: ModuleSpec, active: bool = False) -> float:
@@ -183,6 +210,7 @@ class ModuleCost:
     overhead_s: float = 0.0  # measured fixed work per step: gradient sync and optimizer
     # measured runtime work per step: orchestrator (announce, dispatch, routes), batch bookkeeping
     orchestrator_s: float = 0.0
+    data_parallel: DataParallel = DataParallel.REPLICATE
 
     @property
     def work_s(self) -> float:
@@ -325,22 +353,25 @@ def module_cost(
         inter = tp * cp * dp >= cluster.gpus_per_node or tp * cp * dp * pp > cluster.gpus_per_node
         pp_p2p_s = 2 * num_mb * links.p2p(act_bytes / tp, inter)
 
-    # DP (distributed optimizer): reduce-scatter gradients, all-gather parameters, over dp x cp.
+    # DP over dp x cp: fsdp gathers the parameters (bf16) and reduce-scatters the gradients (fp32) once per
+    # step; replicate all-reduces the gradients (twice a reduce-scatter's traffic on a ring).
     params_local = _local_params(m, layout)
     dp_group = dp * cp
+    mode = choose_data_parallel(m, layout, cfg)
     dp_s = 0.0
-    if m.trainable and dp_group > 1:
-        traffic = links.ring(params_local * cfg.grad_bytes, tp, dp_group) + links.ring(
-            params_local * BF16, tp, dp_group
-        )
+    if dp_group > 1:
+        grads = links.ring(params_local * cfg.grad_bytes, tp, dp_group) if m.trainable else 0.0
+        if mode == DataParallel.FSDP:
+            traffic = grads + links.ring(params_local * BF16, tp, dp_group)
+        else:
+            traffic = 2 * grads
         dp_s = traffic * (1 - cfg.dp_overlap)
 
     work = compute + tp_s + cp_s + ep_s + pp_p2p_s
     bubble = work * (pp - 1) / num_mb if pp > 1 else 0.0
     forward_share = (1.0 / 3.0) if m.trainable else 1.0
 
-    bytes_per_param = (BF16 + FP32 + 12 / dp_group) if m.trainable else BF16
-    params_gb = params_local * bytes_per_param / GB
+    params_gb = params_local * state_bytes_per_param(mode, m.trainable, dp_group) / GB
 
     act_gb = activation_gb(m, w, layout, micro_batch, recompute, in_flight)
     return ModuleCost(
@@ -357,6 +388,7 @@ def module_cost(
         model_flops=train_flops(m, llm, w),
         overhead_s=overhead,
         orchestrator_s=orchestrator,
+        data_parallel=mode,
     )
 
 

@@ -31,6 +31,17 @@ class Recompute(StrEnum):
     FULL = "full"
 
 
+class DataParallel(StrEnum):
+    """How a module's data-parallel replicas hold their state (runtime/parallel/data.py).
+
+    fsdp: FSDP2 `fully_shard` over the (dp, cp) ranks: parameters, gradients and optimizer state sharded
+    at rest, gathered once per step, gradients reduce-scattered. replicate: every rank holds the whole
+    state, gradients all-reduced (cheaper for a small module: one collective, no gather)."""
+
+    FSDP = "fsdp"
+    REPLICATE = "replicate"
+
+
 class EdgeKind(StrEnum):
     EQUAL_DP = "equal_dp"
     FAN_IN = "fan_in"  # DP_src > DP_dst
@@ -83,6 +94,10 @@ class ModulePlan(_Model):
     micro_batch: int = Field(gt=0, description="samples per micro-batch")
     num_micro_batches: int = Field(gt=0, description="micro-batches per DP rank per step")
     recompute: Recompute = Recompute.NONE
+    data_parallel: DataParallel = Field(
+        default=DataParallel.REPLICATE,
+        description="fsdp: state sharded over the (dp, cp) ranks; replicate: whole on each, gradients all-reduced",
+    )
     memory_gb: float = Field(ge=0, description="predicted peak memory per GPU from this module")
     time_s: float = Field(default=0.0, ge=0, description="predicted busy time of this module per step")
 

@@ -7,7 +7,17 @@ derives each edge's kind from the DP ratio and its transport from rank overlap.
 from __future__ import annotations
 
 from orch.planner.loading import load_cluster
-from orch.planner.plan import Edge, Layout, ModulePlan, Placement, Plan, Prediction, Transport
+from orch.planner.plan import (
+    DataParallel,
+    Edge,
+    Layout,
+    ModulePlan,
+    Placement,
+    Plan,
+    Prediction,
+    Recompute,
+    Transport,
+)
 from orch.planner.specs import DataSpec, ModelSpec
 from orch.runtime.parallel.boundary import expected_kind
 
@@ -18,16 +28,27 @@ def hand_plan(
     layouts: dict[str, tuple[Layout, list[int]]],
     *,
     micro_batches: int = 2,
+    data_parallel: DataParallel | dict[str, DataParallel] = DataParallel.REPLICATE,
+    recompute: Recompute | dict[str, Recompute] = Recompute.NONE,
 ) -> Plan:
-    """A Plan from per-module (layout, ranks); every module not named gets the LLM's."""
+    """A Plan from per-module (layout, ranks); every module not named gets the LLM's. `data_parallel` and
+    `recompute`: every module's, or per module name (default replicate, none)."""
     llm = model.llm_name
     modules = {}
     for name in model.modules:
         layout, ranks = layouts.get(name, layouts[llm])
         per_rank = -(-data.global_batch // layout.dp)
         mb = min(micro_batches, per_rank)
+        mode = data_parallel.get(name, DataParallel.REPLICATE) if isinstance(data_parallel, dict) else data_parallel
+        rc = recompute.get(name, Recompute.NONE) if isinstance(recompute, dict) else recompute
         modules[name] = ModulePlan(
-            layout=layout, ranks=ranks, micro_batch=-(-per_rank // mb), num_micro_batches=mb, memory_gb=0.0
+            layout=layout,
+            ranks=ranks,
+            micro_batch=-(-per_rank // mb),
+            num_micro_batches=mb,
+            memory_gb=0.0,
+            data_parallel=mode,
+            recompute=rc,
         )
     edges = []
     for e in model.encoder_names:

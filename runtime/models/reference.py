@@ -166,8 +166,15 @@ class MoE(nn.Module):
     def run_experts(self, x_ND: torch.Tensor, counts: list[int], experts: list[int]) -> torch.Tensor:
         """Rows grouped by expert (counts[i] rows for experts[i], in that order) through their experts."""
         parts = x_ND.split(counts)
-        outs = [self.experts[str(e)](part) for e, part in zip(experts, parts, strict=True)]
+        outs = [self._expert(str(e), part) for e, part in zip(experts, parts, strict=True)]
         return torch.cat(outs) if outs else x_ND
+
+    def _expert(self, key: str, x_ND: torch.Tensor) -> torch.Tensor:
+        """One expert on its rows, in its weights' dtype: under EP with bf16 compute the experts stay fp32
+        masters outside FSDP2's casts (runtime/parallel/data.py), so their rows are cast to them and back."""
+        expert = self.experts[key]
+        dtype = next(expert.parameters()).dtype
+        return expert(x_ND.to(dtype)).to(x_ND.dtype) if dtype != x_ND.dtype else expert(x_ND)
 
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
         t, d = x_TD.shape

@@ -9,8 +9,8 @@ Building a DeviceMesh creates one process group per axis with `new_group`, a col
 the whole world: every rank must build every module's mesh, in the same order, even the
 meshes it is not part of (`build_meshes`). With CP, `build_meshes` also creates two flattened
 groups per grid (`flat_group`): (cp, tp), the replicas of one DP index (transport broadcast),
-and (dp, cp), the ranks whose parameter gradients are summed. The mesh is lazy so that pure
-code (routing, tests without a process group) never touches torch.distributed.
+and (dp, cp), the ranks whose parameter gradients are summed, also as a DeviceMesh (`dp_mesh`,
+FSDP2's). The mesh is lazy so that pure code (routing, tests without a process group) never touches torch.distributed.
 """
 
 from __future__ import annotations
@@ -105,6 +105,15 @@ class Grid:
             self._cache[key] = self.mesh[key]
         return self._cache[key]
 
+    @property
+    def dp_mesh(self) -> DeviceMesh:
+        """The ranks that hold the same parameters and sum their gradients: dp, or (dp, cp) flattened."""
+        if self.cp == 1:
+            return self.submesh("dp")
+        if "dp_cp" not in self._cache:
+            self._cache["dp_cp"] = self.mesh["dp", "cp"]._flatten("dp_cp")
+        return self._cache["dp_cp"]
+
     def flat_ranks(self, axes: tuple[str, ...]) -> list[list[int]]:
         """Every group of ranks that differ only in `axes` (in mesh order), one list per coordinate of the rest."""
         import itertools
@@ -140,3 +149,4 @@ def build_meshes(grids: dict[str, Grid]) -> None:
         if grids[name].cp > 1:
             for axes in FLAT_GROUPS:
                 grids[name].flat_group(*axes)
+            _ = grids[name].dp_mesh

@@ -8,8 +8,8 @@ global norm over every module and every sharding.
   constant, linear or cosine decay from there to `min_lr` at the last step. A function of the step
   alone, so a resumed run continues on the same curve with nothing to checkpoint but the step.
 * Clipping: the norm of the whole model's gradient as one vector, as one process would compute it. Each
-  rank adds the squares of the gradient entries it is the one to count: a TP shard by every TP rank, a
-  replicated tensor by TP rank 0 only; DP and CP replicas (equal after the sync) by DP and CP index 0;
+  rank adds the squares of the gradient entries it is the one to count (`_counts_here`): an FSDP or TP
+  shard by every rank holding one, a replicated tensor by index 0 of the axes it is replicated over;
   experts by the first EP group; every pipeline stage its own layers. One all_reduce sums them. The
   factor is torch.nn.utils.clip_grad_norm_'s: max_norm / (norm + 1e-6), at most 1.
 """
@@ -86,9 +86,23 @@ def set_lr(optimizer: torch.optim.Optimizer, cfg: TrainConfig, step: int) -> flo
     return lr
 
 
-def _sharded(p: torch.Tensor) -> bool:
-    placements = getattr(p, "placements", ())
-    return any(pl.is_shard() for pl in placements)
+def _counts_here(grad: torch.Tensor, coord: Any, expert: bool, ep_degree: int) -> bool:
+    """Whether this rank adds `grad`'s local entries to the norm: each entry of the whole gradient once.
+
+    A DTensor (FSDP2 and TP shards, on meshes named dp, tp or the flattened dp_cp) counts on every rank
+    along a sharded mesh dimension and on index 0 of a replicated one; the grid's axes it is not laid
+    over (tp for a replicated weight, cp under plain DP) count at index 0. An expert (not FSDP-managed,
+    summed over its EDP group and CP) counts on the first EP group, at cp and tp index 0."""
+    if expert:
+        return bool(coord.dp < ep_degree and coord.cp == 0 and coord.tp == 0)
+    covered: set[str] = set()
+    if hasattr(grad, "device_mesh"):
+        mesh = grad.device_mesh
+        for i, (dim, placement) in enumerate(zip(mesh.mesh_dim_names or (), grad.placements, strict=True)):
+            covered.update(dim.split("_"))
+            if placement.is_replicate() and mesh.get_local_rank(i) != 0:  # shards (strided ones too) count
+                return False
+    return all(getattr(coord, axis) == 0 for axis in ("dp", "cp", "tp") if axis not in covered)
 
 
 def _counted(
@@ -100,16 +114,14 @@ def _counted(
     out = []
     for name, module in modules.items():
         c = grids[name].coord(rank)
-        if c is None or c.cp != 0:
+        if c is None:
             continue
         experts = ep.get(name)
         for pname, p in module.named_parameters():
             if p.grad is None:
                 continue
             expert = experts is not None and is_expert_param(pname)
-            if not (c.dp < experts.ep if expert and experts is not None else c.dp == 0):
-                continue
-            if c.tp == 0 or _sharded(p):
+            if _counts_here(p.grad, c, expert, experts.ep if experts is not None else 1):
                 out.append(local_part(p.grad))
     return out
 

@@ -30,12 +30,13 @@ from orch.planner.balance.mode import Mode
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
 from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order
-from orch.runtime.memory import measured_step, peak_bytes, state_bytes
+from orch.runtime.memory import measured_step, parameter_storages, peak_bytes, state_parts
 from orch.runtime.models.build import build_modules
 from orch.runtime.models.hf.module import HFModule
 from orch.runtime.models.reference import LLM
 from orch.runtime.parallel.boundary import Boundary
 from orch.runtime.parallel.context import CPShard, cp_group
+from orch.runtime.parallel.data import DataParallelSteps, master_dtype, shard_module
 from orch.runtime.parallel.expert import build_expert_parallel, is_expert_param
 from orch.runtime.parallel.grid import Grid, build_grids, build_meshes
 from orch.runtime.parallel.pipeline import MicroBatch, PipelineStage
@@ -43,10 +44,11 @@ from orch.runtime.parallel.tensor import apply_tp
 from orch.runtime.train.compute import label_loss
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig, TokenCounter, write_dump
-from orch.runtime.train.grad_sync import sync_grads
+from orch.runtime.train.grad_sync import sync_expert_grads
 from orch.runtime.train.inputs import InputRouter
 from orch.runtime.train.optim import build_optimizer, clip_grads, global_grad_norm, lr_at, set_lr
 from orch.runtime.train.orchestrator import Orchestrator, StepTables, longest_sample, shared_calibration
+from orch.runtime.train.recompute import apply_recompute
 from orch.runtime.train.support import UnsupportedPlan, check_supported
 from orch.runtime.train.trace import Span
 
@@ -104,8 +106,9 @@ class TrainStep:
         build_meshes(self.grids)
         self.served = [n for n in self.model.modules if self.grids[n].coord(rank) is not None]
         self.cp = {n: cp_group(self.grids[n], rank, self.device) for n in self.served}  # None without CP
+        params_dtype = master_dtype(cfg.torch_dtype)  # fp32 masters under bf16 compute (runtime/parallel/data.py)
         self.modules: dict[str, nn.Module] = build_modules(
-            self.model, cfg.seed, cfg.torch_dtype, cfg.model_factory, self.served
+            self.model, cfg.seed, params_dtype, cfg.model_factory, self.served
         )
         llm_grid = self.grids[self.model.llm_name]
         self.stage: PipelineStage | None = None
@@ -127,10 +130,20 @@ class TrainStep:
         for name, module in self.modules.items():
             tp_mesh = self.grids[name].submesh("tp")
             if isinstance(module, HFModule):  # on meta until here: sharded, then this rank's share read or drawn
-                module.place(self.device, tp_mesh, cfg.seed, name, cfg.torch_dtype)
-                continue
-            module.to(self.device)  # initialised on the CPU from the seed (and pruned to the stage/experts), then moved
-            apply_tp(module, tp_mesh=tp_mesh)
+                module.place(self.device, tp_mesh, cfg.seed, name, params_dtype)
+            else:
+                module.to(self.device)  # initialised on the CPU from the seed (pruned to the stage/experts), moved
+                apply_tp(module, tp_mesh=tp_mesh)
+        for name, module in self.modules.items():
+            apply_recompute(module, plan.modules[name].recompute)
+        shards = {}
+        for name, module in sorted(self.modules.items()):
+            ignored = None
+            if name in self.ep:  # experts differ between the DP ranks: summed over their EDP group instead
+                ignored = {p for pn, p in module.named_parameters() if is_expert_param(pn)}
+            mode = plan.modules[name].data_parallel
+            shards[name] = shard_module(name, module, self.grids[name].dp_mesh, mode, cfg.torch_dtype, ignored)
+        self.data_parallel = DataParallelSteps(shards)
         self.optimizer = build_optimizer(self.modules, cfg)
         edges = {e.src: e for e in plan.edges}
         self.boundaries = {
@@ -182,10 +195,16 @@ class TrainStep:
         work = StepWork(batch, tables, self.debug.counter(self._leader))
         work.phases["dispatch"] = time.perf_counter() - t
 
-        with measured_step(self.device) as meter:
-            loss_sum = (run_graph_1f1b if self.graph else run_three_phase)(self, work)
         t = time.perf_counter()
-        sync_grads(self.modules, self.grids, self.ep, self.cp, work.spans)
+        self.data_parallel.begin()  # every module's parameters gathered once for the step
+        work.phases["gather"] = time.perf_counter() - t
+        with measured_step(self.device, parameter_storages(self.modules)) as meter:
+            loss_sum = (run_graph_1f1b if self.graph else run_three_phase)(self, work)
+        gathered = self.data_parallel.gathered_bytes()
+        t = time.perf_counter()
+        self.data_parallel.finish()
+        work.spans.append(("data_parallel", "grad_sync", t, time.perf_counter()))
+        sync_expert_grads(self.modules, self.ep, self.cp, work.spans)
         work.phases["grad_sync"] = time.perf_counter() - t
         t = time.perf_counter()
         if self.debug.dump_dir is not None and k == 0:
@@ -200,8 +219,8 @@ class TrainStep:
             work.spans.append(("optimizer", "optimizer", t, time.perf_counter()))
         work.phases["optimizer"] = time.perf_counter() - t
 
-        state = state_bytes(self.modules, self.optimizer)
-        memory = {"state_bytes": state, "peak_bytes": peak_bytes(self.device, meter, state)}
+        state = state_parts(self.modules, self.optimizer)
+        memory = {"state_bytes": sum(state.values()), "peak_bytes": peak_bytes(self.device, meter, state, gathered)}
         loss_total = self._global_loss(loss_sum)
         balance = {"mode": self.orch.mode.value, **self.orch.record(tables, batch)}
         return StepMetrics(

@@ -15,7 +15,7 @@ from hf_models import make_llava, make_qwen2_audio
 from launching import train_tasks
 
 from orch.planner.hf_config import model_spec_from_dir
-from orch.planner.plan import Layout
+from orch.planner.plan import DataParallel, Layout, Recompute
 from orch.planner.specs import DataSpec, TaskSpec
 from orch.runtime.data.synthetic import GlobalBatch
 from orch.runtime.plans import hand_plan
@@ -117,8 +117,12 @@ def four_ranks(tmp_path_factory):
         model = model_spec_from_dir(directory)
         ref = hf_audio_reference if family == "qwen2_audio" else hf_reference
         wants[family] = (orch_keys(model), *ref(directory, model, data, SEED))
+        # the other families' and the audio model's plans shard their state with FSDP2 (the audio's with
+        # recompute too): the HF modules under fully_shard, composed with TP, CP and PP
+        dp = DataParallel.REPLICATE if family == "clip_llama" else DataParallel.FSDP
+        rc = Recompute.SELECTIVE if family == "qwen2_audio" else Recompute.NONE
         for plan_name, layout in groups[family].items():
-            built[f"{family}-{plan_name}"] = hand_plan(model, data, layout)
+            built[f"{family}-{plan_name}"] = hand_plan(model, data, layout, data_parallel=dp, recompute=rc)
     cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
     out = root / "runs"
     return train_tasks(built, data, cfg, out), out, wants

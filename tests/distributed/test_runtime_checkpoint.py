@@ -48,12 +48,13 @@ def test_latest_ignores_tmp_and_unnamed_directories(tmp_path):
 
 @pytest.mark.slow
 def test_resume_with_pipeline_experts_and_context_parallel_shards(tmp_path):
-    """PP stages, local experts and CP-sharded encoders save and load their own shards (AdamW state too)."""
+    """PP stages, local experts, CP-sharded encoders and FSDP2 shards save and load their own shards (AdamW state
+    too)."""
     from launching import train_local
 
     from orch.planner.balance.mode import Mode
     from orch.planner.loading import load_data, load_model
-    from orch.planner.plan import Layout
+    from orch.planner.plan import DataParallel, Layout
     from orch.runtime.plans import hand_plan
     from orch.runtime.train.config import TrainConfig
 
@@ -64,7 +65,10 @@ def test_resume_with_pipeline_experts_and_context_parallel_shards(tmp_path):
         "vision": (Layout(cp=2, dp=2), [0, 1, 2, 3]),
         "audio": (Layout(dp=4), [0, 1, 2, 3]),
     }
-    plan = hand_plan(model, data, layouts)
+    # FSDP2 shards (the LLM's dense weights over dp, the vision tower's over the flattened (dp, cp)), a
+    # replicated audio tower, and experts outside FSDP2
+    dp = {"llm": DataParallel.FSDP, "vision": DataParallel.FSDP, "audio": DataParallel.REPLICATE}
+    plan = hand_plan(model, data, layouts, data_parallel=dp)
 
     def run(workdir, steps, **kw):
         cfg = TrainConfig(steps=steps, seed=4, dtype="float64", optimizer="adamw", lr=0.01, balance=Mode.NONE, **kw)

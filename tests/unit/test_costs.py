@@ -6,14 +6,16 @@ from orch.planner.costs import (
     CostConfig,
     Links,
     activation_gb,
+    choose_data_parallel,
     forward_coefficients,
     forward_flops,
     module_cost,
     module_params,
+    state_bytes_per_param,
     workload,
 )
 from orch.planner.loading import load_cluster, load_data, load_model, parse_text
-from orch.planner.plan import Layout, Recompute
+from orch.planner.plan import DataParallel, Layout, Recompute
 from orch.planner.specs import DataSpec
 
 FIXED = DataSpec.model_validate(
@@ -93,7 +95,29 @@ def test_frozen_encoder_costs_a_third_and_keeps_no_optimizer():
     t = module_cost(model, FIXED, cluster, "vision", lay, 1, Recompute.NONE, in_flight=1)
     f = module_cost(frozen, FIXED, cluster, "vision", lay, 1, Recompute.NONE, in_flight=1)
     assert f.compute_s == pytest.approx(t.compute_s / 3)
-    assert f.dp_s == 0 and f.params_gb == pytest.approx(t.params_gb * 2 / (2 + 4 + 12 / 8))
+    # sharded (fsdp): a frozen module only gathers its parameters, and holds no gradient or moments
+    assert t.data_parallel == f.data_parallel == DataParallel.FSDP
+    assert 0 < f.dp_s < t.dp_s
+    assert f.params_gb == pytest.approx(t.params_gb * (2 + 4 / 8) / (2 + 4 + 12 / 8))
+    replicated = CostConfig(data_parallel=DataParallel.REPLICATE)
+    r = module_cost(frozen, FIXED, cluster, "vision", lay, 1, Recompute.NONE, in_flight=1, cfg=replicated)
+    assert r.dp_s == 0 and r.params_gb == pytest.approx(t.params_gb * (2 + 4) / (2 + 4 + 12 / 8))
+
+
+def test_data_parallel_mode_prices_what_fsdp2_holds():
+    # bf16 compute, fp32 masters: fsdp gathers a bf16 copy and accumulates full fp32 gradients, its masters
+    # and moments sharded; replicate holds it all; with fp32 compute replicate needs no copy
+    assert state_bytes_per_param(DataParallel.FSDP, True, 4) == 2 + 4 + 12 / 4
+    assert state_bytes_per_param(DataParallel.REPLICATE, True, 4) == 2 + 4 + 12
+    assert state_bytes_per_param(DataParallel.REPLICATE, True, 4, compute_bytes=4) == 16
+    assert state_bytes_per_param(DataParallel.FSDP, True, 4, compute_bytes=4) == 4 + 4 + 12 / 4
+    small = load_model("tiny").modules["vision"]
+    big = load_model("llava-1b-70b").modules["llm"]
+    assert choose_data_parallel(small, Layout(dp=8), CostConfig()) == DataParallel.REPLICATE
+    assert choose_data_parallel(big, Layout(tp=8, dp=8), CostConfig()) == DataParallel.FSDP
+    assert choose_data_parallel(big, Layout(tp=8, pp=8), CostConfig()) == DataParallel.REPLICATE  # dp 1
+    forced = CostConfig(data_parallel=DataParallel.FSDP)
+    assert choose_data_parallel(small, Layout(dp=8), forced) == DataParallel.FSDP
 
 
 def test_links_pick_intra_or_inter_node():
