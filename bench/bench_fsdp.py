@@ -73,11 +73,15 @@ def main() -> None:
         name: hand_plan(MODEL, DATA, {"llm": (Layout(dp=dp), list(range(dp)))}, micro_batches=1, data_parallel=mode)
         for name, (dp, mode) in PLANS.items()
     }
+    records_of: dict[str, list] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        tasks = [
-            TrainTask(p, DATA, cfg, str(Path(tmp) / str(i)), timeout_s=600.0) for i, p in enumerate(plans.values())
-        ]
-        results = LocalLauncher().submit(TaskSequence(tasks)).result()
+        for world in sorted({p.world_size for p in plans.values()}):  # one launch per world size
+            names = [n for n, p in plans.items() if p.world_size == world]
+            tasks = [
+                TrainTask(plans[n], DATA, cfg, str(Path(tmp) / n.replace(" ", "_")), timeout_s=600.0) for n in names
+            ]
+            records_of |= dict(zip(names, LocalLauncher().submit(TaskSequence(tasks)).result(), strict=True))
+    results = [records_of[n] for n in PLANS]
     params = module_params(MODEL.modules["llm"])
     print(f"{MODEL.name}: {params / 1e6:.1f}M parameters, bf16 compute, fp32 masters, AdamW, {args.steps} steps")
     head = (

@@ -41,6 +41,12 @@ def encode(
     return encoder(torch.cat(feats), seqlens)
 
 
+def join_prefix(rows: list[torch.Tensor], width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A sample's encoder rows, encoder after encoder, as the prefix of its LLM sequence (empty for a text-only
+    model: no encoders)."""
+    return torch.cat(rows) if rows else torch.zeros(0, width, dtype=dtype, device=device)
+
+
 def text_loss(
     llm: nn.Module, prefixes: list[torch.Tensor], samples: list[Sample], label_tokens: int, cp: CPGroup | None = None
 ) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 from orch.planner.specs import DataSpec, ModelSpec
 from orch.runtime.data.synthetic import GlobalBatch, encoder_order
 from orch.runtime.models.build import build_modules
-from orch.runtime.train.compute import encode, text_loss
+from orch.runtime.train.compute import encode, join_prefix, text_loss
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.optim import build_optimizer, set_lr
 
@@ -52,7 +52,10 @@ def run_reference(
         }
         rows = {e: [batch.projected(e, i) for i in range(batch.size)] for e in encoder_order(model)}
         per_enc = {e: encoded[e].split(rows[e]) for e in encoder_order(model)}
-        prefixes = [torch.cat([per_enc[e][i] for e in encoder_order(model)]) for i in range(batch.size)]
+        order, width = encoder_order(model), model.llm.hidden
+        prefixes = [
+            join_prefix([per_enc[e][i] for e in order], width, dtype, torch.device("cpu")) for i in range(batch.size)
+        ]
         loss = text_loss(modules[model.llm_name], prefixes, samples, batch.label_tokens)
         opt.zero_grad()
         loss.backward()

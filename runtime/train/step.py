@@ -41,7 +41,7 @@ from orch.runtime.parallel.expert import build_expert_parallel, is_expert_param
 from orch.runtime.parallel.grid import Grid, build_grids, build_meshes
 from orch.runtime.parallel.pipeline import MicroBatch, PipelineStage
 from orch.runtime.parallel.tensor import apply_tp
-from orch.runtime.train.compute import label_loss
+from orch.runtime.train.compute import join_prefix, label_loss
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig, TokenCounter, write_dump
 from orch.runtime.train.grad_sync import sync_expert_grads
@@ -253,7 +253,10 @@ class TrainStep:
 
         def first_inputs(mb: MicroBatch) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
             per_encoder = encoder_rows(mb)
-            prefixes = [torch.cat([per_encoder[e][j] for e in encoder_order(self.model)]) for j in range(len(mb.ids))]
+            order, width, dtype = encoder_order(self.model), self.model.llm.hidden, self.cfg.torch_dtype
+            prefixes = [
+                join_prefix([per_encoder[e][j] for e in order], width, dtype, self.device) for j in range(len(mb.ids))
+            ]
             work.counter.add(llm_name, dict(zip(mb.ids, mb.seqlens, strict=True)))
             return prefixes, [texts[i].text for i in mb.ids]
 

@@ -60,6 +60,7 @@ PLANS = {
         Recompute.NONE,
     ),
     "moe_dp4_ep2": ("tiny-moe", {"llm": (Layout(dp=4, ep=2), [0, 1, 2, 3]), **ENC_DP4}, FSDP, Recompute.NONE),
+    "text_only_llm_dp4": ("text", {"llm": (Layout(dp=4), [0, 1, 2, 3])}, FSDP, Recompute.NONE),  # no encoders
     "recompute_full": ("tiny", {"llm": (Layout(tp=2, dp=2), [0, 1, 2, 3])}, FSDP, Recompute.FULL),
     "recompute_selective": (
         "tiny",
@@ -77,6 +78,13 @@ STATE = {"state_fsdp_dp4": FSDP, "state_replicate_dp4": REPLICATE}
 PRECISION = {"float32": "float32", "bfloat16": "bfloat16"}
 
 
+def _model(name: str):
+    if name == "text":  # the tiny preset's LLM alone
+        tiny = load_model("tiny")
+        return tiny.model_copy(update={"name": "tiny-text", "modules": {"llm": tiny.modules["llm"]}})
+    return load_model(name)
+
+
 def _data():
     return load_data("tiny-mix").model_copy(update={"global_batch": 8, "seq_len": 96})
 
@@ -86,7 +94,7 @@ def launched(tmp_path_factory):
     data = _data()
     plans, cfgs = {}, {}
     for name, (model, layouts, dp, rc) in PLANS.items():
-        plans[name], cfgs[name] = hand_plan(load_model(model), data, layouts, data_parallel=dp, recompute=rc), CFG
+        plans[name], cfgs[name] = hand_plan(_model(model), data, layouts, data_parallel=dp, recompute=rc), CFG
     for name, dp in STATE.items():
         plans[name], cfgs[name] = (
             hand_plan(load_model("tiny"), data, {"llm": (Layout(dp=4), [0, 1, 2, 3])}, data_parallel=dp),
@@ -104,7 +112,7 @@ _refs: dict[str, object] = {}
 
 def _reference(model: str):
     if model not in _refs:
-        _refs[model] = run_reference(load_model(model), _data(), seed=SEED, steps=STEPS, dtype=torch.float64, train=CFG)
+        _refs[model] = run_reference(_model(model), _data(), seed=SEED, steps=STEPS, dtype=torch.float64, train=CFG)
     return _refs[model]
 
 
