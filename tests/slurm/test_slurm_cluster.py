@@ -108,7 +108,9 @@ def _release_requeued(job_id: str, timeout_s: float = 60) -> None:
             # not while the killed run's nodes are still completing: a job started onto them can fail at once
             nodes = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, check=False)
             if "completing" not in nodes.stdout:
-                subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], capture_output=True, check=False)
+                subprocess.run(
+                    ["scontrol", "update", f"jobid={job_id}", "StartTime=now"], capture_output=True, check=False
+                )
         elif seen_pending and state != "PENDING":
             return
         time.sleep(0.5)
