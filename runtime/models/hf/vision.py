@@ -87,5 +87,5 @@ class HFVisionEncoder(HFModule):
             hidden = layer(hidden, None)
             states.append(hidden)
         chosen = [states[k][:, 1:] if self.drop_cls else states[k] for k in self.picks]
-        out = self.multi_modal_projector(torch.cat(chosen, dim=-1))
-        return out.reshape(-1, out.shape[-1])
+        # rows flattened before the projector, so the output is its own tensor, not a view (FSDP2 hooks it)
+        return self.multi_modal_projector(torch.cat(chosen, dim=-1).flatten(0, 1))
