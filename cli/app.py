@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from orch.cli import balance_cmd, export_cmd, jobs_cmd, launch_cmd, plan_cmd, profile_cmd, specs_cmd
+from orch.cli import balance_cmd, data_cmd, export_cmd, jobs_cmd, launch_cmd, plan_cmd, profile_cmd, specs_cmd
 from orch.cli.errors import OrchGroup
 
 app = typer.Typer(
@@ -38,6 +38,7 @@ launch_cmd.register(app)
 jobs_cmd.register(app)
 profile_cmd.register(app)
 export_cmd.register(app)
+data_cmd.register(app)
 
 
 def main() -> None:

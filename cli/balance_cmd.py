@@ -89,19 +89,33 @@ def _bar(counts: list[int], width: int = 30) -> list[str]:
 
 
 def analyze(
-    manifest: str = typer.Argument(..., metavar="DATA.jsonl", help="per-sample lengths, one JSON object a line"),
+    manifest: str = typer.Argument(
+        ..., metavar="DATA", help="per-sample lengths (a manifest), or conversations (.jsonl/.json/.parquet, a mix)"
+    ),
     dp: int = typer.Option(..., "--dp", help="data-parallel ranks"),
     dp_per_node: int = typer.Option(8, "--ranks-per-node", help="DP ranks per node"),
     micro_batch: int = typer.Option(..., "--micro-batch", help="samples each rank draws per step"),
     steps: int = typer.Option(8, "--steps", help="random global batches to draw"),
     seed: int = typer.Option(0, "--seed", help="random seed (same seed, same numbers)"),
     json_out: bool = typer.Option(False, "--json", help="Print the numbers as JSON."),
+    model: str | None = typer.Option(None, "--model", "-m", help="With a conversation data file: the model."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="With a data file: tokenizer.json."),
 ) -> None:
     """How much time imbalance wastes per phase on a dataset, and what each balancing mode gains."""
     from orch.planner.balance.analyze import analyze as run
     from orch.planner.data import read_manifest
+    from orch.planner.errors import SpecError
+    from orch.runtime.data.conversations import is_conversation_data
 
-    rows = read_manifest(manifest)
+    if is_conversation_data(manifest):  # a user's data file: its token index (runtime/data/index.py)
+        from orch.planner.loading import load_model
+        from orch.runtime.data.index import build_index
+
+        if model is None:
+            raise SpecError(manifest, "", "a conversation data file is counted for a model: pass --model")
+        rows = read_manifest(build_index(manifest, load_model(model), tokenizer).manifest)
+    else:
+        rows = read_manifest(manifest)
     result = run(rows, dp, dp_per_node, micro_batch, steps=steps, seed=seed, source=manifest)
     if json_out:
         print_json(result)

@@ -22,6 +22,9 @@ def plan(
     trace: str | None = typer.Option(None, "--trace", help="Write the predicted step as a Chrome trace JSON."),
     top: int = typer.Option(4, "--top", help="Alternatives to list beside the best plan."),
     time_limit: float = typer.Option(10.0, "--time-limit", help="CP-SAT time limit, seconds."),
+    global_batch: int | None = typer.Option(None, "--global-batch", help="Samples per step, with a data file."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Cap on LLM tokens per sample, with a data file."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json for a data file (reference model)."),
     data_parallel: str = typer.Option(
         "auto", "--data-parallel", help="fsdp, replicate, or auto (fsdp unless a module is small)."
     ),
@@ -51,7 +54,14 @@ def plan(
         for line in describe(model_spec):
             console().print(f"config.json: {escape(line)}")
     cluster_spec = load_cluster(cluster, nodes)
-    data_spec, hint = data_for(model_spec, data, "planned on")
+    from orch.runtime.data.conversations import is_conversation_data
+
+    if data is not None and is_conversation_data(data):
+        from orch.cli.data_cmd import conversation_data
+
+        data_spec, hint = conversation_data(model_spec, data, global_batch, seq_len, tokenizer)
+    else:
+        data_spec, hint = data_for(model_spec, data, "planned on")
     if hint is not None:
         from rich.markup import escape
 

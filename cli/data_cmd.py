@@ -1,0 +1,99 @@
+"""`orch data index`: a user's conversation data counted in tokens per module, and the data spec `orch plan`
+and `orch analyze` make of it (runtime/data/index.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import typer
+
+from orch.cli.output import console, print_json_text, table
+
+if TYPE_CHECKING:
+    from orch.planner.specs import DataSpec, ModelSpec
+
+DEFAULT_GLOBAL_BATCH = 256
+SEQ_LEN_UNIT = 128
+
+data_app = typer.Typer(help="Users' data: conversations with images and audio (JSONL, JSON, parquet, mix files).")
+
+
+@data_app.command("index")
+def index(
+    data: str = typer.Argument(..., metavar="DATA", help="A .jsonl/.json/.parquet data file or a mix file (YAML)."),
+    model: str = typer.Option(..., "--model", "-m", help="Model spec file, preset, or Hugging Face model directory."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json (default: the LLM's HF directory)."),
+    max_image_tokens: int = typer.Option(1024, "--max-image-tokens", help="Cap on a reference tower's patches."),
+    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Count every sample's tokens per module from the files' headers; cache the index beside the data.
+    Exits 1 when a sample is malformed (each listed as file:line: what is wrong)."""
+    import json
+    import statistics
+    import sys
+
+    from orch.planner.data import read_manifest
+    from orch.planner.loading import load_model
+    from orch.runtime.data.index import build_index
+
+    spec = load_model(model)
+    idx = build_index(data, spec, tokenizer, max_image_tokens)
+    rows = read_manifest(idx.manifest)
+    modules = [*sorted(spec.encoder_names), spec.llm_name]
+    stats = {}
+    for m in modules:
+        values = sorted(dict(r).get(m, 0) for r in rows)
+        present = [v for v in values if v > 0]
+        stats[m] = {
+            "samples_with": len(present),
+            "mean": statistics.fmean(present) if present else 0.0,
+            "p50": present[len(present) // 2] if present else 0,
+            "p99": present[min(len(present) - 1, int(0.99 * len(present)))] if present else 0,
+            "max": values[-1],
+        }
+    if json_out:
+        print_json_text(json.dumps({"manifest": idx.manifest, "samples": idx.samples, "sources": idx.sources,
+                                    "modules": stats}))  # fmt: skip
+    else:
+        out = console()
+        t = table(
+            f"{data}: {idx.samples} samples" + (" (cached index)" if idx.cached else ""),
+            [("module", "name"), ("samples", "num"), ("mean", "num"), ("p50", "num"), ("p99", "num"), ("max", "num")],
+            caption="tokens per sample where the module has any; llm: text plus every encoder's projected tokens",
+        )
+        for m, s in stats.items():
+            t.add_row(m, str(s["samples_with"]), f"{s['mean']:.0f}", str(s["p50"]), str(s["p99"]), str(s["max"]))
+        out.print(t)
+        out.print(f"index: {idx.manifest}")
+    for line in idx.bad:
+        print(f"error: {line}", file=sys.stderr)
+    if idx.bad:
+        print(f"error: {len(idx.bad)} malformed samples (skipped in training)", file=sys.stderr)
+        raise typer.Exit(1)
+
+
+def conversation_data(
+    model: ModelSpec, data: str, global_batch: int | None, seq_len: int | None, tokenizer: str | None
+) -> tuple[DataSpec, str]:
+    """The DataSpec of a conversation data file (its index as the manifest) and the hint line that says so."""
+    from orch.planner.data import read_manifest
+    from orch.planner.specs import DataSpec
+    from orch.runtime.data.index import build_index
+
+    idx = build_index(data, model, tokenizer)
+    longest = max(dict(r).get(model.llm_name, 0) for r in read_manifest(idx.manifest))
+    seq = seq_len or -(-longest // SEQ_LEN_UNIT) * SEQ_LEN_UNIT
+    batch = global_batch or DEFAULT_GLOBAL_BATCH
+    spec = DataSpec(name=data, global_batch=batch, seq_len=seq, manifest=idx.manifest)
+    bad = f", {len(idx.bad)} malformed skipped (orch data index lists them)" if idx.bad else ""
+    hint = (
+        f"data: {idx.samples} samples of {data}{bad}; global batch {batch}"
+        + ("" if global_batch else " (--global-batch)")
+        + f", seq_len {seq}"
+        + ("" if seq_len else " (--seq-len; the longest sample)")
+    )
+    return spec, hint
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(data_app, name="data")

@@ -1,0 +1,201 @@
+"""Users' data files: conversations with images and audio, in the convention LLaMA-Factory, ms-swift and
+VeOmni share, and mix files combining several. Torch-free (orch plan and orch data index read them).
+
+A sample (one JSONL line, one element of a JSON list, one parquet row):
+
+    {"messages": [{"role": "user", "content": "<image>What is in the picture?"},
+                  {"role": "assistant", "content": "A red circle."}],
+     "images": ["img/0001.png"], "audios": []}
+
+`conversations` with `from`/`value` (ShareGPT: human, gpt, system) is read as `messages`. Image and
+audio paths are relative to the data file. Each `<image>` / `<audio>` placeholder stands for the next
+file of its list, so their counts must match. A mix file (YAML) lists sources, each a data file and
+a weight:
+
+    sources:
+      - {path: captions.jsonl, weight: 3}
+      - {path: asr.parquet, weight: 1}
+
+A malformed sample is a `BadSample` naming `file:line` (the line of a JSONL file, the index of a JSON
+list element or parquet row, 1-based) and what is wrong; readers yield it in the sample's place, so
+the index reports it and the loader skips and counts it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orch.planner.errors import SpecError
+
+IMAGE, AUDIO = "<image>", "<audio>"
+SUFFIXES = (".jsonl", ".json", ".parquet")
+ROLES = {"user": "user", "assistant": "assistant", "system": "system", "human": "user", "gpt": "assistant"}
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One sample: (role, content) turns, and its images' and audio clips' absolute paths."""
+
+    where: str  # file:line
+    messages: tuple[tuple[str, str], ...]
+    images: tuple[str, ...] = ()
+    audios: tuple[str, ...] = ()
+
+    @property
+    def trained_turns(self) -> int:
+        return sum(1 for role, _ in self.messages if role == "assistant")
+
+
+@dataclass(frozen=True)
+class BadSample:
+    where: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.what}"
+
+
+@dataclass(frozen=True)
+class Source:
+    path: str
+    weight: float = 1.0
+
+
+def is_conversation_data(ref: str) -> bool:
+    """A data file orch reads as conversations (by suffix), or a mix file of them (YAML with `sources`)."""
+    p = Path(ref)
+    if p.suffix == ".parquet":
+        return True
+    if p.suffix in (".jsonl", ".json"):
+        return _first_record_is_a_conversation(p)
+    if p.suffix in (".yaml", ".yml") and p.is_file():
+        import yaml
+
+        try:
+            doc = yaml.safe_load(p.read_text())
+        except yaml.YAMLError:
+            return False
+        return isinstance(doc, dict) and "sources" in doc
+    return False
+
+
+def _first_record_is_a_conversation(p: Path) -> bool:
+    """Whether the file's first sample has messages or conversations (a manifest of lengths has neither)."""
+    if not p.is_file():
+        return True  # named as data: reading it reports that it is missing
+    with p.open(encoding="utf-8", errors="replace") as f:
+        if p.suffix == ".json":
+            head = f.read(1 << 16).lstrip()
+            return head.startswith("[") and ('"messages"' in head or '"conversations"' in head)
+        for line in f:
+            if line.strip():
+                try:
+                    first = json.loads(line)
+                except json.JSONDecodeError:
+                    return True  # malformed: the index reports it
+                return isinstance(first, dict) and ("messages" in first or "conversations" in first)
+    return False
+
+
+def read_sources(ref: str) -> list[Source]:
+    """The data files of `ref` with their weights: itself (weight 1), or a mix file's sources."""
+    p = Path(ref)
+    if p.suffix in SUFFIXES:
+        if not p.is_file():
+            raise SpecError(ref, "", "data file not found")
+        return [Source(str(p.resolve()))]
+    import yaml
+
+    doc = yaml.safe_load(p.read_text())
+    sources = doc.get("sources") if isinstance(doc, dict) else None
+    if not isinstance(sources, list) or not sources:
+        raise SpecError(ref, "sources", "expected a list of {path, weight}")
+    out = []
+    for i, s in enumerate(sources):
+        if not isinstance(s, dict) or not isinstance(s.get("path"), str):
+            raise SpecError(ref, f"sources[{i}].path", "expected the path of a .jsonl, .json or .parquet file")
+        path = (p.parent / s["path"]).resolve()
+        if path.suffix not in SUFFIXES:
+            raise SpecError(ref, f"sources[{i}].path", f"expected a .jsonl, .json or .parquet file, got {s['path']}")
+        if not path.is_file():
+            raise SpecError(ref, f"sources[{i}].path", f"{s['path']}: file not found")
+        weight = s.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
+            raise SpecError(ref, f"sources[{i}].weight", f"expected a number > 0, got {weight!r}")
+        out.append(Source(str(path), float(weight)))
+    return out
+
+
+def read_conversations(path: str) -> Iterator[Conversation | BadSample]:
+    """Every sample of one data file, in order; a malformed one as a BadSample."""
+    p = Path(path)
+    for where, raw in _records(p):
+        if isinstance(raw, BadSample):
+            yield raw
+            continue
+        yield parse_sample(raw, where, p.parent)
+
+
+def _records(p: Path) -> Iterator[tuple[str, Any]]:
+    name = p.name
+    if p.suffix == ".jsonl":
+        with p.open(encoding="utf-8", errors="replace") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                where = f"{name}:{lineno}"
+                try:
+                    yield where, json.loads(line)
+                except json.JSONDecodeError as exc:
+                    yield where, BadSample(where, f"not valid JSON ({exc.msg})")
+    elif p.suffix == ".json":
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise SpecError(str(p), f"line {exc.lineno}", f"not valid JSON ({exc.msg})") from None
+        if not isinstance(doc, list):
+            raise SpecError(str(p), "", "expected a JSON list of samples")
+        for i, raw in enumerate(doc, start=1):
+            yield f"{name}:{i}", raw
+    else:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(p)
+        for i, raw in enumerate(table.to_pylist(), start=1):
+            yield f"{name}:{i}", raw
+
+
+def parse_sample(raw: Any, where: str, base: Path) -> Conversation | BadSample:
+    """One record as a Conversation, or what is wrong with it."""
+    if not isinstance(raw, dict):
+        return BadSample(where, "expected an object with messages")
+    turns = raw.get("messages")
+    keys = ("role", "content")
+    if turns is None and "conversations" in raw:
+        turns, keys = raw["conversations"], ("from", "value")
+    if not isinstance(turns, list) or not turns:
+        return BadSample(where, "messages: expected a non-empty list of {role, content}")
+    messages = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            return BadSample(where, f"messages[{i}]: expected an object with {keys[0]} and {keys[1]}")
+        role, content = turn.get(keys[0]), turn.get(keys[1])
+        if role not in ROLES:
+            return BadSample(where, f"messages[{i}].{keys[0]}: expected user, assistant or system, got {role!r}")
+        if not isinstance(content, str):
+            return BadSample(where, f"messages[{i}].{keys[1]}: expected a string")
+        messages.append((ROLES[role], content))
+    media: dict[str, tuple[str, ...]] = {}
+    for key, tag in (("images", IMAGE), ("audios", AUDIO)):
+        files = raw.get(key) or []
+        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+            return BadSample(where, f"{key}: expected a list of file paths")
+        used = sum(content.count(tag) for _, content in messages)
+        if used != len(files):
+            return BadSample(where, f"{len(files)} {key} for {used} {tag} placeholders")
+        media[key] = tuple(str((base / f).resolve()) if not Path(f).is_absolute() else f for f in files)
+    return Conversation(where, tuple(messages), media["images"], media["audios"])

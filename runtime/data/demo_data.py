@@ -1,0 +1,86 @@
+"""A small dataset of the kind users bring, made locally (for the tests, the benchmarks and the demo):
+Pillow images of coloured shapes with captions, WAV tones with transcripts (numpy), conversations in
+JSONL, and a word-level tokenizer trained on them (`tokenizers`); no download."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 180, 60), "blue": (40, 60, 220), "yellow": (230, 210, 40)}
+SHAPES = ("circle", "square")
+WORDS = ["what", "is", "in", "the", "picture", "a", "an", "sound", "say", "tone", "of", "hertz", "transcribe"]
+
+
+def make_images(folder: Path, sizes: list[tuple[int, int]]) -> list[str]:
+    """One PNG per size, a coloured shape on white; returns the file names (relative to `folder`)."""
+    from PIL import Image, ImageDraw
+
+    folder.mkdir(parents=True, exist_ok=True)
+    names = []
+    for i, (w, h) in enumerate(sizes):
+        colour = list(COLOURS)[i % len(COLOURS)]
+        shape = SHAPES[i % len(SHAPES)]
+        im = Image.new("RGB", (w, h), "white")
+        draw = ImageDraw.Draw(im)
+        box = (w // 4, h // 4, 3 * w // 4, 3 * h // 4)
+        (draw.ellipse if shape == "circle" else draw.rectangle)(box, fill=COLOURS[colour])
+        name = f"img_{i:04d}_{colour}_{shape}.png"
+        im.save(folder / name)
+        names.append(name)
+    return names
+
+
+def make_tones(folder: Path, seconds: list[float], rate: int = 16000) -> list[str]:
+    """One WAV per duration (a sine tone); returns the file names (relative to `folder`)."""
+    import numpy as np
+    import soundfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    names = []
+    for i, s in enumerate(seconds):
+        t = np.arange(int(s * rate)) / rate
+        name = f"tone_{i:04d}_{200 + 100 * (i % 4)}hz.wav"
+        soundfile.write(folder / name, 0.3 * np.sin(2 * np.pi * (200 + 100 * (i % 4)) * t), rate)
+        names.append(name)
+    return names
+
+
+def caption(name: str) -> str:
+    _, _, colour, shape = Path(name).stem.split("_")
+    return f"a {colour} {shape}"
+
+
+def make_dataset(root: Path, images: int = 6, tones: int = 4) -> Path:
+    """root/data.jsonl: caption samples (one image each, sizes varying), transcription samples (one tone each),
+    one text-only sample; images and audio under root/media. Returns the data file."""
+    sizes = [(32 + 16 * (i % 3), 24 + 8 * (i % 4)) for i in range(images)]
+    imgs = make_images(root / "media", sizes)
+    wavs = make_tones(root / "media", [0.5 + 0.25 * i for i in range(tones)])
+    lines = []
+    for name in imgs:
+        lines.append({"messages": [{"role": "user", "content": "<image>what is in the picture?"},
+                                   {"role": "assistant", "content": caption(name)}],
+                      "images": [f"media/{name}"]})  # fmt: skip
+    for name in wavs:
+        hz = Path(name).stem.split("_")[2].removesuffix("hz")
+        lines.append({"messages": [{"role": "user", "content": "<audio>transcribe the sound"},
+                                   {"role": "assistant", "content": f"a tone of {hz} hertz"}],
+                      "audios": [f"media/{name}"]})  # fmt: skip
+    lines.append({"messages": [{"role": "user", "content": "say a word"}, {"role": "assistant", "content": "tone"}]})
+    data = root / "data.jsonl"
+    data.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return data
+
+
+def make_tokenizer(path: Path, vocab: int = 256) -> Path:
+    """A word-level tokenizer over the dataset's words (whitespace and punctuation split), saved as tokenizer.json."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    corpus = [*WORDS, *COLOURS, *SHAPES, *(str(200 + 100 * i) for i in range(4)), "?"]
+    tok.train_from_iterator([" ".join(corpus)], trainers.WordLevelTrainer(vocab_size=vocab, special_tokens=["[UNK]"]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path

@@ -1,0 +1,315 @@
+"""The token index of a user's data: each sample's tokens per module, without decoding pixels or audio.
+
+Image sizes come from the file header (Pillow opens lazily), audio durations from the header
+(soundfile), text tokens from the model's tokenizer (`tokenizers`, with the chat template's own tokens
+per turn pattern). Per sample and module, as the runtime takes them (`ModuleSpec.round_length`):
+
+* a vision encoder: per image, `image_tokens` for a fixed-size tower (the processor resizes every image);
+  else the image's patches at its own resolution (patch side from `input_dim` = 3·side²), the image
+  scaled down where they exceed `max_image_tokens` (as Qwen2-VL's processor caps pixels);
+* an audio encoder: per clip, `clip_tokens` per started 30 s for a windowed tower (Whisper, Qwen2-Audio:
+  clips padded to 30 s); else log-mel frames at 100 per second over `frames_per_token`;
+* the LLM: the text's tokens plus every encoder's projected tokens (its `downsample`).
+
+The index is a manifest (planner/data.py reads it: one `{"lengths": {...}, "where": "file:line"}` per
+sample) beside the data, under `.orch-index/`, keyed by the data file (path, size, mtime), the token
+rules and the tokenizer file, so a changed file, model or tokenizer is indexed afresh. A mix file's
+manifest draws each source's rows in proportion to its weight. Written atomically with a summary
+(samples, bad samples with `file:line: what is wrong`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orch.planner.errors import SpecError
+from orch.planner.io import write_text_atomic
+from orch.planner.specs import Modality, ModelSpec
+from orch.runtime.data.conversations import AUDIO, IMAGE, BadSample, Conversation, read_conversations, read_sources
+
+MEL_FRAMES_PER_S = 100  # 16 kHz audio, a 10 ms hop: Whisper's and orch's reference log-mel
+CLIP_S = 30.0  # a windowed audio tower's clip (Whisper, Qwen2-Audio)
+DEFAULT_MAX_IMAGE_TOKENS = 1024
+INDEX_DIR = ".orch-index"
+
+
+@dataclass(frozen=True)
+class EncoderRule:
+    name: str
+    modality: str  # vision or audio
+    downsample: int
+    image_tokens: int | None = None
+    patch: int | None = None  # a reference vision encoder's patch side
+    clip_tokens: int | None = None
+    frames_per_token: int = 1
+
+
+@dataclass(frozen=True)
+class TokenRules:
+    """How a model counts a sample's tokens per module (module docstring)."""
+
+    llm: str
+    encoders: tuple[EncoderRule, ...]
+    max_image_tokens: int = DEFAULT_MAX_IMAGE_TOKENS
+
+    @classmethod
+    def of(cls, model: ModelSpec, max_image_tokens: int = DEFAULT_MAX_IMAGE_TOKENS) -> TokenRules:
+        rules = []
+        for name in sorted(model.encoder_names):
+            m = model.modules[name]
+            modality = model.modality(name)
+            if modality == Modality.VISION:
+                dim = m.input_dim or Modality.VISION.default_input_dim or 588
+                side = math.isqrt(dim // 3)
+                if side * side * 3 != dim and m.image_tokens is None:
+                    raise SpecError(
+                        f"modules.{name}", "input_dim", f"{dim} is not the pixels of an RGB square patch (3·side²)"
+                    )
+                rules.append(EncoderRule(name, "vision", m.downsample, image_tokens=m.image_tokens, patch=side))
+            elif modality == Modality.AUDIO:
+                rules.append(
+                    EncoderRule(
+                        name,
+                        "audio",
+                        m.downsample,
+                        clip_tokens=m.clip_tokens,
+                        frames_per_token=modality.frames_per_token,
+                    )
+                )
+            else:
+                raise SpecError(f"modules.{name}", "modality", "the data index counts vision and audio encoders only")
+        return cls(model.llm_name, tuple(rules), max_image_tokens)
+
+    def key(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def image_tokens(rule: EncoderRule, width: int, height: int, cap: int) -> int:
+    """Encoder tokens of one image of width x height pixels (module docstring)."""
+    if rule.image_tokens is not None:
+        return rule.image_tokens
+    p = rule.patch or 14
+    n = math.ceil(width / p) * math.ceil(height / p)
+    if n <= cap:
+        return n
+    scale = math.sqrt(cap * p * p / (width * height))
+    w, h = max(p, int(width * scale)), max(p, int(height * scale))
+    return min(cap, math.ceil(w / p) * math.ceil(h / p))
+
+
+def audio_tokens(rule: EncoderRule, seconds: float) -> int:
+    """Encoder tokens of one clip of `seconds` (module docstring)."""
+    if rule.clip_tokens is not None:
+        return max(1, math.ceil(seconds / CLIP_S)) * rule.clip_tokens
+    frames = max(rule.frames_per_token, math.ceil(seconds * MEL_FRAMES_PER_S))
+    return frames // rule.frames_per_token
+
+
+def projected(tokens: int, downsample: int) -> int:
+    return -(-tokens // downsample)
+
+
+class TextCounter:
+    """Tokens of a conversation's text as the model's tokenizer and chat template make it: the contents'
+    tokens (placeholders removed), plus the template's own tokens, rendered once per pattern of roles."""
+
+    def __init__(self, tokenizer_file: str, template: str | None) -> None:
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(tokenizer_file)
+        self.template = template
+        self._overhead: dict[tuple[str, ...], int] = {}
+
+    def count(self, convs: list[Conversation]) -> list[int]:
+        texts = [c.replace(IMAGE, "").replace(AUDIO, "") for conv in convs for _, c in conv.messages]
+        encoded = self.tokenizer.encode_batch(texts, add_special_tokens=False) if texts else []
+        out, i = [], 0
+        for conv in convs:
+            n = sum(len(e.ids) for e in encoded[i : i + len(conv.messages)])
+            i += len(conv.messages)
+            out.append(n + self.overhead(tuple(role for role, _ in conv.messages)))
+        return out
+
+    def overhead(self, roles: tuple[str, ...]) -> int:
+        if roles not in self._overhead:
+            if self.template is None:
+                self._overhead[roles] = 0
+            else:
+                import jinja2
+
+                env = jinja2.Environment(autoescape=False)
+                rendered = env.from_string(self.template).render(
+                    messages=[{"role": r, "content": ""} for r in roles], add_generation_prompt=False,
+                    bos_token="", eos_token="",
+                )  # fmt: skip
+                self._overhead[roles] = len(self.tokenizer.encode(rendered, add_special_tokens=False).ids)
+        return self._overhead[roles]
+
+
+def find_tokenizer(model: ModelSpec, tokenizer: str | None) -> tuple[str, str | None]:
+    """(tokenizer.json, chat template or None): from `tokenizer` (a file or a directory) or the LLM's HF directory."""
+    where = tokenizer or (model.llm.hf.path if model.llm.hf is not None else None)
+    if where is None:
+        raise SpecError("--tokenizer", "", "orch's reference model counts text with a tokenizer: pass --tokenizer PATH")
+    p = Path(where)
+    file = p / "tokenizer.json" if p.is_dir() else p
+    if not file.is_file():
+        raise SpecError(str(file), "", "no tokenizer.json (save one with the model's tokenizer, or pass --tokenizer)")
+    template = None
+    config = file.parent / "tokenizer_config.json"
+    if config.is_file():
+        try:
+            template = json.loads(config.read_text()).get("chat_template")
+        except json.JSONDecodeError:
+            template = None
+    if template is None and (file.parent / "chat_template.jinja").is_file():
+        template = (file.parent / "chat_template.jinja").read_text()
+    return str(file), template if isinstance(template, str) else None
+
+
+@dataclass
+class SourceIndex:
+    """One data file's index: per sample its lengths and where it is; the bad samples."""
+
+    path: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    bad: list[str] = field(default_factory=list)
+
+
+def index_source(path: str, rules: TokenRules, counter: TextCounter, chunk: int = 512) -> SourceIndex:
+    out = SourceIndex(path)
+    pending: list[tuple[Conversation, dict[str, int]]] = []
+
+    def flush() -> None:
+        texts = counter.count([c for c, _ in pending])
+        for (conv, enc), text in zip(pending, texts, strict=True):
+            llm = text + sum(projected(n, r.downsample) for r in rules.encoders for n in [enc.get(r.name, 0)])
+            out.rows.append({"lengths": {**enc, rules.llm: llm}, "where": conv.where})
+        pending.clear()
+
+    for item in read_conversations(path):
+        if isinstance(item, BadSample):
+            out.bad.append(str(item))
+            continue
+        enc = encoder_lengths(item, rules)
+        if isinstance(enc, BadSample):
+            out.bad.append(str(enc))
+            continue
+        pending.append((item, enc))
+        if len(pending) >= chunk:
+            flush()
+    if pending:
+        flush()
+    return out
+
+
+def encoder_lengths(conv: Conversation, rules: TokenRules) -> dict[str, int] | BadSample:
+    """Each encoder's tokens for `conv`, from the files' headers; a BadSample for a missing or unreadable file."""
+    sizes: list[tuple[int, int]] = []
+    seconds: list[float] = []
+    if any(r.modality == "vision" and r.image_tokens is None for r in rules.encoders):
+        from PIL import Image
+
+        for i, f in enumerate(conv.images):
+            try:
+                with Image.open(f) as im:
+                    sizes.append(im.size)
+            except (OSError, ValueError) as exc:
+                return BadSample(conv.where, f"images[{i}]: {Path(f).name}: cannot read ({type(exc).__name__})")
+    else:
+        for i, f in enumerate(conv.images):
+            if not Path(f).is_file():
+                return BadSample(conv.where, f"images[{i}]: {Path(f).name}: file not found")
+            sizes.append((0, 0))
+    if conv.audios:
+        import soundfile
+
+        for i, f in enumerate(conv.audios):
+            try:
+                seconds.append(float(soundfile.info(f).duration))
+            except (OSError, RuntimeError, ValueError) as exc:
+                return BadSample(conv.where, f"audios[{i}]: {Path(f).name}: cannot read ({type(exc).__name__})")
+    out: dict[str, int] = {}
+    for r in rules.encoders:
+        if r.modality == "vision":
+            out[r.name] = sum(image_tokens(r, w, h, rules.max_image_tokens) for w, h in sizes)
+        else:
+            out[r.name] = sum(audio_tokens(r, s) for s in seconds)
+    return out
+
+
+@dataclass(frozen=True)
+class DataIndex:
+    """What `build_index` returns: the manifest the planner reads, and per source its counts."""
+
+    manifest: str
+    samples: int
+    sources: tuple[dict[str, Any], ...]  # path, weight, samples, bad (file:line: what)
+    cached: bool
+
+    @property
+    def bad(self) -> list[str]:
+        return [b for s in self.sources for b in s["bad"]]
+
+
+def _file_key(path: str) -> str:
+    st = Path(path).stat()
+    return f"{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def build_index(
+    data: str, model: ModelSpec, tokenizer: str | None = None, max_image_tokens: int = DEFAULT_MAX_IMAGE_TOKENS
+) -> DataIndex:
+    """Index `data` (a data file or a mix file) for `model`, or reuse the cached index of the same inputs."""
+    sources = read_sources(data)
+    rules = TokenRules.of(model, max_image_tokens)
+    tok_file, template = find_tokenizer(model, tokenizer)
+    digest = hashlib.sha256()
+    for part in (
+        rules.key(),
+        _file_key(tok_file),
+        template or "",
+        *(f"{_file_key(s.path)}:{s.weight}" for s in sources),
+    ):
+        digest.update(part.encode())
+    key = digest.hexdigest()[:16]
+    folder = Path(data).resolve().parent / INDEX_DIR
+    manifest = folder / f"{Path(data).stem}-{key}.jsonl"
+    summary = folder / f"{Path(data).stem}-{key}.json"
+    if manifest.is_file() and summary.is_file():
+        meta = json.loads(summary.read_text())
+        return DataIndex(str(manifest), meta["samples"], tuple(meta["sources"]), cached=True)
+    counter = TextCounter(tok_file, template)
+    indexed = [index_source(s.path, rules, counter) for s in sources]
+    rows = list(_mixed(indexed, [s.weight for s in sources]))
+    if not rows:
+        raise SpecError(data, "", "no usable sample: " + ("; ".join(b for i in indexed for b in i.bad[:3]) or "empty"))
+    meta_sources = tuple(
+        {"path": i.path, "weight": s.weight, "samples": len(i.rows), "bad": i.bad}
+        for i, s in zip(indexed, sources, strict=True)
+    )
+    folder.mkdir(exist_ok=True)
+    write_text_atomic(manifest, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
+    write_text_atomic(summary, json.dumps({"samples": len(rows), "sources": meta_sources}, indent=1))
+    return DataIndex(str(manifest), len(rows), meta_sources, cached=False)
+
+
+def _mixed(indexed: list[SourceIndex], weights: list[float]) -> Iterator[dict[str, Any]]:
+    """One source's rows as they are; several: each source's share of the total rows by its weight."""
+    if len(indexed) == 1:
+        yield from indexed[0].rows
+        return
+    total = sum(len(i.rows) for i in indexed)
+    share = sum(weights)
+    for i, w in zip(indexed, weights, strict=True):
+        if not i.rows:
+            continue
+        n = max(1, round(total * w / share))
+        for k in range(n):
+            yield i.rows[k % len(i.rows)]

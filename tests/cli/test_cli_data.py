@@ -1,0 +1,152 @@
+"""`orch data index` and conversation data wherever a data spec goes (`orch plan --data`, `orch analyze`):
+each sample's tokens per module from the files' headers, the bad samples as file:line, the cache."""
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orch.planner.data import read_manifest
+from orch.planner.loading import load_model
+from orch.runtime.data.conversations import is_conversation_data, read_conversations
+from orch.runtime.data.demo_data import make_dataset, make_tokenizer
+from orch.runtime.data.index import build_index
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("conversations")
+    data = make_dataset(root)
+    tok = make_tokenizer(root / "tok" / "tokenizer.json")
+    return root, data, tok
+
+
+def _rows(manifest):
+    return [dict(r) for r in read_manifest(manifest)]
+
+
+def test_index_counts_each_module_from_the_headers(dataset):
+    import soundfile
+    from PIL import Image
+    from tokenizers import Tokenizer
+
+    root, data, tok = dataset
+    model = load_model("tiny")  # vision: 4x4 RGB patches (input_dim 48); audio: 2 mel frames a token, downsample 2
+    idx = build_index(str(data), model, str(tok))
+    rows = _rows(idx.manifest)
+    convs = list(read_conversations(str(data)))
+    assert len(rows) == len(convs) == idx.samples == 11 and not idx.bad
+    words = Tokenizer.from_file(str(tok))
+    for row, conv in zip(rows, convs, strict=True):
+        vision = sum(math.ceil(w / 4) * math.ceil(h / 4) for w, h in (Image.open(f).size for f in conv.images))
+        audio = sum(math.ceil(soundfile.info(f).duration * 100) // 2 for f in conv.audios)
+        text = sum(len(words.encode(c.replace("<image>", "").replace("<audio>", "")).ids) for _, c in conv.messages)
+        assert row == {"vision": vision, "audio": audio, "llm": text + vision + math.ceil(audio / 2)}
+    assert {r["vision"] > 0 for r in rows} == {True, False}  # images of several sizes, and samples without
+
+
+def test_bad_samples_are_named_and_the_rest_indexed(dataset, cli, tmp_path):
+    root, data, tok = dataset
+    bad = root / "bad.jsonl"
+    (root / "media" / "corrupt.png").write_text("not an image")
+    extra = [
+        '{"messages": [{"role": "user", "content": "<image>hi"}], "images": ["media/missing.png"]}',
+        "not json",
+        '{"messages": [{"role": "user", "content": "<image><image>hi"}], "images": ["media/corrupt.png"]}',
+        '{"messages": [{"role": "user", "content": "<image>hi"}], "images": ["media/corrupt.png"]}',
+        '{"messages": [{"role": "robot", "content": "hi"}]}',
+    ]
+    bad.write_text(data.read_text() + "\n".join(extra) + "\n")
+    r = cli("data", "index", str(bad), "--model", "tiny", "--tokenizer", str(tok))
+    assert r.exit_code == 1
+    assert "bad.jsonl:12: images[0]: missing.png: cannot read (FileNotFoundError)" in r.output
+    assert "bad.jsonl:13: not valid JSON" in r.output
+    assert "bad.jsonl:14: 1 images for 2 <image> placeholders" in r.output
+    assert "bad.jsonl:15: images[0]: corrupt.png: cannot read (UnidentifiedImageError)" in r.output
+    assert "bad.jsonl:16: messages[0].role: expected user, assistant or system, got 'robot'" in r.output
+    assert "5 malformed samples" in r.output and "Traceback" not in r.output
+    assert build_index(str(bad), load_model("tiny"), str(tok)).samples == 11  # the good ones, cached
+
+
+def test_the_index_is_cached_until_the_data_changes(dataset, tmp_path):
+    root, data, tok = dataset
+    copy = tmp_path / "copy.jsonl"
+    copy.write_text(data.read_text().replace("media/", f"{root}/media/"))
+    model = load_model("tiny")
+    first = build_index(str(copy), model, str(tok))
+    assert not first.cached and Path(first.manifest).parent == tmp_path / ".orch-index"
+    assert build_index(str(copy), model, str(tok)).cached
+    with copy.open("a") as f:
+        f.write('{"messages": [{"role": "user", "content": "say"}, {"role": "assistant", "content": "a"}]}\n')
+    os.utime(copy, ns=(1, 1))
+    again = build_index(str(copy), model, str(tok))
+    assert not again.cached and again.samples == 12
+    other = build_index(str(copy), model, str(tok), max_image_tokens=8)  # other rules: another index
+    assert not other.cached and max(r["vision"] for r in _rows(other.manifest)) == 8
+
+
+def test_json_parquet_sharegpt_and_mix_files_read_alike(dataset, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root, data, tok = dataset
+    records = [json.loads(line) for line in data.read_text().splitlines()]
+    (root / "data.json").write_text(json.dumps(records))
+    pq.write_table(pa.Table.from_pylist([{**r, "images": r.get("images", []), "audios": r.get("audios", [])}
+                                         for r in records]), root / "data.parquet")  # fmt: skip
+    share = [
+        {"conversations": [{"from": {"user": "human", "assistant": "gpt"}[m["role"]], "value": m["content"]}
+                           for m in r["messages"]], **{k: v for k, v in r.items() if k != "messages"}}
+        for r in records
+    ]  # fmt: skip
+    (root / "share.jsonl").write_text("".join(json.dumps(r) + "\n" for r in share))
+    model = load_model("tiny")
+    want = _rows(build_index(str(data), model, str(tok)).manifest)
+    for name in ("data.json", "data.parquet", "share.jsonl"):
+        assert is_conversation_data(str(root / name))
+        assert _rows(build_index(str(root / name), model, str(tok)).manifest) == want, name
+    mix = root / "mix.yaml"
+    mix.write_text(
+        yaml.safe_dump({"sources": [{"path": "data.jsonl", "weight": 3}, {"path": "share.jsonl", "weight": 1}]})
+    )
+    assert is_conversation_data(str(mix)) and not is_conversation_data("templates/manifests/omni-sample.jsonl")
+    mixed = build_index(str(mix), model, str(tok))
+    assert mixed.samples == round(22 * 3 / 4) + round(22 / 4)
+
+
+def test_chat_template_tokens_are_counted(dataset, tmp_path):
+    root, data, tok = dataset
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(tok.read_text())
+    template = "{% for m in messages %}{{ m['role'] }} ? {{ m['content'] }} ? {% endfor %}"
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    model = load_model("tiny")
+    plain = _rows(build_index(str(data), model, str(tok)).manifest)
+    templated = _rows(build_index(str(data), model, str(folder)).manifest)
+    # each turn adds its role word and two "?" (user -> [UNK], assistant -> [UNK]): 3 tokens a turn, 2 turns
+    assert [t["llm"] - p["llm"] for t, p in zip(templated, plain, strict=True)] == [6] * len(plain)
+
+
+def test_plan_and_analyze_take_a_data_file(dataset, cli, tmp_path):
+    root, data, tok = dataset
+    out = tmp_path / "plan.yaml"
+    r = cli("plan", "--model", "tiny", "--cluster", "local-cpu", "--data", str(data), "--tokenizer", str(tok),
+            "--global-batch", "8", "--out", str(out))  # fmt: skip
+    assert r.exit_code == 0, r.output
+    said = " ".join(r.output.split())  # rich wraps at the terminal's width
+    assert "data: 11 samples of" in said and "seq_len 256 (--seq-len; the longest sample)" in said
+    plan = yaml.safe_load(out.read_text())
+    assert plan["data"]["global_batch"] == 8 and plan["data"]["seq_len"] == 256
+    assert Path(plan["data"]["manifest"]).parent == root / ".orch-index"
+    a = cli("analyze", str(data), "--model", "tiny", "--tokenizer", str(tok), "--dp", "8", "--micro-batch", "2")
+    assert a.exit_code == 0, a.output
+    refused = cli("analyze", str(data), "--dp", "8", "--micro-batch", "2")
+    assert refused.exit_code == 1 and "pass --model" in " ".join(refused.output.split())
+    missing = cli("data", "index", str(tmp_path / "none.jsonl"), "--model", "tiny", "--tokenizer", str(tok))
+    assert missing.exit_code == 1 and "none.jsonl: data file not found" in " ".join(missing.output.split())
+    no_tok = cli("data", "index", str(data), "--model", "tiny")
+    assert no_tok.exit_code == 1 and "--tokenizer" in no_tok.output
