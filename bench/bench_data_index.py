@@ -20,6 +20,11 @@ from orch.runtime.data.demo_data import make_images, make_tokenizer, make_tones
 from orch.runtime.data.index import TextCounter, build_index
 
 
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+)  # Qwen2's turn markup, without its default system prompt
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--samples", type=int, default=20000)
@@ -50,11 +55,20 @@ def main() -> None:
         t = time.perf_counter()
         idx = build_index(str(data), model, str(tok))
         full = time.perf_counter() - t
+        templated = root / "tok-chat"
+        templated.mkdir()
+        (templated / "tokenizer.json").write_text(tok.read_text())
+        (templated / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
+        t = time.perf_counter()
+        build_index(str(data), model, str(templated))
+        chat = time.perf_counter() - t
     print(f"{n} samples (a third with an image, a third with a clip), one process")
     print(f"{'pass':34s} {'seconds':>8s} {'samples/s':>10s}")
     print(f"{'parse + tokenize (baseline)':34s} {base:8.2f} {n / base:10.0f}")
     print(f"{'orch data index (with headers)':34s} {full:8.2f} {n / full:10.0f}")
-    out = {"samples": n, "indexed": idx.samples, "baseline_s": base, "index_s": full, "samples_per_s": n / full}
+    print(f"{'  ... and a ChatML chat template':34s} {chat:8.2f} {n / chat:10.0f}")
+    out = {"samples": n, "indexed": idx.samples, "baseline_s": base, "index_s": full, "samples_per_s": n / full,
+           "chat_template_s": chat, "chat_template_samples_per_s": n / chat}  # fmt: skip
     folder = Path(__file__).parent / "out"
     folder.mkdir(exist_ok=True)
     (folder / "data_index.json").write_text(json.dumps(out, indent=2))

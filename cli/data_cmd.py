@@ -72,6 +72,57 @@ def index(
         raise typer.Exit(1)
 
 
+@data_app.command("inspect")
+def inspect(
+    data: str = typer.Argument(..., metavar="DATA", help="A .jsonl/.json/.parquet data file."),
+    model: str = typer.Option(..., "--model", "-m", help="Model spec file or preset."),
+    sample: int = typer.Option(1, "--sample", help="Which sample, 1-based (the line of a JSONL file)."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json (default: the LLM's HF directory)."),
+    seq_len: int = typer.Option(8192, "--seq-len", help="Cap on LLM tokens per sample."),
+    json_out: bool = typer.Option(False, "--json", help="input_ids, labels (-100: not trained) and input shapes."),
+) -> None:
+    """How one sample is tokenized and which of its tokens are trained on (shown highlighted)."""
+    import json
+
+    from rich.text import Text
+
+    from orch.planner.errors import SpecError
+    from orch.planner.loading import load_model
+    from orch.runtime.data.conversations import BadSample, read_conversations, read_sources
+    from orch.runtime.data.index import TextCounter, TokenRules, find_tokenizer
+    from orch.runtime.data.processing import IGNORE, as_json, process
+
+    spec = load_model(model)
+    sources = read_sources(data)
+    if len(sources) != 1:
+        raise SpecError(data, "", "inspect reads one data file, not a mix (name one of its sources)")
+    if sample < 1:
+        raise SpecError("--sample", "", f"expected a sample number from 1, got {sample}")
+    found = next((c for i, c in enumerate(read_conversations(sources[0].path), start=1) if i == sample), None)
+    if found is None:
+        raise SpecError(data, "--sample", f"no sample {sample}")
+    if isinstance(found, BadSample):
+        raise SpecError(found.where, "", found.what)
+    counter = TextCounter(*find_tokenizer(spec, tokenizer))
+    try:
+        out = process(found, spec, TokenRules.of(spec), counter, seq_len)
+    except (OSError, ValueError) as exc:
+        raise SpecError(found.where, "", f"cannot read its media ({type(exc).__name__}: {exc})") from None
+    if json_out:
+        print_json_text(json.dumps(as_json(out)))
+        return
+    shown = Text()
+    for tid, label in zip(out.input_ids, out.labels, strict=True):
+        piece = counter.tokenizer.id_to_token(tid) or f"<{tid}>"
+        shown.append(piece + " ", style="bold green" if label != IGNORE else "dim")
+    c = console()
+    c.print(f"{out.where}: {len(out.input_ids)} text tokens, {out.trained_tokens} trained (green)"
+            + (", truncated to --seq-len" if out.truncated else ""))  # fmt: skip
+    c.print(shown)
+    for name, rows in out.features.items():
+        c.print(f"{name}: input {list(rows.shape)}")
+
+
 def conversation_data(
     model: ModelSpec, data: str, global_batch: int | None, seq_len: int | None, tokenizer: str | None
 ) -> tuple[DataSpec, str]:

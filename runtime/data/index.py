@@ -1,14 +1,14 @@
 """The token index of a user's data: each sample's tokens per module, without decoding pixels or audio.
 
 Image sizes come from the file header (Pillow opens lazily), audio durations from the header
-(soundfile), text tokens from the model's tokenizer (`tokenizers`, with the chat template's own tokens
-per turn pattern). Per sample and module, as the runtime takes them (`ModuleSpec.round_length`):
+(soundfile), text tokens from the model's tokenizer (`tokenizers`) over the chat template's rendering
+(`TextCounter.render`). Per sample and module, as the runtime takes them (`ModuleSpec.round_length`):
 
 * a vision encoder: per image, `image_tokens` for a fixed-size tower (the processor resizes every image);
   else the image's patches at its own resolution (patch side from `input_dim` = 3·side²), the image
   scaled down where they exceed `max_image_tokens` (as Qwen2-VL's processor caps pixels);
 * an audio encoder: per clip, `clip_tokens` per started 30 s for a windowed tower (Whisper, Qwen2-Audio:
-  clips padded to 30 s); else log-mel frames at 100 per second over `frames_per_token`;
+  clips padded to 30 s); else log-mel frames (`mel_frames`: 100 a second) over `frames_per_token`;
 * the LLM: the text's tokens plus every encoder's projected tokens (its `downsample`).
 
 The index is a manifest (planner/data.py reads it: one `{"lengths": {...}, "where": "file:line"}` per
@@ -33,7 +33,7 @@ from orch.planner.io import write_text_atomic
 from orch.planner.specs import Modality, ModelSpec
 from orch.runtime.data.conversations import AUDIO, IMAGE, BadSample, Conversation, read_conversations, read_sources
 
-MEL_FRAMES_PER_S = 100  # 16 kHz audio, a 10 ms hop: Whisper's and orch's reference log-mel
+MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz, a 10 ms hop
 CLIP_S = 30.0  # a windowed audio tower's clip (Whisper, Qwen2-Audio)
 DEFAULT_MAX_IMAGE_TOKENS = 1024
 INDEX_DIR = ".orch-index"
@@ -90,25 +90,35 @@ class TokenRules:
         return json.dumps(asdict(self), sort_keys=True)
 
 
+def patch_grid(patch: int, width: int, height: int, cap: int) -> tuple[int, int]:
+    """Columns and rows of `patch`-pixel patches a reference tower cuts an image into: its own resolution
+    (edges padded to whole patches), scaled down, aspect kept, where that exceeds `cap` patches."""
+    cols, rows = math.ceil(width / patch), math.ceil(height / patch)
+    if cols * rows > cap:
+        scale = math.sqrt(cap / (cols * rows))
+        cols, rows = max(1, math.floor(cols * scale)), max(1, math.floor(rows * scale))
+    return cols, rows
+
+
 def image_tokens(rule: EncoderRule, width: int, height: int, cap: int) -> int:
     """Encoder tokens of one image of width x height pixels (module docstring)."""
     if rule.image_tokens is not None:
         return rule.image_tokens
-    p = rule.patch or 14
-    n = math.ceil(width / p) * math.ceil(height / p)
-    if n <= cap:
-        return n
-    scale = math.sqrt(cap * p * p / (width * height))
-    w, h = max(p, int(width * scale)), max(p, int(height * scale))
-    return min(cap, math.ceil(w / p) * math.ceil(h / p))
+    cols, rows = patch_grid(rule.patch or 14, width, height, cap)
+    return cols * rows
 
 
-def audio_tokens(rule: EncoderRule, seconds: float) -> int:
-    """Encoder tokens of one clip of `seconds` (module docstring)."""
+def mel_frames(num_samples: int, rate: int) -> int:
+    """Log-mel frames of a clip of `num_samples` at `rate` Hz: 16 kHz, a 160-sample hop, the last
+    (partial) frame dropped as Whisper's feature extractor does; at least one."""
+    return max(1, round(num_samples * MEL_RATE / rate) // MEL_HOP)
+
+
+def audio_tokens(rule: EncoderRule, num_samples: int, rate: int) -> int:
+    """Encoder tokens of one clip (module docstring)."""
     if rule.clip_tokens is not None:
-        return max(1, math.ceil(seconds / CLIP_S)) * rule.clip_tokens
-    frames = max(rule.frames_per_token, math.ceil(seconds * MEL_FRAMES_PER_S))
-    return frames // rule.frames_per_token
+        return max(1, math.ceil(num_samples / rate / CLIP_S)) * rule.clip_tokens
+    return max(1, mel_frames(num_samples, rate) // rule.frames_per_token)
 
 
 def projected(tokens: int, downsample: int) -> int:
@@ -116,40 +126,45 @@ def projected(tokens: int, downsample: int) -> int:
 
 
 class TextCounter:
-    """Tokens of a conversation's text as the model's tokenizer and chat template make it: the contents'
-    tokens (placeholders removed), plus the template's own tokens, rendered once per pattern of roles."""
+    """Tokens of a conversation's text as the model's tokenizer and chat template make it (`render`)."""
 
     def __init__(self, tokenizer_file: str, template: str | None) -> None:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(tokenizer_file)
         self.template = template
-        self._overhead: dict[tuple[str, ...], int] = {}
+        self._compiled: Any = None
+        if template is not None:
+            import jinja2
+
+            self._compiled = jinja2.Environment(autoescape=False).from_string(template)
+
+    def render(self, conv: Conversation) -> tuple[str, list[tuple[int, int]]]:
+        """The conversation's text (placeholders removed) and the character spans of its assistant contents:
+        the chat template's rendering, or without one the contents one line each."""
+        messages = [(role, content.replace(IMAGE, "").replace(AUDIO, "")) for role, content in conv.messages]
+        if self._compiled is None:
+            text, spans = "", []
+            for role, content in messages:
+                if role == "assistant":
+                    spans.append((len(text), len(text) + len(content)))
+                text += content + "\n"
+            return text, spans
+        text = self._compiled.render(messages=[{"role": r, "content": c} for r, c in messages],
+                                     add_generation_prompt=False, bos_token="", eos_token="")  # fmt: skip
+        spans, start = [], 0
+        for role, content in messages:
+            at = text.find(content, start) if content else -1
+            if at < 0:
+                continue
+            if role == "assistant":
+                spans.append((at, at + len(content)))
+            start = at + len(content)
+        return text, spans
 
     def count(self, convs: list[Conversation]) -> list[int]:
-        texts = [c.replace(IMAGE, "").replace(AUDIO, "") for conv in convs for _, c in conv.messages]
-        encoded = self.tokenizer.encode_batch(texts, add_special_tokens=False) if texts else []
-        out, i = [], 0
-        for conv in convs:
-            n = sum(len(e.ids) for e in encoded[i : i + len(conv.messages)])
-            i += len(conv.messages)
-            out.append(n + self.overhead(tuple(role for role, _ in conv.messages)))
-        return out
-
-    def overhead(self, roles: tuple[str, ...]) -> int:
-        if roles not in self._overhead:
-            if self.template is None:
-                self._overhead[roles] = 0
-            else:
-                import jinja2
-
-                env = jinja2.Environment(autoescape=False)
-                rendered = env.from_string(self.template).render(
-                    messages=[{"role": r, "content": ""} for r in roles], add_generation_prompt=False,
-                    bos_token="", eos_token="",
-                )  # fmt: skip
-                self._overhead[roles] = len(self.tokenizer.encode(rendered, add_special_tokens=False).ids)
-        return self._overhead[roles]
+        texts = [self.render(c)[0] for c in convs]
+        return [len(e.ids) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)] if texts else []
 
 
 def find_tokenizer(model: ModelSpec, tokenizer: str | None) -> tuple[str, str | None]:
@@ -212,7 +227,7 @@ def index_source(path: str, rules: TokenRules, counter: TextCounter, chunk: int 
 def encoder_lengths(conv: Conversation, rules: TokenRules) -> dict[str, int] | BadSample:
     """Each encoder's tokens for `conv`, from the files' headers; a BadSample for a missing or unreadable file."""
     sizes: list[tuple[int, int]] = []
-    seconds: list[float] = []
+    clips: list[tuple[int, int]] = []  # (samples, rate)
     if any(r.modality == "vision" and r.image_tokens is None for r in rules.encoders):
         from PIL import Image
 
@@ -232,7 +247,8 @@ def encoder_lengths(conv: Conversation, rules: TokenRules) -> dict[str, int] | B
 
         for i, f in enumerate(conv.audios):
             try:
-                seconds.append(float(soundfile.info(f).duration))
+                info = soundfile.info(f)
+                clips.append((int(info.frames), int(info.samplerate)))
             except (OSError, RuntimeError, ValueError) as exc:
                 return BadSample(conv.where, f"audios[{i}]: {Path(f).name}: cannot read ({type(exc).__name__})")
     out: dict[str, int] = {}
@@ -240,7 +256,7 @@ def encoder_lengths(conv: Conversation, rules: TokenRules) -> dict[str, int] | B
         if r.modality == "vision":
             out[r.name] = sum(image_tokens(r, w, h, rules.max_image_tokens) for w, h in sizes)
         else:
-            out[r.name] = sum(audio_tokens(r, s) for s in seconds)
+            out[r.name] = sum(audio_tokens(r, n, rate) for n, rate in clips)
     return out
 
 

@@ -42,7 +42,7 @@ def test_index_counts_each_module_from_the_headers(dataset):
     words = Tokenizer.from_file(str(tok))
     for row, conv in zip(rows, convs, strict=True):
         vision = sum(math.ceil(w / 4) * math.ceil(h / 4) for w, h in (Image.open(f).size for f in conv.images))
-        audio = sum(math.ceil(soundfile.info(f).duration * 100) // 2 for f in conv.audios)
+        audio = sum(soundfile.info(f).frames // 160 // 2 for f in conv.audios)  # 16 kHz: 160 samples a mel frame
         text = sum(len(words.encode(c.replace("<image>", "").replace("<audio>", "")).ids) for _, c in conv.messages)
         assert row == {"vision": vision, "audio": audio, "llm": text + vision + math.ceil(audio / 2)}
     assert {r["vision"] > 0 for r in rows} == {True, False}  # images of several sizes, and samples without
@@ -150,3 +150,34 @@ def test_plan_and_analyze_take_a_data_file(dataset, cli, tmp_path):
     assert missing.exit_code == 1 and "none.jsonl: data file not found" in " ".join(missing.output.split())
     no_tok = cli("data", "index", str(data), "--model", "tiny")
     assert no_tok.exit_code == 1 and "--tokenizer" in no_tok.output
+
+
+def test_processing_gives_the_index_counts_and_labels_on_assistant_turns_only(dataset, cli):
+    from tokenizers import Tokenizer
+
+    from orch.runtime.data.index import TextCounter, TokenRules
+    from orch.runtime.data.processing import IGNORE, process
+
+    root, data, tok = dataset
+    model = load_model("tiny")
+    rules, counter = TokenRules.of(model), TextCounter(str(tok), None)
+    words = Tokenizer.from_file(str(tok))
+    rows = _rows(build_index(str(data), model, str(tok)).manifest)
+    for conv, row in zip(read_conversations(str(data)), rows, strict=True):
+        out = process(conv, model, rules, counter, seq_len=4096)
+        assert out.features["vision"].shape == (row["vision"], 48)  # 4x4 RGB patches
+        assert out.features["audio"].shape == (2 * row["audio"], 16)  # 2 mel frames a token, 16 bins
+        assert len(out.input_ids) + row["vision"] + -(-row["audio"] // 2) == row["llm"]
+        answer = [c for r, c in conv.messages if r == "assistant"]
+        assert [y for y in out.labels if y != IGNORE] == words.encode("".join(answer), add_special_tokens=False).ids
+        pixels = out.features["vision"]
+        assert pixels.numel() == 0 or (pixels.min() >= 0 and pixels.max() <= 1)
+    r = cli("data", "inspect", str(data), "--model", "tiny", "--tokenizer", str(tok), "--sample", "2", "--json")
+    assert r.exit_code == 0, r.output
+    shown = json.loads(r.output)
+    assert len(shown["input_ids"]) == len(shown["labels"]) and shown["encoder_inputs"]["vision"][1] == 48
+    assert shown["labels"][0] == -100 and shown["trained_tokens"] == sum(1 for y in shown["labels"] if y != -100) > 0
+    short = cli("data", "inspect", str(data), "--model", "tiny", "--tokenizer", str(tok), "--seq-len", "52", "--json")
+    assert json.loads(short.output)["truncated"]  # 48 image tokens leave 4 of the 52 for its 9 text tokens
+    bad = cli("data", "inspect", str(data), "--model", "tiny", "--tokenizer", str(tok), "--sample", "99")
+    assert bad.exit_code == 1 and "no sample 99" in bad.output

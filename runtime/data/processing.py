@@ -1,0 +1,145 @@
+"""A conversation as orch's reference model takes it: text token ids with labels on the assistant turns
+only, and each encoder's input rows, with exactly the token counts the index gives (runtime/data/index.py).
+
+* Text: the model's tokenizer over the chat template's rendering (or the contents one after another where
+  there is no template), placeholders removed (the encoders' tokens lead the LLM sequence: orch's layout,
+  runtime/data/synthetic.py). Labels in the convention of Hugging Face's `labels` argument: aligned with
+  `input_ids`, -100 where nothing is trained; a token is trained when it lies in an assistant turn's
+  content (character offsets of the rendering). Truncated to what `seq_len` leaves after the encoders.
+* Images: resized to the index's patch grid and cut into `input_dim` = 3·side² pixel rows in [0, 1]
+  (row-major patches, channels last within a patch).
+* Audio: 16 kHz mono, log10 mel spectrogram with torch (Whisper's recipe: 400-point Hann STFT, 160 hop,
+  `input_dim` HTK mel bins, clamped 8 below the maximum, scaled (x + 4) / 4), the last frame dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from orch.planner.errors import SpecError
+from orch.planner.specs import ModelSpec
+from orch.runtime.data.conversations import Conversation
+from orch.runtime.data.index import (
+    MEL_HOP,
+    MEL_RATE,
+    TextCounter,
+    TokenRules,
+    mel_frames,
+    patch_grid,
+    projected,
+)
+
+IGNORE = -100
+N_FFT = 400
+
+
+@dataclass
+class ProcessedSample:
+    where: str
+    input_ids: list[int]
+    labels: list[int]  # aligned with input_ids, IGNORE where not trained
+    features: dict[str, torch.Tensor] = field(default_factory=dict)  # encoder -> [rows, input_dim]
+    truncated: bool = False
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(1 for y in self.labels if y != IGNORE)
+
+
+def tokenize(counter: TextCounter, conv: Conversation) -> tuple[list[int], list[int]]:
+    text, spans = counter.render(conv)
+    enc = counter.tokenizer.encode(text, add_special_tokens=False)
+    labels = []
+    for tid, (a, b) in zip(enc.ids, enc.offsets, strict=True):
+        trained = b > a and any(s <= a and b <= e for s, e in spans)
+        labels.append(tid if trained else IGNORE)
+    return list(enc.ids), labels
+
+
+def image_rows(path: str, patch: int, cap: int) -> torch.Tensor:
+    """[patches, 3·patch²] pixels in [0, 1] of the image at `path` on the index's patch grid."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        cols, rows = patch_grid(patch, *im.size, cap)
+        rgb = im.convert("RGB").resize((cols * patch, rows * patch), Image.Resampling.BICUBIC)
+        data = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
+    pixels = data.view(rows * patch, cols * patch, 3).to(torch.float32) / 255.0
+    tiles = pixels.view(rows, patch, cols, patch, 3).permute(0, 2, 1, 3, 4)
+    return tiles.reshape(rows * cols, patch * patch * 3)
+
+
+def _mel_filters(n_mels: int, n_fft: int = N_FFT, rate: int = MEL_RATE) -> torch.Tensor:
+    """[n_mels, n_fft // 2 + 1] triangular HTK mel filters over 0..rate/2."""
+
+    def mel(f: torch.Tensor) -> torch.Tensor:
+        return 2595.0 * torch.log10(1.0 + f / 700.0)
+
+    freqs = torch.linspace(0, rate / 2, n_fft // 2 + 1, dtype=torch.float64)
+    edges = 700.0 * (
+        10 ** (torch.linspace(0, float(mel(torch.tensor(rate / 2.0))), n_mels + 2, dtype=torch.float64) / 2595.0) - 1
+    )
+    lower, centre, upper = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    up = (freqs[None, :] - lower) / (centre - lower)
+    down = (upper - freqs[None, :]) / (upper - centre)
+    return torch.clamp(torch.minimum(up, down), min=0).to(torch.float32)
+
+
+def log_mel(path: str, n_mels: int) -> torch.Tensor:
+    """[frames, n_mels] log-mel features of the clip at `path` (module docstring)."""
+    import numpy as np
+    import soundfile
+
+    wave, rate = soundfile.read(path, dtype="float32", always_2d=True)
+    audio = torch.from_numpy(np.ascontiguousarray(wave.mean(axis=1)))
+    frames = mel_frames(audio.numel(), rate)
+    if rate != MEL_RATE:
+        size = max(1, round(audio.numel() * MEL_RATE / rate))
+        audio = torch.nn.functional.interpolate(audio[None, None], size=size, mode="linear", align_corners=False)[0, 0]
+    spec = torch.stft(audio, N_FFT, MEL_HOP, window=torch.hann_window(N_FFT), return_complex=True).abs() ** 2
+    mel = (_mel_filters(n_mels) @ spec[:, :frames]).clamp(min=1e-10).log10()
+    mel = torch.maximum(mel, mel.max() - 8.0)
+    return ((mel + 4.0) / 4.0).T.contiguous()
+
+
+def process(
+    conv: Conversation, model: ModelSpec, rules: TokenRules, counter: TextCounter, seq_len: int
+) -> ProcessedSample:
+    """`conv` as orch's reference model takes it (module docstring); raises OSError/ValueError on a bad file."""
+    hf = [n for n, m in model.modules.items() if m.hf is not None]
+    if hf:
+        raise SpecError(
+            f"modules.{hf[0]}", "hf", "processing data for Hugging Face models (their processors) is not built yet"
+        )
+    features: dict[str, torch.Tensor] = {}
+    for r in rules.encoders:
+        m = model.modules[r.name]
+        if r.modality == "vision":
+            parts = [image_rows(f, r.patch or 14, rules.max_image_tokens) for f in conv.images]
+            dim = m.input_dim or 3 * (r.patch or 14) ** 2
+        else:
+            dim = m.input_dim or 128
+            parts = []
+            for f in conv.audios:
+                mel = log_mel(f, dim)
+                parts.append(mel[: mel.shape[0] // r.frames_per_token * r.frames_per_token])
+        features[r.name] = torch.cat(parts) if parts else torch.zeros(0, dim)
+    ids, labels = tokenize(counter, conv)
+    prefix = sum(projected(features[r.name].shape[0] // r.frames_per_token, r.downsample) for r in rules.encoders)
+    room = max(0, seq_len - prefix)
+    truncated = len(ids) > room
+    return ProcessedSample(conv.where, ids[:room], labels[:room], features, truncated)
+
+
+def as_json(sample: ProcessedSample) -> dict[str, Any]:
+    return {
+        "where": sample.where,
+        "input_ids": sample.input_ids,
+        "labels": sample.labels,
+        "encoder_inputs": {k: list(v.shape) for k, v in sample.features.items()},
+        "truncated": sample.truncated,
+        "trained_tokens": sample.trained_tokens,
+    }
