@@ -19,10 +19,7 @@ from orch.runtime.data.conversations import read_conversations
 from orch.runtime.data.demo_data import make_images, make_tokenizer, make_tones
 from orch.runtime.data.index import TextCounter, build_index
 
-
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-)  # Qwen2's turn markup, without its default system prompt
+CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"  # Qwen2's turn markup, without its default system prompt
 
 
 def main() -> None:

@@ -127,6 +127,8 @@ def conversation_data(
     model: ModelSpec, data: str, global_batch: int | None, seq_len: int | None, tokenizer: str | None
 ) -> tuple[DataSpec, str]:
     """The DataSpec of a conversation data file (its index as the manifest) and the hint line that says so."""
+    from pathlib import Path
+
     from orch.planner.data import read_manifest
     from orch.planner.specs import DataSpec
     from orch.runtime.data.index import build_index
@@ -135,7 +137,14 @@ def conversation_data(
     longest = max(dict(r).get(model.llm_name, 0) for r in read_manifest(idx.manifest))
     seq = seq_len or -(-longest // SEQ_LEN_UNIT) * SEQ_LEN_UNIT
     batch = global_batch or DEFAULT_GLOBAL_BATCH
-    spec = DataSpec(name=data, global_batch=batch, seq_len=seq, manifest=idx.manifest)
+    spec = DataSpec(
+        name=data,
+        global_batch=batch,
+        seq_len=seq,
+        manifest=idx.manifest,
+        source=str(Path(data).resolve()),
+        tokenizer=str(Path(tokenizer).resolve()) if tokenizer else None,
+    )
     bad = f", {len(idx.bad)} malformed skipped (orch data index lists them)" if idx.bad else ""
     hint = (
         f"data: {idx.samples} samples of {data}{bad}; global batch {batch}"

@@ -275,6 +275,13 @@ class DataSpec(_Spec):
     manifest: str | None = Field(
         default=None, description="JSONL of per-sample token counts per module, instead of tasks"
     )
+    source: str | None = Field(
+        default=None,
+        description="the conversation data file (or mix file) `manifest` indexes (orch data index): trained on",
+    )
+    tokenizer: str | None = Field(
+        default=None, description="tokenizer.json of the source's text (else the LLM's HF dir)"
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSpec:
@@ -282,4 +289,6 @@ class DataSpec(_Spec):
             raise ValueError("give tasks or a manifest")
         if self.tasks and self.manifest is not None:
             raise ValueError("give tasks or a manifest, not both")
+        if self.source is not None and self.manifest is None:
+            raise ValueError("a source needs its index as the manifest (orch data index)")
         return self

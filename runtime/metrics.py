@@ -42,6 +42,11 @@ class StepRecord(BaseModel):
         description="rank -> state_bytes (parameters, gradients, optimizer state) and peak_bytes (CUDA: "
         "max_memory_allocated; CPU: state + the most saved activations held at once; runtime/memory.py)",
     )
+    data: dict[str, int] | None = Field(
+        default=None,
+        description="with a data file: samples, skipped (no longer parse), truncated (to seq_len), failed (media "
+        "unreadable, replaced by zeros; summed over ranks)",
+    )
     processed: dict[str, dict[str, dict[str, int]]] | None = Field(
         default=None, description="rank -> module -> sample id -> tokens (tests' token counts; absent otherwise)"
     )

@@ -44,6 +44,7 @@ class Conversation:
     messages: tuple[tuple[str, str], ...]
     images: tuple[str, ...] = ()
     audios: tuple[str, ...] = ()
+    number: int = 0  # the sample's place in its file, 1-based (its line in a JSONL file)
 
     @property
     def trained_turns(self) -> int:
@@ -198,4 +199,40 @@ def parse_sample(raw: Any, where: str, base: Path) -> Conversation | BadSample:
         if used != len(files):
             return BadSample(where, f"{len(files)} {key} for {used} {tag} placeholders")
         media[key] = tuple(str((base / f).resolve()) if not Path(f).is_absolute() else f for f in files)
-    return Conversation(where, tuple(messages), media["images"], media["audios"])
+    number = int(where.rsplit(":", 1)[1])
+    return Conversation(where, tuple(messages), media["images"], media["audios"], number)
+
+
+class SampleFile:
+    """Random access to one data file's samples by number (the `sample` of its index rows): a JSONL file by
+    the byte offset of each line (one pass at open), a JSON list or parquet file held in memory."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self._offsets: dict[int, int] = {}
+        self._records: list[Any] | None = None
+        if self.path.suffix == ".jsonl":
+            with self.path.open("rb") as f:
+                offset = 0
+                for lineno, line in enumerate(f, start=1):
+                    self._offsets[lineno] = offset
+                    offset += len(line)
+        else:
+            self._records = [raw for _, raw in _records(self.path)]
+
+    def get(self, number: int) -> Conversation | BadSample:
+        where = f"{self.path.name}:{number}"
+        if self._records is not None:
+            if not 1 <= number <= len(self._records):
+                return BadSample(where, "no such sample (the file changed since it was indexed)")
+            return parse_sample(self._records[number - 1], where, self.path.parent)
+        if number not in self._offsets:
+            return BadSample(where, "no such line (the file changed since it was indexed)")
+        with self.path.open("rb") as f:
+            f.seek(self._offsets[number])
+            line = f.readline().decode("utf-8", errors="replace")
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            return BadSample(where, f"not valid JSON ({exc.msg})")
+        return parse_sample(raw, where, self.path.parent)

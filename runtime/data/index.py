@@ -37,6 +37,7 @@ MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz
 CLIP_S = 30.0  # a windowed audio tower's clip (Whisper, Qwen2-Audio)
 DEFAULT_MAX_IMAGE_TOKENS = 1024
 INDEX_DIR = ".orch-index"
+INDEX_VERSION = 2  # part of the cache key: an index of another layout is made afresh
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ class SourceIndex:
     bad: list[str] = field(default_factory=list)
 
 
-def index_source(path: str, rules: TokenRules, counter: TextCounter, chunk: int = 512) -> SourceIndex:
+def index_source(path: str, rules: TokenRules, counter: TextCounter, source: int = 0, chunk: int = 512) -> SourceIndex:
     out = SourceIndex(path)
     pending: list[tuple[Conversation, dict[str, int]]] = []
 
@@ -205,7 +206,8 @@ def index_source(path: str, rules: TokenRules, counter: TextCounter, chunk: int 
         texts = counter.count([c for c, _ in pending])
         for (conv, enc), text in zip(pending, texts, strict=True):
             llm = text + sum(projected(n, r.downsample) for r in rules.encoders for n in [enc.get(r.name, 0)])
-            out.rows.append({"lengths": {**enc, rules.llm: llm}, "where": conv.where})
+            row = {"lengths": {**enc, rules.llm: llm}, "where": conv.where, "source": source, "sample": conv.number}
+            out.rows.append(row)
         pending.clear()
 
     for item in read_conversations(path):
@@ -288,6 +290,7 @@ def build_index(
     tok_file, template = find_tokenizer(model, tokenizer)
     digest = hashlib.sha256()
     for part in (
+        str(INDEX_VERSION),
         rules.key(),
         _file_key(tok_file),
         template or "",
@@ -302,7 +305,7 @@ def build_index(
         meta = json.loads(summary.read_text())
         return DataIndex(str(manifest), meta["samples"], tuple(meta["sources"]), cached=True)
     counter = TextCounter(tok_file, template)
-    indexed = [index_source(s.path, rules, counter) for s in sources]
+    indexed = [index_source(s.path, rules, counter, k) for k, s in enumerate(sources)]
     rows = list(_mixed(indexed, [s.weight for s in sources]))
     if not rows:
         raise SpecError(data, "", "no usable sample: " + ("; ".join(b for i in indexed for b in i.bad[:3]) or "empty"))
@@ -312,7 +315,8 @@ def build_index(
     )
     folder.mkdir(exist_ok=True)
     write_text_atomic(manifest, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
-    write_text_atomic(summary, json.dumps({"samples": len(rows), "sources": meta_sources}, indent=1))
+    meta = {"samples": len(rows), "sources": meta_sources, "max_image_tokens": max_image_tokens}
+    write_text_atomic(summary, json.dumps(meta, indent=1))
     return DataIndex(str(manifest), len(rows), meta_sources, cached=False)
 
 

@@ -106,7 +106,12 @@ def log_mel(path: str, n_mels: int) -> torch.Tensor:
 
 
 def process(
-    conv: Conversation, model: ModelSpec, rules: TokenRules, counter: TextCounter, seq_len: int
+    conv: Conversation,
+    model: ModelSpec,
+    rules: TokenRules,
+    counter: TextCounter,
+    seq_len: int,
+    encoders: tuple[str, ...] | None = None,
 ) -> ProcessedSample:
     """`conv` as orch's reference model takes it (module docstring); raises OSError/ValueError on a bad file."""
     hf = [n for n, m in model.modules.items() if m.hf is not None]
@@ -116,6 +121,8 @@ def process(
         )
     features: dict[str, torch.Tensor] = {}
     for r in rules.encoders:
+        if encoders is not None and r.name not in encoders:  # only these encoders' media decoded
+            continue
         m = model.modules[r.name]
         if r.modality == "vision":
             parts = [image_rows(f, r.patch or 14, rules.max_image_tokens) for f in conv.images]
@@ -128,7 +135,8 @@ def process(
                 parts.append(mel[: mel.shape[0] // r.frames_per_token * r.frames_per_token])
         features[r.name] = torch.cat(parts) if parts else torch.zeros(0, dim)
     ids, labels = tokenize(counter, conv)
-    prefix = sum(projected(features[r.name].shape[0] // r.frames_per_token, r.downsample) for r in rules.encoders)
+    prefix = sum(projected(f.shape[0] // r.frames_per_token, r.downsample) for r in rules.encoders
+                 for f in [features.get(r.name)] if f is not None)  # fmt: skip
     room = max(0, seq_len - prefix)
     truncated = len(ids) > room
     return ProcessedSample(conv.where, ids[:room], labels[:room], features, truncated)

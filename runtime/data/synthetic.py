@@ -91,9 +91,16 @@ class GlobalBatch:
     def _frames_per_token(self) -> dict[str, int]:
         return {e: self.model.modality(e).frames_per_token for e in encoder_order(self.model)}
 
-    def sample(self, sample_id: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> Sample:
+    def sample(
+        self,
+        sample_id: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        encoders: tuple[str, ...] | None = None,
+    ) -> Sample:
         """Sample `sample_id`'s tensors on `device`: drawn on the CPU from its seed (the same numbers on
-        every device and layout), then moved."""
+        every device and layout), then moved. `encoders`: the ones whose inputs the caller needs (a data
+        file's source decodes only those; synthetic draws are cheap and drawn in full)."""
         gen = torch.Generator().manual_seed(_mix("sample", self.seed, self.step, sample_id))
         feats = {}
         for e in encoder_order(self.model):

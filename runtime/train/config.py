@@ -60,6 +60,9 @@ class TrainConfig:
     model_factory: str | None = None  # "package.module:function" building the modules (runtime/models/factory.py)
     # "auto" | "cpu" | "cuda": where the ranks compute (runtime/device.py; launchers resolve "auto" before starting)
     device: str = "auto"
+    # where a balanced step's inputs are built: "destination" (each rank loads the samples the dispatcher gave
+    # it: nothing moves), "origin" (at their initial DP index, then moved); "auto": destination with a data file
+    load: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "balance", Mode(self.balance))
@@ -67,6 +70,9 @@ class TrainConfig:
     def data_step(self, step: int) -> int:
         """Which global batch step `step` trains on."""
         return step % self.repeat_every if self.repeat_every > 0 else step
+
+    def loads_at_destination(self, has_source: bool) -> bool:
+        return self.load == "destination" or (self.load == "auto" and has_source)
 
     @property
     def calibrates(self) -> bool:

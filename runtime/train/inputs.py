@@ -1,8 +1,10 @@
 """Which samples a rank runs for each module this step, their inputs moved to it, and its micro-batches.
 
-Unbalanced (`balance == none`): every rank builds its own samples' inputs from the seeded batch. Balanced:
-every world rank joins one all_to_all_single per module (an encoder's features; the LLM's text and label
-ids, to its first and last pipeline stage), from each sample's origin DP index to the dispatcher's.
+Unbalanced (`balance == none`), or loading at the destination: every rank builds (decodes) the inputs of
+the samples it runs itself, from the seeded batch or the data file every rank can read; nothing moves.
+Balanced and loading at the origin: every world rank joins one all_to_all_single per module (an encoder's
+features; the LLM's text and label ids, to its first and last pipeline stage), from each sample's origin
+DP index to the dispatcher's.
 The profile (runtime/profile/per_step.py) times the same routes through this class.
 """
 
@@ -26,10 +28,19 @@ class InputRouter:
     """One rank's view of where the step's samples are, per module (read-only over the step's tables)."""
 
     def __init__(
-        self, plan: Plan, grids: dict[str, Grid], rank: int, world: int, device: torch.device, *, balanced: bool
+        self,
+        plan: Plan,
+        grids: dict[str, Grid],
+        rank: int,
+        world: int,
+        device: torch.device,
+        *,
+        balanced: bool,
+        at_destination: bool = False,
     ) -> None:
         self.plan, self.model, self.grids = plan, plan.model, grids
         self.rank, self.world, self.device, self.balanced = rank, world, device, balanced
+        self.at_destination = at_destination
 
     def held(self, name: str, tables: StepTables, *, origin: bool = False) -> list[int]:
         """Sample ids this rank's DP index of `name` holds (at the origin, or after balancing)."""
@@ -45,9 +56,10 @@ class InputRouter:
 
         Collective when balanced: every world rank calls it for every module, in the same order.
         """
-        if not self.balanced:
-            return [batch.sample(i, dtype, self.device) for i in self.held(name, tables)] if serves else []
         grid, llm = self.grids[name], name == self.model.llm_name
+        needs = () if llm else (name,)  # the LLM takes text only: no image or clip decoded for it
+        if not self.balanced or self.at_destination:
+            return [batch.sample(i, dtype, self.device, needs) for i in self.held(name, tables)] if serves else []
         if llm:
             rows = batch.text_tokens
             width, pack_dtype = 2, torch.int64
@@ -63,7 +75,7 @@ class InputRouter:
         for stage in stages:
             x = empty_x
             if coord is not None and coord.pp == stage:
-                here = [batch.sample(i, dtype, self.device) for i in self.held(name, tables, origin=True)]
+                here = [batch.sample(i, dtype, self.device, needs) for i in self.held(name, tables, origin=True)]
                 parts = [torch.stack([s.text, s.labels], 1) if llm else s.feats[name] for s in here]
                 x = torch.cat(parts).to(pack_dtype) if parts else x
             route = Route(tables.input_table(name), grid, grid, tuple(rows), src_stage=stage, dst_stage=stage)

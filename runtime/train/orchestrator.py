@@ -400,20 +400,25 @@ class Orchestrator:
         t = future.result()
         return _with_wait(t, min(t.seconds, time.perf_counter() - t0))
 
-    def record(self, t: StepTables, batch: GlobalBatch) -> dict[str, object]:
+    def record(self, t: StepTables, batch: GlobalBatch, at_destination: bool = False) -> dict[str, object]:
         """The step's metrics: per phase max/mean cost (before and after) and the bytes its inputs
         moved inside and across nodes (forward; the backward moves the same bytes back), and the
-        dispatcher's seconds, total and hidden behind the previous step's compute."""
+        dispatcher's seconds, total and hidden behind the previous step's compute. `at_destination`: the
+        ranks loaded their balanced samples themselves, so the inputs moved nothing; what loading at the
+        origin would have moved is `input_bytes_avoided` (intra + inter, the encoders' and the text)."""
         gpn, llm = self.plan.ranks_per_node, self.model.llm_name
         balanced = self.mode != Mode.NONE
         out: dict[str, object] = {}
-        llm_intra = llm_inter = 0
+        llm_intra = llm_inter = avoided = 0
         for e in encoder_order(self.model):
             grid = self.grids[e]
             moved = MovedBytes(inter=0, intra=0)
             if balanced:
                 feats = self._bytes(e, [batch.enc_tokens[i][e] for i in range(batch.size)])
                 moved = _leader_bytes(t.input_table(e), grid, grid, feats, gpn)
+                if at_destination:
+                    avoided += moved.intra + moved.inter
+                    moved = MovedBytes(inter=0, intra=0)
             out[phase_name(self.model, e)] = {
                 **t.stats[e],
                 "intra_node_bytes": moved.intra,
@@ -426,8 +431,12 @@ class Orchestrator:
         if balanced:
             text = [2 * n * 8 for n in batch.text_tokens]  # token and label ids, int64
             moved = _leader_bytes(t.input_table(llm), self.grids[llm], self.grids[llm], text, gpn)
-            llm_intra, llm_inter = llm_intra + moved.intra, llm_inter + moved.inter
+            if at_destination:
+                avoided += moved.intra + moved.inter
+            else:
+                llm_intra, llm_inter = llm_intra + moved.intra, llm_inter + moved.inter
         out[LLM_PHASE] = {**t.stats[LLM_PHASE], "intra_node_bytes": llm_intra, "inter_node_bytes": llm_inter}
+        out["input_bytes_avoided"] = avoided
         out["dispatcher_s"] = t.seconds
         out["dispatcher_hidden_s"] = t.hidden_s
         return out

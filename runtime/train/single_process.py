@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from orch.planner.specs import DataSpec, ModelSpec
-from orch.runtime.data.synthetic import GlobalBatch, encoder_order
+from orch.runtime.data.source import BatchSource
+from orch.runtime.data.synthetic import encoder_order
 from orch.runtime.models.build import build_modules
 from orch.runtime.train.compute import encode, join_prefix, text_loss
 from orch.runtime.train.config import TrainConfig
@@ -42,10 +43,11 @@ def run_reference(
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     opt = build_optimizer(modules, cfg)
     assert opt is not None
+    batches = BatchSource(model, data, seed)
     losses: list[float] = []
     grads: dict[str, torch.Tensor] = {}
     for step in range(steps):
-        batch = GlobalBatch.build(model, data, seed, cfg.data_step(step))
+        batch = batches.build(cfg.data_step(step))
         samples = [batch.sample(i, dtype) for i in range(batch.size)]
         encoded = {
             e: encode(modules[e], e, samples, dtype, model.modality(e).frames_per_token) for e in encoder_order(model)

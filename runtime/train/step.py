@@ -29,6 +29,7 @@ from torch import nn
 from orch.planner.balance.mode import Mode
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
+from orch.runtime.data.source import BatchSource, ConversationBatch
 from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order
 from orch.runtime.memory import measured_step, parameter_storages, peak_bytes, state_parts
 from orch.runtime.models.build import build_modules
@@ -68,6 +69,7 @@ class StepMetrics:
     grad_norm: float = 0.0  # the whole model's gradient norm, before clipping
     lr: float = 0.0  # the step's learning rate (before a module's factor)
     memory: dict[str, int] = field(default_factory=dict)  # state_bytes, peak_bytes (runtime/memory.py)
+    data: dict[str, int] | None = None  # a data file's outcomes on this rank (ConversationBatch.data_counts)
 
 
 @dataclass
@@ -102,6 +104,7 @@ class TrainStep:
         self.debug = debug or DebugConfig()
         self.device = torch.device(device)
         self.model = plan.model
+        self.batches = BatchSource(plan.model, data, cfg.seed)  # synthetic, or the user's data file
         self.grids: dict[str, Grid] = build_grids(plan.modules, self.device.type)
         build_meshes(self.grids)
         self.served = [n for n in self.model.modules if self.grids[n].coord(rank) is not None]
@@ -161,7 +164,10 @@ class TrainStep:
         self.orch = Orchestrator(
             plan, self.grids, cfg.balance, torch.finfo(cfg.torch_dtype).bits // 8, calibration, self.device
         )
-        self.router = InputRouter(plan, self.grids, rank, world, self.device, balanced=self.orch.mode != Mode.NONE)
+        self.router = InputRouter(
+            plan, self.grids, rank, world, self.device, balanced=self.orch.mode != Mode.NONE,
+            at_destination=cfg.loads_at_destination(data.source is not None),
+        )  # fmt: skip
         leader = {}
         for name in self.served:
             c = self.grids[name].coord(rank)
@@ -182,7 +188,7 @@ class TrainStep:
 
         t0 = time.perf_counter()
         self.debug.inject(self.rank, k)
-        batch = GlobalBatch.build(self.model, self.data, self.cfg.seed, self.cfg.data_step(k))
+        batch = self.batches.build(self.cfg.data_step(k))
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
 
@@ -190,7 +196,7 @@ class TrainStep:
         t = time.perf_counter()
         tables = self.orch.tables(batch, self.rank, self.world)
         if k + 1 < self.cfg.steps:
-            upcoming = GlobalBatch.build(self.model, self.data, self.cfg.seed, self.cfg.data_step(k + 1))
+            upcoming = self.batches.build(self.cfg.data_step(k + 1))
             self.orch.prefetch(upcoming, self.rank, self.world)
         work = StepWork(batch, tables, self.debug.counter(self._leader))
         work.phases["dispatch"] = time.perf_counter() - t
@@ -222,7 +228,7 @@ class TrainStep:
         state = state_parts(self.modules, self.optimizer)
         memory = {"state_bytes": sum(state.values()), "peak_bytes": peak_bytes(self.device, meter, state, gathered)}
         loss_total = self._global_loss(loss_sum)
-        balance = {"mode": self.orch.mode.value, **self.orch.record(tables, batch)}
+        balance = {"mode": self.orch.mode.value, **self.orch.record(tables, batch, self.router.at_destination)}
         return StepMetrics(
             k,
             loss_total,
@@ -235,6 +241,7 @@ class TrainStep:
             grad_norm,
             lr_at(self.cfg, k) if self.optimizer is None else lr,
             memory,
+            batch.data_counts() if isinstance(batch, ConversationBatch) else None,
         )
 
     def run_llm(

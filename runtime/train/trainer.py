@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orch.planner.io import write_text_atomic
 from orch.planner.plan import Plan
@@ -137,8 +137,8 @@ class Trainer:
         import torch.distributed as dist
 
         rank, world = self.ctx.env.rank, self.ctx.env.world
-        everyone: list[tuple[dict[str, float], dict[str, dict[int, int]], dict[str, int]] | None] = [None] * world
-        dist.all_gather_object(everyone, ({**m.phases, "step": m.step_time_s}, m.processed, m.memory))
+        everyone: list[Any] = [None] * world
+        dist.all_gather_object(everyone, ({**m.phases, "step": m.step_time_s}, m.processed, m.memory, m.data))
         if rank != 0:
             return
         times = [p[0] for p in everyone if p]
@@ -163,7 +163,15 @@ class Trainer:
             memory={str(r): p[2] for r, p in enumerate(everyone) if p},
             lr=m.lr,
             processed=processed,
+            data=_data_counts([p[3] for p in everyone if p and p[3] is not None]),
         )
         append_record(metrics_path(self.workdir), record)
         if self.ctx.log_steps:
             print(f"orch: step {m.step} loss {m.loss:.6f}", flush=True)
+
+
+def _data_counts(per_rank: list[dict[str, int]]) -> dict[str, int] | None:
+    """A data file's step outcomes: the batch's (the same on every rank) and `failed` summed over the ranks."""
+    if not per_rank:
+        return None
+    return {**per_rank[0], "failed": sum(d["failed"] for d in per_rank)}

@@ -1,0 +1,209 @@
+"""Where a step's global batch comes from: synthetic (runtime/data/synthetic.py) or a user's conversation file.
+
+`BatchSource(model, data, seed).build(step)` returns the batch of a step, a function of (seed, step) alone
+either way, so every rank holds the same lengths without communication and a resumed run sees the same
+batches. With a data file (`DataSpec.source`, its index as `DataSpec.manifest`):
+
+* sampling: epoch e = step·B // N visits the N indexed samples in a permutation seeded by (seed, e); step k
+  takes positions kB .. kB + B - 1 of that sequence (wrapping into the next epoch);
+* lengths: each encoder's tokens from the index; the text tokenized on every rank (no media decoded), so the
+  loss normaliser (the global batch's trained tokens) is known everywhere before any sample is decoded;
+* `sample(i)`: the sample decoded (its images and clips: runtime/data/processing.py) on the rank that asks,
+  so a rank loads what the dispatcher gave it. Labels are next-token targets at each text position (HF's
+  aligned labels shifted by one), -100 where nothing is trained. A sample that no longer parses (its file
+  changed since it was indexed) trains on nothing (`skipped`); one whose image or clip can no longer be
+  read gets zeros of the indexed shape for it (`failed`, counted per rank), so no step stops on bad data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from orch.planner.specs import DataSpec, ModelSpec
+from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order
+from orch.runtime.models.reference import projected_len
+
+IGNORE = -100
+
+
+def _seed(*parts: object) -> int:
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+@dataclass
+class TextOf:
+    """A sample's tokenized text: ids and next-token targets (IGNORE where not trained)."""
+
+    ids: list[int]
+    targets: list[int]
+
+
+class ConversationData:
+    """A data file's index and samples, opened once per process (module docstring)."""
+
+    def __init__(self, model: ModelSpec, data: DataSpec) -> None:
+        from orch.planner.data import read_manifest
+        from orch.runtime.data.conversations import SampleFile
+        from orch.runtime.data.index import TextCounter, TokenRules, find_tokenizer
+
+        assert data.manifest is not None and data.source is not None  # DataSpec's validator
+        self.model, self.data = model, data
+        manifest = Path(data.manifest)
+        meta = json.loads(manifest.with_suffix(".json").read_text())
+        self.rules = TokenRules.of(model, meta.get("max_image_tokens", 1024))
+        self.counter = TextCounter(*find_tokenizer(model, data.tokenizer))
+        self.files = [SampleFile(s["path"]) for s in meta["sources"]]
+        raw = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
+        self.rows: list[tuple[int, int]] = [(r["source"], r["sample"]) for r in raw]
+        self.lengths = [dict(r) for r in read_manifest(str(manifest))]
+        self._texts: dict[int, TextOf | None] = {}
+        self._epoch: tuple[tuple[int, int], list[int]] | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def rows_of_step(self, seed: int, step: int) -> list[int]:
+        n, b = len(self.rows), self.data.global_batch
+        out = []
+        for pos in range(step * b, (step + 1) * b):
+            epoch, at = divmod(pos, n)
+            out.append(self._order(seed, epoch)[at])
+        return out
+
+    def _order(self, seed: int, epoch: int) -> list[int]:
+        if self._epoch is None or self._epoch[0] != (seed, epoch):
+            order = list(range(len(self.rows)))
+            random.Random(_seed("epoch", seed, epoch)).shuffle(order)
+            self._epoch = ((seed, epoch), order)
+        return self._epoch[1]
+
+    def conversation(self, row: int) -> Any:
+        source, number = self.rows[row]
+        return self.files[source].get(number)
+
+    def text(self, row: int) -> TextOf | None:
+        """The row's tokens and targets (None: the sample no longer parses)."""
+        if row not in self._texts:
+            from orch.runtime.data.conversations import BadSample
+            from orch.runtime.data.processing import tokenize
+
+            conv = self.conversation(row)
+            if isinstance(conv, BadSample):
+                self._texts[row] = None
+            else:
+                ids, labels = tokenize(self.counter, conv)
+                self._texts[row] = TextOf(ids, [*labels[1:], IGNORE])
+        return self._texts[row]
+
+    def batch(self, seed: int, step: int) -> ConversationBatch:
+        rows = self.rows_of_step(seed, step)
+        encs = encoder_order(self.model)
+        enc_tokens, text_tokens, trained, skipped, truncated = [], [], [], [], 0
+        for row in rows:
+            lengths = self.lengths[row]
+            enc = {e: self.model.modules[e].round_length(int(lengths.get(e, 0))) for e in encs}
+            prefix = sum(projected_len(n, self.model.modules[e].downsample) for e, n in enc.items())
+            text = self.text(row)
+            room = max(1, self.data.seq_len - prefix)
+            if text is None:
+                n, t = 1, 0
+                skipped.append(row)
+            else:
+                n = max(1, min(len(text.ids), room))
+                truncated += len(text.ids) > room
+                t = sum(1 for y in text.targets[:n] if y != IGNORE)
+            enc_tokens.append(enc)
+            text_tokens.append(n)
+            trained.append(t)
+        return ConversationBatch(
+            self.model, seed, step, tuple(enc_tokens), tuple(text_tokens), source=self, rows=tuple(rows),
+            trained=tuple(trained), skipped=tuple(skipped), truncated=truncated,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ConversationBatch(GlobalBatch):
+    """A step's samples from a data file: lengths known everywhere, media decoded where asked (`sample`)."""
+
+    source: ConversationData | None = None
+    rows: tuple[int, ...] = ()
+    trained: tuple[int, ...] = ()  # per sample, its text positions with a target
+    skipped: tuple[int, ...] = field(default=())  # rows whose sample could not be read
+    truncated: int = 0  # samples cut to seq_len
+    # decoded inputs, per (sample, encoder): each decoded once per step on a rank however many callers ask
+    decoded: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
+    failed: list[int] = field(default_factory=list, compare=False, repr=False)  # samples whose media failed here
+
+    @property
+    def label_tokens(self) -> int:
+        return max(1, sum(self.trained))
+
+    def data_counts(self) -> dict[str, int]:
+        """This step's data outcomes on this rank: samples, skipped (no longer parse), truncated, failed
+        (media unreadable where this rank decoded them)."""
+        return {"samples": self.size, "skipped": len(self.skipped), "truncated": self.truncated,
+                "failed": len(self.failed)}  # fmt: skip
+
+    def sample(
+        self,
+        sample_id: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        encoders: tuple[str, ...] | None = None,
+    ) -> Sample:
+        from orch.runtime.data.conversations import BadSample
+        from orch.runtime.data.processing import process
+
+        assert self.source is not None
+        src, row = self.source, self.rows[sample_id]
+        n = self.text_tokens[sample_id]
+        text = src.text(row)
+        wanted = tuple(encoder_order(self.model)) if encoders is None else encoders
+        missing = tuple(e for e in wanted if (sample_id, e) not in self.decoded)
+        if missing:
+            conv = src.conversation(row)
+            feats: dict[str, torch.Tensor] | None = None
+            if text is not None and not isinstance(conv, BadSample):
+                try:
+                    feats = process(conv, self.model, src.rules, src.counter, src.data.seq_len, missing).features
+                except (OSError, ValueError):
+                    feats = None
+            for e in missing:
+                rows = self.enc_tokens[sample_id][e] * self.model.modality(e).frames_per_token
+                got = feats.get(e) if feats is not None else None
+                if got is None or got.shape[0] != rows:  # unreadable now (or changed): zeros, trained on nothing
+                    got = torch.zeros(rows, self.model.modules[e].input_dim or 1)
+                    if sample_id not in self.failed:
+                        self.failed.append(sample_id)
+                self.decoded[(sample_id, e)] = got
+        if text is None:
+            ids, targets = [0] * n, [IGNORE] * n
+        else:
+            ids, targets = text.ids[:n], text.targets[:n]
+        return Sample(
+            sample_id,
+            {e: self.decoded[(sample_id, e)].to(device, dtype) for e in wanted},
+            torch.tensor(ids, dtype=torch.int64, device=device),
+            torch.tensor(targets, dtype=torch.int64, device=device),
+        )
+
+
+class BatchSource:
+    """The batches of a run: `build(step)`; synthetic unless the data spec names a conversation source."""
+
+    def __init__(self, model: ModelSpec, data: DataSpec, seed: int) -> None:
+        self.model, self.data, self.seed = model, data, seed
+        self.files = ConversationData(model, data) if data.source is not None else None
+
+    def build(self, step: int) -> GlobalBatch:
+        if self.files is not None:
+            return self.files.batch(self.seed, step)
+        return GlobalBatch.build(self.model, self.data, self.seed, step)

@@ -1,0 +1,111 @@
+"""Training on a data file (conversations with images and audio, runtime/data/source.py) under every placement:
+float64 losses (1e-9) and parameters (1e-8) equal the single-process reference on the same samples; every
+sample of a global batch runs once per module with all its tokens; loading at the destination moves no input
+byte and trains the same as loading at the origin; a sample whose image vanished is counted, not fatal."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from equivalence import assert_close, merged
+from launching import train_local, train_tasks
+
+from orch.cli.data_cmd import conversation_data
+from orch.planner.loading import load_model
+from orch.planner.plan import Layout
+from orch.runtime.data.demo_data import make_dataset, make_tokenizer
+from orch.runtime.data.source import BatchSource
+from orch.runtime.plans import hand_plan
+from orch.runtime.train.config import TrainConfig
+from orch.runtime.train.debug import DebugConfig
+from orch.runtime.train.orchestrator import lengths_columns
+from orch.runtime.train.single_process import run_reference
+
+STEPS, SEED = 3, 5
+ENC_DP4 = {"vision": (Layout(dp=4), [0, 1, 2, 3]), "audio": (Layout(dp=4), [0, 1, 2, 3])}
+PLANS = {
+    "homogeneous_dp4": {"llm": (Layout(dp=4), [0, 1, 2, 3])},
+    "colocated_llm_tp2_dp2": {"llm": (Layout(tp=2, dp=2), [0, 1, 2, 3]), **ENC_DP4},
+    "colocated_llm_cp2_dp2": {"llm": (Layout(cp=2, dp=2), [0, 1, 2, 3]), **ENC_DP4},
+    "colocated_llm_pp2_dp2": {"llm": (Layout(pp=2, dp=2), [0, 1, 2, 3]), **ENC_DP4},
+    "disaggregated_enc1_llm_dp3": {
+        "llm": (Layout(dp=3), [1, 2, 3]),
+        "vision": (Layout(dp=1), [0]),
+        "audio": (Layout(dp=1), [0]),
+    },
+}
+ORIGIN = "homogeneous_dp4_loaded_at_origin"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("real-data")
+    data_file = make_dataset(root, images=10, tones=6)
+    tok = make_tokenizer(root / "tok" / "tokenizer.json")
+    model = load_model("tiny")
+    data, _ = conversation_data(model, str(data_file), 8, None, str(tok))
+    return root, model, data
+
+
+@pytest.fixture(scope="module")
+def launched(dataset, tmp_path_factory):
+    root, model, data = dataset
+    plans = {name: hand_plan(model, data, layouts) for name, layouts in PLANS.items()}
+    plans[ORIGIN] = hand_plan(model, data, PLANS["homogeneous_dp4"])
+    cfg = TrainConfig(steps=STEPS, seed=SEED, dtype="float64")
+    cfgs = {name: cfg for name in PLANS} | {ORIGIN: TrainConfig(steps=STEPS, seed=SEED, dtype="float64", load="origin")}
+    out = tmp_path_factory.mktemp("runs")
+    return train_tasks(plans, data, cfgs, out, debug=DebugConfig(count_tokens=True)), out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [*PLANS, ORIGIN])
+def test_plan_on_a_data_file_matches_the_reference(name, dataset, launched):
+    root, model, data = dataset
+    records, out = launched
+    ref = run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64)
+    assert [r.loss for r in records[name]] == pytest.approx(ref.losses, rel=1e-9)
+    assert_close(merged(out / name, "params"), ref.params, rel=1e-8)
+    batches = BatchSource(model, data, SEED)
+    for r in records[name]:
+        assert r.data == {"samples": 8, "skipped": 0, "truncated": 0, "failed": 0}
+        want = lengths_columns(model, batches.build(r.step))
+        assert r.tokens == batches.build(r.step).label_tokens  # the assistant turns' tokens only
+        for module, column in want.items():
+            seen: dict[int, int] = {}
+            for per_rank in (r.processed or {}).values():
+                for sid, n in per_rank.get(module, {}).items():
+                    assert int(sid) not in seen, f"step {r.step}: sample {sid} ran twice in {module}"
+                    seen[int(sid)] = n
+            assert seen == dict(enumerate(column)), f"step {r.step}: {module}"
+
+
+@pytest.mark.slow
+def test_loading_at_the_destination_moves_no_input_byte(launched):
+    records, _ = launched
+    for here, there in zip(records["homogeneous_dp4"], records[ORIGIN], strict=True):
+        moved = sum(
+            there.balance[p]["intra_node_bytes"] + there.balance[p]["inter_node_bytes"] for p in ("vision", "audio")
+        )
+        assert moved > 0 and there.balance["input_bytes_avoided"] == 0
+        assert all(
+            here.balance[p]["intra_node_bytes"] == here.balance[p]["inter_node_bytes"] == 0 for p in ("vision", "audio")
+        )
+        assert here.balance["input_bytes_avoided"] >= moved  # the encoders' inputs and the text
+
+
+@pytest.mark.slow
+def test_a_vanished_image_is_counted_not_fatal(dataset, tmp_path):
+    root, model, data = dataset
+    copy = tmp_path / "data"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".orch-index"))
+    spec, _ = conversation_data(model, str(copy / "data.jsonl"), 8, None, str(copy / "tok" / "tokenizer.json"))
+    for image in sorted((copy / "media").glob("img_*.png")):
+        image.unlink()  # every image gone after indexing
+    plan = hand_plan(model, spec, {"llm": (Layout(dp=2), [0, 1])})
+    records = train_local(plan, spec, TrainConfig(steps=2, seed=SEED, dtype="float64"), tmp_path / "run")
+    assert len(records) == 2 and all(r.loss > 0 for r in records)
+    images = [sum(1 for i in BatchSource(model, spec, SEED).build(r.step).enc_tokens if i["vision"]) for r in records]
+    assert [r.data["failed"] for r in records] == images and sum(images) > 0
+    assert Path(spec.source).is_file()
