@@ -387,6 +387,11 @@ class Orchestrator:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="orch-dispatch")
         self._pending[batch.step] = (self._pool.submit(self.dispatch, batch.step, lengths), time.perf_counter())
 
+    def pending(self, step: int) -> Future[StepTables] | None:
+        """The tables of a prefetched step, while they are computed (None when not prefetched)."""
+        got = self._pending.get(step)
+        return got[0] if got is not None else None
+
     def tables(self, batch: GlobalBatch, rank: int, world: int) -> StepTables:
         """This step's tables: the prefetched ones (waiting for them if needed), else computed now."""
         if self.mode == Mode.NONE:  # only the cost statistics: nothing moves, nothing to hide

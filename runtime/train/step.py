@@ -29,8 +29,9 @@ from torch import nn
 from orch.planner.balance.mode import Mode
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
+from orch.runtime.data.prefetch import SamplePrefetcher
 from orch.runtime.data.source import BatchSource, ConversationBatch
-from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order
+from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order, initial_dp_index
 from orch.runtime.memory import measured_step, parameter_storages, peak_bytes, state_parts
 from orch.runtime.models.build import build_modules
 from orch.runtime.models.hf.module import HFModule
@@ -105,6 +106,8 @@ class TrainStep:
         self.device = torch.device(device)
         self.model = plan.model
         self.batches = BatchSource(plan.model, data, cfg.seed)  # synthetic, or the user's data file
+        self.prefetcher = SamplePrefetcher(cfg.torch_dtype)
+        self._upcoming: GlobalBatch | None = None
         self.grids: dict[str, Grid] = build_grids(plan.modules, self.device.type)
         build_meshes(self.grids)
         self.served = [n for n in self.model.modules if self.grids[n].coord(rank) is not None]
@@ -174,6 +177,28 @@ class TrainStep:
             leader[name] = c is not None and c.tp == 0 and c.cp == 0
         self._leader = leader
 
+    def _prefetch_samples(self, upcoming: ConversationBatch) -> None:
+        """Decode, on the loader's thread, the images and clips this rank will build next step (once the
+        dispatcher's tables for it are known: where the samples go, or where they start when loading at the
+        origin)."""
+        future = self.orch.pending(upcoming.step)
+        router, encoders = self.router, [n for n in self.served if n != self.model.llm_name]
+
+        def wanted() -> dict[str, list[int]]:
+            tables = future.result() if future is not None else None
+            out = {}
+            for name in encoders:
+                if tables is not None:
+                    out[name] = router.held(name, tables, origin=not router.at_destination)
+                else:  # unbalanced: every sample where it starts
+                    c = self.grids[name].coord(self.rank)
+                    assert c is not None
+                    out[name] = [i for i in range(upcoming.size) if initial_dp_index(i, self.grids[name].dp) == c.dp]
+            return out
+
+        self.prefetcher.start(upcoming, wanted)
+        self._upcoming = upcoming
+
     def inputs(self, name: str, work: StepWork) -> list[Sample]:
         return self.router.inputs(name, work.batch, work.tables, self.cfg.torch_dtype, serves=name in self.modules)
 
@@ -188,7 +213,13 @@ class TrainStep:
 
         t0 = time.perf_counter()
         self.debug.inject(self.rank, k)
-        batch = self.batches.build(self.cfg.data_step(k))
+        upcoming_now = self._upcoming
+        if upcoming_now is not None and upcoming_now.step == self.cfg.data_step(k):
+            batch = upcoming_now  # its samples decoded meanwhile (runtime/data/prefetch.py)
+        else:
+            batch = self.batches.build(self.cfg.data_step(k))
+        self._upcoming = None
+        load_wait = self.prefetcher.wait(batch.step)
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
 
@@ -198,8 +229,12 @@ class TrainStep:
         if k + 1 < self.cfg.steps:
             upcoming = self.batches.build(self.cfg.data_step(k + 1))
             self.orch.prefetch(upcoming, self.rank, self.world)
+            if isinstance(upcoming, ConversationBatch):
+                self._prefetch_samples(upcoming)
         work = StepWork(batch, tables, self.debug.counter(self._leader))
         work.phases["dispatch"] = time.perf_counter() - t
+        if isinstance(batch, ConversationBatch):
+            work.phases["load"] = load_wait  # waiting for this step's samples to be decoded (0: hidden)
 
         t = time.perf_counter()
         self.data_parallel.begin()  # every module's parameters gathered once for the step
@@ -306,5 +341,6 @@ class TrainStep:
 
     def finish(self) -> None:
         self.orch.close()
+        self.prefetcher.close()
         if self.debug.dump_dir is not None:
             self._dump("params", lambda p: p.data if not hasattr(p, "full_tensor") else p)
