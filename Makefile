@@ -19,8 +19,13 @@ install: $(STAMP)
 # Plan a 70B LLaVA job on 64 H100s, then plan and really train the tiny model on 4 local processes.
 demo: $(STAMP)
 	$(BIN)/orch plan --model llava-1b-70b --cluster h100-80g --nodes 8 --out demo/plan-llava-70b.yaml
-	$(BIN)/orch plan --model tiny --cluster local-cpu --out demo/plan-tiny.yaml --top 0
-	$(BIN)/orch launch demo/plan-tiny.yaml --executor local --steps 5 --workdir demo/run
+	$(BIN)/python -m orch.runtime.data.demo_data demo/data
+	$(BIN)/orch data index demo/data/data.jsonl --model tiny --tokenizer demo/data/tok
+	$(BIN)/orch plan --model tiny --cluster local-cpu --data demo/data/data.jsonl --tokenizer demo/data/tok \
+	  --global-batch 16 --out demo/plan-tiny.yaml --top 0
+	rm -rf demo/run
+	$(BIN)/orch launch demo/plan-tiny.yaml --executor local --steps 200 --optimizer adamw --lr 3e-3 \
+	  --warmup-steps 10 --lr-schedule cosine --min-lr 3e-4 --workdir demo/run
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; fi; exit $$rc

@@ -84,3 +84,22 @@ def make_tokenizer(path: Path, vocab: int = 256) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tok.save(str(path))
     return path
+
+
+def main() -> None:
+    """`python -m orch.runtime.data.demo_data DIR [--images N --tones N]`: DIR/data.jsonl and DIR/tok."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write a small local dataset of captioned shapes and tones.")
+    parser.add_argument("folder")
+    parser.add_argument("--images", type=int, default=48)
+    parser.add_argument("--tones", type=int, default=24)
+    args = parser.parse_args()
+    root = Path(args.folder)
+    data = make_dataset(root, images=args.images, tones=args.tones)
+    tok = make_tokenizer(root / "tok" / "tokenizer.json")
+    print(f"wrote {data} ({args.images + args.tones + 1} samples) and {tok}")
+
+
+if __name__ == "__main__":
+    main()
