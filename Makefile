@@ -26,6 +26,7 @@ demo: $(STAMP)
 	rm -rf demo/run
 	$(BIN)/orch launch demo/plan-tiny.yaml --executor local --steps 200 --optimizer adamw --lr 3e-3 \
 	  --warmup-steps 10 --lr-schedule cosine --min-lr 3e-4 --workdir demo/run
+	$(BIN)/orch report demo/run
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected" >&2; fi; exit $$rc

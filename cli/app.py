@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import typer
 
-from orch.cli import balance_cmd, data_cmd, export_cmd, jobs_cmd, launch_cmd, plan_cmd, profile_cmd, specs_cmd
+from orch.cli import (
+    balance_cmd,
+    data_cmd,
+    export_cmd,
+    jobs_cmd,
+    launch_cmd,
+    plan_cmd,
+    profile_cmd,
+    report_cmd,
+    specs_cmd,
+)
 from orch.cli.errors import OrchGroup
 
 app = typer.Typer(
@@ -39,6 +49,7 @@ jobs_cmd.register(app)
 profile_cmd.register(app)
 export_cmd.register(app)
 data_cmd.register(app)
+report_cmd.register(app)
 
 
 def main() -> None:

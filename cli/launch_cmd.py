@@ -136,6 +136,13 @@ def launch(
     records = LocalLauncher(world).submit(TrainTask(plan, data_spec, cfg, workdir)).result()
     for r in records:
         out.print(f"step {r.step}: loss {r.loss:.6f}  tokens {r.tokens}  step {r.step_time_s:.3f} s")
+    counts = [r.data for r in records if r.data is not None]
+    if counts:
+        total = {k: sum(c[k] for c in counts) for k in ("samples", "skipped", "truncated", "failed")}
+        out.print(
+            f"data: {total['samples']} samples over {len(counts)} steps; {total['skipped']} skipped (no longer "
+            f"parse), {total['truncated']} truncated to seq_len, {total['failed']} with unreadable media"
+        )
     out.print(f"metrics written to [bold]{workdir}/metrics.jsonl[/]")
     if trace is not None and Path(trace).exists():
         out.print(f"trace written to [bold]{trace}[/]")

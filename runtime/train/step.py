@@ -177,6 +177,16 @@ class TrainStep:
             leader[name] = c is not None and c.tp == 0 and c.cp == 0
         self._leader = leader
 
+    def data_position(self, done: int) -> dict[str, object] | None:
+        """With a data file, where the sampler stands after `done` steps (None: synthetic data)."""
+        files = self.batches.files
+        if files is None:
+            return None
+        seen = self.cfg.data_step(done) * self.data.global_batch
+        epoch, at = divmod(seen, len(files))
+        return {"source": self.data.source, "index": self.data.manifest, "samples": len(files),
+                "seed": self.cfg.seed, "epoch": epoch, "position": at, "steps_done": done}  # fmt: skip
+
     def _prefetch_samples(self, upcoming: ConversationBatch) -> None:
         """Decode, on the loader's thread, the images and clips this rank will build next step (once the
         dispatcher's tables for it are known: where the samples go, or where they start when loading at the

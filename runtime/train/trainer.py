@@ -13,6 +13,7 @@ having saved there. At the end, the Chrome trace of the measured phases (rank 0 
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from orch.runtime.train.debug import DebugConfig
 
 if TYPE_CHECKING:
     from orch.runtime.launch.rank import RankContext
-    from orch.runtime.train.step import StepMetrics
+    from orch.runtime.train.step import StepMetrics, TrainStep
 
 
 def resume_step(workdir: str | Path, cfg: TrainConfig) -> int:
@@ -105,6 +106,7 @@ class Trainer:
         t = time.perf_counter()
         step = TrainStep(self.plan, self.data, cfg, rank, world, self.ctx.device, self.debug)
         if start > 0:
+            check_data_position(checkpoint.checkpoint_root(self.workdir) / checkpoint.step_name(start), step, start)
             checkpoint.load(self.workdir, start, step.modules, step.optimizer)
         setup_s = time.perf_counter() - t
         trace = RankTrace(rank, time.perf_counter())  # setup ends in collectives: origins agree closely
@@ -114,12 +116,10 @@ class Trainer:
             self._record(m, setup_s if k == start else 0.0)
             saved = cfg.checkpoint_every > 0 and (k + 1) % cfg.checkpoint_every == 0
             if saved:
-                checkpoint.save(self.workdir, k + 1, step.modules, step.optimizer, {TRAIN_FILE: train_file_text(cfg)})
+                checkpoint.save(self.workdir, k + 1, step.modules, step.optimizer, self._files(step, k + 1))
             if k + 1 < cfg.steps and self.ctx.preemption.agreed():
                 if not saved:
-                    checkpoint.save(
-                        self.workdir, k + 1, step.modules, step.optimizer, {TRAIN_FILE: train_file_text(cfg)}
-                    )
+                    checkpoint.save(self.workdir, k + 1, step.modules, step.optimizer, self._files(step, k + 1))
                 self.ctx.preemption.mark_stopped(k + 1)
                 step.orch.close()
                 return
@@ -131,6 +131,15 @@ class Trainer:
                 write_trace(cfg.trace, gathered, self.plan.placement.value)
         step.finish()
         dist.barrier()
+
+    def _files(self, step: TrainStep, done: int) -> dict[str, str]:
+        """What a checkpoint keeps beside the tensors: the training config, and with a data file the sampler's
+        position (the next step's place in its epoch, and the index it draws from)."""
+        files = {TRAIN_FILE: train_file_text(self.cfg)}
+        position = step.data_position(done)
+        if position is not None:
+            files[DATA_FILE] = json.dumps(position, indent=1) + "\n"
+        return files
 
     def _record(self, m: StepMetrics, setup_s: float) -> None:
         """Every rank's phase times to rank 0, which appends the step's record (collective)."""
@@ -175,3 +184,23 @@ def _data_counts(per_rank: list[dict[str, int]]) -> dict[str, int] | None:
     if not per_rank:
         return None
     return {**per_rank[0], "failed": sum(d["failed"] for d in per_rank)}
+
+
+DATA_FILE = "data.json"
+
+
+def check_data_position(folder: Path, step: TrainStep, start: int) -> None:
+    """Refuse to resume on other data than the checkpoint's: the sampler's position only means the same
+    batches on the same index."""
+    from orch.planner.errors import OrchError
+
+    saved = folder / DATA_FILE
+    now = step.data_position(start)
+    if not saved.is_file() or now is None:
+        return
+    was = json.loads(saved.read_text())
+    if was.get("index") != now["index"]:
+        raise OrchError(
+            f"{saved}: the checkpoint drew its batches from {was.get('index')}; the data now indexes as "
+            f"{now['index']} (the data file, its tokenizer or the model changed): resume in a fresh workdir"
+        )

@@ -109,3 +109,29 @@ def test_a_vanished_image_is_counted_not_fatal(dataset, tmp_path):
     images = [sum(1 for i in BatchSource(model, spec, SEED).build(r.step).enc_tokens if i["vision"]) for r in records]
     assert [r.data["failed"] for r in records] == images and sum(images) > 0
     assert Path(spec.source).is_file()
+
+
+@pytest.mark.slow
+def test_a_resumed_run_draws_the_same_batches(dataset, tmp_path):
+    import json
+
+    root, model, data = dataset
+    plan = hand_plan(model, data, {"llm": (Layout(dp=2), [0, 1])})
+
+    def run(workdir, steps, **kw):
+        cfg = TrainConfig(steps=steps, seed=SEED, dtype="float64", optimizer="adamw", lr=0.01, **kw)
+        return train_local(plan, data, cfg, workdir)
+
+    want = [r.loss for r in run(tmp_path / "full", 4)]  # 32 samples: past the 17 of the first epoch
+    run(tmp_path / "part", 2, checkpoint_every=2)
+    saved = json.loads((tmp_path / "part" / "checkpoints" / "step_00000002" / "data.json").read_text())
+    assert saved["epoch"] == 0 and saved["position"] == 16 and saved["index"] == data.manifest
+    assert [r.loss for r in run(tmp_path / "part", 4)] == pytest.approx(want, rel=1e-12)
+    other = data.model_copy(update={"manifest": data.manifest.replace(".jsonl", "-other.jsonl")})
+    Path(other.manifest).write_text(Path(data.manifest).read_text())
+    Path(other.manifest).with_suffix(".json").write_text(Path(data.manifest).with_suffix(".json").read_text())
+    cfg = TrainConfig(steps=6, seed=SEED, dtype="float64", optimizer="adamw", lr=0.01)
+    from orch.runtime.launch.base import LaunchError
+
+    with pytest.raises(LaunchError, match="the checkpoint drew its batches from"):  # another index: refused
+        train_local(hand_plan(model, other, {"llm": (Layout(dp=2), [0, 1])}), other, cfg, tmp_path / "part")
