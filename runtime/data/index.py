@@ -228,6 +228,9 @@ def index_source(path: str, rules: TokenRules, counter: TextCounter, source: int
 
 def encoder_lengths(conv: Conversation, rules: TokenRules) -> dict[str, int] | BadSample:
     """Each encoder's tokens for `conv`, from the files' headers; a BadSample for a missing or unreadable file."""
+    for files, modality, key in ((conv.images, "vision", "images"), (conv.audios, "audio", "audios")):
+        if files and not any(r.modality == modality for r in rules.encoders):
+            return BadSample(conv.where, f"{key}: the model has no {modality} encoder to take them")
     sizes: list[tuple[int, int]] = []
     clips: list[tuple[int, int]] = []  # (samples, rate)
     if any(r.modality == "vision" and r.image_tokens is None for r in rules.encoders):

@@ -1,4 +1,4 @@
-"""A conversation as orch's reference model takes it: text token ids with labels on the assistant turns
+"""A conversation as the model takes it: text token ids with labels on the assistant turns
 only, and each encoder's input rows, with exactly the token counts the index gives (runtime/data/index.py).
 
 * Text: the model's tokenizer over the chat template's rendering (or the contents one after another where
@@ -14,7 +14,9 @@ only, and each encoder's input rows, with exactly the token counts the index giv
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -105,6 +107,44 @@ def log_mel(path: str, n_mels: int) -> torch.Tensor:
     return ((mel + 4.0) / 4.0).T.contiguous()
 
 
+class HFImageProcessors:
+    """The image processors of a model's Hugging Face vision towers (`AutoImageProcessor` from the tower's
+    directory: its resize, crop and normalisation), giving orch's patch rows: each image's [C, S, S] pixels
+    cut into its g x g patches, row-major, a patch's C·p·p values channel-first (runtime/models/hf/vision.py
+    `HFVisionEncoder.images` reassembles them). Audio towers' feature extractors are not built yet."""
+
+    def __init__(self, model: ModelSpec) -> None:
+        self.processors: dict[str, Any] = {}
+        for name in model.encoder_names:
+            m = model.modules[name]
+            if m.hf is None:
+                continue
+            if model.modality(name).value != "vision":
+                raise SpecError(
+                    f"modules.{name}", "hf", "training on data files with a Hugging Face audio tower is not built yet"
+                )
+            config = Path(m.hf.path) / "preprocessor_config.json"
+            if not config.is_file():
+                raise SpecError(str(config), "", "no image processor config (save the model's processor beside it)")
+            import transformers
+
+            transformers.logging.set_verbosity_error()  # the PIL fallback's notice, once per process
+            self.processors[name] = transformers.AutoImageProcessor.from_pretrained(m.hf.path)
+
+    def rows(self, name: str, paths: tuple[str, ...], patch: int) -> torch.Tensor:
+        from PIL import Image
+
+        images = []
+        for f in paths:
+            with Image.open(f) as im:
+                images.append(im.convert("RGB"))
+        pixels = self.processors[name](images=images, return_tensors="pt")["pixel_values"].to(torch.float32)
+        n, c, h, w = pixels.shape
+        gh, gw = h // patch, w // patch
+        tiles = pixels.reshape(n, c, gh, patch, gw, patch).permute(0, 2, 4, 1, 3, 5)
+        return tiles.reshape(n * gh * gw, c * patch * patch)
+
+
 def process(
     conv: Conversation,
     model: ModelSpec,
@@ -112,19 +152,22 @@ def process(
     counter: TextCounter,
     seq_len: int,
     encoders: tuple[str, ...] | None = None,
+    hf_images: HFImageProcessors | None = None,
 ) -> ProcessedSample:
-    """`conv` as orch's reference model takes it (module docstring); raises OSError/ValueError on a bad file."""
-    hf = [n for n, m in model.modules.items() if m.hf is not None]
-    if hf:
-        raise SpecError(
-            f"modules.{hf[0]}", "hf", "processing data for Hugging Face models (their processors) is not built yet"
-        )
+    """`conv` as the model takes it (module docstring); raises OSError/ValueError on a bad file. A Hugging Face
+    vision tower's pixels come from its image processor (`hf_images`)."""
     features: dict[str, torch.Tensor] = {}
     for r in rules.encoders:
         if encoders is not None and r.name not in encoders:  # only these encoders' media decoded
             continue
         m = model.modules[r.name]
-        if r.modality == "vision":
+        if m.hf is not None:
+            if hf_images is None:
+                hf_images = HFImageProcessors(model)
+            dim = m.input_dim or 1
+            patch = math.isqrt(dim // 3)
+            parts = [hf_images.rows(r.name, conv.images, patch)] if conv.images else []
+        elif r.modality == "vision":
             parts = [image_rows(f, r.patch or 14, rules.max_image_tokens) for f in conv.images]
             dim = m.input_dim or 3 * (r.patch or 14) ** 2
         else:

@@ -61,6 +61,9 @@ class ConversationData:
         self.rules = TokenRules.of(model, meta.get("max_image_tokens", 1024))
         self.counter = TextCounter(*find_tokenizer(model, data.tokenizer))
         self.files = [SampleFile(s["path"]) for s in meta["sources"]]
+        from orch.runtime.data.processing import HFImageProcessors
+
+        self.hf_images = HFImageProcessors(model)  # HF vision towers' own processors (none for orch's modules)
         raw = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
         self.rows: list[tuple[int, int]] = [(r["source"], r["sample"]) for r in raw]
         self.lengths = [dict(r) for r in read_manifest(str(manifest))]
@@ -173,7 +176,9 @@ class ConversationBatch(GlobalBatch):
             feats: dict[str, torch.Tensor] | None = None
             if text is not None and not isinstance(conv, BadSample):
                 try:
-                    feats = process(conv, self.model, src.rules, src.counter, src.data.seq_len, missing).features
+                    feats = process(
+                        conv, self.model, src.rules, src.counter, src.data.seq_len, missing, src.hf_images
+                    ).features
                 except (OSError, ValueError):
                     feats = None
             for e in missing:

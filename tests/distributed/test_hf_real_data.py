@@ -1,0 +1,105 @@
+"""A Hugging Face LLaVA trained on a data file, through its own image processor and tokenizer (chat template):
+orch's step-0 loss (float64, lr 0) under several plans equals the loss LlavaForConditionalGeneration computes
+in one process from input_ids (the image tokens first, orch's layout) and pixel_values, the cross-entropy
+over the trained labels taken in float64 (HF's loss_function would upcast the logits to float32), 1e-9."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hf_models import IMAGE_TOKEN, make_llava
+from launching import train_tasks
+
+from orch.cli.data_cmd import conversation_data
+from orch.planner.hf_config import model_spec_from_dir
+from orch.planner.plan import DataParallel, Layout
+from orch.runtime.data.demo_data import make_dataset, make_tokenizer
+from orch.runtime.data.source import BatchSource
+from orch.runtime.plans import hand_plan
+from orch.runtime.train.config import TrainConfig
+
+SEED = 2
+TEMPLATE = "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} ?\n{% endfor %}"
+PLANS = {
+    "vision_dp4_llm_tp2_dp2": {"llm": (Layout(tp=2, dp=2), [0, 1, 2, 3]), "vision": (Layout(dp=4), [0, 1, 2, 3])},
+    "llm_pp2_dp2": {"llm": (Layout(pp=2, dp=2), [0, 1, 2, 3]), "vision": (Layout(dp=4), [0, 1, 2, 3])},
+}
+
+
+def save_processor(directory, tokenizer_file):
+    """The model's processor beside its weights: a CLIP image processor at the tower's 28 pixels and a fast
+    tokenizer with a chat template (what save_pretrained of a real model's processor writes)."""
+    import transformers
+
+    transformers.CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}).save_pretrained(
+        directory
+    )
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), unk_token="[UNK]")
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf-real")
+    model_dir = make_llava(root / "llava", "clip", "llama")
+    save_processor(model_dir, make_tokenizer(root / "tok" / "tokenizer.json"))
+    data_file = make_dataset(root / "data", images=7, tones=0)
+    model = model_spec_from_dir(model_dir)
+    data, _ = conversation_data(model, str(data_file), 4, None, None)
+    return model_dir, model, data
+
+
+def hf_loss(model_dir, model, data) -> float:
+    """Step 0's loss by the HF model's own forward, sample by sample: summed over the trained tokens, over
+    their count in the global batch."""
+    import transformers
+
+    from orch.runtime.data.processing import tokenize
+
+    hf = transformers.LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float64)
+    source = BatchSource(model, data, SEED).files
+    assert source is not None
+    batch = source.batch(SEED, 0)
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    for row in batch.rows:
+        conv = source.conversation(row)
+        ids, labels = tokenize(source.counter, conv)
+        n_image = 16 * len(conv.images)  # CLIP's 4x4 patches, its class token dropped
+        input_ids = torch.tensor([[IMAGE_TOKEN] * n_image + ids])
+        target = torch.tensor([[-100] * n_image + labels])
+        pixels = None
+        if conv.images:
+            from PIL import Image
+
+            proc = transformers.AutoImageProcessor.from_pretrained(model_dir)
+            pixels = proc(images=[Image.open(f).convert("RGB") for f in conv.images], return_tensors="pt")
+            pixels = pixels["pixel_values"].to(torch.float64)
+        # HF's own loss_function upcasts the logits to float32: the cross-entropy of its float64 logits here
+        logits = hf(input_ids=input_ids, pixel_values=pixels).logits[0]
+        total = total + F.cross_entropy(logits[:-1], target[0, 1:], ignore_index=-100, reduction="sum")
+        count += int((target[0, 1:] != -100).sum())
+    return float(total.detach() / count)
+
+
+@pytest.mark.slow
+def test_llava_on_a_data_file_matches_hf(setup, tmp_path):
+    model_dir, model, data = setup
+    want = hf_loss(model_dir, model, data)
+    plans = {n: hand_plan(model, data, lay, data_parallel=DataParallel.FSDP) for n, lay in PLANS.items()}
+    cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
+    plans["replicate_dp4"] = hand_plan(model, data, {"llm": (Layout(dp=4), [0, 1, 2, 3])})
+    records = train_tasks(plans, data, cfg, tmp_path)
+    for name in plans:
+        assert records[name][0].loss == pytest.approx(want, rel=1e-9), name
+        assert records[name][0].data["failed"] == 0
+
+
+def test_inspect_shows_the_hf_tokens(setup, cli):
+    model_dir, model, data = setup
+    r = cli("data", "inspect", data.source, "--model", str(model_dir), "--sample", "1", "--json")
+    assert r.exit_code == 0, r.output
+    import json
+
+    shown = json.loads(r.output[r.output.index("{") :])
+    assert shown["encoder_inputs"]["vision"] == [16, 147]  # 16 patches of 3x7x7
+    assert shown["trained_tokens"] > 0 and shown["labels"][0] == -100
