@@ -7,8 +7,8 @@ Image sizes come from the file header (Pillow opens lazily), audio durations fro
 * a vision encoder: per image, `image_tokens` for a fixed-size tower (the processor resizes every image);
   else the image's patches at its own resolution (patch side from `input_dim` = 3·side²), the image
   scaled down where they exceed `max_image_tokens` (as Qwen2-VL's processor caps pixels);
-* an audio encoder: per clip, `clip_tokens` per started 30 s for a windowed tower (Whisper, Qwen2-Audio:
-  clips padded to 30 s); else log-mel frames (`mel_frames`: 100 a second) over `frames_per_token`;
+* an audio encoder: per clip, `clip_tokens` per started window for a windowed tower (Whisper, Qwen2-Audio:
+  windows of clip_tokens x frames_per_token mel frames, 30 s, each padded to full); else log-mel frames (`mel_frames`: 100 a second) over `frames_per_token`;
 * the LLM: the text's tokens plus every encoder's projected tokens (its `downsample`).
 
 The index is a manifest (planner/data.py reads it: one `{"lengths": {...}, "where": "file:line"}` per
@@ -34,7 +34,6 @@ from orch.planner.specs import Modality, ModelSpec
 from orch.runtime.data.conversations import AUDIO, IMAGE, BadSample, Conversation, read_conversations, read_sources
 
 MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz, a 10 ms hop
-CLIP_S = 30.0  # a windowed audio tower's clip (Whisper, Qwen2-Audio)
 DEFAULT_MAX_IMAGE_TOKENS = 1024
 INDEX_DIR = ".orch-index"
 INDEX_VERSION = 2  # part of the cache key: an index of another layout is made afresh
@@ -117,8 +116,9 @@ def mel_frames(num_samples: int, rate: int) -> int:
 
 def audio_tokens(rule: EncoderRule, num_samples: int, rate: int) -> int:
     """Encoder tokens of one clip (module docstring)."""
-    if rule.clip_tokens is not None:
-        return max(1, math.ceil(num_samples / rate / CLIP_S)) * rule.clip_tokens
+    if rule.clip_tokens is not None:  # a clip: clip_tokens of frames_per_token mel frames (Whisper: 1500 x 2, 30 s)
+        clip_frames = rule.clip_tokens * rule.frames_per_token
+        return max(1, math.ceil(mel_frames(num_samples, rate) / clip_frames)) * rule.clip_tokens
     return max(1, mel_frames(num_samples, rate) // rule.frames_per_token)
 
 
