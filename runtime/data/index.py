@@ -8,7 +8,8 @@ Image sizes come from the file header (Pillow opens lazily), audio durations fro
   else the image's patches at its own resolution (patch side from `input_dim` = 3·side²), the image
   scaled down where they exceed `max_image_tokens` (as Qwen2-VL's processor caps pixels);
 * an audio encoder: per clip, `clip_tokens` per started window for a windowed tower (Whisper, Qwen2-Audio:
-  windows of clip_tokens x frames_per_token mel frames, 30 s, each padded to full); else log-mel frames (`mel_frames`: 100 a second) over `frames_per_token`;
+  windows of clip_tokens x frames_per_token mel frames, 30 s, each padded to full); else log-mel frames
+  (`mel_frames`: 100 a second) over `frames_per_token`;
 * the LLM: the text's tokens plus every encoder's projected tokens (its `downsample`).
 
 The index is a manifest (planner/data.py reads it: one `{"lengths": {...}, "where": "file:line"}` per
