@@ -7,9 +7,9 @@ Image sizes come from the file header (Pillow opens lazily), audio durations fro
 * a vision encoder: per image, `image_tokens` for a fixed-size tower (the processor resizes every image);
   else the image's patches at its own resolution (patch side from `input_dim` = 3·side²), the image
   scaled down where they exceed `max_image_tokens` (as Qwen2-VL's processor caps pixels);
-* an audio encoder: per clip, `clip_tokens` per started window for a windowed tower (Whisper, Qwen2-Audio:
-  windows of clip_tokens x frames_per_token mel frames, 30 s, each padded to full); else log-mel frames
-  (`mel_frames`: 100 a second) over `frames_per_token`;
+* an audio encoder: log-mel frames (`mel_frames`: 100 a second) over `frames_per_token`; a windowed tower
+  (Whisper, Qwen2-Audio: clips of clip_tokens x frames_per_token frames, each padded inside the module)
+  takes whole LLM tokens, a multiple of its `downsample` (`ModuleSpec.round_length`);
 * the LLM: the text's tokens plus every encoder's projected tokens (its `downsample`).
 
 The index is a manifest (planner/data.py reads it: one `{"lengths": {...}, "where": "file:line"}` per
@@ -117,10 +117,10 @@ def mel_frames(num_samples: int, rate: int) -> int:
 
 def audio_tokens(rule: EncoderRule, num_samples: int, rate: int) -> int:
     """Encoder tokens of one clip (module docstring)."""
-    if rule.clip_tokens is not None:  # a clip: clip_tokens of frames_per_token mel frames (Whisper: 1500 x 2, 30 s)
-        clip_frames = rule.clip_tokens * rule.frames_per_token
-        return max(1, math.ceil(mel_frames(num_samples, rate) / clip_frames)) * rule.clip_tokens
-    return max(1, mel_frames(num_samples, rate) // rule.frames_per_token)
+    tokens = max(1, mel_frames(num_samples, rate) // rule.frames_per_token)
+    if rule.clip_tokens is not None:  # whole LLM tokens: a multiple of the pooling (ModuleSpec.round_length)
+        return max(1, round(tokens / rule.downsample)) * rule.downsample
+    return tokens
 
 
 def projected(tokens: int, downsample: int) -> int:

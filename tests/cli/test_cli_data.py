@@ -186,12 +186,11 @@ def test_processing_gives_the_index_counts_and_labels_on_assistant_turns_only(da
 def test_token_rules_of_windowed_towers_and_capped_images():
     from orch.runtime.data.index import EncoderRule, audio_tokens, image_tokens
 
-    whisper = EncoderRule("audio", "audio", 2, clip_tokens=1500, frames_per_token=2)  # 30 s windows
-    assert audio_tokens(whisper, 16000 * 30, 16000) == 1500
-    assert audio_tokens(whisper, 16000 * 31, 16000) == 3000  # a second window begun
-    assert audio_tokens(whisper, 8000 * 10, 8000) == 1500  # any rate: the 16 kHz mel frames count
-    tiny = EncoderRule("audio", "audio", 2, clip_tokens=20, frames_per_token=2)  # 40 frames, 0.4 s windows
-    assert audio_tokens(tiny, 8000, 16000) == 40
+    whisper = EncoderRule("audio", "audio", 2, clip_tokens=1500, frames_per_token=2)  # 30 s windows, pooled by 2
+    assert audio_tokens(whisper, 16000 * 30, 16000) == 1500  # the clip's own frames, not padded windows
+    assert audio_tokens(whisper, 16000 * 31, 16000) == 1550
+    assert audio_tokens(whisper, 8000 * 10, 8000) == 500  # any rate: the 16 kHz mel frames count
+    assert audio_tokens(whisper, 16000 * 31 + 160 * 2, 16000) == 1552  # 1551 tokens: whole LLM tokens of 2
     plain = EncoderRule("audio", "audio", 2, frames_per_token=2)
     assert audio_tokens(plain, 16000, 16000) == 50  # 100 frames a second, 2 a token
     patches = EncoderRule("vision", "vision", 1, patch=14)
