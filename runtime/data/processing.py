@@ -29,6 +29,7 @@ from orch.runtime.data.index import (
     MEL_RATE,
     TextCounter,
     TokenRules,
+    audio_tokens,
     mel_frames,
     patch_grid,
     projected,
@@ -90,28 +91,47 @@ def _mel_filters(n_mels: int, n_fft: int = N_FFT, rate: int = MEL_RATE) -> torch
     return torch.clamp(torch.minimum(up, down), min=0).to(torch.float32)
 
 
-def log_mel(path: str, n_mels: int) -> torch.Tensor:
-    """[frames, n_mels] log-mel features of the clip at `path` (module docstring)."""
+def soundfile_frames(path: str) -> tuple[int, int]:
+    """(samples, rate) of the clip at `path`, from its header."""
+    import soundfile
+
+    info = soundfile.info(path)
+    return int(info.frames), int(info.samplerate)
+
+
+def waveform_16k(path: str) -> torch.Tensor:
+    """The clip at `path`, mono, at 16 kHz (linear resampling from another rate)."""
     import numpy as np
     import soundfile
 
     wave, rate = soundfile.read(path, dtype="float32", always_2d=True)
     audio = torch.from_numpy(np.ascontiguousarray(wave.mean(axis=1)))
-    frames = mel_frames(audio.numel(), rate)
     if rate != MEL_RATE:
         size = max(1, round(audio.numel() * MEL_RATE / rate))
         audio = torch.nn.functional.interpolate(audio[None, None], size=size, mode="linear", align_corners=False)[0, 0]
+    return audio
+
+
+def log_mel(path: str, n_mels: int) -> torch.Tensor:
+    """[frames, n_mels] log-mel features of the clip at `path` (module docstring)."""
+    audio = waveform_16k(path)
+    frames = mel_frames(audio.numel(), MEL_RATE)
     spec = torch.stft(audio, N_FFT, MEL_HOP, window=torch.hann_window(N_FFT), return_complex=True).abs() ** 2
     mel = (_mel_filters(n_mels) @ spec[:, :frames]).clamp(min=1e-10).log10()
     mel = torch.maximum(mel, mel.max() - 8.0)
     return ((mel + 4.0) / 4.0).T.contiguous()
 
 
-class HFImageProcessors:
-    """The image processors of a model's Hugging Face vision towers (`AutoImageProcessor` from the tower's
-    directory: its resize, crop and normalisation), giving orch's patch rows: each image's [C, S, S] pixels
-    cut into its g x g patches, row-major, a patch's C·p·p values channel-first (runtime/models/hf/vision.py
-    `HFVisionEncoder.images` reassembles them). Audio towers' feature extractors are not built yet."""
+class HFProcessors:
+    """The processors of a model's Hugging Face towers, from each tower's directory, giving orch's input rows:
+
+    * vision (`AutoImageProcessor`: resize, crop, normalisation): each image's [C, S, S] pixels cut into its
+      g x g patches, row-major, a patch's C·p·p values channel-first (`HFVisionEncoder.images` reassembles
+      them);
+    * audio (`AutoFeatureExtractor`, Whisper's): each clip's log-mel frames at 16 kHz, unpadded (the module
+      cuts and pads its windows itself), [frames, n_mels], cut or padded with the clip's quietest value to
+      the index's whole tokens.
+    """
 
     def __init__(self, model: ModelSpec) -> None:
         self.processors: dict[str, Any] = {}
@@ -119,17 +139,18 @@ class HFImageProcessors:
             m = model.modules[name]
             if m.hf is None:
                 continue
-            if model.modality(name).value != "vision":
-                raise SpecError(
-                    f"modules.{name}", "hf", "training on data files with a Hugging Face audio tower is not built yet"
-                )
             config = Path(m.hf.path) / "preprocessor_config.json"
             if not config.is_file():
-                raise SpecError(str(config), "", "no image processor config (save the model's processor beside it)")
+                raise SpecError(str(config), "", "no processor config (save the model's processor beside it)")
             import transformers
 
             transformers.logging.set_verbosity_error()  # the PIL fallback's notice, once per process
-            self.processors[name] = transformers.AutoImageProcessor.from_pretrained(m.hf.path)
+            auto = (
+                transformers.AutoImageProcessor
+                if model.modality(name).value == "vision"
+                else transformers.AutoFeatureExtractor
+            )
+            self.processors[name] = auto.from_pretrained(m.hf.path)
 
     def rows(self, name: str, paths: tuple[str, ...], patch: int) -> torch.Tensor:
         from PIL import Image
@@ -144,6 +165,15 @@ class HFImageProcessors:
         tiles = pixels.reshape(n, c, gh, patch, gw, patch).permute(0, 2, 4, 1, 3, 5)
         return tiles.reshape(n * gh * gw, c * patch * patch)
 
+    def frames(self, name: str, path: str, rows: int) -> torch.Tensor:
+        """One clip's [rows, n_mels] log-mel frames by the tower's feature extractor."""
+        audio = waveform_16k(path)
+        got = self.processors[name](audio.numpy(), sampling_rate=MEL_RATE, padding="longest", truncation=False,
+                                    return_tensors="pt")["input_features"][0].T.to(torch.float32)  # fmt: skip
+        if got.shape[0] >= rows:
+            return got[:rows]
+        return torch.cat([got, got.min().expand(rows - got.shape[0], got.shape[1])])
+
 
 def process(
     conv: Conversation,
@@ -152,21 +182,25 @@ def process(
     counter: TextCounter,
     seq_len: int,
     encoders: tuple[str, ...] | None = None,
-    hf_images: HFImageProcessors | None = None,
+    hf: HFProcessors | None = None,
 ) -> ProcessedSample:
     """`conv` as the model takes it (module docstring); raises OSError/ValueError on a bad file. A Hugging Face
-    vision tower's pixels come from its image processor (`hf_images`)."""
+    tower's inputs come from its own processor (`hf`)."""
     features: dict[str, torch.Tensor] = {}
     for r in rules.encoders:
         if encoders is not None and r.name not in encoders:  # only these encoders' media decoded
             continue
         m = model.modules[r.name]
         if m.hf is not None:
-            if hf_images is None:
-                hf_images = HFImageProcessors(model)
+            hf = hf or HFProcessors(model)
             dim = m.input_dim or 1
-            patch = math.isqrt(dim // 3)
-            parts = [hf_images.rows(r.name, conv.images, patch)] if conv.images else []
+            if r.modality == "vision":
+                parts = [hf.rows(r.name, conv.images, math.isqrt(dim // 3))] if conv.images else []
+            else:
+                parts = []
+                for f in conv.audios:
+                    n = soundfile_frames(f)
+                    parts.append(hf.frames(r.name, f, audio_tokens(r, *n) * r.frames_per_token))
         elif r.modality == "vision":
             parts = [image_rows(f, r.patch or 14, rules.max_image_tokens) for f in conv.images]
             dim = m.input_dim or 3 * (r.patch or 14) ** 2

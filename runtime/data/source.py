@@ -61,9 +61,9 @@ class ConversationData:
         self.rules = TokenRules.of(model, meta.get("max_image_tokens", 1024))
         self.counter = TextCounter(*find_tokenizer(model, data.tokenizer))
         self.files = [SampleFile(s["path"]) for s in meta["sources"]]
-        from orch.runtime.data.processing import HFImageProcessors
+        from orch.runtime.data.processing import HFProcessors
 
-        self.hf_images = HFImageProcessors(model)  # HF vision towers' own processors (none for orch's modules)
+        self.hf = HFProcessors(model)  # HF towers' own processors (none for orch's modules)
         raw = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
         self.rows: list[tuple[int, int]] = [(r["source"], r["sample"]) for r in raw]
         self.lengths = [dict(r) for r in read_manifest(str(manifest))]
@@ -177,7 +177,7 @@ class ConversationBatch(GlobalBatch):
             if text is not None and not isinstance(conv, BadSample):
                 try:
                     feats = process(
-                        conv, self.model, src.rules, src.counter, src.data.seq_len, missing, src.hf_images
+                        conv, self.model, src.rules, src.counter, src.data.seq_len, missing, src.hf
                     ).features
                 except (OSError, ValueError):
                     feats = None

@@ -103,3 +103,82 @@ def test_inspect_shows_the_hf_tokens(setup, cli):
     shown = json.loads(r.output[r.output.index("{") :])
     assert shown["encoder_inputs"]["vision"] == [16, 147]  # 16 patches of 3x7x7
     assert shown["trained_tokens"] > 0 and shown["labels"][0] == -100
+
+
+@pytest.fixture(scope="module")
+def audio_setup(tmp_path_factory):
+    import transformers
+    from hf_models import make_qwen2_audio
+
+    root = tmp_path_factory.mktemp("hf-audio")
+    model_dir = make_qwen2_audio(root / "qwen2-audio")
+    tok_file = make_tokenizer(root / "tok" / "tokenizer.json")
+    transformers.WhisperFeatureExtractor(feature_size=16).save_pretrained(model_dir)  # the tower's 16 mel bins
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tok_file), unk_token="[UNK]")
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(model_dir)
+    data_file = make_dataset(root / "data", images=0, tones=7)
+    model = model_spec_from_dir(model_dir)
+    data, _ = conversation_data(model, str(data_file), 4, None, None)
+    return model_dir, model, data
+
+
+def hf_audio_loss(model_dir, model, data) -> float:
+    """Step 0's loss by Qwen2-Audio's modules in one process: each clip's frames from its feature extractor
+    (the index's whole tokens of them), cut into the tower's windows, each padded and masked as Qwen2AudioModel
+    does, its pooled tokens projected, ahead of the text; the cross-entropy of the float64 logits."""
+    import transformers
+    from transformers.masking_utils import create_bidirectional_mask
+
+    from orch.runtime.data.processing import tokenize, waveform_16k
+
+    hf = transformers.Qwen2AudioForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float64)
+    extractor = transformers.AutoFeatureExtractor.from_pretrained(model_dir)
+    window = 2 * hf.config.audio_config.max_source_positions
+    source = BatchSource(model, data, SEED).files
+    assert source is not None
+    batch = source.batch(SEED, 0)
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    for i, row in enumerate(batch.rows):
+        conv = source.conversation(row)
+        ids, labels = tokenize(source.counter, conv)
+        parts = []
+        for f in conv.audios:
+            mel = extractor(waveform_16k(f).numpy(), sampling_rate=16000, padding="longest", truncation=False,
+                            return_tensors="pt")["input_features"][0].T.to(torch.float64)  # fmt: skip
+            want = 2 * batch.enc_tokens[i]["audio"]
+            mel = mel[:want] if mel.shape[0] >= want else torch.cat([mel, mel.min().expand(want - mel.shape[0], 16)])
+            for clip in mel.split(window):
+                feats = F.pad(clip.t(), (0, window - clip.shape[0])).unsqueeze(0)
+                lengths, out = hf.model.audio_tower._get_feat_extract_output_lengths(torch.tensor([clip.shape[0]]))
+                mask_2d = (torch.arange(window // 2)[None, :] < lengths[:, None]).long()
+                mask = create_bidirectional_mask(config=hf.model.audio_tower.config,
+                                                 inputs_embeds=torch.zeros(1, window // 2, 1), attention_mask=mask_2d)  # fmt: skip
+                hidden = hf.model.audio_tower(feats, attention_mask=mask).last_hidden_state
+                parts.append(hf.model.multi_modal_projector(hidden)[0, : int(out[0])])
+        prefix = sum(p.shape[0] for p in parts)
+        parts.append(hf.get_input_embeddings()(torch.tensor(ids)))
+        logits = hf(inputs_embeds=torch.cat(parts).unsqueeze(0)).logits[0]
+        target = torch.tensor([-100] * prefix + labels)
+        total = total + F.cross_entropy(logits[:-1], target[1:], ignore_index=-100, reduction="sum")
+        count += int((target[1:] != -100).sum())
+    return float(total.detach() / count)
+
+
+@pytest.mark.slow
+def test_qwen2_audio_on_a_data_file_matches_hf(audio_setup, tmp_path):
+    model_dir, model, data = audio_setup
+    want = hf_audio_loss(model_dir, model, data)
+    plans = {
+        "audio_dp4_llm_tp2_dp2": {"llm": (Layout(tp=2, dp=2), [0, 1, 2, 3]), "audio": (Layout(dp=4), [0, 1, 2, 3])},
+        "audio_tp2_dp2_llm_pp2_dp2": {
+            "llm": (Layout(pp=2, dp=2), [0, 1, 2, 3]),
+            "audio": (Layout(tp=2, dp=2), [0, 1, 2, 3]),
+        },
+    }
+    built = {n: hand_plan(model, data, lay, data_parallel=DataParallel.FSDP) for n, lay in plans.items()}
+    cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
+    records = train_tasks(built, data, cfg, tmp_path)
+    for name in plans:
+        assert records[name][0].loss == pytest.approx(want, rel=1e-9), name
+        assert records[name][0].data["failed"] == 0
