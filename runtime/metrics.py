@@ -45,7 +45,7 @@ class StepRecord(BaseModel):
     data: dict[str, int] | None = Field(
         default=None,
         description="with a data file: samples, skipped (no longer parse), truncated (to seq_len), failed (media "
-        "unreadable, replaced by zeros; summed over ranks)",
+        "unreadable, replaced by zeros), decoded ((sample, encoder) inputs built); the last two summed over ranks",
     )
     processed: dict[str, dict[str, dict[str, int]]] | None = Field(
         default=None, description="rank -> module -> sample id -> tokens (tests' token counts; absent otherwise)"

@@ -46,6 +46,28 @@ class TextOf:
     targets: list[int]
 
 
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The order epoch `epoch` visits n samples in: a permutation seeded by (seed, epoch)."""
+    order = list(range(n))
+    random.Random(_seed("epoch", seed, epoch)).shuffle(order)
+    return order
+
+
+def step_rows(
+    n: int, batch: int, seed: int, step: int, cache: dict[tuple[int, int], list[int]] | None = None
+) -> list[int]:
+    """The samples of step `step`: positions step·batch .. + batch - 1 of the epochs' orders laid end to end."""
+    cache = {} if cache is None else cache
+    out = []
+    for pos in range(step * batch, (step + 1) * batch):
+        epoch, at = divmod(pos, n)
+        if (seed, epoch) not in cache:
+            cache.clear()  # one epoch at a time (two at an epoch's end)
+            cache[(seed, epoch)] = epoch_order(n, seed, epoch)
+        out.append(cache[(seed, epoch)][at])
+    return out
+
+
 class ConversationData:
     """A data file's index and samples, opened once per process (module docstring)."""
 
@@ -68,25 +90,13 @@ class ConversationData:
         self.rows: list[tuple[int, int]] = [(r["source"], r["sample"]) for r in raw]
         self.lengths = [dict(r) for r in read_manifest(str(manifest))]
         self._texts: dict[int, TextOf | None] = {}
-        self._epoch: tuple[tuple[int, int], list[int]] | None = None
+        self._orders: dict[tuple[int, int], list[int]] = {}  # (seed, epoch) -> its permutation
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def rows_of_step(self, seed: int, step: int) -> list[int]:
-        n, b = len(self.rows), self.data.global_batch
-        out = []
-        for pos in range(step * b, (step + 1) * b):
-            epoch, at = divmod(pos, n)
-            out.append(self._order(seed, epoch)[at])
-        return out
-
-    def _order(self, seed: int, epoch: int) -> list[int]:
-        if self._epoch is None or self._epoch[0] != (seed, epoch):
-            order = list(range(len(self.rows)))
-            random.Random(_seed("epoch", seed, epoch)).shuffle(order)
-            self._epoch = ((seed, epoch), order)
-        return self._epoch[1]
+        return step_rows(len(self.rows), self.data.global_batch, seed, step, self._orders)
 
     def conversation(self, row: int) -> Any:
         source, number = self.rows[row]
@@ -151,9 +161,9 @@ class ConversationBatch(GlobalBatch):
 
     def data_counts(self) -> dict[str, int]:
         """This step's data outcomes on this rank: samples, skipped (no longer parse), truncated, failed
-        (media unreadable where this rank decoded them)."""
+        (media unreadable where this rank decoded them), decoded (the (sample, encoder) inputs it built)."""
         return {"samples": self.size, "skipped": len(self.skipped), "truncated": self.truncated,
-                "failed": len(self.failed)}  # fmt: skip
+                "failed": len(self.failed), "decoded": len(self.decoded)}  # fmt: skip
 
     def sample(
         self,

@@ -180,10 +180,11 @@ class Trainer:
 
 
 def _data_counts(per_rank: list[dict[str, int]]) -> dict[str, int] | None:
-    """A data file's step outcomes: the batch's (the same on every rank) and `failed` summed over the ranks."""
+    """A data file's step outcomes: the batch's (the same on every rank), `failed` and `decoded` summed over
+    the ranks."""
     if not per_rank:
         return None
-    return {**per_rank[0], "failed": sum(d["failed"] for d in per_rank)}
+    return {**per_rank[0], "failed": sum(d["failed"] for d in per_rank), "decoded": sum(d["decoded"] for d in per_rank)}
 
 
 DATA_FILE = "data.json"

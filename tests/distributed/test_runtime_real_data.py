@@ -69,7 +69,8 @@ def test_plan_on_a_data_file_matches_the_reference(name, dataset, launched):
     assert_close(merged(out / name, "params"), ref.params, rel=1e-8)
     batches = BatchSource(model, data, SEED)
     for r in records[name]:
-        assert r.data == {"samples": 8, "skipped": 0, "truncated": 0, "failed": 0}
+        # each sample's inputs built once per encoder, on the one rank that runs it (encoders at DP 4 or 1)
+        assert r.data == {"samples": 8, "skipped": 0, "truncated": 0, "failed": 0, "decoded": 8 * 2}
         want = lengths_columns(model, batches.build(r.step))
         assert r.tokens == batches.build(r.step).label_tokens  # the assistant turns' tokens only
         for module, column in want.items():
