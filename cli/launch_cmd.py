@@ -58,6 +58,12 @@ def launch(
         help=f"Post-balance samples across DP ranks every step: one of {', '.join(BALANCE)} "
         f"[default: {DEFAULT_BALANCE.value}].",
     ),
+    load: str = typer.Option(
+        "auto", "--load", help="Where a data file's samples are decoded: destination, origin, auto (destination)."
+    ),
+    loader_workers: int = typer.Option(
+        0, "--loader-workers", help="Processes per rank decoding a data file's next step (0: one thread)."
+    ),
     partition: str | None = typer.Option(None, "--partition", help="Slurm partition (--executor slurm)."),
     account: str | None = typer.Option(None, "--account", help="Slurm account (--executor slurm)."),
     qos: str | None = typer.Option(None, "--qos", help="Slurm QOS (--executor slurm)."),
@@ -112,7 +118,13 @@ def launch(
             device = device_kind(device, world)
         except DeviceError as exc:
             raise SpecError("--device", "", str(exc)) from None
-    cfg = train.config(model_factory=model_factory, trace=trace, resume=resume, device=device)
+    if load not in ("auto", "destination", "origin"):
+        raise SpecError("--load", "", f"expected destination, origin or auto, got '{load}'")
+    if loader_workers < 0:
+        raise SpecError("--loader-workers", "", f"expected a count >= 0, got {loader_workers}")
+    cfg = train.config(
+        model_factory=model_factory, trace=trace, resume=resume, device=device, load=load, loader_workers=loader_workers
+    )
     if model_factory is not None:
         from orch.runtime.models.factory import build_from_factory
 

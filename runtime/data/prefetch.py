@@ -1,41 +1,82 @@
 """Decoding the next step's samples while the current step runs (a data file's batches only).
 
-When step k announces step k + 1, `SamplePrefetcher.start` hands a worker thread the upcoming batch and the
-future of its post-balancing tables; the worker waits for the tables, then decodes the images and clips of
-every sample this rank will build for each module it serves (where the dispatcher puts them when loading at
-the destination, their origin otherwise) into the batch's cache. Step k + 1 takes the same batch object and
-`wait()`s for the worker first (the wait is the step's `load` phase: zero when decoding hid behind compute).
-Image decoding (Pillow) and the STFT release the GIL, so the thread overlaps the step's compute.
+When step k announces step k + 1, `SamplePrefetcher.start` hands a thread the upcoming batch and the future
+of its post-balancing tables; the thread waits for the tables, then decodes the images and clips of every
+sample this rank will build for each module it serves (where the dispatcher puts them when loading at the
+destination, their origin otherwise) into the batch's cache. Step k + 1 takes the same batch object and
+`wait()`s for it first (the wait is the step's `load` phase: zero when decoding hid behind compute).
+
+`workers` > 0 (`--loader-workers`): the decoding runs in that many worker processes (spawned once, each
+opening the data file, its index and the model's processors), as a DataLoader's workers do, so decoding
+uses other cores than the rank's and never holds its GIL; the thread only hands them rows and stores what
+comes back. 0: the thread decodes itself (Pillow and the STFT release the GIL).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import torch
 
-from orch.runtime.data.source import ConversationBatch
+from orch.runtime.data.source import ConversationBatch, ConversationData
+
+if TYPE_CHECKING:
+    from orch.planner.specs import DataSpec, ModelSpec
+
+_WORKER_DATA: list[ConversationData] = []  # the worker process's own opened data file (one per process)
+
+
+def _open_in_worker(model: ModelSpec, data: DataSpec) -> None:
+    torch.set_num_threads(1)
+    _WORKER_DATA.append(ConversationData(model, data))
+
+
+def _decode_in_worker(row: int, encoders: tuple[str, ...]) -> dict[str, torch.Tensor] | None:
+    return _WORKER_DATA[0].decode(row, encoders)
 
 
 class SamplePrefetcher:
-    def __init__(self, dtype: torch.dtype) -> None:
+    def __init__(self, dtype: torch.dtype, workers: int = 0, opened: tuple[ModelSpec, DataSpec] | None = None) -> None:
         self.dtype = dtype
-        self._pool: ThreadPoolExecutor | None = None
+        self._thread: ThreadPoolExecutor | None = None
+        self._procs: ProcessPoolExecutor | None = None
+        self._workers, self._opened = workers, opened
         self._job: tuple[int, Future[None]] | None = None
 
+    def _pool(self) -> ProcessPoolExecutor | None:
+        if self._workers <= 0 or self._opened is None:
+            return None
+        if self._procs is None:
+            import multiprocessing
+
+            self._procs = ProcessPoolExecutor(
+                self._workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_open_in_worker,
+                initargs=self._opened,
+            )
+        return self._procs
+
     def start(self, batch: ConversationBatch, wanted: Callable[[], dict[str, list[int]]]) -> None:
-        """Decode, on the worker, every (module -> sample ids) `wanted()` returns (it may wait for tables)."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="orch-load")
+        """Decode every (module -> sample ids) `wanted()` returns (it may wait for tables), off the step's path."""
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="orch-load")
+        procs = self._pool()
 
         def run() -> None:
-            for module, ids in wanted().items():
-                for i in ids:
-                    batch.sample(i, self.dtype, "cpu", (module,))
+            items = [(i, (module,)) for module, ids in wanted().items() for i in ids]
+            if procs is None:
+                for i, encoders in items:
+                    batch.sample(i, self.dtype, "cpu", encoders)
+                return
+            futures = [procs.submit(_decode_in_worker, batch.rows[i], encoders) for i, encoders in items]
+            for (i, encoders), fut in zip(items, futures, strict=True):
+                batch.store(i, encoders, fut.result())
 
-        self._job = (batch.step, self._pool.submit(run))
+        self._job = (batch.step, self._thread.submit(run))
 
     def wait(self, step: int) -> float:
         """Wait for the prefetch of `step` (if one runs); the seconds waited."""
@@ -47,5 +88,7 @@ class SamplePrefetcher:
         return time.perf_counter() - t
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+        if self._procs is not None:
+            self._procs.shutdown(wait=True, cancel_futures=True)

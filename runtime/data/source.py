@@ -116,6 +116,20 @@ class ConversationData:
                 self._texts[row] = TextOf(ids, [*labels[1:], IGNORE])
         return self._texts[row]
 
+    def decode(self, row: int, encoders: tuple[str, ...]) -> dict[str, torch.Tensor] | None:
+        """The row's inputs for `encoders` (its images' and clips' rows), None when the sample or a file of it
+        cannot be read now."""
+        from orch.runtime.data.conversations import BadSample
+        from orch.runtime.data.processing import process
+
+        conv = self.conversation(row)
+        if self.text(row) is None or isinstance(conv, BadSample):
+            return None
+        try:
+            return process(conv, self.model, self.rules, self.counter, self.data.seq_len, encoders, self.hf).features
+        except (OSError, ValueError):
+            return None
+
     def batch(self, seed: int, step: int) -> ConversationBatch:
         rows = self.rows_of_step(seed, step)
         encs = encoder_order(self.model)
@@ -159,6 +173,18 @@ class ConversationBatch(GlobalBatch):
     def label_tokens(self) -> int:
         return max(1, sum(self.trained))
 
+    def store(self, sample_id: int, encoders: tuple[str, ...], feats: dict[str, torch.Tensor] | None) -> None:
+        """Keep a sample's decoded inputs (`ConversationData.decode`, here or in a loader worker); zeros of the
+        indexed shape where a file could not be read, counted in `failed`."""
+        for e in encoders:
+            rows = self.enc_tokens[sample_id][e] * self.model.modality(e).frames_per_token
+            got = feats.get(e) if feats is not None else None
+            if got is None or got.shape[0] != rows:  # unreadable now (or changed): zeros, trained on nothing
+                got = torch.zeros(rows, self.model.modules[e].input_dim or 1)
+                if sample_id not in self.failed:
+                    self.failed.append(sample_id)
+            self.decoded[(sample_id, e)] = got
+
     def data_counts(self) -> dict[str, int]:
         """This step's data outcomes on this rank: samples, skipped (no longer parse), truncated, failed
         (media unreadable where this rank decoded them), decoded (the (sample, encoder) inputs it built)."""
@@ -172,9 +198,6 @@ class ConversationBatch(GlobalBatch):
         device: torch.device | str = "cpu",
         encoders: tuple[str, ...] | None = None,
     ) -> Sample:
-        from orch.runtime.data.conversations import BadSample
-        from orch.runtime.data.processing import process
-
         assert self.source is not None
         src, row = self.source, self.rows[sample_id]
         n = self.text_tokens[sample_id]
@@ -182,23 +205,7 @@ class ConversationBatch(GlobalBatch):
         wanted = tuple(encoder_order(self.model)) if encoders is None else encoders
         missing = tuple(e for e in wanted if (sample_id, e) not in self.decoded)
         if missing:
-            conv = src.conversation(row)
-            feats: dict[str, torch.Tensor] | None = None
-            if text is not None and not isinstance(conv, BadSample):
-                try:
-                    feats = process(
-                        conv, self.model, src.rules, src.counter, src.data.seq_len, missing, src.hf
-                    ).features
-                except (OSError, ValueError):
-                    feats = None
-            for e in missing:
-                rows = self.enc_tokens[sample_id][e] * self.model.modality(e).frames_per_token
-                got = feats.get(e) if feats is not None else None
-                if got is None or got.shape[0] != rows:  # unreadable now (or changed): zeros, trained on nothing
-                    got = torch.zeros(rows, self.model.modules[e].input_dim or 1)
-                    if sample_id not in self.failed:
-                        self.failed.append(sample_id)
-                self.decoded[(sample_id, e)] = got
+            self.store(sample_id, missing, src.decode(row, missing))
         if text is None:
             ids, targets = [0] * n, [IGNORE] * n
         else:

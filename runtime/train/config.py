@@ -63,6 +63,7 @@ class TrainConfig:
     # where a balanced step's inputs are built: "destination" (each rank loads the samples the dispatcher gave
     # it: nothing moves), "origin" (at their initial DP index, then moved); "auto": destination with a data file
     load: str = "auto"
+    loader_workers: int = 0  # with a data file: processes decoding the next step's media (0: one thread)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "balance", Mode(self.balance))

@@ -106,7 +106,7 @@ class TrainStep:
         self.device = torch.device(device)
         self.model = plan.model
         self.batches = BatchSource(plan.model, data, cfg.seed)  # synthetic, or the user's data file
-        self.prefetcher = SamplePrefetcher(cfg.torch_dtype)
+        self.prefetcher = SamplePrefetcher(cfg.torch_dtype, cfg.loader_workers, (plan.model, data))
         self._upcoming: GlobalBatch | None = None
         self.grids: dict[str, Grid] = build_grids(plan.modules, self.device.type)
         build_meshes(self.grids)

@@ -36,6 +36,7 @@ PLANS = {
     },
 }
 ORIGIN = "homogeneous_dp4_loaded_at_origin"
+WORKERS = "colocated_llm_tp2_dp2_loader_processes"
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +54,18 @@ def launched(dataset, tmp_path_factory):
     root, model, data = dataset
     plans = {name: hand_plan(model, data, layouts) for name, layouts in PLANS.items()}
     plans[ORIGIN] = hand_plan(model, data, PLANS["homogeneous_dp4"])
+    plans[WORKERS] = hand_plan(model, data, PLANS["colocated_llm_tp2_dp2"])
     cfg = TrainConfig(steps=STEPS, seed=SEED, dtype="float64")
-    cfgs = {name: cfg for name in PLANS} | {ORIGIN: TrainConfig(steps=STEPS, seed=SEED, dtype="float64", load="origin")}
+    cfgs = {name: cfg for name in PLANS} | {
+        ORIGIN: TrainConfig(steps=STEPS, seed=SEED, dtype="float64", load="origin"),
+        WORKERS: TrainConfig(steps=STEPS, seed=SEED, dtype="float64", loader_workers=2),  # decoding in processes
+    }
     out = tmp_path_factory.mktemp("runs")
     return train_tasks(plans, data, cfgs, out, debug=DebugConfig(count_tokens=True)), out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [*PLANS, ORIGIN])
+@pytest.mark.parametrize("name", [*PLANS, ORIGIN, WORKERS])
 def test_plan_on_a_data_file_matches_the_reference(name, dataset, launched):
     root, model, data = dataset
     records, out = launched
