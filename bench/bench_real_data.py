@@ -41,10 +41,12 @@ def main() -> None:
         plan = hand_plan(model, real, {"llm": (Layout(dp=2), [0, 1])})
         cfg = TrainConfig(steps=args.steps, seed=0, optimizer="adamw", lr=1e-3, device="cpu")
         origin = TrainConfig(steps=args.steps, seed=0, optimizer="adamw", lr=1e-3, device="cpu", load="origin")
+        procs = TrainConfig(steps=args.steps, seed=0, optimizer="adamw", lr=1e-3, device="cpu", loader_workers=2)
         runs = {
             "data file (destination)": (real, cfg),
             "data file (origin)": (real, origin),
             "synthetic": (synthetic, cfg),
+            "data file (2 loader procs)": (real, procs),
         }
         tasks = [
             TrainTask(plan, d, c, str(root / f"run{i}"), timeout_s=600.0) for i, (d, c) in enumerate(runs.values())
