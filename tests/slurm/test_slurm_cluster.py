@@ -96,22 +96,26 @@ def _wait(job_id: str, until, timeout_s: float = JOB_TIMEOUT_S, poll_s: float = 
     raise AssertionError(f"job {job_id} still {st.state} after {timeout_s} s")
 
 
+CREDENTIAL_S = 3.0  # slurmd revokes the killed run's job credential by time, to the second
+
+
 def _release_requeued(job_id: str, timeout_s: float = 60) -> None:
-    """Slurm holds a requeued job for about two minutes (PENDING, Reason=BeginTime); start it now instead."""
+    """Slurm holds a requeued job for about two minutes (PENDING, Reason=BeginTime); start it sooner, but not
+    within a few seconds of the requeue: slurmd revokes the old run's credential by time, and a new run started
+    in the same second is killed as non-startable ("Job credential revoked"), which the hold exists to avoid."""
     end = time.monotonic() + timeout_s
-    seen_pending = False
+    pending_since: float | None = None
     while time.monotonic() < end:
         queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, check=False)
         state = queued.stdout.strip()
         if state == "PENDING":
-            seen_pending = True
-            # not while the killed run's nodes are still completing: a job started onto them can fail at once
+            pending_since = pending_since or time.monotonic()
             nodes = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, check=False)
-            if "completing" not in nodes.stdout:
+            if time.monotonic() - pending_since >= CREDENTIAL_S and "completing" not in nodes.stdout:
                 subprocess.run(
                     ["scontrol", "update", f"jobid={job_id}", "StartTime=now"], capture_output=True, check=False
                 )
-        elif seen_pending and state != "PENDING":
+        elif pending_since is not None and state != "PENDING":
             return
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} was not requeued and restarted within {timeout_s} s")
