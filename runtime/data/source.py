@@ -72,7 +72,6 @@ class ConversationData:
     """A data file's index and samples, opened once per process (module docstring)."""
 
     def __init__(self, model: ModelSpec, data: DataSpec) -> None:
-        from orch.planner.data import read_manifest
         from orch.runtime.data.conversations import SampleFile
         from orch.runtime.data.index import TextCounter, TokenRules, find_tokenizer
 
@@ -88,7 +87,7 @@ class ConversationData:
         self.hf = HFProcessors(model)  # HF towers' own processors (none for orch's modules)
         raw = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
         self.rows: list[tuple[int, int]] = [(r["source"], r["sample"]) for r in raw]
-        self.lengths = [dict(r) for r in read_manifest(str(manifest))]
+        self.lengths: list[dict[str, int]] = [r["lengths"] for r in raw]  # the index's own rows, read once
         self._texts: dict[int, TextOf | None] = {}
         self._orders: dict[tuple[int, int], list[int]] = {}  # (seed, epoch) -> its permutation
 
