@@ -16,15 +16,17 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Plan a 70B LLaVA job on 64 H100s, then plan and really train the tiny model on 4 local processes.
+# Plan a 70B LLaVA job on 64 H100s, then really train a tiny Hugging Face LLaVA (written from a config) on a
+# locally generated dataset of captioned images, on 4 local processes, and plot the run.
 demo: $(STAMP)
 	$(BIN)/orch plan --model llava-1b-70b --cluster h100-80g --nodes 8 --out demo/plan-llava-70b.yaml
-	$(BIN)/python -m orch.runtime.data.demo_data demo/data
-	$(BIN)/orch data index demo/data/data.jsonl --model tiny --tokenizer demo/data/tok
-	$(BIN)/orch plan --model tiny --cluster local-cpu --data demo/data/data.jsonl --tokenizer demo/data/tok \
-	  --global-batch 16 --out demo/plan-tiny.yaml --top 0
-	rm -rf demo/run
-	$(BIN)/orch launch demo/plan-tiny.yaml --executor local --steps 200 --optimizer adamw --lr 3e-3 \
+	rm -rf demo/data demo/llava demo/run
+	$(BIN)/python -m orch.runtime.data.demo_data demo/data --tones 0 --llava demo/llava
+	$(BIN)/orch data index demo/data/data.jsonl --model demo/llava
+	$(BIN)/orch data inspect demo/data/data.jsonl --model demo/llava --sample 2
+	$(BIN)/orch plan --model demo/llava --cluster local-cpu --data demo/data/data.jsonl \
+	  --global-batch 16 --out demo/plan-llava-tiny.yaml --top 0
+	$(BIN)/orch launch demo/plan-llava-tiny.yaml --executor local --steps 200 --optimizer adamw --lr 3e-3 \
 	  --warmup-steps 10 --lr-schedule cosine --min-lr 3e-4 --workdir demo/run
 	$(BIN)/orch report demo/run
 

@@ -89,8 +89,8 @@ def inspect(
     from orch.planner.errors import SpecError
     from orch.planner.loading import load_model
     from orch.runtime.data.conversations import BadSample, read_conversations, read_sources
-    from orch.runtime.data.index import TextCounter, TokenRules, find_tokenizer
-    from orch.runtime.data.processing import IGNORE, HFProcessors, as_json, process
+    from orch.runtime.data.index import IGNORE, TextCounter, TokenRules, find_tokenizer
+    from orch.runtime.data.processing import HFProcessors, as_json, process
 
     spec = load_model(model)
     sources = read_sources(data)
@@ -109,14 +109,30 @@ def inspect(
     except (OSError, ValueError) as exc:
         raise SpecError(found.where, "", f"cannot read its media ({type(exc).__name__}: {exc})") from None
     if json_out:
-        print_json_text(json.dumps(as_json(out)))
+        print_json_text(json.dumps(as_json(out, spec, counter)))
         return
+    from orch.runtime.data.expansion import PLACEHOLDER, conversation_layout, media_rows
+
+    layout = conversation_layout(spec, out.marks, len(out.input_ids), out.media)
+    per_media = {e: media_rows(out.media.get(e, []), spec.modules[e]) for e in spec.encoder_names}
+    placed: dict[int, list[str]] = {}  # before token j: the expanded placeholders
+    count = {"<image>": 0, "<audio>": 0}
+    for at, tag in out.marks:
+        i = count[tag]
+        n = sum(r[i] for e, r in per_media.items() if PLACEHOLDER.get(spec.modality(e)) == tag and i < len(r))
+        placed.setdefault(at, []).append(f"{tag[:-1]} {i + 1}: {n} rows>")
+        count[tag] += 1
     shown = Text()
-    for tid, label in zip(out.input_ids, out.labels, strict=True):
+    for j, (tid, label) in enumerate([*zip(out.input_ids, out.labels, strict=True), (None, IGNORE)]):
+        for tag in placed.get(j, []):
+            shown.append(tag + " ", style="bold cyan")
+        if tid is None:
+            break
         piece = counter.tokenizer.id_to_token(tid) or f"<{tid}>"
         shown.append(piece + " ", style="bold green" if label != IGNORE else "dim")
     c = console()
-    c.print(f"{out.where}: {len(out.input_ids)} text tokens, {out.trained_tokens} trained (green)"
+    c.print(f"{out.where}: {layout.length} LLM tokens: {len(out.input_ids)} text, {out.trained_tokens} trained"
+            " (green), images and clips (cyan) where their placeholders stood"
             + (", truncated to --seq-len" if out.truncated else ""))  # fmt: skip
     c.print(shown)
     for name, rows in out.features.items():

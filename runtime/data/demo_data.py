@@ -9,7 +9,14 @@ from pathlib import Path
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 180, 60), "blue": (40, 60, 220), "yellow": (230, 210, 40)}
 SHAPES = ("circle", "square")
-WORDS = ["what", "is", "in", "the", "picture", "a", "an", "sound", "say", "tone", "of", "hertz", "transcribe"]
+WORDS = ["what", "is", "in", "the", "picture", "a", "an", "sound", "say", "tone", "of", "hertz", "transcribe", "and",
+         "show", "here"]  # fmt: skip
+# Where a caption sample's image stands in its question: placeholders are expanded in place.
+IMAGE_QUESTIONS = (
+    "<image>what is in the picture?",
+    "what is in the picture? <image>",
+    "what is <image> in the picture?",
+)
 
 
 def make_images(folder: Path, sizes: list[tuple[int, int]]) -> list[str]:
@@ -52,19 +59,30 @@ def caption(name: str) -> str:
 
 
 def make_dataset(root: Path, images: int = 6, tones: int = 4) -> Path:
-    """root/data.jsonl: caption samples (one image each, sizes varying), transcription samples (one tone each),
-    one text-only sample; images and audio under root/media. Returns the data file."""
+    """root/data.jsonl: caption samples (an image each, sizes varying, its placeholder before, inside or after
+    the question; every sixth from the fifth with two images, every sixth from the sixth with the image in the
+    answer), transcription samples (one tone each, before or after the request), one text-only sample; images
+    and audio under root/media. Returns the data file."""
     sizes = [(32 + 16 * (i % 3), 24 + 8 * (i % 4)) for i in range(images)]
     imgs = make_images(root / "media", sizes)
     wavs = make_tones(root / "media", [0.5 + 0.25 * i for i in range(tones)])
     lines = []
-    for name in imgs:
-        lines.append({"messages": [{"role": "user", "content": "<image>what is in the picture?"},
-                                   {"role": "assistant", "content": caption(name)}],
-                      "images": [f"media/{name}"]})  # fmt: skip
-    for name in wavs:
+    for i, name in enumerate(imgs):
+        question = IMAGE_QUESTIONS[i % len(IMAGE_QUESTIONS)]
+        sample = {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": caption(name)}],
+                  "images": [f"media/{name}"]}  # fmt: skip
+        if i % 6 == 4:  # two images, each where its placeholder stands
+            sample["messages"][0]["content"] = "what is in <image> and in <image>?"
+            sample["messages"][1]["content"] = f"{caption(name)} and {caption(imgs[0])}"
+            sample["images"].append(f"media/{imgs[0]}")
+        elif i % 6 == 5:  # the image in the answer: its last row predicts the caption's first word
+            sample["messages"] = [{"role": "user", "content": "show a picture"},
+                                  {"role": "assistant", "content": f"here is <image>{caption(name)}"}]  # fmt: skip
+        lines.append(sample)
+    for i, name in enumerate(wavs):
         hz = Path(name).stem.split("_")[2].removesuffix("hz")
-        lines.append({"messages": [{"role": "user", "content": "<audio>transcribe the sound"},
+        question = "<audio>transcribe the sound" if i % 2 == 0 else "transcribe the sound <audio>"
+        lines.append({"messages": [{"role": "user", "content": question},
                                    {"role": "assistant", "content": f"a tone of {hz} hertz"}],
                       "audios": [f"media/{name}"]})  # fmt: skip
     lines.append({"messages": [{"role": "user", "content": "say a word"}, {"role": "assistant", "content": "tone"}]})
@@ -87,18 +105,24 @@ def make_tokenizer(path: Path, vocab: int = 256) -> Path:
 
 
 def main() -> None:
-    """`python -m orch.runtime.data.demo_data DIR [--images N --tones N]`: DIR/data.jsonl and DIR/tok."""
+    """`python -m orch.runtime.data.demo_data DIR [--images N --tones N] [--llava DIR]`: DIR/data.jsonl and
+    DIR/tok (and a tiny LLaVA directory)."""
     import argparse
 
     parser = argparse.ArgumentParser(description="Write a small local dataset of captioned shapes and tones.")
     parser.add_argument("folder")
     parser.add_argument("--images", type=int, default=48)
     parser.add_argument("--tones", type=int, default=24)
+    parser.add_argument("--llava", metavar="DIR", help="Also write a tiny LLaVA (HF directory) over the tokenizer.")
     args = parser.parse_args()
     root = Path(args.folder)
     data = make_dataset(root, images=args.images, tones=args.tones)
     tok = make_tokenizer(root / "tok" / "tokenizer.json")
     print(f"wrote {data} ({args.images + args.tones + 1} samples) and {tok}")
+    if args.llava:
+        from orch.runtime.data.demo_model import make_demo_llava
+
+        print(f"wrote {make_demo_llava(Path(args.llava), tok)} (a LLaVA: CLIP tower, Llama, from a config)")
 
 
 if __name__ == "__main__":

@@ -10,18 +10,23 @@ Image sizes come from the file header (Pillow opens lazily), audio durations fro
 * an audio encoder: log-mel frames (`mel_frames`: 100 a second) over `frames_per_token`; a windowed tower
   (Whisper, Qwen2-Audio: clips of clip_tokens x frames_per_token frames, each padded inside the module)
   takes whole LLM tokens, a multiple of its `downsample` (`ModuleSpec.round_length`);
-* the LLM: the text's tokens plus every encoder's projected tokens (its `downsample`).
+* the LLM: the text's tokens (the rendering cut at its placeholders, each piece tokenized alone, as a
+  processor's tokenizer splits at the expanded placeholder tokens) plus every encoder's projected tokens
+  (its `downsample`).
 
 The index is a manifest (planner/data.py reads it: one `{"lengths": {...}, "where": "file:line"}` per
-sample) beside the data, under `.orch-index/`, keyed by the data file (path, size, mtime), the token
-rules and the tokenizer file, so a changed file, model or tokenizer is indexed afresh. A mix file's
-manifest draws each source's rows in proportion to its weight. Written atomically with a summary
-(samples, bad samples with `file:line: what is wrong`).
+sample, and `"media": {encoder: [tokens per image or clip]}` where a sample has several) beside the data,
+under `.orch-index/`, keyed by the data file (path, size, mtime), the token rules and the tokenizer file,
+so a changed file, model or tokenizer is indexed afresh. A mix file's manifest draws each source's rows in
+proportion to its weight. Written atomically with a summary (samples, bad samples with `file:line: what is
+wrong`).
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import json
 import math
 from collections.abc import Iterator
@@ -37,7 +42,7 @@ from orch.runtime.data.conversations import AUDIO, IMAGE, BadSample, Conversatio
 MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz, a 10 ms hop
 DEFAULT_MAX_IMAGE_TOKENS = 1024
 INDEX_DIR = ".orch-index"
-INDEX_VERSION = 2  # part of the cache key: an index of another layout is made afresh
+INDEX_VERSION = 3  # part of the cache key: an index of another layout is made afresh
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,38 @@ def projected(tokens: int, downsample: int) -> int:
     return -(-tokens // downsample)
 
 
+IGNORE = -100  # a label not trained on (Hugging Face's ignore_index)
+# Stand-ins for the placeholders while the chat template renders (private-use characters no template alters).
+_MARKS = {IMAGE: "\ue000", AUDIO: "\ue001"}
+_PLACEHOLDER_OF = {v: k for k, v in _MARKS.items()}
+
+
+@dataclass
+class TextTokens:
+    """A conversation's text tokens: ids, labels (aligned with the ids, IGNORE outside the assistant
+    contents), and where each placeholder stood (before token `offset`), in text order."""
+
+    ids: list[int]
+    labels: list[int]
+    marks: list[tuple[int, str]]  # (token offset, IMAGE or AUDIO)
+
+
+@dataclass(frozen=True)
+class Rendering:
+    """A conversation's text as the chat template makes it, placeholders cut out: the text, the character
+    spans of its assistant contents, and the character offset of each placeholder (in order)."""
+
+    text: str
+    spans: list[tuple[int, int]]
+    marks: list[tuple[int, str]]  # (character offset, IMAGE or AUDIO)
+
+    def segments(self) -> list[str]:
+        """The text cut at the placeholders: tokenized one by one, as a processor's tokenizer splits the text
+        at the expanded placeholder tokens (special tokens)."""
+        cuts = [0, *(at for at, _ in self.marks), len(self.text)]
+        return [self.text[a:b] for a, b in itertools.pairwise(cuts)]
+
+
 class TextCounter:
     """Tokens of a conversation's text as the model's tokenizer and chat template make it (`render`)."""
 
@@ -141,10 +178,8 @@ class TextCounter:
 
             self._compiled = jinja2.Environment(autoescape=False).from_string(template)
 
-    def render(self, conv: Conversation) -> tuple[str, list[tuple[int, int]]]:
-        """The conversation's text (placeholders removed) and the character spans of its assistant contents:
-        the chat template's rendering, or without one the contents one line each."""
-        messages = [(role, content.replace(IMAGE, "").replace(AUDIO, "")) for role, content in conv.messages]
+    def _raw(self, messages: list[tuple[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+        """The rendering with the placeholders' marks in it, and the assistant contents' spans."""
         if self._compiled is None:
             text, spans = "", []
             for role, content in messages:
@@ -164,9 +199,52 @@ class TextCounter:
             start = at + len(content)
         return text, spans
 
+    def render(self, conv: Conversation) -> Rendering:
+        """The conversation's text (the chat template's rendering, or without one the contents one line each),
+        the spans of its assistant contents and where its placeholders stood, cut out of the text."""
+        messages = [(role, content.replace(IMAGE, _MARKS[IMAGE]).replace(AUDIO, _MARKS[AUDIO]))
+                    for role, content in conv.messages]  # fmt: skip
+        raw, spans = self._raw(messages)
+        if not (conv.images or conv.audios):
+            return Rendering(raw, spans, [])
+        at = [i for i, ch in enumerate(raw) if ch in _PLACEHOLDER_OF]
+        marks = [(i - k, _PLACEHOLDER_OF[raw[i]]) for k, i in enumerate(at)]
+        text = raw.translate({ord(m): None for m in _PLACEHOLDER_OF})
+
+        def clean(i: int) -> int:
+            return i - bisect.bisect_left(at, i)
+
+        return Rendering(text, [(clean(a), clean(b)) for a, b in spans], marks)
+
+    def _encode(self, renderings: list[Rendering]) -> list[list[Any]]:
+        """Each rendering's segments' encodings."""
+        cuts = [r.segments() for r in renderings]
+        flat = self.tokenizer.encode_batch([s for c in cuts for s in c], add_special_tokens=False) if cuts else []
+        out, k = [], 0
+        for c in cuts:
+            out.append(flat[k : k + len(c)])
+            k += len(c)
+        return out
+
     def count(self, convs: list[Conversation]) -> list[int]:
-        texts = [self.render(c)[0] for c in convs]
-        return [len(e.ids) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)] if texts else []
+        return [sum(len(e.ids) for e in encs) for encs in self._encode([self.render(c) for c in convs])]
+
+    def tokens(self, conv: Conversation) -> TextTokens:
+        """`conv`'s ids, labels (a token is trained when it lies in an assistant content) and placeholders."""
+        rendering = self.render(conv)
+        ids: list[int] = []
+        labels: list[int] = []
+        marks: list[tuple[int, str]] = []
+        starts = [0, *(at for at, _ in rendering.marks)]
+        for k, (enc, start) in enumerate(zip(self._encode([rendering])[0], starts, strict=True)):
+            if k > 0:
+                marks.append((len(ids), rendering.marks[k - 1][1]))
+            for tid, (a, b) in zip(enc.ids, enc.offsets, strict=True):
+                a, b = a + start, b + start
+                trained = b > a and any(s <= a and b <= e for s, e in rendering.spans)
+                labels.append(tid if trained else IGNORE)
+            ids += enc.ids
+        return TextTokens(ids, labels, marks)
 
 
 def find_tokenizer(model: ModelSpec, tokenizer: str | None) -> tuple[str, str | None]:
@@ -201,13 +279,16 @@ class SourceIndex:
 
 def index_source(path: str, rules: TokenRules, counter: TextCounter, source: int = 0, chunk: int = 512) -> SourceIndex:
     out = SourceIndex(path)
-    pending: list[tuple[Conversation, dict[str, int]]] = []
+    pending: list[tuple[Conversation, dict[str, list[int]]]] = []
 
     def flush() -> None:
         texts = counter.count([c for c, _ in pending])
-        for (conv, enc), text in zip(pending, texts, strict=True):
+        for (conv, media), text in zip(pending, texts, strict=True):
+            enc = {name: sum(n) for name, n in media.items()}
             llm = text + sum(projected(n, r.downsample) for r in rules.encoders for n in [enc.get(r.name, 0)])
             row = {"lengths": {**enc, rules.llm: llm}, "where": conv.where, "source": source, "sample": conv.number}
+            if any(len(n) > 1 for n in media.values()):  # several images or clips: each one's tokens
+                row["media"] = {name: n for name, n in media.items() if n}
             out.rows.append(row)
         pending.clear()
 
@@ -227,8 +308,9 @@ def index_source(path: str, rules: TokenRules, counter: TextCounter, source: int
     return out
 
 
-def encoder_lengths(conv: Conversation, rules: TokenRules) -> dict[str, int] | BadSample:
-    """Each encoder's tokens for `conv`, from the files' headers; a BadSample for a missing or unreadable file."""
+def encoder_lengths(conv: Conversation, rules: TokenRules) -> dict[str, list[int]] | BadSample:
+    """Each encoder's tokens for `conv`, per image or clip, from the files' headers; a BadSample for a missing
+    or unreadable file."""
     for files, modality, key in ((conv.images, "vision", "images"), (conv.audios, "audio", "audios")):
         if files and not any(r.modality == modality for r in rules.encoders):
             return BadSample(conv.where, f"{key}: the model has no {modality} encoder to take them")
@@ -257,12 +339,12 @@ def encoder_lengths(conv: Conversation, rules: TokenRules) -> dict[str, int] | B
                 clips.append((int(info.frames), int(info.samplerate)))
             except (OSError, RuntimeError, ValueError) as exc:
                 return BadSample(conv.where, f"audios[{i}]: {Path(f).name}: cannot read ({type(exc).__name__})")
-    out: dict[str, int] = {}
+    out: dict[str, list[int]] = {}
     for r in rules.encoders:
         if r.modality == "vision":
-            out[r.name] = sum(image_tokens(r, w, h, rules.max_image_tokens) for w, h in sizes)
+            out[r.name] = [image_tokens(r, w, h, rules.max_image_tokens) for w, h in sizes]
         else:
-            out[r.name] = sum(audio_tokens(r, n, rate) for n, rate in clips)
+            out[r.name] = [audio_tokens(r, n, rate) for n, rate in clips]
     return out
 
 

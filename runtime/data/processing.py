@@ -2,10 +2,11 @@
 only, and each encoder's input rows, with exactly the token counts the index gives (runtime/data/index.py).
 
 * Text: the model's tokenizer over the chat template's rendering (or the contents one after another where
-  there is no template), placeholders removed (the encoders' tokens lead the LLM sequence: orch's layout,
-  runtime/data/synthetic.py). Labels in the convention of Hugging Face's `labels` argument: aligned with
-  `input_ids`, -100 where nothing is trained; a token is trained when it lies in an assistant turn's
-  content (character offsets of the rendering). Truncated to what `seq_len` leaves after the encoders.
+  there is no template), cut at the placeholders (`TextCounter.tokens`); each image's or clip's rows go where
+  its placeholder stood (runtime/data/expansion.py). Labels in the convention of Hugging Face's `labels`
+  argument: aligned with `input_ids`, -100 where nothing is trained; a token is trained when it lies in an
+  assistant turn's content (character offsets of the rendering). Truncated to what `seq_len` leaves after
+  the encoders.
 * Images: resized to the index's patch grid and cut into `input_dim` = 3·side² pixel rows in [0, 1]
   (row-major patches, channels last within a patch).
 * Audio: 16 kHz mono, log10 mel spectrogram with torch (Whisper's recipe: 400-point Hann STFT, 160 hop,
@@ -24,7 +25,9 @@ import torch
 from orch.planner.errors import SpecError
 from orch.planner.specs import ModelSpec
 from orch.runtime.data.conversations import Conversation
+from orch.runtime.data.expansion import conversation_layout, expanded, placeholder_ids
 from orch.runtime.data.index import (
+    IGNORE,
     MEL_HOP,
     MEL_RATE,
     TextCounter,
@@ -35,7 +38,6 @@ from orch.runtime.data.index import (
     projected,
 )
 
-IGNORE = -100
 N_FFT = 400
 
 
@@ -46,20 +48,12 @@ class ProcessedSample:
     labels: list[int]  # aligned with input_ids, IGNORE where not trained
     features: dict[str, torch.Tensor] = field(default_factory=dict)  # encoder -> [rows, input_dim]
     truncated: bool = False
+    marks: list[tuple[int, str]] = field(default_factory=list)  # (before token, placeholder), text order
+    media: dict[str, list[int]] = field(default_factory=dict)  # encoder -> its tokens per image or clip
 
     @property
     def trained_tokens(self) -> int:
         return sum(1 for y in self.labels if y != IGNORE)
-
-
-def tokenize(counter: TextCounter, conv: Conversation) -> tuple[list[int], list[int]]:
-    text, spans = counter.render(conv)
-    enc = counter.tokenizer.encode(text, add_special_tokens=False)
-    labels = []
-    for tid, (a, b) in zip(enc.ids, enc.offsets, strict=True):
-        trained = b > a and any(s <= a and b <= e for s, e in spans)
-        labels.append(tid if trained else IGNORE)
-    return list(enc.ids), labels
 
 
 def image_rows(path: str, patch: int, cap: int) -> torch.Tensor:
@@ -187,6 +181,7 @@ def process(
     """`conv` as the model takes it (module docstring); raises OSError/ValueError on a bad file. A Hugging Face
     tower's inputs come from its own processor (`hf`)."""
     features: dict[str, torch.Tensor] = {}
+    media: dict[str, list[int]] = {}
     for r in rules.encoders:
         if encoders is not None and r.name not in encoders:  # only these encoders' media decoded
             continue
@@ -211,19 +206,33 @@ def process(
                 mel = log_mel(f, dim)
                 parts.append(mel[: mel.shape[0] // r.frames_per_token * r.frames_per_token])
         features[r.name] = torch.cat(parts) if parts else torch.zeros(0, dim)
-    ids, labels = tokenize(counter, conv)
+        pieces = len(conv.images if r.modality == "vision" else conv.audios)
+        tokens = features[r.name].shape[0] // r.frames_per_token
+        media[r.name] = (
+            [tokens // pieces] * pieces if len(parts) == 1 else [p.shape[0] // r.frames_per_token for p in parts]
+        )
+    text = counter.tokens(conv)
+    ids, labels = text.ids, text.labels
     prefix = sum(projected(f.shape[0] // r.frames_per_token, r.downsample) for r in rules.encoders
                  for f in [features.get(r.name)] if f is not None)  # fmt: skip
     room = max(0, seq_len - prefix)
     truncated = len(ids) > room
-    return ProcessedSample(conv.where, ids[:room], labels[:room], features, truncated)
+    return ProcessedSample(conv.where, ids[:room], labels[:room], features, truncated, text.marks, media)
 
 
-def as_json(sample: ProcessedSample) -> dict[str, Any]:
+def as_json(sample: ProcessedSample, model: ModelSpec, counter: TextCounter) -> dict[str, Any]:
+    """What `orch data inspect --json` prints: the whole LLM sequence as the model's processor makes it
+    (`input_ids` with each image's or clip's rows carrying its placeholder's id where the placeholder stood,
+    `labels` aligned with them), the text alone, and the encoder inputs' shapes."""
+    layout = conversation_layout(model, sample.marks, len(sample.input_ids), sample.media)
+    ids, labels = expanded(model, layout, sample.media, sample.input_ids, sample.labels,
+                           placeholder_ids(model, counter.tokenizer), IGNORE)  # fmt: skip
     return {
         "where": sample.where,
-        "input_ids": sample.input_ids,
-        "labels": sample.labels,
+        "input_ids": ids,
+        "labels": labels,
+        "text_ids": sample.input_ids,
+        "placeholders": [{"before_token": at, "placeholder": tag} for at, tag in sample.marks],
         "encoder_inputs": {k: list(v.shape) for k, v in sample.features.items()},
         "truncated": sample.truncated,
         "trained_tokens": sample.trained_tokens,

@@ -9,8 +9,9 @@ batches. With a data file (`DataSpec.source`, its index as `DataSpec.manifest`):
 * lengths: each encoder's tokens from the index; the text tokenized on every rank (no media decoded), so the
   loss normaliser (the global batch's trained tokens) is known everywhere before any sample is decoded;
 * `sample(i)`: the sample decoded (its images and clips: runtime/data/processing.py) on the rank that asks,
-  so a rank loads what the dispatcher gave it. Labels are next-token targets at each text position (HF's
-  aligned labels shifted by one), -100 where nothing is trained. A sample that no longer parses (its file
+  so a rank loads what the dispatcher gave it. Each image's or clip's rows go where its placeholder stood
+  (`ConversationBatch.layout`, runtime/data/expansion.py); labels are HF's aligned labels (-100 where nothing
+  is trained), each scored at the position before its token. A sample that no longer parses (its file
   changed since it was indexed) trains on nothing (`skipped`); one whose image or clip can no longer be
   read gets zeros of the indexed shape for it (`failed`, counted per rank), so no step stops on bad data.
 """
@@ -27,23 +28,15 @@ from typing import Any
 import torch
 
 from orch.planner.specs import DataSpec, ModelSpec
+from orch.runtime.data.index import IGNORE, TextTokens
 from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order
 from orch.runtime.models.reference import projected_len
-
-IGNORE = -100
+from orch.runtime.models.sequence import SequenceLayout
 
 
 def _seed(*parts: object) -> int:
     digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest[:8], "little")
-
-
-@dataclass
-class TextOf:
-    """A sample's tokenized text: ids and next-token targets (IGNORE where not trained)."""
-
-    ids: list[int]
-    targets: list[int]
 
 
 def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
@@ -88,7 +81,8 @@ class ConversationData:
         raw = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
         self.rows: list[tuple[int, int]] = [(r["source"], r["sample"]) for r in raw]
         self.lengths: list[dict[str, int]] = [r["lengths"] for r in raw]  # the index's own rows, read once
-        self._texts: dict[int, TextOf | None] = {}
+        self._media: list[dict[str, list[int]] | None] = [r.get("media") for r in raw]
+        self._texts: dict[int, TextTokens | None] = {}
         self._orders: dict[tuple[int, int], list[int]] = {}  # (seed, epoch) -> its permutation
 
     def __len__(self) -> int:
@@ -101,19 +95,20 @@ class ConversationData:
         source, number = self.rows[row]
         return self.files[source].get(number)
 
-    def text(self, row: int) -> TextOf | None:
-        """The row's tokens and targets (None: the sample no longer parses)."""
+    def text(self, row: int) -> TextTokens | None:
+        """The row's tokens, labels and placeholders (None: the sample no longer parses)."""
         if row not in self._texts:
             from orch.runtime.data.conversations import BadSample
-            from orch.runtime.data.processing import tokenize
 
             conv = self.conversation(row)
-            if isinstance(conv, BadSample):
-                self._texts[row] = None
-            else:
-                ids, labels = tokenize(self.counter, conv)
-                self._texts[row] = TextOf(ids, [*labels[1:], IGNORE])
+            self._texts[row] = None if isinstance(conv, BadSample) else self.counter.tokens(conv)
         return self._texts[row]
+
+    def media(self, row: int) -> dict[str, list[int]]:
+        """Each encoder's tokens per image or clip of the row (the index's)."""
+        per = self._media[row] or {}
+        lengths = self.lengths[row]
+        return {e: per.get(e) or ([int(lengths[e])] if lengths.get(e) else []) for e in encoder_order(self.model)}
 
     def decode(self, row: int, encoders: tuple[str, ...]) -> dict[str, torch.Tensor] | None:
         """The row's inputs for `encoders` (its images' and clips' rows), None when the sample or a file of it
@@ -145,7 +140,9 @@ class ConversationData:
             else:
                 n = max(1, min(len(text.ids), room))
                 truncated += len(text.ids) > room
-                t = sum(1 for y in text.targets[:n] if y != IGNORE)
+                # a label is scored at the row before its token: the sequence's first row has none
+                leads = bool(text.labels) and text.labels[0] != IGNORE and not any(o == 0 for o, _ in text.marks)
+                t = sum(1 for y in text.labels[:n] if y != IGNORE) - leads
             enc_tokens.append(enc)
             text_tokens.append(n)
             trained.append(t)
@@ -171,6 +168,17 @@ class ConversationBatch(GlobalBatch):
     @property
     def label_tokens(self) -> int:
         return max(1, sum(self.trained))
+
+    def _build_layout(self, sample_id: int) -> SequenceLayout:
+        """Each image's or clip's rows where its placeholder stood in the text (runtime/data/expansion.py)."""
+        from orch.runtime.data.expansion import conversation_layout
+
+        assert self.source is not None
+        row = self.rows[sample_id]
+        text = self.source.text(row)
+        if text is None:  # no longer parses: trained on nothing, the indexed rows first
+            return super()._build_layout(sample_id)
+        return conversation_layout(self.model, text.marks, self.text_tokens[sample_id], self.source.media(row))
 
     def store(self, sample_id: int, encoders: tuple[str, ...], feats: dict[str, torch.Tensor] | None) -> None:
         """Keep a sample's decoded inputs (`ConversationData.decode`, here or in a loader worker); zeros of the
@@ -208,7 +216,7 @@ class ConversationBatch(GlobalBatch):
         if text is None:
             ids, targets = [0] * n, [IGNORE] * n
         else:
-            ids, targets = text.ids[:n], text.targets[:n]
+            ids, targets = text.ids[:n], text.labels[:n]
         return Sample(
             sample_id,
             {e: self.decoded[(sample_id, e)].to(device, dtype) for e in wanted},

@@ -5,8 +5,8 @@ features from a generator seeded by (seed, step, sample id), so any rank can bui
 sample without communication and every plan sees the same batch.
 
 LLM sequence of a sample: the projected tokens of each encoder (`encoder_order`: by name), then text
-tokens, so that the total is the sample's LLM length (capped at seq_len); text has at least
-one token. The loss is on text tokens only; labels are synthetic token ids.
+tokens (`GlobalBatch.layout`: prefix first), so that the total is the sample's LLM length (capped at
+seq_len); text has at least one token. The loss is on text tokens only; labels are synthetic token ids.
 
 Initial placement (`initial_dp_index`): sample i starts on DP index i % dp of a module,
 round-robin, so every DP rank gets a share whatever the ratio.
@@ -23,6 +23,7 @@ import torch
 from orch.planner.data import sample_lengths
 from orch.planner.specs import DataSpec, ModelSpec
 from orch.runtime.models.reference import projected_len
+from orch.runtime.models.sequence import SequenceLayout
 
 
 def _mix(*parts: object) -> int:
@@ -86,6 +87,21 @@ class GlobalBatch:
     def projected(self, encoder: str, sample_id: int) -> int:
         """LLM-width tokens this encoder contributes to a sample (rows moved at its boundary)."""
         return projected_len(self.enc_tokens[sample_id][encoder], self.model.modules[encoder].downsample)
+
+    @cached_property
+    def _layouts(self) -> dict[int, SequenceLayout]:
+        return {}
+
+    def layout(self, sample_id: int) -> SequenceLayout:
+        """Where sample `sample_id`'s rows go in its LLM sequence: synthetic samples put the prefix first and
+        score every text position (built once per batch)."""
+        if sample_id not in self._layouts:
+            self._layouts[sample_id] = self._build_layout(sample_id)
+        return self._layouts[sample_id]
+
+    def _build_layout(self, sample_id: int) -> SequenceLayout:
+        prefix = sum(self.projected(e, sample_id) for e in encoder_order(self.model))
+        return SequenceLayout.prefix_first(prefix, self.text_tokens[sample_id])
 
     @cached_property
     def _frames_per_token(self) -> dict[str, int]:

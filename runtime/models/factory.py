@@ -8,9 +8,11 @@ alone, whatever the plan. The modules' contracts are those of runtime/models/ref
 * an encoder is called as `encoder(feats_TF, seqlens)` on packed variable-length input features
   ([sum of frames, input_dim]; audio has `Modality.frames_per_token` frames per token) and returns its
   tokens projected into the LLM's width, packed ([sum of projected tokens, llm hidden]);
-* the LLM has `embed_inputs(prefixes, texts)`, `run_blocks(x_TD, seqlens)` and
-  `text_logits(x_TD, seqlens, text_lens)` (and `keep_stage(stage, stages)` for a pipeline); the
-  reference `orch.runtime.models.reference.LLM` is the easiest base.
+* the LLM has `embed_inputs(prefixes, texts, cp, layouts)`, `run_blocks(x_TD, seqlens, cp)` and
+  `text_logits(x_TD, seqlens, layouts, cp)` (and `keep_stage(stage, stages)` for a pipeline): a
+  sample's `SequenceLayout` (runtime/models/sequence.py) says where its encoder rows and text go and
+  which logits are scored; `embed_packed` and `score_rows` do both. The reference
+  `orch.runtime.models.reference.LLM` is the easiest base.
 
 Tensor parallelism shards the reference `Block`s wherever they occur in a user's module; other
 layers stay replicated over TP.

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from orch.planner.specs import Modality, ModelSpec, ModuleKind, ModuleSpec
+from orch.runtime.models.sequence import SequenceLayout, layouts_or_prefix_first, score_rows
 
 if TYPE_CHECKING:
     from orch.runtime.parallel.context import CPShard
@@ -302,14 +303,19 @@ class LLM(nn.Module):
             self.norm = self.head = None
 
     def embed_inputs(
-        self, prefixes: list[torch.Tensor], texts: list[torch.Tensor], cp: CPShard | None = None
+        self,
+        prefixes: list[torch.Tensor],
+        texts: list[torch.Tensor],
+        cp: CPShard | None = None,
+        layouts: list[SequenceLayout] | None = None,
     ) -> tuple[torch.Tensor, list[int]]:
-        """Per sample: encoder tokens (prefix) then embedded text tokens, packed; and the sequence lengths.
+        """Per sample its encoder rows (prefix) and embedded text tokens where its layout puts them (default:
+        the prefix first), packed; and the sequence lengths.
 
         With `cp`: only this CP rank's positions and their per-sample counts (CPShard.llm_input).
         """
         assert self.embed is not None, "embed_inputs runs on the first pipeline stage"
-        return embed_packed(self.embed, prefixes, texts, cp)
+        return embed_packed(self.embed, prefixes, texts, cp, layouts)
 
     def run_blocks(self, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
         """`seqlens`: rows per sample as packed in x_TD (this CP rank's counts under CP)."""
@@ -318,32 +324,43 @@ class LLM(nn.Module):
         return x_TD
 
     def text_logits(
-        self, x_TD: torch.Tensor, seqlens: list[int], text_lens: list[int], cp: CPShard | None = None
+        self, x_TD: torch.Tensor, seqlens: list[int], layouts: list[SequenceLayout], cp: CPShard | None = None
     ) -> torch.Tensor:
-        """Logits of the text positions (each sample's last text_len tokens; under CP, this rank's), packed."""
+        """Logits of the scored positions (each sample's layout says which; under CP, this rank's), packed."""
         assert self.norm is not None and self.head is not None, "text_logits runs on the last pipeline stage"
-        rows = cp.text_rows(text_lens) if cp is not None else text_rows(seqlens, text_lens, x_TD.device)
+        rows = cp.score_rows(layouts) if cp is not None else score_rows(seqlens, layouts, x_TD.device)
         return self.head(self.norm(x_TD[rows]))
 
     def forward(
-        self, prefixes: list[torch.Tensor], texts: list[torch.Tensor], cp: CPShard | None = None
+        self,
+        prefixes: list[torch.Tensor],
+        texts: list[torch.Tensor],
+        cp: CPShard | None = None,
+        layouts: list[SequenceLayout] | None = None,
     ) -> torch.Tensor:
-        """Per sample: encoder tokens (prefix) then text tokens. Returns logits of the text positions, packed."""
-        x_TD, seqlens = self.embed_inputs(prefixes, texts, cp)
-        return self.text_logits(self.run_blocks(x_TD, seqlens, cp), seqlens, [t.shape[0] for t in texts], cp)
+        """Per sample: encoder tokens and text tokens (as `layouts` place them; default the prefix first).
+        Returns the logits of the scored positions, packed."""
+        layouts = layouts_or_prefix_first(layouts, prefixes, texts)
+        x_TD, seqlens = self.embed_inputs(prefixes, texts, cp, layouts)
+        return self.text_logits(self.run_blocks(x_TD, seqlens, cp), seqlens, layouts, cp)
 
 
 def embed_packed(
-    embed: nn.Module, prefixes: list[torch.Tensor], texts: list[torch.Tensor], cp: CPShard | None = None
+    embed: nn.Module,
+    prefixes: list[torch.Tensor],
+    texts: list[torch.Tensor],
+    cp: CPShard | None = None,
+    layouts: list[SequenceLayout] | None = None,
 ) -> tuple[torch.Tensor, list[int]]:
-    """Per sample its prefix rows then its embedded text, packed, and the samples' lengths (under CP: this
-    rank's positions and counts, CPShard.llm_input). Every LLM's `embed_inputs`."""
+    """Per sample its prefix rows and its embedded text where its layout puts them, packed, and the samples'
+    lengths (under CP: this rank's positions and counts, CPShard.llm_input). Every LLM's `embed_inputs`."""
+    layouts = layouts_or_prefix_first(layouts, prefixes, texts)
     if cp is not None and prefixes:
-        x_TD, local_lens, _ = cp.llm_input(prefixes, texts, embed)
-        return x_TD, local_lens
+        return cp.llm_input(prefixes, texts, embed, layouts)
     parts, seqlens = [], []
-    for prefix, text in zip(prefixes, texts, strict=True):
-        parts += [prefix, embed(text)]
+    for prefix, text, layout in zip(prefixes, texts, layouts, strict=True):
+        rows = torch.cat([prefix, embed(text)])
+        parts.append(rows if layout.source is None else rows[layout.source.to(rows.device)])
         seqlens.append(prefix.shape[0] + text.shape[0])
     # No samples (an empty micro-batch that EP ranks still run): zero rows that keep a graph.
     empty = torch.zeros(0, dtype=torch.int64, device=next(embed.parameters()).device)
@@ -357,25 +374,6 @@ def stage_layers(layers: int, stages: int, stage: int) -> range:
     base, extra = divmod(layers, stages)
     start = stage * base + min(stage, extra)
     return range(start, start + base + (1 if stage < extra else 0))
-
-
-def text_rows(seqlens: list[int], text_lens: list[int], device: torch.device) -> torch.Tensor:
-    """Rows of a packed micro-batch that are text positions: each sample's last text_len of its seqlen rows."""
-    return torch.cat(
-        [
-            torch.arange(s - t, s, device=device) + off
-            for s, t, off in zip(seqlens, text_lens, _offsets(seqlens), strict=True)
-        ]
-        or [torch.zeros(0, dtype=torch.int64, device=device)]
-    )
-
-
-def _offsets(seqlens: list[int]) -> list[int]:
-    out, acc = [], 0
-    for s in seqlens:
-        out.append(acc)
-        acc += s
-    return out
 
 
 def build_module(name: str, model: ModelSpec) -> nn.Module:

@@ -18,9 +18,10 @@ computes; the rank runs the module on its rows only:
   mask compares true positions (`model.attend(q_pos=...)`). Backward: a rank's K/V rows get
   the sum of every rank's gradient for them (all_reduce of the full gradient, then my rows:
   gloo has no reduce_scatter).
-* LLM inputs (`CPShard.llm_input`): a rank takes its positions of [prefix rows; text]. Its
-  text positions are embedded here (embedding gradients are partial) and the loss covers its
-  text positions only (head and norm gradients are partial). The boundary prefix rows arrive
+* LLM inputs (`CPShard.llm_input`): a rank takes its positions of each sample's sequence (prefix
+  rows and text where the sample's `SequenceLayout` puts them). Its text positions are embedded
+  here (embedding gradients are partial) and the loss covers the scored positions it holds only
+  (`CPShard.scored`; head and norm gradients are partial). The boundary prefix rows arrive
   replicated; the slicing is an autograd op whose backward sums the prefix gradient over the
   CP group, so every replica holds the full gradient of the boundary activation (the
   transport's contract: the leader sends it back) and the executor needs no extra step.
@@ -44,6 +45,7 @@ import torch.distributed as dist
 if TYPE_CHECKING:
     from torch import nn
 
+    from orch.runtime.models.sequence import SequenceLayout
     from orch.runtime.parallel.grid import Grid
 
 
@@ -166,46 +168,63 @@ class CPShard:
         return _Gather.apply(x, index, self.cp, False)
 
     def llm_input(
-        self, prefixes: list[torch.Tensor], texts: list[torch.Tensor], embed: nn.Module
-    ) -> tuple[torch.Tensor, list[int], torch.Tensor]:
-        """My rows of [prefix; embedded text] per sample, my seqlens, and the rows of my text positions."""
+        self,
+        prefixes: list[torch.Tensor],
+        texts: list[torch.Tensor],
+        embed: nn.Module,
+        layouts: list[SequenceLayout],
+    ) -> tuple[torch.Tensor, list[int]]:
+        """My rows of each sample's sequence (prefix rows and embedded text where its layout puts them, in
+        position order), and my seqlens."""
         plens = [p.shape[0] for p in prefixes]
-        mine = [self.mine(i) for i in range(len(prefixes))]
-        prefix_rows = [m[m < n] for m, n in zip(mine, plens, strict=True)]
+        src = [layout.sources(self.mine(i)) for i, layout in enumerate(layouts)]
+        is_prefix = [s < n for s, n in zip(src, plens, strict=True)]
+        prefix_rows = [s[m] for s, m in zip(src, is_prefix, strict=True)]
         if sum(plens) > 0:  # the same on every CP rank: the prefixes are replicated
             index = torch.cat([off + r for off, r in zip(_offsets(plens), prefix_rows, strict=True)]).to(self.cp.device)
             local_prefix = _TakeSummed.apply(torch.cat(prefixes), index, self.cp)
         else:
             local_prefix = prefixes[0].new_zeros(0, prefixes[0].shape[1])
-        texts_mine = [text[self.text_index(i, n)] for i, (text, n) in enumerate(zip(texts, plens, strict=True))]
+        texts_mine = [
+            text[(s[~m] - n).to(text.device)] for text, s, m, n in zip(texts, src, is_prefix, plens, strict=True)
+        ]
         embedded = embed(torch.cat(texts_mine))
-        parts, text_rows, off = [], [], 0
-        for p_rows, pre, emb in zip(
-            prefix_rows,
+        parts = []
+        for layout, m, pre, emb in zip(
+            layouts,
+            is_prefix,
             local_prefix.split([r.numel() for r in prefix_rows]),
             embedded.split([t.numel() for t in texts_mine]),
             strict=True,
         ):
-            parts += [pre, emb]
-            text_rows.append(torch.arange(emb.shape[0], device=self.cp.device) + off + p_rows.numel())
-            off += p_rows.numel() + emb.shape[0]
-        return torch.cat(parts), self.local_lens, torch.cat(text_rows)
+            rows = torch.cat([pre, emb])
+            if layout.source is not None:  # back into position order
+                placed = torch.cat([torch.nonzero(m).flatten(), torch.nonzero(~m).flatten()])
+                rows = rows[torch.argsort(placed).to(rows.device)]
+            parts.append(rows)
+        return torch.cat(parts), self.local_lens
 
-    def text_rows(self, text_lens: list[int]) -> torch.Tensor:
-        """Rows of this rank's packed shard that are text positions (each sample's last text_len
-        tokens), from the lengths alone: a pipeline's last stage has no prefixes to look at."""
+    def scored(self, i: int, layout: SequenceLayout) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows of sample i in this rank's shard, text indices) of the labels this rank scores."""
+        m = self.mine(i)
+        pos, token = layout.scored
+        keep = torch.isin(pos, m)
+        return torch.searchsorted(m, pos[keep]), token[keep]
+
+    def score_rows(self, layouts: list[SequenceLayout]) -> torch.Tensor:
+        """Rows of this rank's packed shard whose logits are scored, from the layouts alone: a pipeline's last
+        stage has no prefixes to look at."""
         rows, off = [], 0
-        for i, t in enumerate(text_lens):
-            m = self.mine(i)
-            before = int((m < self.lens[i] - t).sum())
-            rows.append(torch.arange(m.numel() - before) + off + before)
-            off += m.numel()
+        for i, layout in enumerate(layouts):
+            rows.append(self.scored(i, layout)[0] + off)
+            off += self.mine(i).numel()
         return (torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64)).to(self.cp.device)
 
-    def text_index(self, i: int, prefix_len: int) -> torch.Tensor:
-        """Indices into sample i's text of the text positions this rank computes."""
-        m = self.mine(i)
-        return (m[m >= prefix_len] - prefix_len).to(self.cp.device)
+    def scored_labels(self, labels: list[torch.Tensor], layouts: list[SequenceLayout]) -> list[torch.Tensor]:
+        """Each sample's labels of this rank's scored rows, in their order (`score_rows`)."""
+        return [
+            y[self.scored(i, layout)[1].to(y.device)] for i, (y, layout) in enumerate(zip(labels, layouts, strict=True))
+        ]
 
 
 class _Gather(torch.autograd.Function):

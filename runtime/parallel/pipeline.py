@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from orch.planner.trace import one_f_one_b_order
 from orch.runtime.models.reference import LLM
+from orch.runtime.models.sequence import SequenceLayout
 from orch.runtime.parallel.context import CPGroup, CPShard
 from orch.runtime.parallel.grid import Grid
 
@@ -38,7 +39,7 @@ class MicroBatch:
     index: int
     ids: tuple[int, ...]
     seqlens: tuple[int, ...]  # LLM tokens per sample: projected encoder tokens + text
-    text_lens: tuple[int, ...]  # text (and label) tokens per sample
+    layouts: tuple[SequenceLayout, ...]  # per sample, where its rows go and which logits are scored
 
     @property
     def rows(self) -> int:
@@ -46,7 +47,7 @@ class MicroBatch:
 
 
 # First stage: the micro-batch's (prefixes, text ids) per sample. Last stage: its loss from the logits
-# of the text positions it computed (under CP, the shard's: CPShard.text_index picks their labels).
+# of the scored positions it computed (under CP, the shard's: CPShard.scored_labels picks their labels).
 FirstInputs = Callable[[MicroBatch], tuple[list[torch.Tensor], list[torch.Tensor]]]
 LossOf = Callable[[MicroBatch, torch.Tensor, "CPShard | None"], torch.Tensor]
 
@@ -155,7 +156,7 @@ class PipelineStage:
         received: torch.Tensor | None = None
         if self.is_first:
             self._exchange(carry, None, sends)
-            x_TD, got = self.llm.embed_inputs(*first_inputs(mb), shard)
+            x_TD, got = self.llm.embed_inputs(*first_inputs(mb), shard, list(mb.layouts))
             assert got == seqlens, f"micro-batch {mb.index}: lengths {got} != {seqlens}"
         else:
             assert self.prev is not None
@@ -165,7 +166,7 @@ class PipelineStage:
             x_TD = received.requires_grad_()
         y_TD = self.llm.run_blocks(x_TD, seqlens, shard)
         if self.is_last:
-            loss = loss_of(mb, self.llm.text_logits(y_TD, seqlens, list(mb.text_lens), shard), shard)
+            loss = loss_of(mb, self.llm.text_logits(y_TD, seqlens, list(mb.layouts), shard), shard)
             return (received, loss), loss.detach().to(torch.float64), None
         assert self.next is not None
         send = (y_TD.detach().contiguous(), self.next, 2 * mb.index) if rows else None

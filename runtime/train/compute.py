@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from orch.runtime.data.synthetic import Sample
+from orch.runtime.models.sequence import SequenceLayout, layouts_or_prefix_first, scored_labels
 from orch.runtime.parallel.context import CPGroup
 
 
@@ -48,25 +49,30 @@ def join_prefix(rows: list[torch.Tensor], width: int, dtype: torch.dtype, device
 
 
 def text_loss(
-    llm: nn.Module, prefixes: list[torch.Tensor], samples: list[Sample], label_tokens: int, cp: CPGroup | None = None
+    llm: nn.Module,
+    prefixes: list[torch.Tensor],
+    samples: list[Sample],
+    label_tokens: int,
+    cp: CPGroup | None = None,
+    layouts: list[SequenceLayout] | None = None,
 ) -> torch.Tensor:
-    """Sum of the samples' text-token cross-entropies divided by the GLOBAL label-token count.
+    """Sum of the samples' scored cross-entropies divided by the GLOBAL label-token count. `layouts`: where
+    each sample's rows go and which logits are scored (default: the prefix first, every text position).
 
-    With `cp`: this CP rank's share only (its text positions); the CP ranks' losses sum to the whole.
+    With `cp`: this CP rank's share only (its scored positions); the CP ranks' losses sum to the whole.
     """
+    texts = [s.text for s in samples]
+    layouts = layouts_or_prefix_first(layouts, prefixes, texts)
+    labels = [s.labels for s in samples]
     if cp is not None:
-        shard = cp.shard([p.shape[0] + s.text.shape[0] for p, s in zip(prefixes, samples, strict=True)])
-        logits = llm(prefixes, [s.text for s in samples], shard)
-        mine = [
-            s.labels[shard.text_index(i, p.shape[0])] for i, (p, s) in enumerate(zip(prefixes, samples, strict=True))
-        ]
-        labels = torch.cat(mine)
-        return F.cross_entropy(logits, labels, reduction="sum") / label_tokens
-    logits = llm(prefixes, [s.text for s in samples])
-    labels = (
-        torch.cat([s.labels for s in samples]) if samples else torch.zeros(0, dtype=torch.int64, device=logits.device)
-    )
-    return label_loss(logits, labels, label_tokens)
+        shard = cp.shard([lay.length for lay in layouts])
+        logits = llm(prefixes, texts, shard, layouts)
+        mine = shard.scored_labels(labels, layouts)
+    else:
+        logits = llm(prefixes, texts, None, layouts)
+        mine = scored_labels(labels, layouts)
+    empty = torch.zeros(0, dtype=torch.int64, device=logits.device)
+    return label_loss(logits, torch.cat(mine) if mine else empty, label_tokens)
 
 
 def _device_of(module: nn.Module) -> torch.device:

@@ -15,7 +15,7 @@ from typing import TypeVar
 import torch
 
 from orch.planner.plan import Plan
-from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order
+from orch.runtime.data.synthetic import GlobalBatch, Sample
 from orch.runtime.parallel.grid import Grid
 from orch.runtime.parallel.pipeline import MicroBatch
 from orch.runtime.parallel.transport import Route, move
@@ -106,8 +106,6 @@ class InputRouter:
         out = []
         keep_empty = self.plan.modules[name].layout.ep > 1  # EP: every rank runs every micro-batch
         for m, chunk in enumerate(c for c in self.chunks(name, ids) if c or keep_empty):
-            projected = [sum(batch.projected(e, i) for e in encoder_order(self.model)) for i in chunk]
-            text = [batch.text_tokens[i] for i in chunk]
-            seqlens = tuple(p + n for p, n in zip(projected, text, strict=True))
-            out.append(MicroBatch(m, tuple(chunk), seqlens, tuple(text)))
+            layouts = tuple(batch.layout(i) for i in chunk)
+            out.append(MicroBatch(m, tuple(chunk), tuple(lay.length for lay in layouts), layouts))
         return out

@@ -58,7 +58,8 @@ def run_reference(
         prefixes = [
             join_prefix([per_enc[e][i] for e in order], width, dtype, torch.device("cpu")) for i in range(batch.size)
         ]
-        loss = text_loss(modules[model.llm_name], prefixes, samples, batch.label_tokens)
+        layouts = [batch.layout(i) for i in range(batch.size)]
+        loss = text_loss(modules[model.llm_name], prefixes, samples, batch.label_tokens, layouts=layouts)
         opt.zero_grad()
         loss.backward()
         # A module no sample of this step reached has no gradient here, but a zero one on the ranks (they join

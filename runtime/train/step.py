@@ -36,6 +36,7 @@ from orch.runtime.memory import measured_step, parameter_storages, peak_bytes, s
 from orch.runtime.models.build import build_modules
 from orch.runtime.models.hf.module import HFModule
 from orch.runtime.models.reference import LLM
+from orch.runtime.models.sequence import scored_labels
 from orch.runtime.parallel.boundary import Boundary
 from orch.runtime.parallel.context import CPShard, cp_group
 from orch.runtime.parallel.data import DataParallelSteps, master_dtype, shard_module
@@ -314,9 +315,9 @@ class TrainStep:
 
         def loss_of(mb: MicroBatch, logits: torch.Tensor, shard: CPShard | None) -> torch.Tensor:
             labels = [texts[i].labels for i in mb.ids]
-            if shard is not None:  # this CP rank's text positions only
-                prefix = [n - t for n, t in zip(mb.seqlens, mb.text_lens, strict=True)]
-                labels = [y[shard.text_index(j, p)] for j, (y, p) in enumerate(zip(labels, prefix, strict=True))]
+            layouts = list(mb.layouts)
+            # the scored positions' labels (under CP, of this rank's positions only)
+            labels = shard.scored_labels(labels, layouts) if shard is not None else scored_labels(labels, layouts)
             empty = torch.zeros(0, dtype=torch.int64, device=logits.device)
             return label_loss(logits, torch.cat(labels or [empty]), batch.label_tokens)
 

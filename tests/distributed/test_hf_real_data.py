@@ -1,7 +1,9 @@
 """A Hugging Face LLaVA trained on a data file, through its own image processor and tokenizer (chat template):
 orch's step-0 loss (float64, lr 0) under several plans equals the loss LlavaForConditionalGeneration computes
-in one process from input_ids (the image tokens first, orch's layout) and pixel_values, the cross-entropy
-over the trained labels taken in float64 (HF's loss_function would upcast the logits to float32), 1e-9."""
+in one process from the input_ids and labels `orch data inspect --json` shows (each image's tokens where its
+placeholder stood, one sample with two images, one with its image in the answer) and pixel_values, the
+cross-entropy over the trained labels taken in float64 (HF's loss_function would upcast the logits to
+float32), 1e-9. The same for a Qwen2-Audio, its clips before or after the request."""
 
 import pytest
 import torch
@@ -45,16 +47,23 @@ def setup(tmp_path_factory):
     save_processor(model_dir, make_tokenizer(root / "tok" / "tokenizer.json"))
     data_file = make_dataset(root / "data", images=7, tones=0)
     model = model_spec_from_dir(model_dir)
-    data, _ = conversation_data(model, str(data_file), 4, None, None)
+    data, _ = conversation_data(model, str(data_file), 8, None, None)  # every sample in step 0
     return model_dir, model, data
+
+
+def inspected(source, row) -> dict:
+    """What `orch data inspect --json` prints for the row's sample."""
+    from orch.runtime.data.processing import as_json, process
+
+    conv = source.conversation(row)
+    got = process(conv, source.model, source.rules, source.counter, source.data.seq_len, hf=source.hf)
+    return as_json(got, source.model, source.counter)
 
 
 def hf_loss(model_dir, model, data) -> float:
     """Step 0's loss by the HF model's own forward, sample by sample: summed over the trained tokens, over
     their count in the global batch."""
     import transformers
-
-    from orch.runtime.data.processing import tokenize
 
     hf = transformers.LlavaForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float64)
     source = BatchSource(model, data, SEED).files
@@ -63,10 +72,9 @@ def hf_loss(model_dir, model, data) -> float:
     total, count = torch.zeros((), dtype=torch.float64), 0
     for row in batch.rows:
         conv = source.conversation(row)
-        ids, labels = tokenize(source.counter, conv)
-        n_image = 16 * len(conv.images)  # CLIP's 4x4 patches, its class token dropped
-        input_ids = torch.tensor([[IMAGE_TOKEN] * n_image + ids])
-        target = torch.tensor([[-100] * n_image + labels])
+        shown = inspected(source, row)
+        input_ids, target = torch.tensor([shown["input_ids"]]), torch.tensor([shown["labels"]])
+        assert int((input_ids == IMAGE_TOKEN).sum()) == 16 * len(conv.images)  # CLIP's 4x4 patches, no class token
         pixels = None
         if conv.images:
             from PIL import Image
@@ -103,6 +111,11 @@ def test_inspect_shows_the_hf_tokens(setup, cli):
     shown = json.loads(r.output[r.output.index("{") :])
     assert shown["encoder_inputs"]["vision"] == [16, 147]  # 16 patches of 3x7x7
     assert shown["trained_tokens"] > 0 and shown["labels"][0] == -100
+    # the 16 image tokens where the template put the placeholder: after "user :", ahead of the question
+    at = shown["input_ids"].index(IMAGE_TOKEN)
+    assert at == shown["placeholders"][0]["before_token"] > 0
+    assert shown["input_ids"][at : at + 16] == [IMAGE_TOKEN] * 16 and IMAGE_TOKEN not in shown["input_ids"][at + 16 :]
+    assert [t for t in shown["input_ids"] if t != IMAGE_TOKEN] == shown["text_ids"]
 
 
 @pytest.fixture(scope="module")
@@ -126,11 +139,12 @@ def audio_setup(tmp_path_factory):
 def hf_audio_loss(model_dir, model, data) -> float:
     """Step 0's loss by Qwen2-Audio's modules in one process: each clip's frames from its feature extractor
     (the index's whole tokens of them), cut into the tower's windows, each padded and masked as Qwen2AudioModel
-    does, its pooled tokens projected, ahead of the text; the cross-entropy of the float64 logits."""
+    does, its pooled tokens projected, in place of the audio tokens of the inspected input_ids; the
+    cross-entropy of the float64 logits."""
     import transformers
     from transformers.masking_utils import create_bidirectional_mask
 
-    from orch.runtime.data.processing import tokenize, waveform_16k
+    from orch.runtime.data.processing import waveform_16k
 
     hf = transformers.Qwen2AudioForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float64)
     extractor = transformers.AutoFeatureExtractor.from_pretrained(model_dir)
@@ -141,7 +155,7 @@ def hf_audio_loss(model_dir, model, data) -> float:
     total, count = torch.zeros((), dtype=torch.float64), 0
     for i, row in enumerate(batch.rows):
         conv = source.conversation(row)
-        ids, labels = tokenize(source.counter, conv)
+        shown = inspected(source, row)
         parts = []
         for f in conv.audios:
             mel = extractor(waveform_16k(f).numpy(), sampling_rate=16000, padding="longest", truncation=False,
@@ -156,10 +170,14 @@ def hf_audio_loss(model_dir, model, data) -> float:
                                                  inputs_embeds=torch.zeros(1, window // 2, 1), attention_mask=mask_2d)  # fmt: skip
                 hidden = hf.model.audio_tower(feats, attention_mask=mask).last_hidden_state
                 parts.append(hf.model.multi_modal_projector(hidden)[0, : int(out[0])])
-        prefix = sum(p.shape[0] for p in parts)
-        parts.append(hf.get_input_embeddings()(torch.tensor(ids)))
-        logits = hf(inputs_embeds=torch.cat(parts).unsqueeze(0)).logits[0]
-        target = torch.tensor([-100] * prefix + labels)
+        ids = torch.tensor(shown["input_ids"])
+        audio = ids == IMAGE_TOKEN  # the config's audio_token_id
+        embeds = hf.get_input_embeddings()(torch.where(audio, 0, ids))
+        if parts:
+            embeds = embeds.masked_scatter(audio[:, None], torch.cat(parts))
+        assert int(audio.sum()) == sum(p.shape[0] for p in parts)
+        logits = hf(inputs_embeds=embeds.unsqueeze(0)).logits[0]
+        target = torch.tensor(shown["labels"])
         total = total + F.cross_entropy(logits[:-1], target[1:], ignore_index=-100, reduction="sum")
         count += int((target[1:] != -100).sum())
     return float(total.detach() / count)

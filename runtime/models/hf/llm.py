@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from orch.runtime.models.hf.module import HFModule, layer_plan
-from orch.runtime.models.reference import embed_packed, stage_layers, text_rows
+from orch.runtime.models.reference import embed_packed, stage_layers
+from orch.runtime.models.sequence import SequenceLayout, layouts_or_prefix_first, score_rows
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -55,11 +56,15 @@ class HFCausalLM(HFModule):
             self.norm = self.lm_head = None
 
     def embed_inputs(
-        self, prefixes: list[torch.Tensor], texts: list[torch.Tensor], cp: CPShard | None = None
+        self,
+        prefixes: list[torch.Tensor],
+        texts: list[torch.Tensor],
+        cp: CPShard | None = None,
+        layouts: list[SequenceLayout] | None = None,
     ) -> tuple[torch.Tensor, list[int]]:
         if self.embed_tokens is None:
             raise RuntimeError("embed_inputs runs on the first pipeline stage")
-        return embed_packed(self.embed_tokens, prefixes, texts, cp)
+        return embed_packed(self.embed_tokens, prefixes, texts, cp, layouts)
 
     def run_blocks(self, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
         dev = x_TD.device
@@ -82,15 +87,20 @@ class HFCausalLM(HFModule):
         return hidden.squeeze(0)
 
     def text_logits(
-        self, x_TD: torch.Tensor, seqlens: list[int], text_lens: list[int], cp: CPShard | None = None
+        self, x_TD: torch.Tensor, seqlens: list[int], layouts: list[SequenceLayout], cp: CPShard | None = None
     ) -> torch.Tensor:
         if self.norm is None or self.lm_head is None:
             raise RuntimeError("text_logits runs on the last pipeline stage")
-        rows = cp.text_rows(text_lens) if cp is not None else text_rows(seqlens, text_lens, x_TD.device)
+        rows = cp.score_rows(layouts) if cp is not None else score_rows(seqlens, layouts, x_TD.device)
         return self.lm_head(self.norm(x_TD[rows]))
 
     def forward(
-        self, prefixes: list[torch.Tensor], texts: list[torch.Tensor], cp: CPShard | None = None
+        self,
+        prefixes: list[torch.Tensor],
+        texts: list[torch.Tensor],
+        cp: CPShard | None = None,
+        layouts: list[SequenceLayout] | None = None,
     ) -> torch.Tensor:
-        x_TD, seqlens = self.embed_inputs(prefixes, texts, cp)
-        return self.text_logits(self.run_blocks(x_TD, seqlens, cp), seqlens, [t.shape[0] for t in texts], cp)
+        layouts = layouts_or_prefix_first(layouts, prefixes, texts)
+        x_TD, seqlens = self.embed_inputs(prefixes, texts, cp, layouts)
+        return self.text_logits(self.run_blocks(x_TD, seqlens, cp), seqlens, layouts, cp)

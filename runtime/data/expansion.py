@@ -1,0 +1,115 @@
+"""How a conversation's placeholders expand: each image's or clip's projected rows where its placeholder stood.
+
+As LLaVA's and Qwen2-Audio's processors do, the k-th `<image>` of a conversation becomes the rows of its k-th
+image (every vision encoder's, encoder after encoder) and the k-th `<audio>` those of its k-th clip. A
+sample's encoder outputs arrive as one prefix per sample (encoder after encoder, each encoder's images or
+clips in order: `train/compute.join_prefix`); `conversation_layout` says where each piece of it goes
+(`SequenceLayout.interleaved`), from the index's tokens per image or clip, so every rank knows the layout of
+every sample without decoding one.
+
+One image's or clip's share of an encoder's projected rows: the encoder takes all of a sample's images (or
+clips) as one sequence, rounded as the module takes it (`ModuleSpec.round_length`) and pooled by its
+projector's `downsample`; piece i's rows end at the pooled count of the tokens up to and including it (the
+last piece takes what rounding added). With `downsample` 1, or pieces that are whole multiples of it (a clip
+tower's whole LLM tokens), that is each piece's own count exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+from orch.planner.specs import Modality, ModelSpec, ModuleSpec
+from orch.runtime.data.conversations import AUDIO, IMAGE
+from orch.runtime.data.synthetic import encoder_order
+from orch.runtime.models.reference import projected_len
+from orch.runtime.models.sequence import SequenceLayout
+
+PLACEHOLDER = {Modality.VISION: IMAGE, Modality.AUDIO: AUDIO}
+# A placeholder's id in `orch data inspect` where the model names none (LLaVA's repository marks images -200).
+NO_TOKEN_ID = {IMAGE: -200, AUDIO: -201}
+_CONFIG_KEYS = {IMAGE: ("image_token_id", "image_token_index"), AUDIO: ("audio_token_id", "audio_token_index")}
+
+
+def media_rows(tokens: list[int], spec: ModuleSpec) -> list[int]:
+    """Projected rows of each image or clip of one sample for encoder `spec` (module docstring)."""
+    if not tokens:
+        return []
+    total = projected_len(spec.round_length(sum(tokens)), spec.downsample)
+    ends, seen = [], 0
+    for n in tokens[:-1]:
+        seen += n
+        ends.append(min(total, projected_len(seen, spec.downsample)))
+    bounds = [0, *ends, total]
+    return [b - a for a, b in itertools.pairwise(bounds)]
+
+
+def conversation_layout(
+    model: ModelSpec, marks: list[tuple[int, str]], text: int, media: dict[str, list[int]]
+) -> SequenceLayout:
+    """The layout of a sample of `text` tokens whose placeholders stood before the given token offsets
+    (`marks`, text order; past the end of a truncated text they append), and whose encoders took `media`
+    (tokens per image or clip)."""
+    encoders = encoder_order(model)
+    rows = {e: media_rows(media.get(e, []), model.modules[e]) for e in encoders}
+    first: dict[tuple[str, int], int] = {}
+    prefix = 0
+    for e in encoders:
+        for i, n in enumerate(rows[e]):
+            first[(e, i)] = prefix
+            prefix += n
+    by_tag = {tag: [e for e in encoders if PLACEHOLDER.get(model.modality(e)) == tag] for tag in (IMAGE, AUDIO)}
+    count = {IMAGE: 0, AUDIO: 0}
+    inserts = []
+    for offset, tag in marks:
+        i = count[tag]
+        count[tag] += 1
+        inserts += [(offset, first[(e, i)], rows[e][i]) for e in by_tag[tag] if (e, i) in first]
+    return SequenceLayout.interleaved(prefix, text, inserts)
+
+
+def placeholder_ids(model: ModelSpec, tokenizer: object | None = None) -> dict[str, int]:
+    """The token id each placeholder's rows carry in `input_ids` (`orch data inspect`): the model's own
+    (`image_token_id` / `audio_token_id` of its HF config), else the tokenizer's for `<image>` / `<audio>`,
+    else NO_TOKEN_ID."""
+    config: dict[str, object] = {}
+    if model.llm.hf is not None:
+        path = Path(model.llm.hf.path) / "config.json"
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            config = {}
+    out = {}
+    for tag, keys in _CONFIG_KEYS.items():
+        got = next((config[k] for k in keys if isinstance(config.get(k), int)), None)
+        if got is None and tokenizer is not None:
+            got = tokenizer.token_to_id(tag)  # type: ignore[attr-defined]
+        out[tag] = int(got) if got is not None else NO_TOKEN_ID[tag]
+    return out
+
+
+def expanded(
+    model: ModelSpec,
+    layout: SequenceLayout,
+    media: dict[str, list[int]],
+    ids: list[int],
+    labels: list[int],
+    token_ids: dict[str, int],
+    ignore: int,
+) -> tuple[list[int], list[int]]:
+    """A sample's whole LLM sequence as Hugging Face's processors give it: `input_ids` with each encoder row
+    carrying its placeholder's id, and `labels` aligned with them (`ignore` on the encoder rows)."""
+    tags: list[str] = []  # per prefix row, its placeholder
+    for e in encoder_order(model):
+        tags += [PLACEHOLDER[model.modality(e)]] * sum(media_rows(media.get(e, []), model.modules[e]))
+    order = layout.source.tolist() if layout.source is not None else range(layout.length)
+    out_ids, out_labels = [], []
+    for src in order:
+        if src < layout.prefix:
+            out_ids.append(token_ids[tags[src]])
+            out_labels.append(ignore)
+        else:
+            out_ids.append(ids[src - layout.prefix])
+            out_labels.append(labels[src - layout.prefix])
+    return out_ids, out_labels
