@@ -169,17 +169,15 @@ class HFProcessors:
         return torch.cat([got, got.min().expand(rows - got.shape[0], got.shape[1])])
 
 
-def process(
+def encoder_inputs(
     conv: Conversation,
     model: ModelSpec,
     rules: TokenRules,
-    counter: TextCounter,
-    seq_len: int,
     encoders: tuple[str, ...] | None = None,
     hf: HFProcessors | None = None,
-) -> ProcessedSample:
-    """`conv` as the model takes it (module docstring); raises OSError/ValueError on a bad file. A Hugging Face
-    tower's inputs come from its own processor (`hf`)."""
+) -> tuple[dict[str, torch.Tensor], dict[str, list[int]]]:
+    """Each encoder's input rows for `conv` (only `encoders`' where given) and its tokens per image or clip;
+    raises OSError/ValueError on a bad file. A Hugging Face tower's inputs come from its own processor."""
     features: dict[str, torch.Tensor] = {}
     media: dict[str, list[int]] = {}
     for r in rules.encoders:
@@ -208,9 +206,23 @@ def process(
         features[r.name] = torch.cat(parts) if parts else torch.zeros(0, dim)
         pieces = len(conv.images if r.modality == "vision" else conv.audios)
         tokens = features[r.name].shape[0] // r.frames_per_token
-        media[r.name] = (
+        media[r.name] = (  # an HF vision tower's processor gives every image the same rows, in one part
             [tokens // pieces] * pieces if len(parts) == 1 else [p.shape[0] // r.frames_per_token for p in parts]
         )
+    return features, media
+
+
+def process(
+    conv: Conversation,
+    model: ModelSpec,
+    rules: TokenRules,
+    counter: TextCounter,
+    seq_len: int,
+    encoders: tuple[str, ...] | None = None,
+    hf: HFProcessors | None = None,
+) -> ProcessedSample:
+    """`conv` as the model takes it (module docstring); raises OSError/ValueError on a bad file."""
+    features, media = encoder_inputs(conv, model, rules, encoders, hf)
     text = counter.tokens(conv)
     ids, labels = text.ids, text.labels
     prefix = sum(projected(f.shape[0] // r.frames_per_token, r.downsample) for r in rules.encoders

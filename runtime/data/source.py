@@ -114,13 +114,13 @@ class ConversationData:
         """The row's inputs for `encoders` (its images' and clips' rows), None when the sample or a file of it
         cannot be read now."""
         from orch.runtime.data.conversations import BadSample
-        from orch.runtime.data.processing import process
+        from orch.runtime.data.processing import encoder_inputs
 
         conv = self.conversation(row)
         if self.text(row) is None or isinstance(conv, BadSample):
             return None
         try:
-            return process(conv, self.model, self.rules, self.counter, self.data.seq_len, encoders, self.hf).features
+            return encoder_inputs(conv, self.model, self.rules, encoders, self.hf)[0]
         except (OSError, ValueError):
             return None
 

@@ -199,3 +199,18 @@ def test_token_rules_of_windowed_towers_and_capped_images():
     assert image_tokens(patches, 224, 224, 1024) == 256
     assert image_tokens(patches, 1400, 700, 1024) <= 1024 < 100 * 50  # scaled down, aspect kept
     assert image_tokens(EncoderRule("vision", "vision", 1, image_tokens=576), 1400, 700, 1024) == 576
+
+
+def test_the_demo_llava_inspects_with_its_own_image_token(tmp_path, cli):
+    from orch.runtime.data.demo_data import make_dataset, make_tokenizer
+    from orch.runtime.data.demo_model import make_demo_llava
+
+    data = make_dataset(tmp_path / "data", images=6, tones=0)
+    model_dir = make_demo_llava(tmp_path / "llava", make_tokenizer(tmp_path / "tok" / "tokenizer.json"))
+    image_id = json.loads((model_dir / "config.json").read_text())["image_token_index"]  # what LlavaConfig saves
+    for sample, images in ((2, 1), (5, 2)):  # sample 5: two images
+        r = cli("data", "inspect", str(data), "--model", str(model_dir), "--sample", str(sample), "--json")
+        assert r.exit_code == 0, r.output
+        shown = json.loads(r.output[r.output.index("{") :])
+        assert shown["input_ids"].count(image_id) == 16 * images  # 4x4 patches an image, CLIP's class token dropped
+        assert len(shown["placeholders"]) == images
