@@ -111,17 +111,14 @@ def inspect(
     if json_out:
         print_json_text(json.dumps(as_json(out, spec, counter)))
         return
-    from orch.runtime.data.expansion import PLACEHOLDER, conversation_layout, media_rows
+    from orch.runtime.data.expansion import conversation_layout, placeholder_inserts
 
     layout = conversation_layout(spec, out.marks, len(out.input_ids), out.media)
-    per_media = {e: media_rows(out.media.get(e, []), spec.modules[e]) for e in spec.encoder_names}
     placed: dict[int, list[str]] = {}  # before token j: the expanded placeholders
     count = {"<image>": 0, "<audio>": 0}
-    for at, tag in out.marks:
-        i = count[tag]
-        n = sum(r[i] for e, r in per_media.items() if PLACEHOLDER.get(spec.modality(e)) == tag and i < len(r))
-        placed.setdefault(at, []).append(f"{tag[:-1]} {i + 1}: {n} rows>")
+    for (at, tag), inserts in zip(out.marks, placeholder_inserts(spec, out.marks, out.media)[1], strict=True):
         count[tag] += 1
+        placed.setdefault(at, []).append(f"{tag[:-1]} {count[tag]}: {sum(n for _, _, n in inserts)} rows>")
     shown = Text()
     for j, (tid, label) in enumerate([*zip(out.input_ids, out.labels, strict=True), (None, IGNORE)]):
         for tag in placed.get(j, []):

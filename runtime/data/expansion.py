@@ -17,9 +17,8 @@ tower's whole LLM tokens), that is each piece's own count exactly.
 from __future__ import annotations
 
 import itertools
-import json
-from pathlib import Path
 
+from orch.planner.hf_config import read_config
 from orch.planner.specs import Modality, ModelSpec, ModuleSpec
 from orch.runtime.data.conversations import AUDIO, IMAGE
 from orch.runtime.data.synthetic import encoder_order
@@ -45,12 +44,11 @@ def media_rows(tokens: list[int], spec: ModuleSpec) -> list[int]:
     return [b - a for a, b in itertools.pairwise(bounds)]
 
 
-def conversation_layout(
-    model: ModelSpec, marks: list[tuple[int, str]], text: int, media: dict[str, list[int]]
-) -> SequenceLayout:
-    """The layout of a sample of `text` tokens whose placeholders stood before the given token offsets
-    (`marks`, text order; past the end of a truncated text they append), and whose encoders took `media`
-    (tokens per image or clip)."""
+def placeholder_inserts(
+    model: ModelSpec, marks: list[tuple[int, str]], media: dict[str, list[int]]
+) -> tuple[int, list[list[tuple[int, int, int]]]]:
+    """The prefix's rows, and per placeholder (`marks` order) its inserts (before token, first prefix row,
+    rows): the k-th `<image>` takes the k-th image's rows of every vision encoder, encoder after encoder."""
     encoders = encoder_order(model)
     rows = {e: media_rows(media.get(e, []), model.modules[e]) for e in encoders}
     first: dict[tuple[str, int], int] = {}
@@ -61,25 +59,29 @@ def conversation_layout(
             prefix += n
     by_tag = {tag: [e for e in encoders if PLACEHOLDER.get(model.modality(e)) == tag] for tag in (IMAGE, AUDIO)}
     count = {IMAGE: 0, AUDIO: 0}
-    inserts = []
+    out = []
     for offset, tag in marks:
         i = count[tag]
         count[tag] += 1
-        inserts += [(offset, first[(e, i)], rows[e][i]) for e in by_tag[tag] if (e, i) in first]
-    return SequenceLayout.interleaved(prefix, text, inserts)
+        out.append([(offset, first[(e, i)], rows[e][i]) for e in by_tag[tag] if (e, i) in first])
+    return prefix, out
+
+
+def conversation_layout(
+    model: ModelSpec, marks: list[tuple[int, str]], text: int, media: dict[str, list[int]]
+) -> SequenceLayout:
+    """The layout of a sample of `text` tokens whose placeholders stood before the given token offsets
+    (`marks`, text order; past the end of a truncated text they append), and whose encoders took `media`
+    (tokens per image or clip)."""
+    prefix, per_mark = placeholder_inserts(model, marks, media)
+    return SequenceLayout.interleaved(prefix, text, [ins for inserts in per_mark for ins in inserts])
 
 
 def placeholder_ids(model: ModelSpec, tokenizer: object | None = None) -> dict[str, int]:
     """The token id each placeholder's rows carry in `input_ids` (`orch data inspect`): the model's own
     (`image_token_id` / `audio_token_id` of its HF config), else the tokenizer's for `<image>` / `<audio>`,
     else NO_TOKEN_ID."""
-    config: dict[str, object] = {}
-    if model.llm.hf is not None:
-        path = Path(model.llm.hf.path) / "config.json"
-        try:
-            config = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            config = {}
+    config = read_config(model.llm.hf.path)[1] if model.llm.hf is not None else {}
     out = {}
     for tag, keys in _CONFIG_KEYS.items():
         got = next((config[k] for k in keys if isinstance(config.get(k), int)), None)
