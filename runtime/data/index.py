@@ -32,7 +32,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from orch.planner.errors import SpecError
 from orch.planner.io import write_text_atomic
@@ -42,7 +42,7 @@ from orch.runtime.data.conversations import AUDIO, IMAGE, BadSample, Conversatio
 MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz, a 10 ms hop
 DEFAULT_MAX_IMAGE_TOKENS = 1024
 INDEX_DIR = ".orch-index"
-INDEX_VERSION = 3  # part of the cache key: an index of another layout is made afresh
+INDEX_VERSION = 4  # part of the cache key: an index of another layout is made afresh
 
 
 @dataclass(frozen=True)
@@ -164,22 +164,50 @@ class Rendering:
         return [self.text[a:b] for a, b in itertools.pairwise(cuts)]
 
 
+class ChatFormat(NamedTuple):
+    """How a model's text is made: its tokenizer file, its chat template (None: contents one a line) and the
+    special tokens the template may name (`bos_token`, `eos_token`, as `apply_chat_template` passes them)."""
+
+    tokenizer_file: str
+    template: str | None = None
+    bos_token: str = ""
+    eos_token: str = ""
+
+    def key(self) -> str:
+        return "\x00".join((self.template or "", self.bos_token, self.eos_token))
+
+
 class TextCounter:
     """Tokens of a conversation's text as the model's tokenizer and chat template make it (`render`)."""
 
-    def __init__(self, tokenizer_file: str, template: str | None) -> None:
+    def __init__(self, tokenizer_file: str, template: str | None = None, bos_token: str = "", eos_token: str = "") -> None:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(tokenizer_file)
         self.template = template
+        self.specials = {"bos_token": bos_token, "eos_token": eos_token}
+        specials = {t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special}
+        self._ends = sorted((specials | {eos_token}) - {""}, key=len, reverse=True)  # the longest match first
         self._compiled: Any = None
         if template is not None:
             import jinja2
 
             self._compiled = jinja2.Environment(autoescape=False).from_string(template)
 
+    def _turn_end(self, text: str, start: int, stop: int) -> int:
+        """Where an assistant turn's training ends: after the special token (end of turn, eos) that the template
+        puts after its content at `start` (only whitespace between), searched up to `stop`; else at `start`.
+        The model learns to end its turn, as LLaMA-Factory and ms-swift train the template's turn suffix."""
+        gap = len(text[start:stop]) - len(text[start:stop].lstrip())
+        at = start + gap
+        for token in self._ends:
+            if at + len(token) <= stop and text.startswith(token, at):
+                return at + len(token)
+        return start
+
     def _raw(self, messages: list[tuple[str, str]]) -> tuple[str, list[tuple[int, int]]]:
-        """The rendering with the placeholders' marks in it, and the assistant contents' spans."""
+        """The rendering with the placeholders' marks in it, and the assistant contents' spans (through the
+        template's end-of-turn token)."""
         if self._compiled is None:
             text, spans = "", []
             for role, content in messages:
@@ -188,15 +216,20 @@ class TextCounter:
                 text += content + "\n"
             return text, spans
         text = self._compiled.render(messages=[{"role": r, "content": c} for r, c in messages],
-                                     add_generation_prompt=False, bos_token="", eos_token="")  # fmt: skip
-        spans, start = [], 0
+                                     add_generation_prompt=False, **self.specials)  # fmt: skip
+        found: list[tuple[str, int, int]] = []
+        start = 0
         for role, content in messages:
             at = text.find(content, start) if content else -1
             if at < 0:
                 continue
-            if role == "assistant":
-                spans.append((at, at + len(content)))
+            found.append((role, at, at + len(content)))
             start = at + len(content)
+        spans = []
+        for k, (role, a, b) in enumerate(found):
+            if role == "assistant":
+                stop = found[k + 1][1] if k + 1 < len(found) else len(text)
+                spans.append((a, self._turn_end(text, b, stop)))
         return text, spans
 
     def render(self, conv: Conversation) -> Rendering:
@@ -247,8 +280,16 @@ class TextCounter:
         return TextTokens(ids, labels, marks)
 
 
-def find_tokenizer(model: ModelSpec, tokenizer: str | None) -> tuple[str, str | None]:
-    """(tokenizer.json, chat template or None): from `tokenizer` (a file or a directory) or the LLM's HF directory."""
+def _token_text(value: object) -> str:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken's {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
+def find_tokenizer(model: ModelSpec, tokenizer: str | None) -> ChatFormat:
+    """The model's text format: from `tokenizer` (a file or a directory) or the LLM's HF directory, its
+    tokenizer.json, and the chat template and special tokens of its tokenizer_config.json (or chat_template.jinja)."""
     where = tokenizer or (model.llm.hf.path if model.llm.hf is not None else None)
     if where is None:
         raise SpecError("--tokenizer", "", "orch's reference model counts text with a tokenizer: pass --tokenizer PATH")
@@ -256,16 +297,23 @@ def find_tokenizer(model: ModelSpec, tokenizer: str | None) -> tuple[str, str | 
     file = p / "tokenizer.json" if p.is_dir() else p
     if not file.is_file():
         raise SpecError(str(file), "", "no tokenizer.json (save one with the model's tokenizer, or pass --tokenizer)")
-    template = None
-    config = file.parent / "tokenizer_config.json"
-    if config.is_file():
+    config: dict[str, Any] = {}
+    config_file = file.parent / "tokenizer_config.json"
+    if config_file.is_file():
         try:
-            template = json.loads(config.read_text()).get("chat_template")
+            loaded = json.loads(config_file.read_text())
         except json.JSONDecodeError:
-            template = None
+            raise SpecError(str(config_file), "", "not valid JSON") from None
+        config = loaded if isinstance(loaded, dict) else {}
+    template = config.get("chat_template")
     if template is None and (file.parent / "chat_template.jinja").is_file():
         template = (file.parent / "chat_template.jinja").read_text()
-    return str(file), template if isinstance(template, str) else None
+    return ChatFormat(
+        str(file),
+        template if isinstance(template, str) else None,
+        _token_text(config.get("bos_token")),
+        _token_text(config.get("eos_token")),
+    )
 
 
 @dataclass
@@ -373,13 +421,13 @@ def build_index(
     """Index `data` (a data file or a mix file) for `model`, or reuse the cached index of the same inputs."""
     sources = read_sources(data)
     rules = TokenRules.of(model, max_image_tokens)
-    tok_file, template = find_tokenizer(model, tokenizer)
+    chat = find_tokenizer(model, tokenizer)
     digest = hashlib.sha256()
     for part in (
         str(INDEX_VERSION),
         rules.key(),
-        _file_key(tok_file),
-        template or "",
+        _file_key(chat.tokenizer_file),
+        chat.key(),
         *(f"{_file_key(s.path)}:{s.weight}" for s in sources),
     ):
         digest.update(part.encode())
@@ -390,7 +438,7 @@ def build_index(
     if manifest.is_file() and summary.is_file():
         meta = json.loads(summary.read_text())
         return DataIndex(str(manifest), meta["samples"], tuple(meta["sources"]), cached=True)
-    counter = TextCounter(tok_file, template)
+    counter = TextCounter(*chat)
     indexed = [index_source(s.path, rules, counter, k) for k, s in enumerate(sources)]
     rows = list(_mixed(indexed, [s.weight for s in sources]))
     if not rows:
