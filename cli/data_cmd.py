@@ -136,6 +136,24 @@ def inspect(
         c.print(f"{name}: input {list(rows.shape)}")
 
 
+def data_spec_for(
+    model: ModelSpec,
+    data: str | None,
+    verb: str,
+    global_batch: int | None = None,
+    seq_len: int | None = None,
+    tokenizer: str | None = None,
+) -> tuple[DataSpec, str | None]:
+    """What `--data` names, wherever a command takes it: a conversation data file or mix (its index), else a
+    data spec file or preset (or the model's default); and the hint line to print."""
+    from orch.planner.loading import data_for
+    from orch.runtime.data.conversations import is_conversation_data
+
+    if data is not None and is_conversation_data(data):
+        return conversation_data(model, data, global_batch, seq_len, tokenizer)
+    return data_for(model, data, verb)
+
+
 def conversation_data(
     model: ModelSpec, data: str, global_batch: int | None, seq_len: int | None, tokenizer: str | None
 ) -> tuple[DataSpec, str]:

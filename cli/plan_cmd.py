@@ -34,7 +34,7 @@ def plan(
     from orch.planner.costs import CostConfig
     from orch.planner.errors import SpecError
     from orch.planner.io import to_yaml, write_text_atomic
-    from orch.planner.loading import data_for, load_cluster, load_json_file, load_model
+    from orch.planner.loading import load_cluster, load_json_file, load_model
     from orch.planner.plan import DataParallel, Placement
     from orch.planner.planner import make_plan
     from orch.planner.profile import Profile
@@ -54,14 +54,9 @@ def plan(
         for line in describe(model_spec):
             console().print(f"config.json: {escape(line)}")
     cluster_spec = load_cluster(cluster, nodes)
-    from orch.runtime.data.conversations import is_conversation_data
+    from orch.cli.data_cmd import data_spec_for
 
-    if data is not None and is_conversation_data(data):
-        from orch.cli.data_cmd import conversation_data
-
-        data_spec, hint = conversation_data(model_spec, data, global_batch, seq_len, tokenizer)
-    else:
-        data_spec, hint = data_for(model_spec, data, "planned on")
+    data_spec, hint = data_spec_for(model_spec, data, "planned on", global_batch, seq_len, tokenizer)
     if hint is not None:
         from rich.markup import escape
 

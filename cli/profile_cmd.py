@@ -24,7 +24,12 @@ def profile(
     nproc: int = typer.Option(4, "--nproc", help="Local processes, all benchmarking at once as training runs."),
     nodes: int | None = typer.Option(None, "--nodes", help="Slurm nodes (--executor slurm)."),
     cluster: str = typer.Option("local-cpu", "--cluster", "-c", help="Cluster spec: its GPUs per node group ranks."),
-    data: str | None = typer.Option(None, "--data", "-d", help="Data spec file or preset (default: the model's)."),
+    data: str | None = typer.Option(
+        None, "--data", "-d", help="Data file or mix, or a data spec file or preset (default: the model's)."
+    ),
+    global_batch: int | None = typer.Option(None, "--global-batch", help="Samples per step, with a data file."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Cap on LLM tokens per sample, with a data file."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json for a data file (reference model)."),
     quick: bool = typer.Option(False, "--quick", help="Fewer lengths, sizes and repetitions (under a minute)."),
     max_bytes: int = typer.Option(16 << 20, "--max-bytes", help="Largest collective message, bytes."),
     out: str = typer.Option("profile.json", "--out", "-o", help="Where to write the profile (JSON or YAML)."),
@@ -40,7 +45,7 @@ def profile(
     from orch.cli.output import console, print_json
     from orch.planner.errors import SpecError
     from orch.planner.io import to_yaml, write_text_atomic
-    from orch.planner.loading import data_for, load_cluster, load_model
+    from orch.planner.loading import load_cluster, load_model
 
     if executor not in EXECUTORS:
         raise SpecError("--executor", "", f"expected one of {', '.join(EXECUTORS)}, got '{executor}'")
@@ -54,7 +59,9 @@ def profile(
         raise SpecError("--max-bytes", "", f"expected at least 1024 bytes, got {max_bytes}")
     model_spec = load_model(model)
     cluster_spec = load_cluster(cluster)
-    data_spec, hint = data_for(model_spec, data, "profiling on")
+    from orch.cli.data_cmd import data_spec_for
+
+    data_spec, hint = data_spec_for(model_spec, data, "profiling on", global_batch, seq_len, tokenizer)
     if hint is not None:
         from rich.markup import escape
 

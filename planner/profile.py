@@ -42,7 +42,8 @@ class ModuleProfile(_Model):
     step_overhead_s: float = Field(
         default=0.0,
         ge=0,
-        description="fixed seconds per step: gradient sync of the module's parameter tensors and its optimizer step "
+        description="fixed seconds per step: the module's data parallelism as a step runs it (its FSDP2 units "
+        "gathered, their gradients reduced), the gradient norm and its optimizer step "
         "(the step's batch assembly and metric collectives are Profile.step_bookkeeping_s, the boundary moves and "
         "the orchestrator Profile.boundary and Profile.balance_step_s; profiles written before step_bookkeeping_s "
         "existed carry it in the LLM's)",

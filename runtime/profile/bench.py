@@ -56,11 +56,13 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
     cases = build_cases(cfg, model, world)
     # Process groups: every rank creates every one, in the same order (torch requires it).
     groups = link_groups(rank, world, cfg.ranks_per_node)
-    tp_meshes = {}
+    # (dp, tp) meshes per TP degree: a block's TP group and the ranks its data parallelism spans
+    meshes: dict[int, tuple[Any, Any]] = {1: (init_device_mesh(dev.type, (world,), mesh_dim_names=("dp",)), None)}
     for t in sorted({c.tp for c in cases if isinstance(c, BlockCase)}):
         if t > 1:
-            tp_meshes[t] = init_device_mesh(dev.type, (world // t, t), mesh_dim_names=("dp", "tp"))["tp"]
-    modules = ModuleCases(model, cfg, timer, tp_meshes, rank)
+            grid = init_device_mesh(dev.type, (world // t, t), mesh_dim_names=("dp", "tp"))
+            meshes[t] = (grid["dp"], grid["tp"])
+    modules = ModuleCases(model, cfg, timer, meshes, rank)
 
     results: dict[str, float] = {}
     memory: dict[str, float] = {}

@@ -2,11 +2,13 @@
 
 What is timed is what the runtime executes (runtime/train/step.py), through its functions: a Block of
 runtime/models/reference.py, or a Hugging Face module's own layer (runtime/models/hf/parts.py), (a
-DTensor TP shard over a real TP group when tp > 1) forward and backward
-on a packed micro-batch of k samples with per-sample attention; the module with no blocks, fed as
-training feeds it (runtime/train/compute.py `encode`, `text_loss`); and the module's fixed work per
-step, its coalesced gradient all_reduce (runtime/train/grad_sync.py `all_reduce_flat`) and the
-optimizer step.
+DTensor TP shard over a real TP group when tp > 1) under the data parallelism training wraps it in
+(runtime/parallel/data.py: FSDP2 `replicate` or `fully_shard` over the other ranks, gathered for the
+step, so each call pays FSDP2's hooks and no collective, as in a step), forward and backward on a packed
+micro-batch of k samples with per-sample attention; the module with no blocks, fed as training feeds it
+(runtime/train/compute.py `encode`, `text_loss`); and the module's fixed work per step as the step does
+it: every FSDP2 unit's gather and reduction (`DataParallelSteps.begin`, `finish`) over every rank, the
+gradient norm's all_reduce and the optimizer step.
 """
 
 from __future__ import annotations
@@ -21,18 +23,21 @@ from orch.runtime.profile.timing import Timer
 class ModuleCases:
     """Times one rank's compute cases; each module is built on first use and kept over lengths and sizes.
 
-    `tp_meshes`: the TP submesh of each degree above 1 (built by every rank, in the same order).
-    Inputs are drawn from one generator per rank, in case order.
+    `meshes`: per TP degree, its (dp, tp) submeshes, tp None for a degree of 1 (built by every rank, in the
+    same order). Inputs are drawn from one generator per rank, in case order.
     """
 
-    def __init__(self, model: ModelSpec, cfg: ProfileConfig, timer: Timer, tp_meshes: dict[int, Any], rank: int):
+    def __init__(
+        self, model: ModelSpec, cfg: ProfileConfig, timer: Timer, meshes: dict[int, tuple[Any, Any]], rank: int
+    ):
         import torch
 
-        self.model, self.cfg, self.timer, self.tp_meshes = model, cfg, timer, tp_meshes
+        self.model, self.cfg, self.timer, self.meshes = model, cfg, timer, meshes
         self.dtype, self.device = cfg.torch_dtype, timer.device
         self.gen = torch.Generator().manual_seed(cfg.seed + rank)
         self._blocks: dict[tuple[str, int], Any] = {}
         self._rests: dict[str, Any] = {}
+        self._steps: list[Any] = []  # the timed parts' DataParallelSteps, kept gathered while they are timed
 
     def block(self, case: BlockCase) -> tuple[float, float | None]:
         """Seconds of one forward+backward, and activation bytes per token where `case.peak`."""
@@ -69,46 +74,90 @@ class ModuleCases:
         return self.timer.time(lambda: encode(mod, n, samples, self.dtype, fpt).sum().backward())
 
     def overhead(self, case: OverheadCase) -> float:
-        """The whole module's gradients summed over every rank (DP over the world), then an optimizer step."""
+        """The whole module's step-end work with DP over every rank: its units gathered and their gradients
+        reduced (zeros: a rank that ran none of the module's samples does the same), the norm, an SGD step."""
         import torch
+        import torch.distributed as dist
 
-        from orch.runtime.models.reference import build_module
-        from orch.runtime.train.grad_sync import all_reduce_flat
+        from orch.runtime.parallel.tensor import local_part
 
-        full = build_module(case.module, self.model).to(self.dtype).to(self.device)
-        params = list(full.parameters())
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        opt = torch.optim.SGD(params, lr=0.0, foreach=False)  # foreach=False as the runtime's optimizers
+        name, spec = case.module, self.model.modules[case.module]
+        if spec.hf is not None:
+            from orch.runtime.models.hf.parts import build_part
+
+            full = build_part(self.model, name, spec.layers, self._master, self.device, self.cfg.seed, None)
+        else:
+            from orch.runtime.models.reference import build_module, init_module
+
+            full = build_module(name, self.model).to(self._master)
+            init_module(full, name, self.cfg.seed)
+            full = full.to(self.device)
+        for p in full.parameters():
+            p.requires_grad_(spec.trainable)
+        steps = self._data_parallel(name, full, 1)
+        params = [p for p in full.parameters() if p.requires_grad]
+        opt = torch.optim.SGD(params, lr=0.0, foreach=False) if params else None  # as build_optimizer
+        norm = torch.zeros((), dtype=torch.float64, device=self.device)
 
         def step() -> None:
-            all_reduce_flat([p.grad for p in params], None)
-            opt.step()
-            opt.zero_grad(set_to_none=False)
+            steps.begin()
+            steps.finish()
+            norm.zero_()
+            for p in params:
+                if p.grad is not None:
+                    norm.add_(local_part(p.grad).double().pow(2).sum())
+            dist.all_reduce(norm)
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
 
         return self.timer.time(step)
+
+    @property
+    def _master(self) -> Any:
+        from orch.runtime.parallel.data import master_dtype
+
+        return master_dtype(self.dtype)
+
+    def _data_parallel(self, name: str, module: Any, tp: int) -> Any:
+        """`module` wrapped as training wraps it over the ranks outside its TP group (the mode the planner picks
+        for a module of its size on that many ranks), and the driver of its step (`begin`, `finish`)."""
+        from orch.planner.costs import CostConfig, choose_data_parallel
+        from orch.planner.plan import Layout
+        from orch.runtime.parallel.data import DataParallelSteps, shard_module
+
+        dp_mesh = self.meshes[tp][0]
+        spec = self.model.modules[name]
+        mode = choose_data_parallel(spec, Layout(tp=tp, dp=dp_mesh.size()), CostConfig())
+        return DataParallelSteps({name: shard_module(name, module, dp_mesh, mode, self.dtype)})
 
     def _block(self, name: str, tp: int) -> Any:
         from orch.runtime.models.reference import Block, init_module
         from orch.runtime.parallel.tensor import apply_tp
+        from orch.runtime.profile.one_block import OneBlock
 
         if (name, tp) not in self._blocks:
             spec = self.model.modules[name]
+            tp_mesh = self.meshes[tp][1]
             if spec.hf is not None:  # the HF model's own layer (runtime/models/hf/parts.py)
                 from orch.runtime.models.hf.parts import layer_case
 
-                mesh = self.tp_meshes[tp] if tp > 1 else None
-                self._blocks[(name, tp)] = layer_case(self.model, name, self.dtype, self.device, self.cfg.seed, mesh)
-                return self._blocks[(name, tp)]
-            blk = Block(spec, causal=spec.kind == ModuleKind.LLM).to(self.dtype)
-            init_module(blk, name, self.cfg.seed)
-            if tp > 1:
-                apply_tp(blk, tp_mesh=self.tp_meshes[tp])
-            self._blocks[(name, tp)] = blk.to(self.device)
+                unit = layer_case(self.model, name, self._master, self.device, self.cfg.seed, tp_mesh)
+            else:
+                blk = Block(spec, causal=spec.kind == ModuleKind.LLM).to(self._master)
+                init_module(blk, name, self.cfg.seed)
+                if tp_mesh is not None:
+                    apply_tp(blk, tp_mesh=tp_mesh)
+                unit = OneBlock(blk.to(self.device))
+            steps = self._data_parallel(name, unit, tp)
+            steps.begin()  # gathered, gradient sync off: each timed call is a step's call
+            self._steps.append(steps)
+            self._blocks[(name, tp)] = unit
         return self._blocks[(name, tp)]
 
     def _rest(self, name: str) -> Any:
-        """The module with no blocks: stem, norm and projector of an encoder; embedding and head of the LLM."""
+        """The module with no blocks: stem, norm and projector of an encoder; embedding and head of the LLM;
+        wrapped and gathered as training runs it (its root FSDP2 unit)."""
         from orch.runtime.models.reference import LLM, Encoder, init_module
 
         if name not in self._rests:
@@ -116,15 +165,19 @@ class ModuleCases:
             if spec.hf is not None:
                 from orch.runtime.models.hf.parts import bare_module
 
-                self._rests[name] = bare_module(self.model, name, self.dtype, self.device, self.cfg.seed, None)
-                return self._rests[name]
-            bare = spec.model_copy(update={"layers": 0})
-            if spec.kind == ModuleKind.LLM:
-                mod = LLM(bare)
+                mod = bare_module(self.model, name, self._master, self.device, self.cfg.seed, None)
             else:
-                mod = Encoder(bare, self.model.llm.hidden, self.model.modality(name))
-            init_module(mod.to(self.dtype), name, self.cfg.seed)
-            self._rests[name] = mod.to(self.device)
+                bare = spec.model_copy(update={"layers": 0})
+                if spec.kind == ModuleKind.LLM:
+                    mod = LLM(bare)
+                else:
+                    mod = Encoder(bare, self.model.llm.hidden, self.model.modality(name))
+                init_module(mod.to(self._master), name, self.cfg.seed)
+                mod = mod.to(self.device)
+            steps = self._data_parallel(name, mod, 1)
+            steps.begin()
+            self._steps.append(steps)
+            self._rests[name] = mod
         return self._rests[name]
 
 

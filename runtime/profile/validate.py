@@ -7,7 +7,8 @@ with other plans' cancel the load's drift). Each row compares one of the plan's 
 the runtime's timings, a median over steps of:
 - a module's forward+backward: the slowest of its ranks (the next collective waits for it; the
   planner prices that rank too, planner/imbalance.py);
-- a collective (boundary moves, gradient sync, the orchestrator's dispatch and routes): the
+- a collective (boundary moves, the step's parameter gather and gradient sync, the orchestrator's
+  dispatch and routes): the
   rank that spent least in it, the last to arrive, whose time is the collective's own and not a
   wait for the others;
 - the rest of the step (the slowest rank's step less the rows above): batch bookkeeping, the
@@ -131,8 +132,9 @@ def validate(plan: Plan, *runs: list[StepRecord]) -> Validation:
         else:
             add("boundaries", terms.get("boundaries"), None)
         sync = [
-            a + b
-            for a, b in zip(
+            a + b + c
+            for a, b, c in zip(
+                _over_ranks(steps, everyone, key_s("gather"), min),
                 _over_ranks(steps, everyone, key_s("grad_sync"), min),
                 _over_ranks(steps, everyone, key_s("optimizer"), max),
                 strict=True,

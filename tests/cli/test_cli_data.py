@@ -154,6 +154,21 @@ def test_plan_and_analyze_take_a_data_file(dataset, cli, tmp_path):
     assert no_tok.exit_code == 1 and "--tokenizer" in no_tok.output
 
 
+def test_profile_times_blocks_at_the_lengths_a_data_file_has(dataset):
+    from orch.cli.data_cmd import data_spec_for
+    from orch.runtime.profile.cases import ProfileConfig, data_lengths
+
+    root, data, tok = dataset
+    model = load_model("tiny")
+    spec, hint = data_spec_for(model, str(data), "profiling on", 8, None, str(tok))  # as `orch profile --data`
+    assert spec.manifest is not None and hint is not None and spec.global_batch == 8
+    rows = _rows(spec.manifest)
+    vision = sorted(r["vision"] for r in rows if r.get("vision"))
+    cfg = ProfileConfig(model.model_dump_json(), spec.model_dump_json(), ranks_per_node=1)
+    assert data_lengths(cfg.data_json, "vision", "llm")[-1] == vision[-1]  # the longest sample is timed
+    assert set(cfg.seq_lengths("vision", "llm")) >= {vision[len(vision) // 2], vision[-1]}
+
+
 def test_processing_gives_the_index_counts_and_labels_on_assistant_turns_only(dataset, cli):
     from tokenizers import Tokenizer
 

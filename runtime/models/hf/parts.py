@@ -59,7 +59,7 @@ class LayerCase(nn.Module):
         pad = -rows % self.window
         windows = F.pad(x_TD, (0, 0, 0, pad)).view(-1, self.window, x_TD.shape[1])
         out = _layers_of(self.module)[0](windows, None)
-        return out.reshape(-1, x_TD.shape[1])[:rows]
+        return out.reshape(-1, x_TD.shape[1])[:rows].clone()  # not a view: FSDP2's hooks are on the output
 
 
 def build_part(
