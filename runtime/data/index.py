@@ -180,7 +180,9 @@ class ChatFormat(NamedTuple):
 class TextCounter:
     """Tokens of a conversation's text as the model's tokenizer and chat template make it (`render`)."""
 
-    def __init__(self, tokenizer_file: str, template: str | None = None, bos_token: str = "", eos_token: str = "") -> None:
+    def __init__(
+        self, tokenizer_file: str, template: str | None = None, bos_token: str = "", eos_token: str = ""
+    ) -> None:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(tokenizer_file)

@@ -42,7 +42,9 @@ def test_chatml_trains_each_assistant_content_and_its_end_of_turn_token(tokenize
 
 
 def test_a_template_with_no_special_token_after_the_content_trains_the_content_only(tokenizer_dir):
-    counter = TextCounter(str(tokenizer_dir / "tokenizer.json"), "{% for m in messages %}{{ m['content'] }} ?\n{% endfor %}")
+    counter = TextCounter(
+        str(tokenizer_dir / "tokenizer.json"), "{% for m in messages %}{{ m['content'] }} ?\n{% endfor %}"
+    )
     assert _trained(counter) == ["a", "red", "circle", "a", "tone"]
 
 
