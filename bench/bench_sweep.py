@@ -4,7 +4,8 @@ For each of N cases (seeded): a model of random widths, depths and encoder set (
 both) and a data mix with random lengths and long tails, written as fresh YAML specs (no preset);
 then, through the `orch` CLI: `orch profile --quick` on that model and mix (4 gloo processes),
 `orch plan --profile` for the planner's best plan and the homogeneous baseline, `orch launch`
-each for --steps steps, and `orch validate --json`. Prints one row per plan (predicted vs
+each for --steps steps, --rounds times, the two plans' runs interleaved, and `orch validate --json` over
+each plan's runs. Prints one row per plan (predicted vs
 measured step time, relative error), the error distribution (median, |error| quantiles, share
 within 20%) and, per case, whether the planner ranks its two plans as the measurement does
 when it predicts them more than 15% apart. Writes bench/out/sweep.json.
@@ -79,14 +80,14 @@ def generate(rng: random.Random, index: int) -> tuple[str, str, dict[str, object
     return model, data, {"encoders": encoders, "seq_len": seq_len, "global_batch": batch}
 
 
-def run_case(work: Path, model: str, data: str, steps: int) -> list[dict[str, object]]:
+def run_case(work: Path, model: str, data: str, steps: int, rounds: int) -> list[dict[str, object]]:
     (work / "model.yaml").write_text(model)
     (work / "data.yaml").write_text(data)
     m, d = str(work / "model.yaml"), str(work / "data.yaml")
     prof = work / "profile.json"
     _orch("profile", "-m", m, "-d", d, "--nproc", "4", "--quick", "--max-bytes", str(1 << 20),
           "--out", str(prof), "--workdir", str(work / "prof"))  # fmt: skip
-    rows = []
+    plans: list[tuple[str, Path, dict[str, object]]] = []
     seen: list[dict[str, object]] = []
     for label in ("best", "homogeneous"):
         plan = work / f"{label}.yaml"
@@ -94,12 +95,20 @@ def run_case(work: Path, model: str, data: str, steps: int) -> list[dict[str, ob
         pj = json.loads(_orch("plan", "-m", m, "-d", d, "-c", "local-cpu", "--profile", str(prof),
                               "--placement", placement, "--out", str(plan), "--json", "--top", "0"))  # fmt: skip
         layouts = {n: x["layout"] for n, x in pj["modules"].items()}
-        if layouts in seen:
-            continue
-        seen.append(layouts)
-        run = work / f"run-{label}"
-        _orch("launch", str(plan), "--steps", str(steps), "--workdir", str(run))
-        v = json.loads(_orch("validate", "--plan", str(plan), "--metrics", str(run / "metrics.jsonl"), "--json"))
+        if layouts not in seen:
+            seen.append(layouts)
+            plans.append((label, plan, pj))
+    # the plans' runs interleaved (A B A B ...): the shared machine's drift falls on both alike
+    metrics: dict[str, list[str]] = {label: [] for label, _, _ in plans}
+    for r in range(rounds):
+        for label, plan, _ in plans:
+            run = work / f"run-{label}-{r}"
+            _orch("launch", str(plan), "--steps", str(steps), "--workdir", str(run))
+            metrics[label] += ["--metrics", str(run / "metrics.jsonl")]
+    rows = []
+    for label, plan, pj in plans:
+        v = json.loads(_orch("validate", "--plan", str(plan), *metrics[label], "--json"))
+        layouts = {n: x["layout"] for n, x in pj["modules"].items()}
         short = " ".join(
             f"{n}:{''.join(f'{a}{k}' for a, k in lay.items() if k > 1) or '1'}" for n, lay in layouts.items()
         )
@@ -112,6 +121,7 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=2, help="runs of each plan, interleaved with the other's")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     out_dir = Path(__file__).parent / "out"
@@ -124,12 +134,15 @@ def main() -> None:
             work = Path(tmp) / f"case{i}"
             work.mkdir()
             try:
-                rows = run_case(work, model, data, args.steps)
+                rows = run_case(work, model, data, args.steps, args.rounds)
                 cases.append({"case": i, **drawn, "model": model, "data": data, "plans": rows})
             except RuntimeError as err:
                 cases.append({"case": i, **drawn, "model": model, "data": data, "plans": [], "failed": str(err)})
             print(f"case {i} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-    print(f"sweep: seed {args.seed}, {args.cases} cases, {args.steps} steps per plan, profile --quick per case")
+    print(
+        f"sweep: seed {args.seed}, {args.cases} cases, {args.rounds} interleaved runs of {args.steps} steps per plan, "
+        "profile --quick per case"
+    )
     print(f"{'case':>4} {'encoders':<13} {'plan':<12} {'placement':<14} {'pred s':>7} {'meas s':>7} {'error':>7}")
     errors, pairs, right = [], 0, 0
     for c in cases:
@@ -171,7 +184,8 @@ def main() -> None:
         f"ranking: {right}/{pairs} pairs predicted >15% apart ranked as measured; failed cases: {summary['failed_cases']}"
     )
     path = out_dir / "sweep.json"
-    path.write_text(json.dumps({"seed": args.seed, "steps": args.steps, "summary": summary, "cases": cases}, indent=2))
+    record = {"seed": args.seed, "steps": args.steps, "rounds": args.rounds, "summary": summary, "cases": cases}
+    path.write_text(json.dumps(record, indent=2))
     print(f"written to {path}")
 
 
