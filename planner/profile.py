@@ -48,6 +48,22 @@ class ModuleProfile(_Model):
         "the orchestrator Profile.boundary and Profile.balance_step_s; profiles written before step_bookkeeping_s "
         "existed carry it in the LLM's)",
     )
+    step_overhead_alone_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="the same work with no data-parallel peer (each rank by itself); step_overhead_s is over every "
+        "profiled rank. None: not measured (one rank, or a profile from before)",
+    )
+
+    def step_overhead(self, ranks: int, profiled: int) -> float:
+        """The step-end work of a module whose data parallelism spans `ranks` ranks, from its measurements alone
+        and over `profiled` ranks: interpolated in the ring's steps (ranks - 1), as its latency-bound
+        collectives grow; held at the profiled figure beyond (links price the traffic of larger groups)."""
+        alone = self.step_overhead_alone_s
+        if alone is None or profiled <= 1:
+            return self.step_overhead_s
+        share = min(max(ranks - 1, 0) / (profiled - 1), 1.0)
+        return alone + (self.step_overhead_s - alone) * share
 
 
 class LinkFit(_Model):

@@ -58,11 +58,13 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
     groups = link_groups(rank, world, cfg.ranks_per_node)
     # (dp, tp) meshes per TP degree: a block's TP group and the ranks its data parallelism spans
     meshes: dict[int, tuple[Any, Any]] = {1: (init_device_mesh(dev.type, (world,), mesh_dim_names=("dp",)), None)}
+    # each rank by itself (the overhead of a module with no DP peer)
+    alone = init_device_mesh(dev.type, (world, 1), mesh_dim_names=("rank", "dp"))["dp"] if world > 1 else meshes[1][0]
     for t in sorted({c.tp for c in cases if isinstance(c, BlockCase)}):
         if t > 1:
             grid = init_device_mesh(dev.type, (world // t, t), mesh_dim_names=("dp", "tp"))
             meshes[t] = (grid["dp"], grid["tp"])
-    modules = ModuleCases(model, cfg, timer, meshes, rank)
+    modules = ModuleCases(model, cfg, timer, meshes, rank, alone)
 
     results: dict[str, float] = {}
     memory: dict[str, float] = {}

@@ -48,8 +48,12 @@ def build_profile(raw: dict[str, Any], model: ModelSpec, cfg: ProfileConfig, wor
         if not fits:
             continue
         rest_pts = _points([c for c in cases if isinstance(c, RestCase) and c.module == n], times)
-        overhead = times.get(OverheadCase(n).key, 0.0)
-        modules[n] = ModuleProfile(block=fits, rest=_fit(rest_pts, 0.0) if rest_pts else None, step_overhead_s=overhead)
+        modules[n] = ModuleProfile(
+            block=fits,
+            rest=_fit(rest_pts, 0.0) if rest_pts else None,
+            step_overhead_s=times.get(OverheadCase(n).key, 0.0),
+            step_overhead_alone_s=times.get(OverheadCase(n, alone=True).key),
+        )
     rows: list[CollectiveRow] = []
     links: dict[Link, LinkFit] = {}
     sizes: dict[str, int] = raw["group_sizes"]

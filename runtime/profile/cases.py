@@ -126,13 +126,15 @@ class RestCase:
 
 @dataclass(frozen=True)
 class OverheadCase:
-    """The module's fixed work per step: its coalesced gradient all_reduce over every rank, the optimizer step."""
+    """The module's fixed work per step (its units' gather and gradient reductions, the norm, the optimizer step)
+    with data parallelism over every rank, or `alone` over each rank by itself (no peer to reduce with)."""
 
     module: str
+    alone: bool = False
 
     @property
     def key(self) -> str:
-        return f"overhead/{self.module}"
+        return f"overhead/{self.module}" + ("/alone" if self.alone else "")
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,7 @@ def build_cases(cfg: ProfileConfig, model: ModelSpec, world: int) -> list[Case]:
                 for k in ks
             ]
         cases += [RestCase(n, k, length) for length in lengths for k in ks]
-        cases.append(OverheadCase(n))
+        cases += [OverheadCase(n)] + ([OverheadCase(n, alone=True)] if world > 1 else [])
     cases.append(StepCase())
     cases.append(RuntimeCase(tuple(BoundaryPoint(e, s) for e in encoder_order(model) for s in BOUNDARY_SCALES)))
     nodes = world // cfg.ranks_per_node

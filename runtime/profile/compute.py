@@ -23,16 +23,23 @@ from orch.runtime.profile.timing import Timer
 class ModuleCases:
     """Times one rank's compute cases; each module is built on first use and kept over lengths and sizes.
 
-    `meshes`: per TP degree, its (dp, tp) submeshes, tp None for a degree of 1 (built by every rank, in the
-    same order). Inputs are drawn from one generator per rank, in case order.
+    `meshes`: per TP degree, its (dp, tp) submeshes, tp None for a degree of 1; `alone`: this rank's mesh of
+    itself (built by every rank, in the same order). Inputs are drawn from one generator per rank, in case order.
     """
 
     def __init__(
-        self, model: ModelSpec, cfg: ProfileConfig, timer: Timer, meshes: dict[int, tuple[Any, Any]], rank: int
+        self,
+        model: ModelSpec,
+        cfg: ProfileConfig,
+        timer: Timer,
+        meshes: dict[int, tuple[Any, Any]],
+        rank: int,
+        alone: Any = None,
     ):
         import torch
 
         self.model, self.cfg, self.timer, self.meshes = model, cfg, timer, meshes
+        self.alone = alone if alone is not None else meshes[1][0]
         self.dtype, self.device = cfg.torch_dtype, timer.device
         self.gen = torch.Generator().manual_seed(cfg.seed + rank)
         self._blocks: dict[tuple[str, int], Any] = {}
@@ -74,8 +81,9 @@ class ModuleCases:
         return self.timer.time(lambda: encode(mod, n, samples, self.dtype, fpt).sum().backward())
 
     def overhead(self, case: OverheadCase) -> float:
-        """The whole module's step-end work with DP over every rank: its units gathered and their gradients
-        reduced (zeros: a rank that ran none of the module's samples does the same), the norm, an SGD step."""
+        """The whole module's step-end work with DP over every rank (or over this rank alone): its units gathered
+        and their gradients reduced (zeros: a rank that ran none of the module's samples does the same), the
+        norm, an SGD step."""
         import torch
         import torch.distributed as dist
 
@@ -94,7 +102,7 @@ class ModuleCases:
             full = full.to(self.device)
         for p in full.parameters():
             p.requires_grad_(spec.trainable)
-        steps = self._data_parallel(name, full, 1)
+        steps = self._data_parallel(name, full, 1, self.alone if case.alone else None)
         params = [p for p in full.parameters() if p.requires_grad]
         opt = torch.optim.SGD(params, lr=0.0, foreach=False) if params else None  # as build_optimizer
         norm = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -119,14 +127,14 @@ class ModuleCases:
 
         return master_dtype(self.dtype)
 
-    def _data_parallel(self, name: str, module: Any, tp: int) -> Any:
-        """`module` wrapped as training wraps it over the ranks outside its TP group (the mode the planner picks
-        for a module of its size on that many ranks), and the driver of its step (`begin`, `finish`)."""
+    def _data_parallel(self, name: str, module: Any, tp: int, mesh: Any = None) -> Any:
+        """`module` wrapped as training wraps it over the ranks outside its TP group (or `mesh`), in the mode the
+        planner picks for a module of its size on that many ranks, and the driver of its step (`begin`, `finish`)."""
         from orch.planner.costs import CostConfig, choose_data_parallel
         from orch.planner.plan import Layout
         from orch.runtime.parallel.data import DataParallelSteps, shard_module
 
-        dp_mesh = self.meshes[tp][0]
+        dp_mesh = mesh if mesh is not None else self.meshes[tp][0]
         spec = self.model.modules[name]
         mode = choose_data_parallel(spec, Layout(tp=tp, dp=dp_mesh.size()), CostConfig())
         return DataParallelSteps({name: shard_module(name, module, dp_mesh, mode, self.dtype)})

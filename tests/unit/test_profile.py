@@ -149,7 +149,7 @@ def test_profile_reads_each_number_through_its_case():
         elif isinstance(c, RestCase):
             times[c.key] = call + c.k * c1 * c.length
         elif isinstance(c, OverheadCase):
-            times[c.key] = 0.5
+            times[c.key] = 0.0625 if c.alone else 0.5
         elif isinstance(c, StepCase):
             times[c.key] = 0.25
         elif isinstance(c, RuntimeCase):
@@ -169,7 +169,7 @@ def test_profile_reads_each_number_through_its_case():
             assert (fit.call_s, fit.c0, fit.c1) == pytest.approx((t * call, c0, c1), rel=1e-6)
             assert fit.memory_bytes_per_token == 1000.0 * t
         assert mp.rest is not None and (mp.rest.call_s, mp.rest.c1) == pytest.approx((call, c1), rel=1e-6)
-        assert mp.step_overhead_s == 0.5
+        assert (mp.step_overhead_s, mp.step_overhead_alone_s) == (0.5, 0.0625)
     assert (prof.step_bookkeeping_s, prof.balance_step_s) == (0.25, 0.125)
     assert prof.boundary is not None
     assert (prof.boundary.alpha_s, prof.boundary.gbps) == pytest.approx((1e-3, 2.0), rel=1e-6)
@@ -245,6 +245,21 @@ def test_cost_model_adds_call_rest_and_step_overhead():
     with_rest = base.model_copy(update={"rest": ComputeFit(c0=0.0, c1=0.0, call_s=0.01)})
     rest = compute(Profile(device="cpu", backend="gloo", modules={"llm": with_rest}))
     assert rest == pytest.approx(compute(plain) - _datasheet_rest(plain, compute) + 0.01 * calls)
+
+
+def test_step_overhead_runs_from_alone_to_every_profiled_rank_in_the_rings_steps():
+    mp = ModuleProfile(block={1: ComputeFit(c0=0.0, c1=1e-6)}, step_overhead_s=0.4, step_overhead_alone_s=0.1)
+    assert [mp.step_overhead(n, profiled=4) for n in (1, 2, 3, 4, 64)] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.4])
+    assert mp.step_overhead(1, profiled=1) == 0.4  # one profiled rank: its one figure
+    old = mp.model_copy(update={"step_overhead_alone_s": None})
+    assert old.step_overhead(1, profiled=4) == 0.4  # a profile without the alone case: the figure over every rank
+    model, data, cluster = load_model("tiny"), load_data("tiny-mix"), load_cluster("local-cpu")
+    prof = Profile(device="cpu", backend="gloo", modules={"llm": mp}, nproc=4)
+    fixed = [
+        module_cost(model, data, cluster, "llm", Layout(dp=dp), 1, Recompute.NONE, in_flight=1, profile=prof).overhead_s
+        for dp in (1, 2, 4)
+    ]
+    assert fixed == pytest.approx([0.1, 0.2, 0.4])  # an island of one rank reduces with no peer
 
 
 def test_profile_round_trips_the_runtime_fields():
