@@ -2,7 +2,7 @@
 
 Pure arithmetic over specs; the search (planner/search.py) only compares these numbers.
 Sources: Narayanan et al. 2021 (Megatron-LM PTD-P: 1F1B bubble, communication volumes),
-Korthikanti et al. 2022 (activation memory sbh(34 + 5as/h), sequence parallelism,
+Korthikanti et al. 2022 (activation memory sbh·34 under fused attention, sequence parallelism,
 selective recompute); state memory as FSDP2 holds it (`state_bytes_per_param`).
 """
 
@@ -285,7 +285,8 @@ def _compute_seconds(
         balance_s = 0.0
         if profile is not None and m.kind == ModuleKind.LLM:
             balance_s = profile.balance_step_s + profile.step_bookkeeping_s
-        return block * layers * scale + max(rest_s, 0.0), mod.step_overhead_s, balance_s
+        overhead = mod.step_overhead(layout.dp * layout.cp, profile.nproc if profile is not None else 1)
+        return block * layers * scale + max(rest_s, 0.0), overhead, balance_s
     if fwd * passes + extra == 0:  # no sample of the mix has this module's modality: no work
         return 0.0, 0.0, 0.0
     tokens_per_gpu = micro_batch * w.stats.mean / layout.cp
@@ -410,11 +411,14 @@ def _local_params(m: ModuleSpec, layout: Layout) -> float:
 def activation_gb(
     m: ModuleSpec, w: Workload, layout: Layout, micro_batch: int, recompute: Recompute, in_flight: int
 ) -> float:
-    """Activation memory of the peak GPU (Korthikanti et al., with SP: everything divided by tp)."""
+    """Activation memory of the peak GPU (Korthikanti et al., with SP: everything divided by tp).
+
+    Attention runs fused (runtime/models/reference.py `attend`: flash or memory-efficient kernels), so the
+    5as/h term of the stored scores and softmax is not kept: a block stores sbh·34 with or without
+    selective recompute, which then only costs time."""
     tokens = max(micro_batch * w.stats.mean, float(w.max_len))
-    tokens_sq = max(micro_batch * w.stats.mean_sq, float(w.max_len) ** 2)
     shard = layout.tp * layout.cp
-    per_layer_full = (34 * m.hidden * tokens + 5 * m.heads * tokens_sq / layout.cp) / shard
+    per_layer_full = 34 * m.hidden * tokens / shard
     per_layer_sel = 34 * m.hidden * tokens / shard
     per_layer_ckpt = 2 * m.hidden * tokens / shard
     layers = m.layers / layout.pp

@@ -82,23 +82,34 @@ def attend(
     """Softmax attention of one sample; query i sits at key position q_pos[i] (CP shards), else q_offset + i.
 
     `scale`: the scores' factor (default 1/sqrt(head dim)); `window`: a causal sliding window (Mistral's),
-    a query seeing only the `window` keys ending at its own position.
+    a query seeing only the `window` keys ending at its own position. Through torch's fused attention
+    (scaled_dot_product_attention: flash or memory-efficient kernels where the device has them, never the
+    Q x K scores kept for backward), a plain causal square as `is_causal`, any other pattern as a mask.
     """
     if group > 1:  # GQA: query heads [g*j, g*j+g) share kv head j, also on a TP shard
         k_KHd = k_KHd.repeat_interleave(group, dim=1)
         v_KHd = v_KHd.repeat_interleave(group, dim=1)
     factor = scale if scale is not None else 1.0 / math.sqrt(q_QHd.shape[-1])
-    scores_HQK = torch.einsum("qhd,khd->hqk", q_QHd, k_KHd) * factor
-    if causal:
+    square = q_pos is None and q_offset == 0 and window is None and q_QHd.shape[0] == k_KHd.shape[0]
+    allowed = None
+    if causal and not square:
         dev = q_QHd.device  # positions on the activations' device (CP positions arrive on the CPU)
         qpos = q_pos.to(dev) if q_pos is not None else torch.arange(q_QHd.shape[0], device=dev) + q_offset
         qpos = qpos.unsqueeze(1)
         kpos = torch.arange(k_KHd.shape[0], device=dev).unsqueeze(0)
-        hidden = kpos > qpos
+        allowed = kpos <= qpos
         if window is not None:
-            hidden = hidden | (qpos - kpos >= window)
-        scores_HQK = scores_HQK.masked_fill(hidden, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores_HQK.softmax(-1), v_KHd)
+            allowed = allowed & (qpos - kpos < window)
+    # (1, heads, rows, dim): the 4-d layout torch's fused kernels take (a 3-d call falls back to the math path)
+    out_1HQd = F.scaled_dot_product_attention(
+        q_QHd.transpose(0, 1).unsqueeze(0),
+        k_KHd.transpose(0, 1).unsqueeze(0),
+        v_KHd.transpose(0, 1).unsqueeze(0),
+        attn_mask=allowed,
+        is_causal=causal and square,
+        scale=factor,
+    )
+    return out_1HQd[0].transpose(0, 1)
 
 
 class SwiGLU(nn.Module):

@@ -149,4 +149,6 @@ def test_bfloat16_computes_in_bf16_on_fp32_masters(launched):
     assert bf16 == pytest.approx(f32, rel=2e-2)
     params = merged(out / "bfloat16", "params")
     assert params and all(p.dtype == torch.float32 for p in params.values())  # the masters stay fp32
-    assert_close(params, merged(out / "float32", "params"), rel=1e-2)  # the same training, to bf16's precision
+    assert_close(
+        params, merged(out / "float32", "params"), rel=2e-2
+    )  # the same training, to bf16's precision (as the losses)
