@@ -418,20 +418,17 @@ def activation_gb(
     selective recompute, which then only costs time."""
     tokens = max(micro_batch * w.stats.mean, float(w.max_len))
     shard = layout.tp * layout.cp
-    per_layer_full = 34 * m.hidden * tokens / shard
-    per_layer_sel = 34 * m.hidden * tokens / shard
+    per_layer = 34 * m.hidden * tokens / shard  # none and selective alike: no scores are stored
     per_layer_ckpt = 2 * m.hidden * tokens / shard
     layers = m.layers / layout.pp
-    if recompute == Recompute.NONE:
-        stored = per_layer_full * layers
-    elif recompute == Recompute.SELECTIVE:
-        stored = per_layer_sel * layers
+    if recompute == Recompute.FULL:
+        stored = per_layer_ckpt * layers + per_layer  # one block re-materialised at a time
     else:
-        stored = per_layer_ckpt * layers + per_layer_sel  # one block re-materialised at a time
+        stored = per_layer * layers
     # 1F1B: the first stage keeps pp micro-batches of its L/pp layers alive (= all L layers' worth)
     total = stored * in_flight
     if m.vocab:
         total += tokens / layout.cp * m.vocab * FP32 / layout.tp  # fp32 logits on the last stage
     if not m.trainable:
-        total = per_layer_sel  # forward only, nothing kept for backward
+        total = per_layer  # forward only, nothing kept for backward
     return total / GB

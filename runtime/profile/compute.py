@@ -34,17 +34,16 @@ class ModuleCases:
         timer: Timer,
         meshes: dict[int, tuple[Any, Any]],
         rank: int,
-        alone: Any = None,
+        alone: Any,
     ):
         import torch
 
         self.model, self.cfg, self.timer, self.meshes = model, cfg, timer, meshes
-        self.alone = alone if alone is not None else meshes[1][0]
+        self.alone = alone
         self.dtype, self.device = cfg.torch_dtype, timer.device
         self.gen = torch.Generator().manual_seed(cfg.seed + rank)
         self._blocks: dict[tuple[str, int], Any] = {}
         self._rests: dict[str, Any] = {}
-        self._steps: list[Any] = []  # the timed parts' DataParallelSteps, kept gathered while they are timed
 
     def block(self, case: BlockCase) -> tuple[float, float | None]:
         """Seconds of one forward+backward, and activation bytes per token where `case.peak`."""
@@ -157,9 +156,7 @@ class ModuleCases:
                 if tp_mesh is not None:
                     apply_tp(blk, tp_mesh=tp_mesh)
                 unit = OneBlock(blk.to(self.device))
-            steps = self._data_parallel(name, unit, tp)
-            steps.begin()  # gathered, gradient sync off: each timed call is a step's call
-            self._steps.append(steps)
+            self._data_parallel(name, unit, tp).begin()  # gathered, no gradient sync: each call is a step's
             self._blocks[(name, tp)] = unit
         return self._blocks[(name, tp)]
 
@@ -182,9 +179,7 @@ class ModuleCases:
                     mod = Encoder(bare, self.model.llm.hidden, self.model.modality(name))
                 init_module(mod.to(self._master), name, self.cfg.seed)
                 mod = mod.to(self.device)
-            steps = self._data_parallel(name, mod, 1)
-            steps.begin()
-            self._steps.append(steps)
+            self._data_parallel(name, mod, 1).begin()
             self._rests[name] = mod
         return self._rests[name]
 
