@@ -3,8 +3,9 @@
 Every rank runs every case at the same time, as training does: on a machine where ranks share
 cores (here 4 gloo processes on 2 CPUs) a block timed alone runs about N/cores times faster than
 in a step, so timing it on one idle process would predict a step 2x too short. Each case starts
-after a barrier; a rank keeps the median of its repetitions (runtime/profile/timing.py) and the
-profile takes the median over ranks.
+after a barrier; a rank keeps the median of its repetitions (runtime/profile/timing.py) and of the
+profile's passes over its cases, and the profile takes the slowest rank of a compute case, the median
+rank of a collective.
 
 The cases (runtime/profile/cases.py) and who times them: the modules' compute (compute.py), the
 per-step work outside the modules, the runtime's own through its code (per_step.py), and
@@ -41,7 +42,8 @@ from orch.runtime.profile.timing import Timer
 def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu") -> dict[str, Any] | None:
     """Run every case on this rank (the process group is initialised); rank 0 returns the raw record:
 
-    `times` (case key -> median seconds over ranks; a runtime case's boundary points and their bytes too),
+    `times` (case key -> seconds: a compute case's slowest rank, a collective's median rank; a runtime
+    case's boundary points and their bytes too),
     `memory` (peak block case key -> activation bytes per token), `group_sizes` (link kind -> ranks),
     `device` and `sharing` (the cores and ranks of the busiest host, on CPUs), all plain JSON.
     """
@@ -66,34 +68,24 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
             meshes[t] = (grid["dp"], grid["tp"])
     modules = ModuleCases(model, cfg, timer, meshes, rank, alone)
 
-    results: dict[str, float] = {}
+    passes: dict[str, list[float]] = {}
     memory: dict[str, float] = {}
-    progress = _Progress(len(cases)) if cfg.progress and rank == 0 else None
+    progress = _Progress(len(cases) * cfg.rounds) if cfg.progress and rank == 0 else None
     try:
-        for case in cases:
-            if progress is not None:
-                progress.show(case)
-            dist.barrier()
-            if isinstance(case, BlockCase):
-                results[case.key], peak = modules.block(case)
-                if peak is not None:
-                    memory[case.key] = peak
-            elif isinstance(case, RestCase):
-                results[case.key] = modules.rest(case)
-            elif isinstance(case, OverheadCase):
-                results[case.key] = modules.overhead(case)
-            elif isinstance(case, RuntimeCase):
-                results.update(time_runtime(case, model, data, cfg, rank, world, dev))
-            elif isinstance(case, StepCase):
-                results[case.key] = time_bookkeeping(model, data, cfg, rank, world, timer)
-            elif case.link in groups:
-                g, ranks = groups[case.link]
-                results[case.key] = time_collective(case, g, ranks, rank, timer)
-            if progress is not None:
-                progress.advance()
+        for _ in range(cfg.rounds):
+            for case in cases:
+                if progress is not None:
+                    progress.show(case)
+                dist.barrier()
+                timed = _run_case(case, modules, memory, groups, model, data, cfg, rank, world, dev, timer)
+                for key, seconds in timed.items():
+                    passes.setdefault(key, []).append(seconds)
+                if progress is not None:
+                    progress.advance()
     finally:
         if progress is not None:
             progress.stop()
+    results = {k: median(v) for k, v in passes.items()}
     everyone: list[Any] = [None] * world
     host = (socket.gethostname(), len(os.sched_getaffinity(0)))
     dist.all_gather_object(everyone, {"times": results, "memory": memory, "host": host})
@@ -106,7 +98,14 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
             per_host.setdefault(e["host"][0], []).append(e["host"][1])
         busiest = max(per_host.values(), key=len)
         sharing = {"cores": min(busiest), "ranks": len(busiest)}
-    merged = {k: median([e["times"][k] for e in everyone if k in e["times"]]) for k in results}
+    # A step waits for its slowest rank at the collective that ends each phase: the modules' compute and the
+    # step's bookkeeping are priced at the slowest rank (ranks sharing cores get unequal shares of them; with a
+    # device per rank they agree). Collectives and the runtime's routes at the median rank: each rank's figure
+    # there also holds its wait for the last to arrive (docs/validation.md reads them the same way).
+    slowest = {c.key for c in cases if isinstance(c, BlockCase | RestCase | OverheadCase | StepCase)}
+    merged = {
+        k: (max if k in slowest else median)([e["times"][k] for e in everyone if k in e["times"]]) for k in results
+    }
     mem = {k: median([e["memory"][k] for e in everyone if k in e["memory"]]) for k in memory}
     group_sizes = {link: len(ranks) for link, (_, ranks) in groups.items()}
     return {
@@ -116,6 +115,40 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
         "device": _device_name(dev),
         "sharing": sharing,
     }
+
+
+def _run_case(
+    case: Case,
+    modules: ModuleCases,
+    memory: dict[str, float],
+    groups: dict[str, Any],
+    model: ModelSpec,
+    data: DataSpec,
+    cfg: ProfileConfig,
+    rank: int,
+    world: int,
+    dev: Any,
+    timer: Timer,
+) -> dict[str, float]:
+    """One pass of `case` on this rank: its result keys and seconds (a peak block's activation bytes go to
+    `memory`, the first pass's kept)."""
+    if isinstance(case, BlockCase):
+        seconds, peak = modules.block(case)
+        if peak is not None:
+            memory.setdefault(case.key, peak)
+        return {case.key: seconds}
+    if isinstance(case, RestCase):
+        return {case.key: modules.rest(case)}
+    if isinstance(case, OverheadCase):
+        return {case.key: modules.overhead(case)}
+    if isinstance(case, RuntimeCase):
+        return time_runtime(case, model, data, cfg, rank, world, dev)
+    if isinstance(case, StepCase):
+        return {case.key: time_bookkeeping(model, data, cfg, rank, world, timer)}
+    if case.link in groups:
+        g, ranks = groups[case.link]
+        return {case.key: time_collective(case, g, ranks, rank, timer)}
+    return {}
 
 
 class _Progress:

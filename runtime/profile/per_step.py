@@ -14,7 +14,7 @@ from orch.runtime.profile.cases import ProfileConfig, RuntimeCase
 from orch.runtime.profile.fit import median
 from orch.runtime.profile.timing import Timer
 
-RUNTIME_REPS = 10  # at least this many repetitions of the runtime case (tens of ms each: medians of 3 are noisy)
+RUNTIME_REPS = 4  # at least this many repetitions of the runtime case per profile round (tens of ms each)
 
 
 def time_bookkeeping(
