@@ -22,9 +22,18 @@ from orch.runtime.launch.rank import RankEnv, run_rank
 
 def _spawned(index: int, task: Task, env: RankEnv) -> None:
     """torch.multiprocessing's entry point: rank `index` of the local job."""
+    import os
+    import sys
     from dataclasses import replace
 
     run_rank(task, replace(env, rank=index, local_rank=index))
+    # The rank's work is done, its files written and its process group destroyed. Leave without the
+    # interpreter's teardown: there, a finished gloo rank now and then aborts on a C++ thread still joinable
+    # ("terminate called without an active exception", exit -6) and a job that completed would be failed.
+    # A rank that raised takes torch.multiprocessing's path instead (its traceback to the launcher, exit 1).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @dataclass
