@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import replace
 from typing import Any
 
 from orch.planner.specs import DataSpec, ModelSpec
@@ -68,24 +69,24 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
             meshes[t] = (grid["dp"], grid["tp"])
     modules = ModuleCases(model, cfg, timer, meshes, rank, alone)
 
-    passes: dict[str, list[float]] = {}
+    per_pass: dict[str, list[float]] = {}
     memory: dict[str, float] = {}
-    progress = _Progress(len(cases) * cfg.rounds) if cfg.progress and rank == 0 else None
+    progress = _Progress(len(cases) * cfg.passes) if cfg.progress and rank == 0 else None
     try:
-        for _ in range(cfg.rounds):
+        for _ in range(cfg.passes):
             for case in cases:
                 if progress is not None:
                     progress.show(case)
                 dist.barrier()
                 timed = _run_case(case, modules, memory, groups, model, data, cfg, rank, world, dev, timer)
                 for key, seconds in timed.items():
-                    passes.setdefault(key, []).append(seconds)
+                    per_pass.setdefault(key, []).append(seconds)
                 if progress is not None:
                     progress.advance()
     finally:
         if progress is not None:
             progress.stop()
-    results = {k: median(v) for k, v in passes.items()}
+    results = {k: median(v) for k, v in per_pass.items()}
     everyone: list[Any] = [None] * world
     host = (socket.gethostname(), len(os.sched_getaffinity(0)))
     dist.all_gather_object(everyone, {"times": results, "memory": memory, "host": host})
@@ -131,11 +132,11 @@ def _run_case(
     timer: Timer,
 ) -> dict[str, float]:
     """One pass of `case` on this rank: its result keys and seconds (a peak block's activation bytes go to
-    `memory`, the first pass's kept)."""
+    `memory`, measured on the first pass only)."""
     if isinstance(case, BlockCase):
-        seconds, peak = modules.block(case)
+        seconds, peak = modules.block(replace(case, peak=case.peak and case.key not in memory))
         if peak is not None:
-            memory.setdefault(case.key, peak)
+            memory[case.key] = peak
         return {case.key: seconds}
     if isinstance(case, RestCase):
         return {case.key: modules.rest(case)}

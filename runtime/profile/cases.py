@@ -64,11 +64,11 @@ class ProfileConfig:
 
     @property
     def reps(self) -> int:
-        """Timed windows of a case per round."""
+        """Timed windows of a case per pass."""
         return 1 if self.quick else 4
 
     @property
-    def rounds(self) -> int:
+    def passes(self) -> int:
         """Passes over the whole case list; a case's figure is its median over the passes. A burst of other
         work on a shared machine spans a case's back-to-back windows but seldom the same case in every pass
         (quick: the same number of windows as three in a row, spread over the profile's length)."""

@@ -14,7 +14,7 @@ from orch.runtime.profile.cases import ProfileConfig, RuntimeCase
 from orch.runtime.profile.fit import median
 from orch.runtime.profile.timing import Timer
 
-RUNTIME_REPS = 4  # at least this many repetitions of the runtime case per profile round (tens of ms each)
+RUNTIME_REPS = 4  # at least this many repetitions of the runtime case per profile pass (tens of ms each)
 
 
 def time_bookkeeping(
