@@ -31,6 +31,9 @@ def profile(
     seq_len: int | None = typer.Option(None, "--seq-len", help="Cap on LLM tokens per sample, with a data file."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json for a data file (reference model)."),
     quick: bool = typer.Option(False, "--quick", help="Fewer lengths, sizes and repetitions (under a minute)."),
+    passes: int = typer.Option(
+        3, "--passes", help="Passes over all cases; each figure is its median over them (more on a noisy machine)."
+    ),
     max_bytes: int = typer.Option(16 << 20, "--max-bytes", help="Largest collective message, bytes."),
     out: str = typer.Option("profile.json", "--out", "-o", help="Where to write the profile (JSON or YAML)."),
     workdir: str = typer.Option("orch-profile", "--workdir", help="Scratch folder of the benchmark ranks."),
@@ -55,6 +58,8 @@ def profile(
         raise SpecError("--nodes", "", "only with --executor slurm; locally, --nproc sets the processes")
     if nproc < 1:
         raise SpecError("--nproc", "", f"expected a positive process count, got {nproc}")
+    if passes < 1:
+        raise SpecError("--passes", "", f"expected at least one pass, got {passes}")
     if max_bytes < 1024:
         raise SpecError("--max-bytes", "", f"expected at least 1024 bytes, got {max_bytes}")
     model_spec = load_model(model)
@@ -81,6 +86,7 @@ def profile(
         data_spec.model_dump_json(),
         ranks_per_node=rpn,
         quick=quick,
+        passes=passes,
         max_bytes=max_bytes,
         progress=not json_out and executor == "local",
     )

@@ -37,6 +37,9 @@ class ProfileConfig:
     dtype: str = "float32"
     seed: int = 0
     progress: bool = False  # rank 0 draws a progress bar on stderr
+    # Passes over the whole case list; a case's figure is its median over the passes. A burst of other work
+    # on a shared machine spans a case's back-to-back windows but seldom the same case in every pass.
+    passes: int = 3
     lengths: tuple[int, ...] = ()  # override the sequence lengths (tests)
     modules: tuple[str, ...] = ()  # only these modules (tests); default all
 
@@ -66,13 +69,6 @@ class ProfileConfig:
     def reps(self) -> int:
         """Timed windows of a case per pass."""
         return 1 if self.quick else 4
-
-    @property
-    def passes(self) -> int:
-        """Passes over the whole case list; a case's figure is its median over the passes. A burst of other
-        work on a shared machine spans a case's back-to-back windows but seldom the same case in every pass
-        (quick: the same number of windows as three in a row, spread over the profile's length)."""
-        return 3
 
     @property
     def elem_bytes(self) -> int:

@@ -151,6 +151,8 @@ def test_profile_plan_launch_validate_end_to_end(cli, tmp_path, monkeypatch):
         "--nproc",
         "2",
         "--quick",
+        "--passes",
+        "1",
         "--max-bytes",
         "32768",
         "--out",

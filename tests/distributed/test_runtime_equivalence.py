@@ -18,7 +18,7 @@ from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig
 from orch.runtime.train.single_process import run_reference
 
-STEPS = 3
+STEPS = 2
 SEED = 7
 
 PLANS = {

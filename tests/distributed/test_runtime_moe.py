@@ -20,7 +20,7 @@ from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.single_process import run_reference
 from orch.runtime.train.support import UnsupportedPlan, check_supported
 
-STEPS = 3
+STEPS = 2
 SEED = 7
 
 

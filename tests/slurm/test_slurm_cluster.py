@@ -458,7 +458,8 @@ def test_profile_runs_as_one_allocation_and_writes_the_profile(slurm_cluster, st
     from orch.planner.profile import Profile
 
     out = tmp_path / "profile.json"
-    args = ["profile", "-m", "tiny", "--executor", "slurm", "--nodes", "2", "--quick", "--max-bytes", "65536"]
+    args = ["profile", "-m", "tiny", "--executor", "slurm", "--nodes", "2", "--quick", "--passes", "1"]
+    args += ["--max-bytes", "65536"]
     result = cli(*args, "--out", str(out), "--workdir", str(tmp_path / "w"), "--time", "0:10:00")
     assert result.exit_code == 0, result.output
     assert "COMPLETED" in result.output

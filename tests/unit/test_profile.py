@@ -350,6 +350,7 @@ def test_plan_with_profile_changes_the_predicted_compute(cli, tmp_path):
         (["--nproc", "0"], "--nproc: expected a positive process count, got 0"),
         (["--nproc", "3"], "--nproc: 3 is not a multiple of the cluster's 2 GPUs per node"),
         (["--max-bytes", "10"], "--max-bytes: expected at least 1024 bytes, got 10"),
+        (["--passes", "0"], "--passes: expected at least one pass, got 0"),
         (["--nodes", "2"], "--nodes: only with --executor slurm"),
     ],
 )
