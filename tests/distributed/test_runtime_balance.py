@@ -38,7 +38,7 @@ from orch.runtime.train.orchestrator import (
 )
 from orch.runtime.train.single_process import run_reference
 
-STEPS = 3
+STEPS = 2
 SEED = 7
 
 PLANS = {

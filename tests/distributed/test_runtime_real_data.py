@@ -22,7 +22,7 @@ from orch.runtime.train.debug import DebugConfig
 from orch.runtime.train.orchestrator import lengths_columns
 from orch.runtime.train.single_process import run_reference
 
-STEPS, SEED = 3, 5
+STEPS, SEED = 2, 5
 ENC_DP4 = {"vision": (Layout(dp=4), [0, 1, 2, 3]), "audio": (Layout(dp=4), [0, 1, 2, 3])}
 PLANS = {
     "homogeneous_dp4": {"llm": (Layout(dp=4), [0, 1, 2, 3])},
