@@ -6,7 +6,8 @@ then, through the `orch` CLI: `orch profile --quick` on that model and mix (4 gl
 `orch plan --profile` for the planner's best plan and the homogeneous baseline, `orch launch`
 each for --steps steps, --rounds times, the two plans' runs interleaved, and `orch validate --json` over
 each plan's runs. Prints one row per plan (predicted vs
-measured step time, relative error), the error distribution (median, |error| quantiles, share
+measured step time, relative error, and the share of CPU time the VM's host stole during the profile's
+kept passes and during the plan's runs: runtime/profile/steal.py), the error distribution (median, |error| quantiles, share
 within 20%) and, per case, whether the planner ranks its two plans as the measurement does
 when it predicts them more than 15% apart. Writes bench/out/sweep.json.
 
@@ -28,6 +29,8 @@ import time
 from pathlib import Path
 
 from orch_cli import OrchFailed, run_orch
+
+from orch.runtime.profile.steal import cpu_jiffies, steal_share
 
 TARGET = 0.20
 RANK_GAP = 0.15
@@ -100,11 +103,17 @@ def run_case(work: Path, model: str, data: str, steps: int, rounds: int) -> list
             plans.append((label, plan, pj))
     # the plans' runs interleaved (A B A B ...): the shared machine's drift falls on both alike
     metrics: dict[str, list[str]] = {label: [] for label, _, _ in plans}
+    stolen: dict[str, list[float]] = {label: [] for label, _, _ in plans}  # the host's steal during each run
     for r in range(rounds):
         for label, plan, _ in plans:
             run = work / f"run-{label}-{r}"
+            before = cpu_jiffies()
             _orch("launch", str(plan), "--steps", str(steps), "--workdir", str(run))
+            share = steal_share(before, cpu_jiffies())
+            if share is not None:
+                stolen[label].append(share)
             metrics[label] += ["--metrics", str(run / "metrics.jsonl")]
+    profiled = json.loads(prof.read_text())
     rows = []
     for label, plan, pj in plans:
         v = json.loads(_orch("validate", "--plan", str(plan), *metrics[label], "--json"))
@@ -112,8 +121,23 @@ def run_case(work: Path, model: str, data: str, steps: int, rounds: int) -> list
         short = " ".join(
             f"{n}:{''.join(f'{a}{k}' for a, k in lay.items() if k > 1) or '1'}" for n, lay in layouts.items()
         )
-        rows.append({"plan": label, "placement": pj["placement"], "layouts": short, **v})
+        steal = {
+            "profile": profiled.get("steal_share"),
+            "profile_passes_repeated": profiled.get("passes_repeated", 0),
+            "runs": max(stolen[label]) if stolen[label] else None,
+        }
+        rows.append({"plan": label, "placement": pj["placement"], "layouts": short, "steal": steal, **v})
     return rows
+
+
+def _steal(s: dict[str, object]) -> str:
+    """The host's largest steal share in the profile's kept passes and in the plan's runs, in percent."""
+
+    def pct(x: object) -> str:
+        return "?" if not isinstance(x, float | int) else f"{100 * x:.1f}"
+
+    again = f" ({s['profile_passes_repeated']} again)" if s.get("profile_passes_repeated") else ""
+    return f"{pct(s.get('profile'))}{again} / {pct(s.get('runs'))}"
 
 
 def main() -> None:
@@ -143,7 +167,10 @@ def main() -> None:
         f"sweep: seed {args.seed}, {args.cases} cases, {args.rounds} interleaved runs of {args.steps} steps per plan, "
         "profile --quick per case"
     )
-    print(f"{'case':>4} {'encoders':<13} {'plan':<12} {'placement':<14} {'pred s':>7} {'meas s':>7} {'error':>7}")
+    print(
+        f"{'case':>4} {'encoders':<13} {'plan':<12} {'placement':<14} {'pred s':>7} {'meas s':>7} {'error':>7} "
+        f"{'steal prof/runs':>15}"
+    )
     errors, pairs, right = [], 0, 0
     for c in cases:
         if c.get("failed"):
@@ -153,7 +180,8 @@ def main() -> None:
             errors.append(r["relative_error"])
             print(
                 f"{c['case']:>4} {'+'.join(c['encoders']):<13} {r['plan']:<12} {r['placement']:<14} "
-                f"{r['predicted_step_time_s']:>7.3f} {r['measured_step_time_s']:>7.3f} {r['relative_error']:>+7.0%}"
+                f"{r['predicted_step_time_s']:>7.3f} {r['measured_step_time_s']:>7.3f} {r['relative_error']:>+7.0%} "
+                f"{_steal(r['steal']):>15}"
             )
         if len(c["plans"]) == 2:
             a, b = c["plans"]

@@ -212,6 +212,9 @@ def render_profile(prof: Profile) -> None:
     console().print(
         f"per step: orchestrator {prof.balance_step_s * 1e3:.1f} ms, bookkeeping {prof.step_bookkeeping_s * 1e3:.1f} ms"
     )
+    if prof.steal_share is not None:
+        again = f"; {prof.passes_repeated} pass(es) timed again for more" if prof.passes_repeated else ""
+        console().print(f"CPU time stolen by the host: at most {prof.steal_share:.1%} of a pass{again}")
 
 
 def validate(

@@ -134,6 +134,16 @@ class Profile(_Model):
     sharing: CoreSharing | None = Field(
         default=None, description="how the profiled ranks shared CPU cores; None on GPUs (a device per rank)"
     )
+    steal_share: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="the largest share of CPU time a virtual machine's host took for other guests during a kept "
+        "pass (/proc/stat steal); None where the kernel does not say",
+    )
+    passes_repeated: int = Field(
+        default=0, ge=0, description="passes timed again because the host stole more than the allowed share"
+    )
 
 
 def busy_ratio(profile: Profile | None, world: int, busy: int) -> float:

@@ -4,7 +4,8 @@ Every rank runs every case at the same time, as training does: on a machine wher
 cores (here 4 gloo processes on 2 CPUs) a block timed alone runs about N/cores times faster than
 in a step, so timing it on one idle process would predict a step 2x too short. Each case starts
 after a barrier; a rank keeps the median of its repetitions (runtime/profile/timing.py) and of the
-profile's passes over its cases, and the profile takes the slowest rank of a compute case, the median
+profile's passes over its cases (a pass under steal from the hypervisor is timed again: steal.py),
+and the profile takes the slowest rank of a compute case, the median
 rank of a collective.
 
 The cases (runtime/profile/cases.py) and who times them: the modules' compute (compute.py), the
@@ -37,6 +38,7 @@ from orch.runtime.profile.collectives import link_groups, time_collective
 from orch.runtime.profile.compute import ModuleCases
 from orch.runtime.profile.fit import median
 from orch.runtime.profile.per_step import time_bookkeeping, time_runtime
+from orch.runtime.profile.steal import cpu_jiffies, steal_share
 from orch.runtime.profile.timing import Timer
 
 
@@ -46,7 +48,8 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
     `times` (case key -> seconds: a compute case's slowest rank, a collective's median rank; a runtime
     case's boundary points and their bytes too),
     `memory` (peak block case key -> activation bytes per token), `group_sizes` (link kind -> ranks),
-    `device` and `sharing` (the cores and ranks of the busiest host, on CPUs), all plain JSON.
+    `device`, `sharing` (the cores and ranks of the busiest host, on CPUs) and `steal` (the largest share of
+    CPU time the host stole during a kept pass, and how many passes were timed again for it), all plain JSON.
     """
     import torch
     import torch.distributed as dist
@@ -69,24 +72,35 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
             meshes[t] = (grid["dp"], grid["tp"])
     modules = ModuleCases(model, cfg, timer, meshes, rank, alone)
 
-    per_pass: dict[str, list[float]] = {}
     memory: dict[str, float] = {}
+    kept: list[dict[str, float]] = []  # each kept pass: case key -> seconds
+    stolen: list[float] = []  # the kept passes' steal shares (the most of any host)
+    repeated = 0
     progress = _Progress(len(cases) * cfg.passes) if cfg.progress and rank == 0 else None
     try:
-        for _ in range(cfg.passes):
+        while len(kept) < cfg.passes:
+            before = cpu_jiffies()
+            timed: dict[str, float] = {}
             for case in cases:
                 if progress is not None:
                     progress.show(case)
                 dist.barrier()
-                timed = _run_case(case, modules, memory, groups, model, data, cfg, rank, world, dev, timer)
-                for key, seconds in timed.items():
-                    per_pass.setdefault(key, []).append(seconds)
+                timed.update(_run_case(case, modules, memory, groups, model, data, cfg, rank, world, dev, timer))
                 if progress is not None:
                     progress.advance()
+            share = _most_stolen(steal_share(before, cpu_jiffies()), dev)
+            if share is not None and share > cfg.max_steal and repeated < cfg.passes:
+                repeated += 1  # every rank agrees (the most of any host): the same passes on all
+                if progress is not None:
+                    progress.extend(len(cases))
+                continue
+            kept.append(timed)
+            if share is not None:
+                stolen.append(share)
     finally:
         if progress is not None:
             progress.stop()
-    results = {k: median(v) for k, v in per_pass.items()}
+    results = {k: median([p[k] for p in kept if k in p]) for k in kept[0]}
     everyone: list[Any] = [None] * world
     host = (socket.gethostname(), len(os.sched_getaffinity(0)))
     dist.all_gather_object(everyone, {"times": results, "memory": memory, "host": host})
@@ -115,7 +129,19 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
         "group_sizes": group_sizes,
         "device": _device_name(dev),
         "sharing": sharing,
+        "steal": {"share": max(stolen) if stolen else None, "repeated": repeated},
     }
+
+
+def _most_stolen(share: float | None, dev: Any) -> float | None:
+    """The largest steal share of any rank's host over the pass (None where no host can tell)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([-1.0 if share is None else share], dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    value = float(t.item())
+    return None if value < 0 else value
 
 
 def _run_case(
@@ -174,6 +200,11 @@ class _Progress:
 
     def advance(self) -> None:
         self.bar.advance(self.task)
+
+    def extend(self, steps: int) -> None:
+        """A pass to time again: `steps` more to go."""
+        total = self.bar.tasks[0].total or 0
+        self.bar.update(self.task, total=total + steps)
 
     def stop(self) -> None:
         self.bar.stop()

@@ -98,6 +98,8 @@ def build_profile(raw: dict[str, Any], model: ModelSpec, cfg: ProfileConfig, wor
         balance_step_s=times.get(runtime.key, 0.0),
         step_bookkeeping_s=times.get(StepCase().key, 0.0),
         sharing=CoreSharing(**raw["sharing"]) if raw.get("sharing") else None,
+        steal_share=raw.get("steal", {}).get("share"),
+        passes_repeated=raw.get("steal", {}).get("repeated", 0),
     )
 
 

@@ -40,6 +40,9 @@ class ProfileConfig:
     # Passes over the whole case list; a case's figure is its median over the passes. A burst of other work
     # on a shared machine spans a case's back-to-back windows but seldom the same case in every pass.
     passes: int = 3
+    # A pass during which more than this share of the CPU time was stolen by the host (runtime/profile/steal.py)
+    # is timed again, up to `passes` more times: it measured a slower machine than the run will have.
+    max_steal: float = 0.05
     lengths: tuple[int, ...] = ()  # override the sequence lengths (tests)
     modules: tuple[str, ...] = ()  # only these modules (tests); default all
 

@@ -139,7 +139,8 @@ def test_profile_plan_launch_validate_end_to_end(cli, tmp_path, monkeypatch):
     real = profile_local.run_profile_local
 
     def fewer_lengths(cfg, **kw):
-        return real(dataclasses.replace(cfg, lengths=(16, 64)), **kw)
+        # max_steal below any share: the one pass counts as stolen and is timed again, once (--passes 1)
+        return real(dataclasses.replace(cfg, lengths=(16, 64), max_steal=-1.0), **kw)
 
     monkeypatch.setattr(profile_local, "run_profile_local", fewer_lengths)
 
@@ -168,6 +169,8 @@ def test_profile_plan_launch_validate_end_to_end(cli, tmp_path, monkeypatch):
     assert set(profile.modules["llm"].block) == {1, 2}
     assert profile.modules["llm"].step_overhead_s > 0 and profile.modules["llm"].rest is not None
     assert profile.nproc == 2 and profile.backend == "gloo" and "intra_node" in profile.links
+    assert profile.steal_share is not None and 0 <= profile.steal_share <= 1  # Linux: /proc/stat says
+    assert profile.passes_repeated == 1
     # the runtime's own per-step work, measured through its code: boundary moves and the orchestrator
     assert profile.boundary is not None and profile.boundary.alpha_s >= 0 and profile.balance_step_s > 0
     assert {row.op for row in profile.collectives} >= {"all_reduce", "all_gather", "all_to_all", "send_recv"}
