@@ -17,18 +17,19 @@ def test_resumed_run_continues_the_loss_trajectory(cli, plan_file, tmp_path):
     plan_file, _, _ = plan_file
     base = ["launch", str(plan_file), "--nproc", "2", "--seed", "3", "--dtype", "float64"]
     full, part = tmp_path / "full", tmp_path / "part"
-    assert (r := cli(*base, "--steps", "4", "--workdir", str(full))).exit_code == 0, r.output
-    assert (r := cli(*base, "--steps", "2", "--workdir", str(part), "--checkpoint-every", "2")).exit_code == 0, r.output
+    # saved after step 0: step 1 runs on the loaded parameters, step 2 on an update from loaded optimizer state
+    assert (r := cli(*base, "--steps", "3", "--workdir", str(full))).exit_code == 0, r.output
+    assert (r := cli(*base, "--steps", "1", "--workdir", str(part), "--checkpoint-every", "1")).exit_code == 0, r.output
     root = checkpoint_root(part)
-    assert (root / "latest").read_text().strip() == "step_00000002"
-    assert latest_step(part) == 2 and not list(root.glob("*.tmp"))
-    (root / "step_00000003.tmp").mkdir()  # an interrupted save: garbage that must never be loaded
-    (root / "step_00000003.tmp" / ".metadata").write_text("garbage")
+    assert (root / "latest").read_text().strip() == "step_00000001"
+    assert latest_step(part) == 1 and not list(root.glob("*.tmp"))
+    (root / "step_00000002.tmp").mkdir()  # an interrupted save: garbage that must never be loaded
+    (root / "step_00000002.tmp" / ".metadata").write_text("garbage")
 
-    assert (r := cli(*base, "--steps", "4", "--workdir", str(part), "--resume")).exit_code == 0, r.output
+    assert (r := cli(*base, "--steps", "3", "--workdir", str(part), "--resume")).exit_code == 0, r.output
     want_steps, want = _losses(full)
     got_steps, got = _losses(part)
-    assert got_steps == want_steps == [0, 1, 2, 3]  # metrics appended
+    assert got_steps == want_steps == [0, 1, 2]  # metrics appended
     for g, w in zip(got, want, strict=True):
         assert g == pytest.approx(w, rel=1e-12, abs=0)
 
@@ -74,11 +75,12 @@ def test_resume_with_pipeline_experts_and_context_parallel_shards(tmp_path):
         cfg = TrainConfig(steps=steps, seed=4, dtype="float64", optimizer="adamw", lr=0.01, balance=Mode.NONE, **kw)
         return train_local(plan, data, cfg, workdir)
 
-    want = [r.loss for r in run(tmp_path / "full", 4)]
-    first = run(tmp_path / "part", 2, checkpoint_every=2)
-    assert latest_step(tmp_path / "part") == 2
-    resumed = run(tmp_path / "part", 4)
-    assert [r.step for r in resumed] == [0, 1, 2, 3]
-    assert resumed[:2] == first  # steps 0-1 are the first run's records: the second run started at step 2
+    # saved after step 0: step 1 runs on the loaded shards, step 2 on an update from the loaded AdamW state
+    want = [r.loss for r in run(tmp_path / "full", 3)]
+    first = run(tmp_path / "part", 1, checkpoint_every=1)
+    assert latest_step(tmp_path / "part") == 1
+    resumed = run(tmp_path / "part", 3)
+    assert [r.step for r in resumed] == [0, 1, 2]
+    assert resumed[:1] == first  # step 0 is the first run's record: the second run started at step 1
     for g, w in zip([r.loss for r in resumed], want, strict=True):
         assert g == pytest.approx(w, rel=1e-12, abs=0)
