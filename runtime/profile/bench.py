@@ -88,7 +88,9 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
                 timed.update(_run_case(case, modules, memory, groups, model, data, cfg, rank, world, dev, timer))
                 if progress is not None:
                     progress.advance()
-            share = _most_stolen(steal_share(before, cpu_jiffies()), dev)
+            mine = steal_share(before, cpu_jiffies())
+            most = timer.agree_max(-1.0 if mine is None else mine)  # the most of any host; < 0: none can tell
+            share = None if most < 0 else most
             if share is not None and share > cfg.max_steal and repeated < cfg.passes:
                 repeated += 1  # every rank agrees (the most of any host): the same passes on all
                 if progress is not None:
@@ -100,7 +102,7 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
     finally:
         if progress is not None:
             progress.stop()
-    results = {k: median([p[k] for p in kept if k in p]) for k in kept[0]}
+    results = {k: median([p[k] for p in kept]) for k in kept[0]}
     everyone: list[Any] = [None] * world
     host = (socket.gethostname(), len(os.sched_getaffinity(0)))
     dist.all_gather_object(everyone, {"times": results, "memory": memory, "host": host})
@@ -131,17 +133,6 @@ def profile_rank(rank: int, world: int, cfg: ProfileConfig, device: str = "cpu")
         "sharing": sharing,
         "steal": {"share": max(stolen) if stolen else None, "repeated": repeated},
     }
-
-
-def _most_stolen(share: float | None, dev: Any) -> float | None:
-    """The largest steal share of any rank's host over the pass (None where no host can tell)."""
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([-1.0 if share is None else share], dtype=torch.float64, device=dev)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    value = float(t.item())
-    return None if value < 0 else value
 
 
 def _run_case(
@@ -193,6 +184,7 @@ class _Progress:
             console=Console(stderr=True),
         )
         self.bar.start()
+        self.total = total
         self.task = self.bar.add_task("profiling", total=total)
 
     def show(self, case: Case) -> None:
@@ -203,8 +195,8 @@ class _Progress:
 
     def extend(self, steps: int) -> None:
         """A pass to time again: `steps` more to go."""
-        total = self.bar.tasks[0].total or 0
-        self.bar.update(self.task, total=total + steps)
+        self.total += steps
+        self.bar.update(self.task, total=self.total)
 
     def stop(self) -> None:
         self.bar.stop()

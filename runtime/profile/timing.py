@@ -43,7 +43,7 @@ class Timer:
         fn()
         self.sync()
         one = time.perf_counter() - t
-        calls = self._agree(max(1, min(MAX_CALLS, math.ceil(MIN_WINDOW_S / max(one, 1e-9)))), group)
+        calls = int(self.agree_max(max(1, min(MAX_CALLS, math.ceil(MIN_WINDOW_S / max(one, 1e-9)))), group))
         times = []
         for _ in range(self.reps):
             t = time.perf_counter()
@@ -53,14 +53,14 @@ class Timer:
             times.append((time.perf_counter() - t) / calls)
         return median(times)
 
-    def _agree(self, calls: int, group: Any) -> int:
-        """The largest call count over the group."""
+    def agree_max(self, value: float, group: Any = None) -> float:
+        """The largest `value` over the group (default: every rank), on every rank of it."""
         import torch
         import torch.distributed as dist
 
-        t = torch.tensor([calls], dtype=torch.int64, device=self.device)
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        return int(t.item())
+        return float(t.item())
 
     def peak_bytes(self, fn: Callable[[], object]) -> int:
         """Activation bytes of one forward: the allocator's peak on CUDA, the saved tensors' sizes on CPU."""
