@@ -181,7 +181,7 @@ def main() -> None:
         model = model_spec_from_dir(directory)
         data = data_spec(model.modules["vision"].image_tokens or 1)
         params = sum(t.numel() for t in _load(directory).values())
-        cfg = TrainConfig(steps=args.steps, seed=0, dtype="float32", lr=0.1, device="cpu")
+        cfg = TrainConfig(optimizer="sgd", steps=args.steps, seed=0, dtype="float32", lr=0.1, device="cpu")
         tasks: list[Any] = [
             DDPTask(str(directory), data, args.steps, str(Path(tmp) / "ddp")),
             DDPTask(str(directory), data, args.steps, str(Path(tmp) / "ddp-labels"), head_on_labels=True),

@@ -140,7 +140,7 @@ def composed(tmp_path_factory):
     data = data_spec()
     built = {f"{m}-plan": hand_plan(models[m], data, LAYOUT) for m in ("trainable_True", "trainable_False")}
     built |= {f"whisper-{n}": hand_plan(models["whisper"], data, layout) for n, layout in WHISPER_PLANS.items()}
-    cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
+    cfg = TrainConfig(optimizer="sgd", steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
     out = root / "runs"
     records = train_tasks(built, data, cfg, out)
     keys = {

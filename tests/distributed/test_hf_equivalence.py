@@ -123,7 +123,7 @@ def four_ranks(tmp_path_factory):
         rc = Recompute.SELECTIVE if family == "qwen2_audio" else Recompute.NONE
         for plan_name, layout in groups[family].items():
             built[f"{family}-{plan_name}"] = hand_plan(model, data, layout, data_parallel=dp, recompute=rc)
-    cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
+    cfg = TrainConfig(optimizer="sgd", steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
     out = root / "runs"
     return train_tasks(built, data, cfg, out), out, wants
 
@@ -146,7 +146,7 @@ def test_llava_disaggregated_2_to_3_matches_hf(llava, tmp_path):
     model = model_spec_from_dir(llava)
     data = data_spec()
     want_loss, want_grads = hf_reference(llava, model, data, SEED)
-    cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
+    cfg = TrainConfig(optimizer="sgd", steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
     built = {name: hand_plan(model, data, layout) for name, layout in PLANS_5.items()}
     records = train_tasks(built, data, cfg, tmp_path)
     for name in PLANS_5:

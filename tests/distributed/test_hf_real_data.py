@@ -94,7 +94,7 @@ def test_llava_on_a_data_file_matches_hf(setup, tmp_path):
     model_dir, model, data = setup
     want = hf_loss(model_dir, model, data)
     plans = {n: hand_plan(model, data, lay, data_parallel=DataParallel.FSDP) for n, lay in PLANS.items()}
-    cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
+    cfg = TrainConfig(optimizer="sgd", steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
     plans["replicate_dp4"] = hand_plan(model, data, {"llm": (Layout(dp=4), [0, 1, 2, 3])})
     records = train_tasks(plans, data, cfg, tmp_path)
     for name in plans:
@@ -195,7 +195,7 @@ def test_qwen2_audio_on_a_data_file_matches_hf(audio_setup, tmp_path):
         },
     }
     built = {n: hand_plan(model, data, lay, data_parallel=DataParallel.FSDP) for n, lay in plans.items()}
-    cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
+    cfg = TrainConfig(optimizer="sgd", steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
     records = train_tasks(built, data, cfg, tmp_path)
     for name in plans:
         assert records[name][0].loss == pytest.approx(want, rel=1e-9), name

@@ -247,7 +247,10 @@ def gloo(specs, tmp_path_factory):
     tables, batch = _tables(specs, "colocated_enc_dp4_llm_dp2_tp2", "orch")
     rows = tuple(random.Random(0).randint(1, 4) for _ in range(batch.size))
     plans = {f"{name}-{mode}": _plan(specs, name) for name, mode in RUNS}
-    cfgs = {f"{name}-{mode}": TrainConfig(steps=STEPS, seed=SEED, dtype="float64", balance=mode) for name, mode in RUNS}
+    cfgs = {
+        f"{name}-{mode}": TrainConfig(optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", balance=mode)
+        for name, mode in RUNS
+    }
     records = train_tasks(
         plans, data, cfgs, out, debug=DebugConfig(count_tokens=True), extra=[MoveCheck(tables, rows, str(out))]
     )
@@ -276,7 +279,7 @@ def test_composed_move_equals_separate_moves_on_gloo(gloo):
 @pytest.fixture(scope="module")
 def reference(specs):
     model, data = specs
-    return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64)
+    return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64, optimizer="sgd", lr=0.1)
 
 
 @pytest.mark.slow

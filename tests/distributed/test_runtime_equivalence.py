@@ -101,7 +101,7 @@ def specs():
 @pytest.fixture(scope="module")
 def reference(specs):
     model, data = specs
-    return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64)
+    return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64, optimizer="sgd", lr=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def launched(specs, tmp_path_factory):
     """Every plan's (losses, grads, params): one launch per world size (equivalence.run_plans)."""
     model, data = specs
     plans = {name: hand_plan(model, data, layouts) for name, layouts in PLANS.items()}
-    cfg = TrainConfig(steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE)
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE)
     out = tmp_path_factory.mktemp("plans")
     results = {}
     for world in sorted({p.world_size for p in plans.values()}):
@@ -133,7 +133,7 @@ def test_plan_matches_reference(name, reference, launched):
 def test_failing_rank_is_reported_and_nothing_hangs(specs, tmp_path):
     model, data = specs
     plan = hand_plan(model, data, PLANS["disaggregated_enc1_llm_dp3"])
-    cfg = TrainConfig(steps=2, seed=SEED, dtype="float64", balance=Mode.NONE)
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, steps=2, seed=SEED, dtype="float64", balance=Mode.NONE)
     with pytest.raises(LaunchError, match="injected failure at step 1") as info:
         train_local(plan, data, cfg, tmp_path, debug=DebugConfig(fail_at=(2, 1)), timeout_s=30)
     assert info.value.rank == 2
@@ -144,7 +144,7 @@ def test_out_of_memory_in_a_rank_is_reported_as_such(specs, tmp_path):
     """An allocation the allocator refuses (as CUDA's does on OOM) is recorded as the rank's out-of-memory."""
     model, data = specs
     plan = hand_plan(model, data, PLANS["disaggregated_enc1_llm_dp3"])
-    cfg = TrainConfig(steps=2, seed=SEED, dtype="float64", balance=Mode.NONE)
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, steps=2, seed=SEED, dtype="float64", balance=Mode.NONE)
     debug = DebugConfig(oom_at=(1, 1, 1 << 30))  # 1 PiB: more than any machine
     with pytest.raises(LaunchError, match=r"rank 1 failed: out of memory: RuntimeError: .*can't allocate memory"):
         train_local(plan, data, cfg, tmp_path, debug=debug, timeout_s=30)
@@ -162,10 +162,12 @@ def test_any_batch_on_any_dp_matches_reference(tmp_path):
         "homogeneous_dp5": hand_plan(model, data, {"llm": (Layout(dp=5), five)}, micro_batches=1),
         "homogeneous_dp5_mb2": hand_plan(model, data, {"llm": (Layout(dp=5), five)}),
     }
-    ref = run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64)
+    ref = run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64, optimizer="sgd", lr=0.1)
     cfgs = {
-        "homogeneous_dp5": Cfg(steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE),
-        "homogeneous_dp5_mb2": Cfg(steps=STEPS, seed=SEED, dtype="float64", balance=Mode.ORCH, calibrate=False),
+        "homogeneous_dp5": Cfg(optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE),
+        "homogeneous_dp5_mb2": Cfg(
+            optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", balance=Mode.ORCH, calibrate=False
+        ),
     }
     for name, (losses, grads, params) in run_plans(plans, data, cfgs, tmp_path).items():
         assert len(losses) == STEPS, name

@@ -115,7 +115,9 @@ _references: dict[int, object] = {}
 
 def _reference(model, global_batch):
     if global_batch not in _references:
-        _references[global_batch] = run_reference(model, _data(global_batch), seed=SEED, steps=STEPS)
+        _references[global_batch] = run_reference(
+            model, _data(global_batch), seed=SEED, steps=STEPS, optimizer="sgd", lr=0.1
+        )
     return _references[global_batch]
 
 
@@ -123,7 +125,7 @@ def _reference(model, global_batch):
 def launched(moe_model, tmp_path_factory):
     """Every plan's (losses, grads, params) and its output folder: one launch per (world, batch)."""
     plans = {name: hand_plan(moe_model, _data(gb), layouts) for name, (layouts, gb) in PLANS.items()}
-    cfg = TrainConfig(steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE)
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE)
     root = tmp_path_factory.mktemp("moe")
     results = {}
     for key in sorted({(p.world_size, PLANS[n][1]) for n, p in plans.items()}):

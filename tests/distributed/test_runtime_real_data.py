@@ -55,10 +55,12 @@ def launched(dataset, tmp_path_factory):
     plans = {name: hand_plan(model, data, layouts) for name, layouts in PLANS.items()}
     plans[ORIGIN] = hand_plan(model, data, PLANS["homogeneous_dp4"])
     plans[WORKERS] = hand_plan(model, data, PLANS["colocated_llm_tp2_dp2"])
-    cfg = TrainConfig(steps=STEPS, seed=SEED, dtype="float64")
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64")
     cfgs = {name: cfg for name in PLANS} | {
-        ORIGIN: TrainConfig(steps=STEPS, seed=SEED, dtype="float64", load="origin"),
-        WORKERS: TrainConfig(steps=STEPS, seed=SEED, dtype="float64", loader_workers=2),  # decoding in processes
+        ORIGIN: TrainConfig(optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", load="origin"),
+        WORKERS: TrainConfig(
+            optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", loader_workers=2
+        ),  # decoding in processes
     }
     out = tmp_path_factory.mktemp("runs")
     return train_tasks(plans, data, cfgs, out, debug=DebugConfig(count_tokens=True)), out
@@ -69,7 +71,7 @@ def launched(dataset, tmp_path_factory):
 def test_plan_on_a_data_file_matches_the_reference(name, dataset, launched):
     root, model, data = dataset
     records, out = launched
-    ref = run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64)
+    ref = run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64, optimizer="sgd", lr=0.1)
     assert [r.loss for r in records[name]] == pytest.approx(ref.losses, rel=1e-9)
     assert_close(merged(out / name, "params"), ref.params, rel=1e-8)
     batches = BatchSource(model, data, SEED)
@@ -110,7 +112,9 @@ def test_a_vanished_image_is_counted_not_fatal(dataset, tmp_path):
     for image in sorted((copy / "media").glob("img_*.png")):
         image.unlink()  # every image gone after indexing
     plan = hand_plan(model, spec, {"llm": (Layout(dp=2), [0, 1])})
-    records = train_local(plan, spec, TrainConfig(steps=2, seed=SEED, dtype="float64"), tmp_path / "run")
+    records = train_local(
+        plan, spec, TrainConfig(optimizer="sgd", lr=0.1, steps=2, seed=SEED, dtype="float64"), tmp_path / "run"
+    )
     assert len(records) == 2 and all(r.loss > 0 for r in records)
     images = [sum(1 for i in BatchSource(model, spec, SEED).build(r.step).enc_tokens if i["vision"]) for r in records]
     assert [r.data["failed"] for r in records] == images and sum(images) > 0
