@@ -1,4 +1,4 @@
-"""`orch launch`: run a plan for real (local processes, or Slurm through submitit: cli/jobs_cmd.py).
+"""`orch launch`: run a plan for real (local processes, torchrun, or Slurm through submitit: cli/jobs_cmd.py).
 
 The run's settings are one model, runtime/train/config.py `TrainSpec`: the `--config` file holds them, and a
 few flags people type (`--steps --lr --dtype --seed --device --resume/--no-resume`) override it. The flags
@@ -16,7 +16,7 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
-EXECUTORS = ("local", "slurm")
+EXECUTORS = ("local", "slurm", "torchrun")
 # Flags that moved into the --config file (issue #28): TrainSpec field -> flag. Remove after one release.
 DEPRECATED = (
     "optimizer", "lr_schedule", "warmup_steps", "min_lr", "clip_norm", "weight_decay", "checkpoint_every",
@@ -75,8 +75,11 @@ def launch(
     setup: str | None = typer.Option(
         None, "--setup", help="Setup file rendered into the sbatch script (default: templates/slurm/default-setup.sh)."
     ),
+    rdzv_endpoint: str | None = typer.Option(
+        None, "--rdzv-endpoint", help="HOST:PORT where a multi-node plan's ranks meet (--executor torchrun)."
+    ),
     dry_run: bool = typer.Option(
-        False, "--dry-run", help="Print the sbatch script and the plan summary; submit nothing."
+        False, "--dry-run", help="Print the sbatch script or the torchrun command and the plan summary; start nothing."
     ),
     wait: bool = typer.Option(False, "--wait", help="Follow the Slurm job until it ends; non-zero exit if it fails."),
     # Deprecated: set these in the --config file (hidden; a warning each).
@@ -130,7 +133,7 @@ def launch(
     from orch.runtime.train.trainer import TrainTask
 
     check_supported(plan)
-    if executor == "local":  # Slurm tasks choose on their nodes (the submitting host may have no GPU)
+    if executor == "local":  # Slurm's and torchrun's ranks choose on their nodes (this host may have no GPU)
         try:
             cfg = cfg.model_copy(update={"device": device_kind(cfg.device, world)})
         except DeviceError as exc:
@@ -158,14 +161,30 @@ def launch(
         return
     out = console()
     task = TrainTask(plan, data_spec, cfg, workdir)
-    from orch.runtime.launch.local import LocalLauncher
+    if executor == "torchrun":
+        from orch.cli.output import print_json_text
+        from orch.runtime.launch.sbatch import allocation
+        from orch.runtime.launch.torchrun import TorchrunLauncher, command_text
 
-    backend = "nccl" if cfg.device == "cuda" else "gloo"
-    out.print(
-        f"launching {plan.placement} plan on {world} local processes ({cfg.device}/{backend}, {cfg.dtype}, "
-        f"seed {cfg.seed})"
-    )
-    records = LocalLauncher(world).submit(task).result()
+        nodes, per_node = allocation(plan)
+        launcher = TorchrunLauncher(nodes, per_node, rdzv_endpoint)
+        if dry_run:
+            print_json_text(command_text(launcher.command(task)))
+            out.print(f"dry run: task written to {Path(workdir).absolute() / 'task.pkl'}; run the command above on "
+                      f"each of {nodes} node(s)", soft_wrap=True)  # fmt: skip
+            return
+        handle = launcher.submit(task)
+        out.print(f"launching {plan.placement} plan under torchrun: {nodes} node(s) x {per_node} ranks ({cfg.dtype})")
+        records = handle.result()
+    else:
+        from orch.runtime.launch.local import LocalLauncher
+
+        backend = "nccl" if cfg.device == "cuda" else "gloo"
+        out.print(
+            f"launching {plan.placement} plan on {world} local processes ({cfg.device}/{backend}, {cfg.dtype}, "
+            f"seed {cfg.seed})"
+        )
+        records = LocalLauncher(world).submit(task).result()
     for r in records:
         out.print(f"step {r.step}: loss {r.loss:.6f}  tokens {r.tokens}  step {r.step_time_s:.3f} s")
     counts = [r.data for r in records if r.data is not None]

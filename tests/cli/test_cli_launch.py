@@ -47,7 +47,7 @@ def test_launch_missing_plan_file(cli, tmp_path):
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [
-        ("--executor", "pbs", "expected one of local, slurm"),
+        ("--executor", "pbs", "expected one of local, slurm, torchrun"),
         ("--dtype", "float16", "expected one of float32"),
     ],
 )
