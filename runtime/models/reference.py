@@ -5,9 +5,10 @@ micro-batch is one tensor of all its samples' tokens, `x_TD`, plus the per-sampl
 attention is computed per sample so it never crosses a sample boundary (correctness first;
 a block-diagonal varlen kernel is an optimisation of the same contract).
 
-Blocks are written for DTensor tensor parallelism (`apply_tp`): q/k/v/gate/up/fc1 are
-column-parallel and o/down/fc2 row-parallel, so the head count a rank holds is read from
-the local output width (heads / tp), never from the spec.
+Blocks are written for DTensor tensor parallelism (`block_tp_plan`, applied by runtime/parallel/tensor.py):
+q/k/v/gate/up/fc1 are column-parallel and o/down/fc2 row-parallel, so the head count a rank holds is read
+from the local output width (heads / tp), never from the spec. Both modules implement the contract of
+runtime/models/contract.py.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from orch.planner.specs import Modality, ModelSpec, ModuleKind, ModuleSpec
 from orch.runtime.models.sequence import SequenceLayout, layouts_or_prefix_first, score_rows
 
 if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
+
     from orch.runtime.parallel.context import CPShard
 
 # The audio stem is a Whisper-style strided conv merging `Modality.frames_per_token` frames into one
@@ -183,7 +186,7 @@ class MoE(nn.Module):
 
     def _expert(self, key: str, x_ND: torch.Tensor) -> torch.Tensor:
         """One expert on its rows, in its weights' dtype: under EP with bf16 compute the experts stay fp32
-        masters outside FSDP2's casts (runtime/parallel/data.py), so their rows are cast to them and back."""
+        masters outside FSDP2's casts (runtime/parallel/fsdp.py), so their rows are cast to them and back."""
         expert = self.experts[key]
         dtype = next(expert.parameters()).dtype
         return expert(x_ND.to(dtype)).to(x_ND.dtype) if dtype != x_ND.dtype else expert(x_ND)
@@ -222,6 +225,25 @@ class Block(nn.Module):
             return x_TD + self.mlp(self.mlp_norm(x_TD))
         x_TD = x_TD + self.attn(self.attn_norm(x_TD), seqlens, cp)
         return x_TD + self.mlp(self.mlp_norm(x_TD))
+
+
+def block_tp_plan(module: nn.Module) -> dict[str, ParallelStyle]:
+    """Megatron's TP plan of every reference Block inside `module` (itself included), keyed by its path: q/k/v
+    and the MLP's first projections colwise, o and the last projection rowwise. MoE blocks keep router and
+    experts unsharded (every TP rank runs the same experts on the same tokens); only their attention splits."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan: dict[str, ParallelStyle] = {}
+    for path, block in module.named_modules():
+        if not isinstance(block, Block):
+            continue
+        at = f"{path}." if path else ""
+        plan |= {f"{at}attn.{p}": ColwiseParallel() for p in ("q", "k", "v")} | {f"{at}attn.o": RowwiseParallel()}
+        if isinstance(block.mlp, GeluMLP):
+            plan |= {f"{at}mlp.fc1": ColwiseParallel(), f"{at}mlp.fc2": RowwiseParallel()}
+        elif not isinstance(block.mlp, MoE):
+            plan |= {f"{at}mlp.{p}": ColwiseParallel() for p in ("gate", "up")} | {f"{at}mlp.down": RowwiseParallel()}
+    return plan
 
 
 class Projector(nn.Module):
@@ -264,6 +286,10 @@ class Encoder(nn.Module):
         self.blocks = nn.ModuleList(Block(spec, causal=False) for _ in range(spec.layers))
         self.norm = RMSNorm(spec.hidden)
         self.projector = Projector(spec.hidden, llm_hidden, spec.downsample)
+        self.output_dim = llm_hidden
+
+    def tp_plan(self) -> dict[str, ParallelStyle]:
+        return block_tp_plan(self)
 
     def forward(self, feats_TF: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
         """feats_TF: packed input features; seqlens: encoder tokens per sample. Returns packed LLM-width tokens.
@@ -302,6 +328,9 @@ class LLM(nn.Module):
         self.blocks = nn.ModuleDict({str(i): Block(spec, causal=True) for i in range(spec.layers)})
         self.norm: RMSNorm | None = RMSNorm(spec.hidden)
         self.head: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
+
+    def tp_plan(self) -> dict[str, ParallelStyle]:
+        return block_tp_plan(self)
 
     def keep_stage(self, stage: int, stages: int) -> None:
         """Drop what pipeline stage `stage` of `stages` does not run (after init: names are kept)."""
@@ -403,7 +432,7 @@ def _stable_seed(*parts: object) -> int:
 def init_module(module: nn.Module, name: str, seed: int) -> None:
     """Fill every parameter from (seed, module name, parameter name) alone: layout-independent.
 
-    Call before `apply_tp`: full tensors are generated on every rank, then sharded.
+    Call before tensor parallelism: full tensors are generated on every rank, then sharded.
     """
     for pname, p in module.named_parameters():
         gen = torch.Generator().manual_seed(_stable_seed(seed, name, pname))

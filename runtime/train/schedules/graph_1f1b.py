@@ -11,7 +11,7 @@ m, and neither island waits for the other's whole step.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -20,24 +20,23 @@ from orch.runtime.data.synthetic import encoder_order
 from orch.runtime.parallel.pipeline import MicroBatch
 from orch.runtime.parallel.transport import P2P
 from orch.runtime.train.compute import encode
+from orch.runtime.train.schedules.context import StepContext, StepWork
+from orch.runtime.train.schedules.llm import run_llm
 
-if TYPE_CHECKING:
-    from orch.runtime.train.step import StepWork, TrainStep
 
-
-def run_graph_1f1b(step: TrainStep, work: StepWork) -> torch.Tensor:
+def run_graph_1f1b(ctx: StepContext, work: StepWork) -> torch.Tensor:
     """Run this rank's island of the step; returns its summed loss (zero off the LLM's last stage)."""
-    model, dtype, device = step.model, step.cfg.torch_dtype, step.device
+    model, dtype, device = ctx.model, ctx.dtype, ctx.device
     llm_name, width = model.llm_name, model.llm.hidden
     batch, tables, phases, spans = work.batch, work.tables, work.phases, work.spans
-    router = step.router
+    router = ctx.router
     encs = encoder_order(model)
     t = time.perf_counter()
-    inputs = {e: step.inputs(e, work) for e in encs}  # world collectives first, same order
-    texts = {s.id: s for s in step.inputs(llm_name, work)}
+    inputs = {e: ctx.inputs(e, work) for e in encs}  # world collectives first, same order
+    texts = {s.id: s for s in ctx.inputs(llm_name, work)}
     phases["route"] = time.perf_counter() - t
     micro_of: dict[int, int] = {}
-    llm_dp = step.grids[llm_name].dp
+    llm_dp = ctx.grids[llm_name].dp
     per_dp = [router.micro_batches(llm_name, tables.held(llm_name, j), batch) for j in range(llm_dp)]
     for mbs in per_dp:
         for mb in mbs:
@@ -51,7 +50,7 @@ def run_graph_1f1b(step: TrainStep, work: StepWork) -> torch.Tensor:
         return P2P(tag=2 * (encs.index(e) * count + m), pending=pending)
 
     t = time.perf_counter()
-    if step.stage is not None:
+    if ctx.stage is not None:
         # The moved rows enter the LLM as leaves; after B(m) their gradients go back edge by edge in
         # reversed encoder order, the order the encoder islands receive them (NCCL has no tags).
         arrived: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -60,8 +59,8 @@ def run_graph_1f1b(step: TrainStep, work: StepWork) -> torch.Tensor:
             out = {}
             for e in encs:
                 leaf = torch.zeros(0, width, dtype=dtype, device=device, requires_grad=True)
-                got = step.boundaries[e].forward(
-                    leaf, batch, step.rank, step.world, table[e], only=members[mb.index], p2p=p2p(e, mb.index)
+                got = ctx.boundaries[e].forward(
+                    leaf, batch, ctx.rank, ctx.world, table[e], only=members[mb.index], p2p=p2p(e, mb.index)
                 )
                 rows = got.detach().requires_grad_()
                 arrived[(e, mb.index)] = (got, rows)
@@ -74,22 +73,22 @@ def run_graph_1f1b(step: TrainStep, work: StepWork) -> torch.Tensor:
                 if got is not None and rows is not None:
                     torch.autograd.backward(got, rows.grad if rows.grad is not None else torch.zeros_like(rows))
 
-        loss_sum = step.run_llm(work, texts, encoder_rows, send_back)
+        loss_sum = run_llm(ctx, work, texts, encoder_rows, send_back)
         phases[f"{llm_name}.fwd_bwd"] = time.perf_counter() - t
     else:
         loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        served = [e for e in encs if e in step.modules]
+        served = [e for e in encs if e in ctx.modules]
         moved: dict[tuple[str, int], torch.Tensor] = {}
-        for kind, m in one_f_one_b_order(step.grids[llm_name].pp + 1, count)[0]:
+        for kind, m in one_f_one_b_order(ctx.grids[llm_name].pp + 1, count)[0]:
             for e in served if kind == "F" else reversed(served):
                 t_op = time.perf_counter()
                 if kind == "F":
                     chunk = [s for s in inputs[e] if micro_of[s.id] == m]
-                    step.count_encoder(work.counter, e, chunk)
+                    ctx.count_encoder(work.counter, e, chunk)
                     fpt = model.modality(e).frames_per_token
-                    out = encode(step.modules[e], e, chunk, dtype, fpt, step.cp[e])
-                    moved[(e, m)] = step.boundaries[e].forward(
-                        out, batch, step.rank, step.world, table[e], only=members[m], p2p=p2p(e, m)
+                    out = encode(ctx.modules[e], e, chunk, dtype, fpt, ctx.cp[e])
+                    moved[(e, m)] = ctx.boundaries[e].forward(
+                        out, batch, ctx.rank, ctx.world, table[e], only=members[m], p2p=p2p(e, m)
                     )
                 else:
                     done = moved.pop((e, m))

@@ -11,48 +11,46 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
 from orch.runtime.data.synthetic import encoder_order
 from orch.runtime.parallel.pipeline import MicroBatch
 from orch.runtime.train.compute import encode
+from orch.runtime.train.schedules.context import StepContext, StepWork
+from orch.runtime.train.schedules.llm import run_llm
 
-if TYPE_CHECKING:
-    from orch.runtime.train.step import StepWork, TrainStep
 
-
-def run_three_phase(step: TrainStep, work: StepWork) -> torch.Tensor:
+def run_three_phase(ctx: StepContext, work: StepWork) -> torch.Tensor:
     """Run the step's three phases on this rank; returns its summed loss (zero off the LLM's last stage)."""
-    model, dtype, device = step.model, step.cfg.torch_dtype, step.device
+    model, dtype, device = ctx.model, ctx.dtype, ctx.device
     llm_name, width = model.llm_name, model.llm.hidden
     batch, tables, phases, spans = work.batch, work.tables, work.phases, work.spans
-    balanced = step.router.balanced
+    balanced = ctx.router.balanced
     t = time.perf_counter()
     # Phase 1: encoder forwards (inputs moved to their balanced ranks), then the boundary moves.
     moved: dict[str, torch.Tensor] = {}
     outs: dict[str, torch.Tensor] = {}
     for e in encoder_order(model):
-        samples = step.inputs(e, work)
+        samples = ctx.inputs(e, work)
         now = time.perf_counter()
         phases[f"{e}.route"] = now - t
         t = now
-        if e in step.modules:
-            step.count_encoder(work.counter, e, samples)
-            chunks = step.router.chunks(e, samples)
+        if e in ctx.modules:
+            ctx.count_encoder(work.counter, e, samples)
+            chunks = ctx.router.chunks(e, samples)
             fpt = model.modality(e).frames_per_token
-            out = torch.cat([encode(step.modules[e], e, c, dtype, fpt, step.cp[e]) for c in chunks])
+            out = torch.cat([encode(ctx.modules[e], e, c, dtype, fpt, ctx.cp[e]) for c in chunks])
         else:
             out = torch.zeros(0, width, dtype=dtype, device=device)
         outs[e] = out
         now = time.perf_counter()
         phases[f"{e}.fwd"] = now - t
-        if e in step.modules:
+        if e in ctx.modules:
             spans.append((e, "forward", t, now))
         t = now
         table = tables.boundary_table(e) if balanced else None
-        moved[e] = step.boundaries[e].forward(out, batch, step.rank, step.world, table)
+        moved[e] = ctx.boundaries[e].forward(out, batch, ctx.rank, ctx.world, table)
         now = time.perf_counter()
         phases[f"{e}.boundary"] = now - t
         spans.append((e, "boundary", t, now))
@@ -62,21 +60,21 @@ def run_three_phase(step: TrainStep, work: StepWork) -> torch.Tensor:
     # that collect the gradients.
     leaves = {e: moved[e].detach().requires_grad_() for e in moved}
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    texts = {s.id: s for s in step.inputs(llm_name, work)}
+    texts = {s.id: s for s in ctx.inputs(llm_name, work)}
     now = time.perf_counter()
     phases[f"{llm_name}.route"] = now - t
     t = now
-    if step.stage is not None:
-        ids = step.router.held(llm_name, tables)
+    if ctx.stage is not None:
+        ids = ctx.router.held(llm_name, tables)
         rows: dict[str, tuple[torch.Tensor, ...]] = {}
-        if step.stage.is_first:
+        if ctx.stage.is_first:
             rows = {e: leaves[e].split([batch.projected(e, i) for i in ids]) for e in leaves}
         pos = {sid: j for j, sid in enumerate(ids)}
 
         def encoder_rows(mb: MicroBatch) -> dict[str, list[torch.Tensor]]:
             return {e: [rows[e][pos[i]] for i in mb.ids] for e in rows}
 
-        loss_sum += step.run_llm(work, texts, encoder_rows)
+        loss_sum += run_llm(ctx, work, texts, encoder_rows)
     phases[f"{llm_name}.fwd_bwd"] = time.perf_counter() - t
     t = time.perf_counter()
 

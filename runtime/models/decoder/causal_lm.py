@@ -46,6 +46,9 @@ class HFCausalLM(HFModule):
             )
         return plan
 
+    def layer_stack(self) -> nn.Module:
+        return self.layers
+
     def keep_stage(self, stage: int, stages: int) -> None:
         keep = stage_layers(len(self.layers), stages, stage)
         for key in [k for k in self.layers if int(k) not in keep]:
