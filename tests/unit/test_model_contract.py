@@ -84,7 +84,9 @@ def test_the_reference_tp_plan_shards_every_block_by_path():
     assert cols == {f"{b}.{p}" for b in blocks for p in ("attn.q", "attn.k", "attn.v", "mlp.gate", "mlp.up")}
     assert rows == {f"{b}.{p}" for b in blocks for p in ("attn.o", "mlp.down")}
     # a bare Block (orch profile times one) keys its own children
-    assert set(block_tp_plan(llm.blocks["0"])) == {k.removeprefix("blocks.0.") for k in plan if k.startswith("blocks.0.")}
+    assert set(block_tp_plan(llm.blocks["0"])) == {
+        k.removeprefix("blocks.0.") for k in plan if k.startswith("blocks.0.")
+    }
 
 
 def test_moe_blocks_shard_only_their_attention():
