@@ -22,14 +22,16 @@ import hashlib
 import json
 import random
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from orch.planner.specs import DataSpec, ModelSpec
+from orch.runtime.data.batch import GlobalBatch, Sample, encoder_order
 from orch.runtime.data.index import IGNORE, TextTokens
-from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order
+from orch.runtime.data.synthetic import SyntheticBatch
 from orch.runtime.models.reference import projected_len
 from orch.runtime.models.sequence import SequenceLayout
 
@@ -153,31 +155,55 @@ class ConversationData:
 
 
 @dataclass(frozen=True)
-class ConversationBatch(GlobalBatch):
-    """A step's samples from a data file: lengths known everywhere, media decoded where asked (`sample`)."""
+class ConversationBatch:
+    """A step's samples from a data file: lengths known everywhere, media decoded where asked (`sample`).
 
-    source: ConversationData | None = None
-    rows: tuple[int, ...] = ()
-    trained: tuple[int, ...] = ()  # per sample, its text positions with a target
-    skipped: tuple[int, ...] = field(default=())  # rows whose sample could not be read
-    truncated: int = 0  # samples cut to seq_len
+    Implements `GlobalBatch` (runtime/data/batch.py)."""
+
+    model: ModelSpec
+    seed: int
+    step: int
+    enc_tokens: tuple[dict[str, int], ...]  # per sample: encoder name -> encoder tokens
+    text_tokens: tuple[int, ...]
+    source: ConversationData
+    rows: tuple[int, ...]
+    trained: tuple[int, ...]  # per sample, its text positions with a target
+    skipped: tuple[int, ...]  # rows whose sample could not be read
+    truncated: int  # samples cut to seq_len
     # decoded inputs, per (sample, encoder): each decoded once per step on a rank however many callers ask
     decoded: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
     failed: list[int] = field(default_factory=list, compare=False, repr=False)  # samples whose media failed here
 
     @property
+    def size(self) -> int:
+        return len(self.text_tokens)
+
+    @property
     def label_tokens(self) -> int:
         return max(1, sum(self.trained))
 
+    def projected(self, encoder: str, sample_id: int) -> int:
+        return projected_len(self.enc_tokens[sample_id][encoder], self.model.modules[encoder].downsample)
+
+    @cached_property
+    def _layouts(self) -> dict[int, SequenceLayout]:
+        return {}
+
+    def layout(self, sample_id: int) -> SequenceLayout:
+        """Each image's or clip's rows where its placeholder stood in the text (runtime/data/expansion.py),
+        built once per batch."""
+        if sample_id not in self._layouts:
+            self._layouts[sample_id] = self._build_layout(sample_id)
+        return self._layouts[sample_id]
+
     def _build_layout(self, sample_id: int) -> SequenceLayout:
-        """Each image's or clip's rows where its placeholder stood in the text (runtime/data/expansion.py)."""
         from orch.runtime.data.expansion import conversation_layout
 
-        assert self.source is not None
         row = self.rows[sample_id]
         text = self.source.text(row)
         if text is None:  # no longer parses: trained on nothing, the indexed rows first
-            return super()._build_layout(sample_id)
+            prefix = sum(self.projected(e, sample_id) for e in encoder_order(self.model))
+            return SequenceLayout.prefix_first(prefix, self.text_tokens[sample_id])
         return conversation_layout(self.model, text.marks, self.text_tokens[sample_id], self.source.media(row))
 
     def store(self, sample_id: int, encoders: tuple[str, ...], feats: dict[str, torch.Tensor] | None) -> None:
@@ -205,7 +231,6 @@ class ConversationBatch(GlobalBatch):
         device: torch.device | str = "cpu",
         encoders: tuple[str, ...] | None = None,
     ) -> Sample:
-        assert self.source is not None
         src, row = self.source, self.rows[sample_id]
         n = self.text_tokens[sample_id]
         text = src.text(row)
@@ -235,4 +260,4 @@ class BatchSource:
     def build(self, step: int) -> GlobalBatch:
         if self.files is not None:
             return self.files.batch(self.seed, step)
-        return GlobalBatch.build(self.model, self.data, self.seed, step)
+        return SyntheticBatch.build(self.model, self.data, self.seed, step)

@@ -29,9 +29,9 @@ from torch import nn
 from orch.planner.balance.mode import Mode
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
+from orch.runtime.data.batch import GlobalBatch, Sample, encoder_order, initial_dp_index
 from orch.runtime.data.prefetch import SamplePrefetcher
 from orch.runtime.data.source import BatchSource, ConversationBatch
-from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order, initial_dp_index
 from orch.runtime.memory import measured_step, parameter_storages, peak_bytes, state_parts
 from orch.runtime.models.build import build_modules
 from orch.runtime.models.hf.module import HFModule

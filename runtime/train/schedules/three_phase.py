@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from orch.runtime.data.synthetic import encoder_order
+from orch.runtime.data.batch import encoder_order
 from orch.runtime.parallel.pipeline import MicroBatch
 from orch.runtime.train.compute import encode
 
