@@ -30,6 +30,7 @@ import torch
 
 from orch.planner.specs import DataSpec, ModelSpec
 from orch.runtime.data.batch import GlobalBatch, Sample, encoder_order
+from orch.runtime.data.decode_cache import DecodeCache
 from orch.runtime.data.index import IGNORE, TextTokens
 from orch.runtime.data.synthetic import SyntheticBatch
 from orch.runtime.models.reference import projected_len
@@ -151,6 +152,7 @@ class ConversationData:
         return ConversationBatch(
             self.model, seed, step, tuple(enc_tokens), tuple(text_tokens), source=self, rows=tuple(rows),
             trained=tuple(trained), skipped=tuple(skipped), truncated=truncated,
+            decoded=DecodeCache(self.model, tuple(enc_tokens)),
         )  # fmt: skip
 
 
@@ -158,7 +160,9 @@ class ConversationData:
 class ConversationBatch:
     """A step's samples from a data file: lengths known everywhere, media decoded where asked (`sample`).
 
-    Implements `GlobalBatch` (runtime/data/batch.py)."""
+    Implements `GlobalBatch` (runtime/data/batch.py). Its decoded media live in `decoded`, the step's
+    `DecodeCache` on this rank, handed in when the batch is built: the prefetch thread fills it ahead of the
+    step (runtime/data/prefetch.py), `sample` reads through it and decodes what is still missing."""
 
     model: ModelSpec
     seed: int
@@ -170,9 +174,7 @@ class ConversationBatch:
     trained: tuple[int, ...]  # per sample, its text positions with a target
     skipped: tuple[int, ...]  # rows whose sample could not be read
     truncated: int  # samples cut to seq_len
-    # decoded inputs, per (sample, encoder): each decoded once per step on a rank however many callers ask
-    decoded: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
-    failed: list[int] = field(default_factory=list, compare=False, repr=False)  # samples whose media failed here
+    decoded: DecodeCache = field(compare=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -206,23 +208,11 @@ class ConversationBatch:
             return SequenceLayout.prefix_first(prefix, self.text_tokens[sample_id])
         return conversation_layout(self.model, text.marks, self.text_tokens[sample_id], self.source.media(row))
 
-    def store(self, sample_id: int, encoders: tuple[str, ...], feats: dict[str, torch.Tensor] | None) -> None:
-        """Keep a sample's decoded inputs (`ConversationData.decode`, here or in a loader worker); zeros of the
-        indexed shape where a file could not be read, counted in `failed`."""
-        for e in encoders:
-            rows = self.enc_tokens[sample_id][e] * self.model.modality(e).frames_per_token
-            got = feats.get(e) if feats is not None else None
-            if got is None or got.shape[0] != rows:  # unreadable now (or changed): zeros, trained on nothing
-                got = torch.zeros(rows, self.model.modules[e].input_dim or 1)
-                if sample_id not in self.failed:
-                    self.failed.append(sample_id)
-            self.decoded[(sample_id, e)] = got
-
     def data_counts(self) -> dict[str, int]:
         """This step's data outcomes on this rank: samples, skipped (no longer parse), truncated, failed
         (media unreadable where this rank decoded them), decoded (the (sample, encoder) inputs it built)."""
         return {"samples": self.size, "skipped": len(self.skipped), "truncated": self.truncated,
-                "failed": len(self.failed), "decoded": len(self.decoded)}  # fmt: skip
+                **self.decoded.counts()}  # fmt: skip
 
     def sample(
         self,
@@ -235,16 +225,16 @@ class ConversationBatch:
         n = self.text_tokens[sample_id]
         text = src.text(row)
         wanted = tuple(encoder_order(self.model)) if encoders is None else encoders
-        missing = tuple(e for e in wanted if (sample_id, e) not in self.decoded)
+        missing = self.decoded.missing(sample_id, wanted)
         if missing:
-            self.store(sample_id, missing, src.decode(row, missing))
+            self.decoded.put(sample_id, missing, src.decode(row, missing))
         if text is None:
             ids, targets = [0] * n, [IGNORE] * n
         else:
             ids, targets = text.ids[:n], text.labels[:n]
         return Sample(
             sample_id,
-            {e: self.decoded[(sample_id, e)].to(device, dtype) for e in wanted},
+            {e: self.decoded.get(sample_id, e).to(device, dtype) for e in wanted},
             torch.tensor(ids, dtype=torch.int64, device=device),
             torch.tensor(targets, dtype=torch.int64, device=device),
         )
