@@ -75,6 +75,26 @@ def test_a_prefetched_batch_trains_on_what_it_would_decode_itself(files):
     assert prefetched.data_counts()["decoded"] == len(ids) * len(ENCODERS)
 
 
+@pytest.mark.slow
+def test_a_loader_worker_process_fills_the_cache_as_the_thread_does(files):
+    _, model, data = files
+    by_thread, by_worker = _conversation_batch(model, data, step=1), _conversation_batch(model, data, step=1)
+    ids = list(range(by_thread.size))
+    for batch, workers in ((by_thread, 0), (by_worker, 1)):
+        loader = SamplePrefetcher(torch.float64, workers, (model, data))
+        try:
+            loader.start(batch, lambda: {e: ids for e in ENCODERS})
+            loader.wait(batch.step)
+        finally:
+            loader.close()
+    assert by_worker.data_counts() == by_thread.data_counts()
+    assert by_worker.decoded.counts() == {"failed": 0, "decoded": len(ids) * len(ENCODERS)}
+    for i in ids:
+        a, b = by_thread.sample(i, torch.float64), by_worker.sample(i, torch.float64)
+        assert all(torch.equal(a.feats[e], b.feats[e]) for e in ENCODERS)
+    assert by_worker.data_counts() == by_thread.data_counts()  # nothing decoded again when asked
+
+
 def test_unreadable_media_are_zeros_counted_once_per_sample(files):
     _, model, data = files
     batch = _conversation_batch(model, data)
