@@ -22,14 +22,17 @@ import hashlib
 import json
 import random
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from orch.planner.specs import DataSpec, ModelSpec
+from orch.runtime.data.batch import GlobalBatch, Sample, encoder_order
+from orch.runtime.data.decode_cache import DecodeCache
 from orch.runtime.data.index import IGNORE, TextTokens
-from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order
+from orch.runtime.data.synthetic import SyntheticBatch
 from orch.runtime.models.reference import projected_len
 from orch.runtime.models.sequence import SequenceLayout
 
@@ -149,54 +152,67 @@ class ConversationData:
         return ConversationBatch(
             self.model, seed, step, tuple(enc_tokens), tuple(text_tokens), source=self, rows=tuple(rows),
             trained=tuple(trained), skipped=tuple(skipped), truncated=truncated,
+            decoded=DecodeCache(self.model, tuple(enc_tokens)),
         )  # fmt: skip
 
 
 @dataclass(frozen=True)
-class ConversationBatch(GlobalBatch):
-    """A step's samples from a data file: lengths known everywhere, media decoded where asked (`sample`)."""
+class ConversationBatch:
+    """A step's samples from a data file: lengths known everywhere, media decoded where asked (`sample`).
 
-    source: ConversationData | None = None
-    rows: tuple[int, ...] = ()
-    trained: tuple[int, ...] = ()  # per sample, its text positions with a target
-    skipped: tuple[int, ...] = field(default=())  # rows whose sample could not be read
-    truncated: int = 0  # samples cut to seq_len
-    # decoded inputs, per (sample, encoder): each decoded once per step on a rank however many callers ask
-    decoded: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
-    failed: list[int] = field(default_factory=list, compare=False, repr=False)  # samples whose media failed here
+    Implements `GlobalBatch` (runtime/data/batch.py). Its decoded media live in `decoded`, the step's
+    `DecodeCache` on this rank, handed in when the batch is built: the prefetch thread fills it ahead of the
+    step (runtime/data/prefetch.py), `sample` reads through it and decodes what is still missing."""
+
+    model: ModelSpec
+    seed: int
+    step: int
+    enc_tokens: tuple[dict[str, int], ...]  # per sample: encoder name -> encoder tokens
+    text_tokens: tuple[int, ...]
+    source: ConversationData
+    rows: tuple[int, ...]
+    trained: tuple[int, ...]  # per sample, its text positions with a target
+    skipped: tuple[int, ...]  # rows whose sample could not be read
+    truncated: int  # samples cut to seq_len
+    decoded: DecodeCache = field(compare=False, repr=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.text_tokens)
 
     @property
     def label_tokens(self) -> int:
         return max(1, sum(self.trained))
 
+    def projected(self, encoder: str, sample_id: int) -> int:
+        return projected_len(self.enc_tokens[sample_id][encoder], self.model.modules[encoder].downsample)
+
+    @cached_property
+    def _layouts(self) -> dict[int, SequenceLayout]:
+        return {}
+
+    def layout(self, sample_id: int) -> SequenceLayout:
+        """Each image's or clip's rows where its placeholder stood in the text (runtime/data/expansion.py),
+        built once per batch."""
+        if sample_id not in self._layouts:
+            self._layouts[sample_id] = self._build_layout(sample_id)
+        return self._layouts[sample_id]
+
     def _build_layout(self, sample_id: int) -> SequenceLayout:
-        """Each image's or clip's rows where its placeholder stood in the text (runtime/data/expansion.py)."""
         from orch.runtime.data.expansion import conversation_layout
 
-        assert self.source is not None
         row = self.rows[sample_id]
         text = self.source.text(row)
         if text is None:  # no longer parses: trained on nothing, the indexed rows first
-            return super()._build_layout(sample_id)
+            prefix = sum(self.projected(e, sample_id) for e in encoder_order(self.model))
+            return SequenceLayout.prefix_first(prefix, self.text_tokens[sample_id])
         return conversation_layout(self.model, text.marks, self.text_tokens[sample_id], self.source.media(row))
-
-    def store(self, sample_id: int, encoders: tuple[str, ...], feats: dict[str, torch.Tensor] | None) -> None:
-        """Keep a sample's decoded inputs (`ConversationData.decode`, here or in a loader worker); zeros of the
-        indexed shape where a file could not be read, counted in `failed`."""
-        for e in encoders:
-            rows = self.enc_tokens[sample_id][e] * self.model.modality(e).frames_per_token
-            got = feats.get(e) if feats is not None else None
-            if got is None or got.shape[0] != rows:  # unreadable now (or changed): zeros, trained on nothing
-                got = torch.zeros(rows, self.model.modules[e].input_dim or 1)
-                if sample_id not in self.failed:
-                    self.failed.append(sample_id)
-            self.decoded[(sample_id, e)] = got
 
     def data_counts(self) -> dict[str, int]:
         """This step's data outcomes on this rank: samples, skipped (no longer parse), truncated, failed
         (media unreadable where this rank decoded them), decoded (the (sample, encoder) inputs it built)."""
         return {"samples": self.size, "skipped": len(self.skipped), "truncated": self.truncated,
-                "failed": len(self.failed), "decoded": len(self.decoded)}  # fmt: skip
+                **self.decoded.counts()}  # fmt: skip
 
     def sample(
         self,
@@ -205,21 +221,20 @@ class ConversationBatch(GlobalBatch):
         device: torch.device | str = "cpu",
         encoders: tuple[str, ...] | None = None,
     ) -> Sample:
-        assert self.source is not None
         src, row = self.source, self.rows[sample_id]
         n = self.text_tokens[sample_id]
         text = src.text(row)
         wanted = tuple(encoder_order(self.model)) if encoders is None else encoders
-        missing = tuple(e for e in wanted if (sample_id, e) not in self.decoded)
+        missing = self.decoded.missing(sample_id, wanted)
         if missing:
-            self.store(sample_id, missing, src.decode(row, missing))
+            self.decoded.put(sample_id, missing, src.decode(row, missing))
         if text is None:
             ids, targets = [0] * n, [IGNORE] * n
         else:
             ids, targets = text.ids[:n], text.labels[:n]
         return Sample(
             sample_id,
-            {e: self.decoded[(sample_id, e)].to(device, dtype) for e in wanted},
+            {e: self.decoded.get(sample_id, e).to(device, dtype) for e in wanted},
             torch.tensor(ids, dtype=torch.int64, device=device),
             torch.tensor(targets, dtype=torch.int64, device=device),
         )
@@ -235,4 +250,4 @@ class BatchSource:
     def build(self, step: int) -> GlobalBatch:
         if self.files is not None:
             return self.files.batch(self.seed, step)
-        return GlobalBatch.build(self.model, self.data, self.seed, step)
+        return SyntheticBatch.build(self.model, self.data, self.seed, step)

@@ -5,11 +5,9 @@ features from a generator seeded by (seed, step, sample id), so any rank can bui
 sample without communication and every plan sees the same batch.
 
 LLM sequence of a sample: the projected tokens of each encoder (`encoder_order`: by name), then text
-tokens (`GlobalBatch.layout`: prefix first), so that the total is the sample's LLM length (capped at
+tokens (`SyntheticBatch.layout`: prefix first), so that the total is the sample's LLM length (capped at
 seq_len); text has at least one token. The loss is on text tokens only; labels are synthetic token ids.
-
-Initial placement (`initial_dp_index`): sample i starts on DP index i % dp of a module,
-round-robin, so every DP rank gets a share whatever the ratio.
+`SyntheticBatch` implements runtime/data/batch.py's `GlobalBatch`.
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ import torch
 
 from orch.planner.data import sample_lengths
 from orch.planner.specs import DataSpec, ModelSpec
+from orch.runtime.data.batch import Sample, encoder_order
 from orch.runtime.models.reference import projected_len
 from orch.runtime.models.sequence import SequenceLayout
 
@@ -31,29 +30,8 @@ def _mix(*parts: object) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def encoder_order(model: ModelSpec) -> list[str]:
-    """Encoders by name: the order of their tokens in an LLM sequence and of their random draws.
-
-    Not the spec's dict order: a YAML round trip may sort keys (yaml.safe_dump does), and the
-    batch and the model must not change with it.
-    """
-    return sorted(model.encoder_names)
-
-
-def initial_dp_index(sample_id: int, dp: int) -> int:
-    return sample_id % dp
-
-
 @dataclass(frozen=True)
-class Sample:
-    id: int
-    feats: dict[str, torch.Tensor]  # encoder name -> input features [frames, input_dim] (frames may be 0)
-    text: torch.Tensor  # [text_len] token ids
-    labels: torch.Tensor  # [text_len] target ids
-
-
-@dataclass(frozen=True)
-class GlobalBatch:
+class SyntheticBatch:
     """Lengths of every sample of one step (known to all ranks); features built on demand."""
 
     model: ModelSpec
@@ -63,7 +41,7 @@ class GlobalBatch:
     text_tokens: tuple[int, ...]
 
     @classmethod
-    def build(cls, model: ModelSpec, data: DataSpec, seed: int, step: int) -> GlobalBatch:
+    def build(cls, model: ModelSpec, data: DataSpec, seed: int, step: int) -> SyntheticBatch:
         lengths = sample_lengths(data, data.global_batch, seed=_mix("batch", seed, step))
         encs = encoder_order(model)
         enc_tokens, text_tokens = [], []
@@ -130,4 +108,4 @@ class GlobalBatch:
         return Sample(sample_id, feats, text.to(device), labels.to(device))
 
 
-__all__ = ["GlobalBatch", "Sample", "initial_dp_index"]
+__all__ = ["SyntheticBatch"]

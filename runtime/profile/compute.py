@@ -62,7 +62,7 @@ class ModuleCases:
     def rest(self, case: RestCase) -> float:
         import torch
 
-        from orch.runtime.data.synthetic import Sample
+        from orch.runtime.data.batch import Sample
         from orch.runtime.train.compute import encode, text_loss
 
         n, k, dev = case.module, case.k, self.device

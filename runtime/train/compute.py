@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from orch.runtime.data.synthetic import Sample
+from orch.runtime.data.batch import Sample
 from orch.runtime.models.sequence import SequenceLayout, layouts_or_prefix_first, scored_labels
 from orch.runtime.parallel.context import CPGroup
 

@@ -28,9 +28,9 @@ from torch import nn
 from orch.planner.balance.mode import Mode
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
+from orch.runtime.data.batch import GlobalBatch, initial_dp_index
 from orch.runtime.data.prefetch import SamplePrefetcher
 from orch.runtime.data.source import BatchSource, ConversationBatch
-from orch.runtime.data.synthetic import GlobalBatch, initial_dp_index
 from orch.runtime.memory import measured_step, parameter_storages, peak_bytes, state_parts
 from orch.runtime.parallel.boundary import Boundary
 from orch.runtime.parallel.expert import is_expert_param

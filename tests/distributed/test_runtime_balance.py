@@ -25,7 +25,8 @@ from orch.planner.costs import forward_coefficients
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
 from orch.planner.routing import RouteTable
-from orch.runtime.data.synthetic import GlobalBatch, encoder_order
+from orch.runtime.data.batch import GlobalBatch, encoder_order
+from orch.runtime.data.synthetic import SyntheticBatch
 from orch.runtime.parallel.grid import Grid, build_grids
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
@@ -102,7 +103,7 @@ def _tables(specs, name, mode, step=0) -> tuple[StepTables, GlobalBatch]:
     model, data = specs
     plan = _plan(specs, name)
     orch = Orchestrator(plan, build_grids(plan.modules), mode, 8)
-    batch = GlobalBatch.build(model, data, SEED, step)
+    batch = SyntheticBatch.build(model, data, SEED, step)
     return orch.dispatch(step, lengths_columns(model, batch)), batch
 
 
@@ -124,7 +125,7 @@ def test_calibration_is_a_per_sample_constant_and_a_pair_rate(specs):
     plan = _plan(specs, "colocated_enc_dp4_llm_dp2_tp2")
     calibration = {"vision": (1e5, 2.0), "audio": (3e5, 1.0), "llm": (7e5, 3.0)}
     orch = Orchestrator(plan, build_grids(plan.modules), "lpt", 8, calibration)
-    batch = GlobalBatch.build(model, data, SEED, 0)
+    batch = SyntheticBatch.build(model, data, SEED, 0)
     cols = lengths_columns(model, batch)
     t = orch.dispatch(0, cols)
     for m, (c, q) in calibration.items():
@@ -293,7 +294,7 @@ def test_balanced_training_matches_reference(specs, reference, gloo, name, mode)
     # Every sample is processed exactly once per phase per step, with all of its tokens.
     plan = _plan(specs, name)
     for r in records:
-        batch = GlobalBatch.build(model, data, SEED, r["step"])
+        batch = SyntheticBatch.build(model, data, SEED, r["step"])
         want = lengths_columns(model, batch)
         for m, col in want.items():
             seen: dict[int, int] = {}

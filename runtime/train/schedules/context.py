@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from orch.planner.specs import ModelSpec
-from orch.runtime.data.synthetic import GlobalBatch, Sample
+from orch.runtime.data.batch import GlobalBatch, Sample
 from orch.runtime.parallel.boundary import Boundary
 from orch.runtime.parallel.context import CPGroup
 from orch.runtime.parallel.grid import Grid

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from orch.planner.trace import one_f_one_b_order
-from orch.runtime.data.synthetic import encoder_order
+from orch.runtime.data.batch import encoder_order
 from orch.runtime.parallel.pipeline import MicroBatch
 from orch.runtime.parallel.transport import P2P
 from orch.runtime.train.compute import encode

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from orch.runtime.data.synthetic import Sample, encoder_order
+from orch.runtime.data.batch import Sample, encoder_order
 from orch.runtime.models.sequence import scored_labels
 from orch.runtime.parallel.context import CPShard
 from orch.runtime.parallel.pipeline import MicroBatch

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from orch.runtime.data.synthetic import encoder_order
+from orch.runtime.data.batch import encoder_order
 from orch.runtime.parallel.pipeline import MicroBatch
 from orch.runtime.train.compute import encode
 from orch.runtime.train.schedules.context import StepContext, StepWork
