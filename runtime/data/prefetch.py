@@ -40,9 +40,8 @@ def _decode_in_worker(row: int, encoders: tuple[str, ...]) -> dict[str, torch.Te
 
 
 class SamplePrefetcher:
-    def __init__(self, dtype: torch.dtype, workers: int = 0, opened: tuple[ModelSpec, DataSpec] | None = None) -> None:
-        """`dtype` is unused: the cache keeps inputs as decoded and `sample` casts them (kept for train/step.py's
-        call until it drops the argument)."""
+    def __init__(self, workers: int = 0, opened: tuple[ModelSpec, DataSpec] | None = None) -> None:
+        """`workers` processes decoding (0: one thread); `opened`: the model and data they open."""
         self._thread: ThreadPoolExecutor | None = None
         self._procs: ProcessPoolExecutor | None = None
         self._workers, self._opened = workers, opened

@@ -87,7 +87,7 @@ class TrainStep:
         self.device = torch.device(device)
         self.model = model = plan.model
         self.batches = BatchSource(model, data, cfg.seed)  # synthetic, or the user's data file
-        self.prefetcher = SamplePrefetcher(cfg.torch_dtype, cfg.loader_workers, (model, data))
+        self.prefetcher = SamplePrefetcher(cfg.loader_workers, (model, data))
         self._upcoming: GlobalBatch | None = None
         self.grids: dict[str, Grid] = build_grids(plan.modules, self.device.type)
         build_meshes(self.grids)

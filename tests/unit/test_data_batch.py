@@ -58,7 +58,7 @@ def test_a_prefetched_batch_trains_on_what_it_would_decode_itself(files):
     _, model, data = files
     prefetched, asked = _conversation_batch(model, data), _conversation_batch(model, data)
     ids = list(range(prefetched.size))
-    loader = SamplePrefetcher(torch.float64)
+    loader = SamplePrefetcher()
     try:
         loader.start(prefetched, lambda: {e: ids for e in ENCODERS})
         assert loader.wait(prefetched.step) >= 0.0
@@ -81,7 +81,7 @@ def test_a_loader_worker_process_fills_the_cache_as_the_thread_does(files):
     by_thread, by_worker = _conversation_batch(model, data, step=1), _conversation_batch(model, data, step=1)
     ids = list(range(by_thread.size))
     for batch, workers in ((by_thread, 0), (by_worker, 1)):
-        loader = SamplePrefetcher(torch.float64, workers, (model, data))
+        loader = SamplePrefetcher(workers, (model, data))
         try:
             loader.start(batch, lambda: {e: ids for e in ENCODERS})
             loader.wait(batch.step)
