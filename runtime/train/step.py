@@ -157,17 +157,44 @@ class TrainStep:
 
         t0 = time.perf_counter()
         self.debug.inject(self.rank, k)
-        upcoming_now = self._upcoming
+        work = self._begin(k)
+        t = time.perf_counter()
+        self.data_parallel.begin()  # every module's parameters gathered once for the step
+        work.phases["gather"] = time.perf_counter() - t
+        with measured_step(self.device, parameter_storages(self.modules)) as meter:
+            loss_sum = (run_graph_1f1b if self.graph else run_three_phase)(self.ctx, work)
+        gathered = self.data_parallel.gathered_bytes()
+        grad_norm, lr = self._update(k, work)
+        state = state_parts(self.modules, self.optimizer)
+        memory = {"state_bytes": sum(state.values()), "peak_bytes": peak_bytes(self.device, meter, state, gathered)}
+        batch = work.batch
+        balance = {"mode": self.orch.mode.value, **self.orch.record(work.tables, batch, self.ctx.router.at_destination)}
+        return StepMetrics(
+            k,
+            self._global_loss(loss_sum),
+            batch.label_tokens,
+            time.perf_counter() - t0,
+            work.phases,
+            work.spans,
+            balance,
+            work.counter.processed,
+            grad_norm,
+            lr,
+            memory,
+            batch.data_counts() if isinstance(batch, ConversationBatch) else None,
+        )
+
+    def _begin(self, k: int) -> StepWork:
+        """Step k's batch (its samples decoded meanwhile when prefetched) and tables (prefetched during the last
+        step); the next step's announced to the dispatcher and the loader."""
+        upcoming_now, self._upcoming = self._upcoming, None
         if upcoming_now is not None and upcoming_now.step == self.cfg.data_step(k):
-            batch = upcoming_now  # its samples decoded meanwhile (runtime/data/prefetch.py)
+            batch = upcoming_now
         else:
             batch = self.batches.build(self.cfg.data_step(k))
-        self._upcoming = None
         load_wait = self.prefetcher.wait(batch.step)
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
-
-        # This step's tables (prefetched during the last step), then announce the next step's.
         t = time.perf_counter()
         tables = self.orch.tables(batch, self.rank, self.world)
         if k + 1 < self.cfg.steps:
@@ -179,13 +206,11 @@ class TrainStep:
         work.phases["dispatch"] = time.perf_counter() - t
         if isinstance(batch, ConversationBatch):
             work.phases["load"] = load_wait  # waiting for this step's samples to be decoded (0: hidden)
+        return work
 
-        t = time.perf_counter()
-        self.data_parallel.begin()  # every module's parameters gathered once for the step
-        work.phases["gather"] = time.perf_counter() - t
-        with measured_step(self.device, parameter_storages(self.modules)) as meter:
-            loss_sum = (run_graph_1f1b if self.graph else run_three_phase)(self.ctx, work)
-        gathered = self.data_parallel.gathered_bytes()
+    def _update(self, k: int, work: StepWork) -> tuple[float, float]:
+        """Gradients reduced (FSDP2's units, the experts over their EDP groups), the global norm, the clip and the
+        optimizer step; returns (gradient norm before clipping, the step's learning rate)."""
         t = time.perf_counter()
         self.data_parallel.finish()
         work.spans.append(("data_parallel", "grad_sync", t, time.perf_counter()))
@@ -197,31 +222,13 @@ class TrainStep:
         grad_norm = global_grad_norm(self.modules, self.grids, self.ep, self.rank, self.device)
         if self.cfg.clip_norm > 0:
             clip_grads(self.modules, grad_norm, self.cfg.clip_norm)
-        lr = 0.0
+        lr = lr_at(self.cfg, k)
         if self.optimizer is not None:
             lr = set_lr(self.optimizer, self.cfg, k)
             self.optimizer.step()
             work.spans.append(("optimizer", "optimizer", t, time.perf_counter()))
         work.phases["optimizer"] = time.perf_counter() - t
-
-        state = state_parts(self.modules, self.optimizer)
-        memory = {"state_bytes": sum(state.values()), "peak_bytes": peak_bytes(self.device, meter, state, gathered)}
-        loss_total = self._global_loss(loss_sum)
-        balance = {"mode": self.orch.mode.value, **self.orch.record(tables, batch, self.ctx.router.at_destination)}
-        return StepMetrics(
-            k,
-            loss_total,
-            batch.label_tokens,
-            time.perf_counter() - t0,
-            work.phases,
-            work.spans,
-            balance,
-            work.counter.processed,
-            grad_norm,
-            lr_at(self.cfg, k) if self.optimizer is None else lr,
-            memory,
-            batch.data_counts() if isinstance(batch, ConversationBatch) else None,
-        )
+        return grad_norm, lr
 
     def _global_loss(self, loss_sum: torch.Tensor) -> float:
         """Sum of the LLM's TP-0 ranks' partial losses (TP replicas hold copies, counted once; CP ranks hold parts)."""
