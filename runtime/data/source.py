@@ -78,9 +78,9 @@ class ConversationData:
         self.rules = TokenRules.of(model, meta.get("max_image_tokens", 1024))
         self.counter = TextCounter(*find_tokenizer(model, data.tokenizer))
         self.files = [SampleFile(s["path"]) for s in meta["sources"]]
-        from orch.runtime.data.processing import HFProcessors
+        from orch.runtime.data.media import media_processors
 
-        self.hf = HFProcessors(model)  # HF towers' own processors (none for orch's modules)
+        self.processors = media_processors(model)  # each encoder's: its family's, or orch's
         raw = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
         self.rows: list[tuple[int, int]] = [(r["source"], r["sample"]) for r in raw]
         self.lengths: list[dict[str, int]] = [r["lengths"] for r in raw]  # the index's own rows, read once
@@ -123,7 +123,7 @@ class ConversationData:
         if self.text(row) is None or isinstance(conv, BadSample):
             return None
         try:
-            return encoder_inputs(conv, self.model, self.rules, encoders, self.hf)[0]
+            return encoder_inputs(conv, self.model, self.rules, encoders, self.processors)[0]
         except (OSError, ValueError):
             return None
 

@@ -17,13 +17,15 @@ from orch.planner.loading import load_model
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_every_family_row_names_a_transformers_class_and_a_folder_with_wrap():
+def test_every_family_row_names_a_transformers_class_and_a_folder_with_wrap_and_its_media_processor():
     import transformers
 
     for model_type, family in FAMILIES.items():
         assert hasattr(transformers, family.transformers_class), model_type
         folder = importlib.import_module(f"orch.runtime.models.{family.runtime}")
         assert callable(folder.wrap), model_type
+        if family.role != Role.LLM:  # a family with encoders processes their media
+            assert callable(folder.media_processor), model_type
         assert (family.read is None) == (family.role == Role.TOWER), model_type
 
 

@@ -1,6 +1,7 @@
 """Qwen2-Audio: a Whisper-style audio tower and its projector (module `audio`, audio.py) feeding a Qwen2
 decoder (module `llm`, runtime/models/decoder/); and a composed spec's bare Whisper encoder, with a projector
-of orch's merging `downsample` tokens into one LLM token."""
+of orch's merging `downsample` tokens into one LLM token; their clips by the tower's own feature extractor
+(processing.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,17 @@ from typing import Any
 from torch import nn
 
 from orch.planner.errors import SpecError
-from orch.planner.specs import ModuleSpec
+from orch.planner.specs import Modality, ModuleSpec
 from orch.runtime.models.decoder import wrap_language_model
 from orch.runtime.models.hf.module import HFModule
 from orch.runtime.models.hf.projector import projector_on_meta
 from orch.runtime.models.qwen2_audio.audio import HFAudioEncoder, HFWhisperEncoder
+from orch.runtime.models.qwen2_audio.processing import WhisperFeatures
+
+
+def media_processor(spec: ModuleSpec, modality: Modality) -> WhisperFeatures:
+    """The tower's clips by its own feature extractor (processing.py)."""
+    return WhisperFeatures(spec)
 
 
 def wrap(full: nn.Module, spec: ModuleSpec, llm_hidden: int) -> HFModule:
@@ -31,4 +38,4 @@ def wrap(full: nn.Module, spec: ModuleSpec, llm_hidden: int) -> HFModule:
     return HFAudioEncoder(base.audio_tower, base.multi_modal_projector, config)
 
 
-__all__ = ["HFAudioEncoder", "HFWhisperEncoder", "wrap"]
+__all__ = ["HFAudioEncoder", "HFWhisperEncoder", "media_processor", "wrap"]
