@@ -15,6 +15,7 @@ Torch-free at import (the profile's case list reads `encoder_order` before any t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -43,6 +44,40 @@ class Sample:
     feats: dict[str, torch.Tensor]  # encoder name -> input features [frames, input_dim] (frames may be 0)
     text: torch.Tensor  # [text_len] token ids
     labels: torch.Tensor  # [text_len] target ids
+
+
+@dataclass(frozen=True)
+class BatchLengths:
+    """What both batches share: every sample's lengths (known to all ranks), the rows each encoder moves into
+    the LLM, and each sample's layout built once per batch by the subclass's `_build_layout`."""
+
+    model: ModelSpec
+    seed: int
+    step: int
+    enc_tokens: tuple[dict[str, int], ...]  # per sample: encoder name -> encoder tokens
+    text_tokens: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.text_tokens)
+
+    def projected(self, encoder: str, sample_id: int) -> int:
+        """LLM-width tokens this encoder contributes to a sample (rows moved at its boundary)."""
+        from orch.planner.specs import projected_len
+
+        return projected_len(self.enc_tokens[sample_id][encoder], self.model.modules[encoder].downsample)
+
+    @cached_property
+    def _layouts(self) -> dict[int, SequenceLayout]:
+        return {}
+
+    def layout(self, sample_id: int) -> SequenceLayout:
+        if sample_id not in self._layouts:
+            self._layouts[sample_id] = self._build_layout(sample_id)
+        return self._layouts[sample_id]
+
+    def _build_layout(self, sample_id: int) -> SequenceLayout:
+        raise NotImplementedError
 
 
 @runtime_checkable

@@ -18,14 +18,13 @@ from typing import Any
 
 import torch
 
-from orch.planner.specs import ModelSpec
+from orch.planner.specs import ModelSpec, projected_len
 from orch.runtime.data.conversations import Conversation
 from orch.runtime.data.expansion import conversation_layout, expanded, placeholder_ids
 from orch.runtime.data.index import (
     IGNORE,
     TextCounter,
     TokenRules,
-    projected,
 )
 from orch.runtime.data.media import MediaProcessor, media_processors
 
@@ -82,7 +81,7 @@ def process(
     features, media = encoder_inputs(conv, model, rules, encoders, processors)
     text = counter.tokens(conv)
     ids, labels = text.ids, text.labels
-    prefix = sum(projected(f.shape[0] // r.frames_per_token, r.downsample) for r in rules.encoders
+    prefix = sum(projected_len(f.shape[0] // r.frames_per_token, r.downsample) for r in rules.encoders
                  for f in [features.get(r.name)] if f is not None)  # fmt: skip
     room = max(0, seq_len - prefix)
     truncated = len(ids) > room

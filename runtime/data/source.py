@@ -22,18 +22,16 @@ import hashlib
 import json
 import random
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from orch.planner.specs import DataSpec, ModelSpec
-from orch.runtime.data.batch import GlobalBatch, Sample, encoder_order
+from orch.planner.specs import DataSpec, ModelSpec, projected_len
+from orch.runtime.data.batch import BatchLengths, GlobalBatch, Sample, encoder_order
 from orch.runtime.data.decode_cache import DecodeCache
 from orch.runtime.data.index import IGNORE, TextTokens
 from orch.runtime.data.synthetic import SyntheticBatch
-from orch.runtime.models.reference import projected_len
 from orch.runtime.models.sequence import SequenceLayout
 
 
@@ -157,18 +155,13 @@ class ConversationData:
 
 
 @dataclass(frozen=True)
-class ConversationBatch:
+class ConversationBatch(BatchLengths):
     """A step's samples from a data file: lengths known everywhere, media decoded where asked (`sample`).
 
     Implements `GlobalBatch` (runtime/data/batch.py). Its decoded media live in `decoded`, the step's
     `DecodeCache` on this rank, handed in when the batch is built: the prefetch thread fills it ahead of the
     step (runtime/data/prefetch.py), `sample` reads through it and decodes what is still missing."""
 
-    model: ModelSpec
-    seed: int
-    step: int
-    enc_tokens: tuple[dict[str, int], ...]  # per sample: encoder name -> encoder tokens
-    text_tokens: tuple[int, ...]
     source: ConversationData
     rows: tuple[int, ...]
     trained: tuple[int, ...]  # per sample, its text positions with a target
@@ -177,28 +170,11 @@ class ConversationBatch:
     decoded: DecodeCache = field(compare=False, repr=False)
 
     @property
-    def size(self) -> int:
-        return len(self.text_tokens)
-
-    @property
     def label_tokens(self) -> int:
         return max(1, sum(self.trained))
 
-    def projected(self, encoder: str, sample_id: int) -> int:
-        return projected_len(self.enc_tokens[sample_id][encoder], self.model.modules[encoder].downsample)
-
-    @cached_property
-    def _layouts(self) -> dict[int, SequenceLayout]:
-        return {}
-
-    def layout(self, sample_id: int) -> SequenceLayout:
-        """Each image's or clip's rows where its placeholder stood in the text (runtime/data/expansion.py),
-        built once per batch."""
-        if sample_id not in self._layouts:
-            self._layouts[sample_id] = self._build_layout(sample_id)
-        return self._layouts[sample_id]
-
     def _build_layout(self, sample_id: int) -> SequenceLayout:
+        """Each image's or clip's rows where its placeholder stood in the text (runtime/data/expansion.py)."""
         from orch.runtime.data.expansion import conversation_layout
 
         row = self.rows[sample_id]

@@ -19,9 +19,8 @@ from functools import cached_property
 import torch
 
 from orch.planner.data import sample_lengths
-from orch.planner.specs import DataSpec, ModelSpec
-from orch.runtime.data.batch import Sample, encoder_order
-from orch.runtime.models.reference import projected_len
+from orch.planner.specs import DataSpec, ModelSpec, projected_len
+from orch.runtime.data.batch import BatchLengths, Sample, encoder_order
 from orch.runtime.models.sequence import SequenceLayout
 
 
@@ -31,14 +30,8 @@ def _mix(*parts: object) -> int:
 
 
 @dataclass(frozen=True)
-class SyntheticBatch:
+class SyntheticBatch(BatchLengths):
     """Lengths of every sample of one step (known to all ranks); features built on demand."""
-
-    model: ModelSpec
-    seed: int
-    step: int
-    enc_tokens: tuple[dict[str, int], ...]  # per sample: encoder name -> encoder tokens
-    text_tokens: tuple[int, ...]
 
     @classmethod
     def build(cls, model: ModelSpec, data: DataSpec, seed: int, step: int) -> SyntheticBatch:
@@ -54,30 +47,12 @@ class SyntheticBatch:
         return cls(model, seed, step, tuple(enc_tokens), tuple(text_tokens))
 
     @property
-    def size(self) -> int:
-        return len(self.text_tokens)
-
-    @property
     def label_tokens(self) -> int:
         """The loss normaliser: label tokens of the whole global batch, whatever the layout."""
         return sum(self.text_tokens)
 
-    def projected(self, encoder: str, sample_id: int) -> int:
-        """LLM-width tokens this encoder contributes to a sample (rows moved at its boundary)."""
-        return projected_len(self.enc_tokens[sample_id][encoder], self.model.modules[encoder].downsample)
-
-    @cached_property
-    def _layouts(self) -> dict[int, SequenceLayout]:
-        return {}
-
-    def layout(self, sample_id: int) -> SequenceLayout:
-        """Where sample `sample_id`'s rows go in its LLM sequence: synthetic samples put the prefix first and
-        score every text position (built once per batch)."""
-        if sample_id not in self._layouts:
-            self._layouts[sample_id] = self._build_layout(sample_id)
-        return self._layouts[sample_id]
-
     def _build_layout(self, sample_id: int) -> SequenceLayout:
+        """Synthetic samples put the prefix first and score every text position."""
         prefix = sum(self.projected(e, sample_id) for e in encoder_order(self.model))
         return SequenceLayout.prefix_first(prefix, self.text_tokens[sample_id])
 

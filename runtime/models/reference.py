@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from orch.planner.specs import Modality, ModelSpec, ModuleKind, ModuleSpec
-from orch.runtime.models.sequence import SequenceLayout, layouts_or_prefix_first, score_rows
+from orch.planner.specs import Modality, ModelSpec, ModuleKind, ModuleSpec, projected_len
+from orch.runtime.models.staged import StagedDecoder
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -265,10 +265,6 @@ class Projector(nn.Module):
         return self.proj(x_TD)
 
 
-def projected_len(tokens: int, downsample: int) -> int:
-    return -(-tokens // downsample)
-
-
 class Encoder(nn.Module):
     """Stem (patch embedding or conv subsampling) + blocks + norm + projector into the LLM width."""
 
@@ -313,13 +309,15 @@ class Encoder(nn.Module):
         return cp.gather_units(out) if cp is not None else out
 
 
-class LLM(nn.Module):
+class LLM(StagedDecoder):
     """Decoder-only LLM in three pieces, so a pipeline stage runs only its share:
     `embed_inputs` (first stage), `run_blocks` (every stage, its layers), `text_logits` (last).
 
     Blocks live in a ModuleDict keyed by layer index, so parameter names ("blocks.3.attn.q.weight")
     are the same in the full model and in a stage that keeps layers 2-3 (`keep_stage`).
     """
+
+    PARTS = ("embed", "blocks", "norm", "head")
 
     def __init__(self, spec: ModuleSpec) -> None:
         super().__init__()
@@ -332,88 +330,11 @@ class LLM(nn.Module):
     def tp_plan(self) -> dict[str, ParallelStyle]:
         return block_tp_plan(self)
 
-    def keep_stage(self, stage: int, stages: int) -> None:
-        """Drop what pipeline stage `stage` of `stages` does not run (after init: names are kept)."""
-        keep = stage_layers(len(self.blocks), stages, stage)
-        for key in [k for k in self.blocks if int(k) not in keep]:
-            del self.blocks[key]
-        if stage != 0:
-            self.embed = None
-        if stage != stages - 1:
-            self.norm = self.head = None
-
-    def embed_inputs(
-        self,
-        prefixes: list[torch.Tensor],
-        texts: list[torch.Tensor],
-        cp: CPShard | None = None,
-        layouts: list[SequenceLayout] | None = None,
-    ) -> tuple[torch.Tensor, list[int]]:
-        """Per sample its encoder rows (prefix) and embedded text tokens where its layout puts them (default:
-        the prefix first), packed; and the sequence lengths.
-
-        With `cp`: only this CP rank's positions and their per-sample counts (CPShard.llm_input).
-        """
-        assert self.embed is not None, "embed_inputs runs on the first pipeline stage"
-        return embed_packed(self.embed, prefixes, texts, cp, layouts)
-
     def run_blocks(self, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
         """`seqlens`: rows per sample as packed in x_TD (this CP rank's counts under CP)."""
         for block in self.blocks.values():
             x_TD = block(x_TD, seqlens, cp)
         return x_TD
-
-    def text_logits(
-        self, x_TD: torch.Tensor, seqlens: list[int], layouts: list[SequenceLayout], cp: CPShard | None = None
-    ) -> torch.Tensor:
-        """Logits of the scored positions (each sample's layout says which; under CP, this rank's), packed."""
-        assert self.norm is not None and self.head is not None, "text_logits runs on the last pipeline stage"
-        rows = cp.score_rows(layouts) if cp is not None else score_rows(seqlens, layouts, x_TD.device)
-        return self.head(self.norm(x_TD[rows]))
-
-    def forward(
-        self,
-        prefixes: list[torch.Tensor],
-        texts: list[torch.Tensor],
-        cp: CPShard | None = None,
-        layouts: list[SequenceLayout] | None = None,
-    ) -> torch.Tensor:
-        """Per sample: encoder tokens and text tokens (as `layouts` place them; default the prefix first).
-        Returns the logits of the scored positions, packed."""
-        layouts = layouts_or_prefix_first(layouts, prefixes, texts)
-        x_TD, seqlens = self.embed_inputs(prefixes, texts, cp, layouts)
-        return self.text_logits(self.run_blocks(x_TD, seqlens, cp), seqlens, layouts, cp)
-
-
-def embed_packed(
-    embed: nn.Module,
-    prefixes: list[torch.Tensor],
-    texts: list[torch.Tensor],
-    cp: CPShard | None = None,
-    layouts: list[SequenceLayout] | None = None,
-) -> tuple[torch.Tensor, list[int]]:
-    """Per sample its prefix rows and its embedded text where its layout puts them, packed, and the samples'
-    lengths (under CP: this rank's positions and counts, CPShard.llm_input). Every LLM's `embed_inputs`."""
-    layouts = layouts_or_prefix_first(layouts, prefixes, texts)
-    if cp is not None and prefixes:
-        return cp.llm_input(prefixes, texts, embed, layouts)
-    parts, seqlens = [], []
-    for prefix, text, layout in zip(prefixes, texts, layouts, strict=True):
-        rows = torch.cat([prefix, embed(text)])
-        parts.append(rows if layout.source is None else rows[layout.source.to(rows.device)])
-        seqlens.append(prefix.shape[0] + text.shape[0])
-    # No samples (an empty micro-batch that EP ranks still run): zero rows that keep a graph.
-    empty = torch.zeros(0, dtype=torch.int64, device=next(embed.parameters()).device)
-    return (torch.cat(parts) if parts else embed(empty)), seqlens
-
-
-def stage_layers(layers: int, stages: int, stage: int) -> range:
-    """The layer indices of one pipeline stage: contiguous, as even as possible, earlier stages +1."""
-    if not 0 <= stage < stages or stages > layers:
-        raise ValueError(f"stage {stage} of {stages} for {layers} layers")
-    base, extra = divmod(layers, stages)
-    start = stage * base + min(stage, extra)
-    return range(start, start + base + (1 if stage < extra else 0))
 
 
 def build_module(name: str, model: ModelSpec) -> nn.Module:
