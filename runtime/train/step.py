@@ -50,7 +50,12 @@ from orch.runtime.train.debug import DebugConfig, TokenCounter, write_dump
 from orch.runtime.train.grad_sync import sync_expert_grads
 from orch.runtime.train.inputs import InputRouter
 from orch.runtime.train.optim import build_optimizer, clip_grads, global_grad_norm, lr_at, set_lr
-from orch.runtime.train.orchestrator import Orchestrator, StepTables, longest_sample, shared_calibration
+from orch.runtime.train.orchestrator import (
+    Orchestrator,
+    StepTables,
+    longest_sample,
+    shared_calibration,
+)
 from orch.runtime.train.recompute import apply_recompute
 from orch.runtime.train.support import UnsupportedPlan, check_supported
 from orch.runtime.train.trace import Span

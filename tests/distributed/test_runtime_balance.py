@@ -21,10 +21,10 @@ import pytest
 import torch
 from equivalence import assert_close, merged
 
-from orch.planner.costs import forward_coefficients
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
 from orch.planner.routing import RouteTable
+from orch.planner.sample_cost import SampleCost
 from orch.runtime.data.synthetic import GlobalBatch, encoder_order
 from orch.runtime.parallel.grid import Grid, build_grids
 from orch.runtime.plans import hand_plan
@@ -109,29 +109,36 @@ def _tables(specs, name, mode, step=0) -> tuple[StepTables, GlobalBatch]:
 # -- pure ---------------------------------------------------------------------------------
 
 
-def test_calibration_is_a_per_sample_constant_and_a_pair_rate(specs):
-    """Timed on this machine: finite, non-negative, cached; the orchestrator charges c·tp per present sample."""
+def test_calibration_is_the_sample_cost_model_split_over_tp(specs):
+    """Timed on this machine: finite, non-negative seconds, cached; the orchestrator charges the per-token and
+    per-pair terms over the module's tp ranks and the per-sample constant whole, on every present sample."""
     model, data = specs
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the workers run (and quick on a shared machine)
     try:
-        per_sample, pair_rate = calibrate_module(model, "vision", torch.float64)
+        timed = calibrate_module(model, "vision", torch.float64)
     finally:
         torch.set_num_threads(threads)
-    assert 0 <= per_sample < float("inf") and 0 <= pair_rate < float("inf")
-    assert calibrate_module(model, "vision", torch.float64) == (per_sample, pair_rate)  # cached: one timing
+    assert timed is not None
+    assert all(0 <= x < 1.0 for x in (timed.call, timed.constant, timed.linear, timed.quadratic))
+    assert calibrate_module(model, "vision", torch.float64) is timed  # cached: one timing
 
     plan = _plan(specs, "colocated_enc_dp4_llm_dp2_tp2")
-    calibration = {"vision": (1e5, 2.0), "audio": (3e5, 1.0), "llm": (7e5, 3.0)}
+    calibration = {
+        "vision": SampleCost(constant=1e-4, linear=2e-6, quadratic=3e-9),
+        "audio": SampleCost(call=1e-3, constant=3e-4, linear=1e-6),
+        "llm": SampleCost(constant=7e-4, linear=4e-6, quadratic=1e-8),
+    }
     orch = Orchestrator(plan, build_grids(plan.modules), "lpt", 8, calibration)
     batch = GlobalBatch.build(model, data, SEED, 0)
     cols = lengths_columns(model, batch)
     t = orch.dispatch(0, cols)
-    for m, (c, q) in calibration.items():
-        a, b = forward_coefficients(model.modules[m], model.llm)  # the planner's FLOP model
+    for m, c in calibration.items():
         tp = 2 if m == "llm" else 1
-        assert orch.coeffs[m] == (tp * c, a, q * b)
-        cost = [tp * c + a * n + q * b * n * n if n else 0.0 for n in cols[m]]
+        got = orch.costs[m]
+        assert (got.call, got.constant) == (c.call, c.constant)
+        assert (got.linear, got.quadratic) == pytest.approx((c.linear / tp, c.quadratic / tp), rel=1e-15)
+        cost = [c.constant + (c.linear * n + c.quadratic * n * n) / tp if n else 0.0 for n in cols[m]]
         before = [sum(x for x, d in zip(cost, t.origin[m], strict=True) if d == r) for r in range(t.dp[m])]
         assert t.stats[m]["max_cost_before"] == pytest.approx(max(before), rel=1e-12)
         assert t.stats[m]["max_cost"] <= t.stats[m]["max_cost_before"]
