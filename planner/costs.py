@@ -15,6 +15,7 @@ from orch.planner.data import TokenStats, token_stats
 from orch.planner.imbalance import residual_imbalance
 from orch.planner.plan import DataParallel, Layout, Recompute
 from orch.planner.profile import Profile
+from orch.planner.sample_cost import SampleCost
 from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec, ModuleKind, ModuleSpec
 
 BF16 = 2
@@ -303,6 +304,29 @@ def _passes(m: ModuleSpec, fwd: float, extra: float) -> tuple[float, float]:
     forward+backward is stretched by its recompute's `extra` forward FLOPs over the step's `fwd`."""
     passes = 3.0 if m.trainable else 1.0
     return passes, (passes + (extra / fwd if fwd else 0)) / 3.0
+
+
+def profiled_sample_cost(
+    model: ModelSpec, data: DataSpec, name: str, layout: Layout, recompute: Recompute, profile: Profile | None
+) -> SampleCost | None:
+    """Seconds one sample costs module `name` on one DP index of `layout`, from the profile's fits as
+    `module_cost` prices them: every block (the fit of the layout's TP shard, stretched by recompute) and
+    the module's other parts, all pipeline stages summed, per rank of the TP x CP group (a CP rank does
+    1/cp of a sample's tokens and pairs, its per-sample and per-call work whole). What the plan records
+    for the runtime's dispatcher (ModulePlan.sample_cost). None: the profile has no fit for this TP degree."""
+    mod = profile.modules.get(name) if profile is not None else None
+    fit = mod.block.get(layout.tp) if mod is not None else None
+    if mod is None or fit is None:
+        return None
+    m = model.modules[name]
+    w = workload(model, data, name)
+    fwd = forward_flops(m, model.llm, w)
+    _, extra = _recompute_flops(m, w, recompute)
+    passes, scale = _passes(m, fwd, extra)
+    cost = fit.terms().scaled(m.layers * scale, 1.0 / layout.cp)
+    if mod.rest is not None:
+        cost = cost.plus(mod.rest.terms().scaled(passes / 3.0, 1.0 / layout.cp))
+    return cost
 
 
 def module_cost(

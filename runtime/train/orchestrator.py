@@ -17,7 +17,11 @@ one move, not back-and-forth (`StepTables.boundary_table`).
 
 Cost per sample and phase: the one per-sample cost model, `SampleCost` (planner/sample_cost.py:
 constant + linear·len + quadratic·len² for len > 0), per module the first found of (`dispatch_costs`):
-1. the start-up calibration (`calibrate_module`): FLOPs alone miss what the runtime really pays, a
+1. the plan's (`ModulePlan.sample_cost`): a plan made with `orch plan --profile` records the seconds a
+   sample costs a DP index of its layout, from the profile's fits it was priced with
+   (planner/costs.py, `profiled_sample_cost`), so the dispatcher starts from `orch profile`'s
+   measurements and the module is not timed again;
+2. the start-up calibration (`calibrate_module`): FLOPs alone miss what the runtime really pays, a
    fixed cost per sample (attention, the projector's padding and the LLM's embedding run once per
    sample in Python: a dozen small kernels per layer, forward and backward) and a per-pair rate above
    the matmul rate (scores are materialised, scaled, masked and soft-maxed element by element). So
@@ -27,11 +31,11 @@ constant + linear·len + quadratic·len² for len > 0), per module the first fou
    relative error, non-negative terms), averaged over ranks so the tables stay identical. The whole
    module runs on one rank there: under TP its per-token and per-pair work split over tp ranks, its
    per-sample kernels do not;
-2. the planner's FLOP model (planner/costs.py, `forward_coefficients`): linear = every weight a token
+3. the planner's FLOP model (planner/costs.py, `forward_coefficients`): linear = every weight a token
    meets, 2 FLOPs per multiply-add (a MoE block's router and its top_k experts; the LLM's head, an
    encoder's stem and projector), quadratic = QK^T and PV, 4 · hidden per layer, x0.5 for the causal
-   LLM, no constant (pure tests, `--balance none`).
-Units are seconds in 1, FLOPs in 2: the dispatcher reads ratios within one phase only.
+   LLM, no constant (pure tests, `--balance none` without a profiled plan).
+Units are seconds in 1 and 2, FLOPs in 3: the dispatcher reads ratios within one phase only.
 Bytes a sample moves in a phase (`_bytes`): its inputs, an encoder's tokens x frames per token
 (ModelSpec.modality(...).frames_per_token: 2 for audio) x input_dim, the LLM's tokens x hidden,
 times the element size.
@@ -171,6 +175,27 @@ def calibrate_module(
     return _calibrate(model.model_dump_json(), name, dtype_name, str(torch.device(device)), max_len)
 
 
+def warm_up(
+    model: ModelSpec, names: list[str], dtype: torch.dtype, device: torch.device | str, max_lens: dict[str, int]
+) -> None:
+    """One untimed forward+backward of each of `names` at every calibration shape, for the modules the
+    plan's profiled costs spare the calibration: the calibration also grew every rank's heap to the data's
+    longest samples before step 0 (`shared_calibration`), and a rank that met them first inside a step
+    paid that growth there. A quarter of a calibration's work (no repeats, no fit); no collective."""
+    from orch.runtime.models.reference import build_module
+
+    dev = torch.device(device)
+    for name in names:
+        module = build_module(name, model).to(dev, dtype)
+        for k, n in calibration_shapes(max_lens.get(name, 0)):
+            _time_module(model, name, module, k, n, dtype, dev)
+
+
+def modules_to_calibrate(plan: Plan) -> list[str]:
+    """The modules the start-up calibration times: those whose plan carries no profiled cost, in phase order."""
+    return [m for m in (*encoder_order(plan.model), plan.model.llm_name) if plan.modules[m].sample_cost is None]
+
+
 _TERMS = ("call", "constant", "linear", "quadratic")
 
 
@@ -208,13 +233,16 @@ def shared_calibration(
 def dispatch_costs(
     plan: Plan, grids: dict[str, Grid], calibration: dict[str, SampleCost] | None = None
 ) -> dict[str, SampleCost]:
-    """Per module, the per-sample cost its phase is balanced by (module docstring): the start-up
-    `calibration` (whole-module seconds) with its per-token and per-pair terms split over the module's
-    tp ranks, else the planner's FLOP model."""
+    """Per module, the per-sample cost its phase is balanced by (module docstring): the plan's profiled
+    cost, else the start-up `calibration` (whole-module seconds) with its per-token and per-pair terms
+    split over the module's tp ranks, else the planner's FLOP model."""
     model, out = plan.model, {}
     for m in (*encoder_order(model), model.llm_name):
+        planned = plan.modules[m].sample_cost
         timed = (calibration or {}).get(m)
-        if timed is not None:
+        if planned is not None:
+            out[m] = planned
+        elif timed is not None:
             out[m] = timed.scaled(1.0, tokens=1.0 / grids[m].tp)
         else:
             flops = forward_coefficients(model.modules[m], model.llm)
@@ -298,8 +326,8 @@ class Orchestrator:
         calibration: dict[str, SampleCost] | None = None,
         device: torch.device | str = "cpu",
     ) -> None:
-        """`calibration`: per module the start-up fit from `shared_calibration` (`dispatch_costs`); None: the
-        FLOP model.
+        """`calibration`: per module the start-up fit from `shared_calibration`, for the modules whose plan
+        carries no profiled cost (`dispatch_costs`); None: the FLOP model for those.
         `device`: the rank's device, where the lengths all_gather's buffers live (NCCL: CUDA only)."""
         self.plan, self.grids, self.mode = plan, grids, Mode(mode)
         self.device = torch.device(device)
@@ -479,5 +507,7 @@ __all__ = [
     "calibration_shapes",
     "dispatch_costs",
     "longest_sample",
+    "modules_to_calibrate",
     "shared_calibration",
+    "warm_up",
 ]

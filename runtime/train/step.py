@@ -54,7 +54,9 @@ from orch.runtime.train.orchestrator import (
     Orchestrator,
     StepTables,
     longest_sample,
+    modules_to_calibrate,
     shared_calibration,
+    warm_up,
 )
 from orch.runtime.train.recompute import apply_recompute
 from orch.runtime.train.support import UnsupportedPlan, check_supported
@@ -161,10 +163,15 @@ class TrainStep:
         self.boundaries = {
             e: Boundary(edges[e], self.grids[e], self.grids[self.model.llm_name]) for e in self.model.encoder_names
         }
+        # the dispatcher's per-sample costs: the plan's profiled ones, else timed here (orchestrator.dispatch_costs)
         calibration = None
         if cfg.calibrates:
+            todo = modules_to_calibrate(plan)  # the same list on every rank: all of them take part, or none
             longest = {n: longest_sample(data, self.model, n) for n in self.model.modules}
-            calibration = shared_calibration(self.model, cfg.torch_dtype, self.device, longest)
+            if todo:
+                calibration = shared_calibration(self.model, cfg.torch_dtype, self.device, longest, todo)
+            costed = [n for n in self.model.modules if n not in todo]
+            warm_up(self.model, costed, cfg.torch_dtype, self.device, longest)  # the heap the calibration grew
         # The graph-aware 1F1B needs the encoders and the LLM on disjoint ranks (each island runs its own order).
         llm_ranks = set(llm_grid.ranks)
         disjoint = all(not set(self.grids[e].ranks) & llm_ranks for e in self.model.encoder_names)

@@ -341,6 +341,30 @@ def test_plan_with_profile_changes_the_predicted_compute(cli, tmp_path):
     assert b["modules"]["llm"]["time_s"] != pytest.approx(a["modules"]["llm"]["time_s"])
     assert b["predicted"]["step_time_s"] > 0.03  # three modules x 0.01 s step overhead at least
 
+    # The plan records the per-sample seconds it priced each module with: every block's fit at the
+    # layout's TP degree (tp 1 here) plus the module's rest, for the runtime's dispatcher.
+    from orch.planner.plan import Plan
+    from orch.runtime.parallel.grid import build_grids
+    from orch.runtime.train.orchestrator import dispatch_costs, modules_to_calibrate
+
+    assert all(m["sample_cost"] is None for m in a["modules"].values())  # datasheet plan: the runtime times
+    llm = b["modules"]["llm"]
+    assert (llm["layout"]["tp"], llm["layout"]["cp"], llm["recompute"]) == (1, 1, "none")
+    layers = load_model("tiny").llm.layers
+    want = {"call": 5e-4 * layers + 1e-4, "constant": 1e-4 * layers + 1e-5, "linear": 2e-6 * layers + 1e-6}
+    assert llm["sample_cost"] == pytest.approx({**want, "quadratic": 1e-9 * layers}, rel=1e-12)
+    plan = Plan.model_validate(b)
+    assert modules_to_calibrate(plan) == []  # every module priced from the profile: nothing timed at start-up
+    costs = dispatch_costs(plan, build_grids(plan.modules))
+    assert {m: c.model_dump() for m, c in costs.items()} == {m: b["modules"][m]["sample_cost"] for m in b["modules"]}
+    # a plan written before the field existed still loads, and its modules are calibrated at start-up
+    old = json.loads(json.dumps(b))
+    for m in old["modules"].values():
+        m.pop("sample_cost")
+    for m in old["baseline"]["modules"].values():
+        m.pop("sample_cost")
+    assert sorted(modules_to_calibrate(Plan.model_validate(old))) == ["audio", "llm", "vision"]
+
 
 @pytest.mark.parametrize(
     ("args", "message"),
