@@ -48,7 +48,7 @@ def calibrated_costs(model: ModelSpec, data: DataSpec) -> dict[str, SampleCost]:
     """Per module: the dispatcher's start-up calibration, in seconds (runtime/train/orchestrator.py)."""
     import torch
 
-    from orch.runtime.data.synthetic import encoder_order
+    from orch.runtime.data.batch import encoder_order
     from orch.runtime.host_memory import keep_freed_memory
     from orch.runtime.train.orchestrator import calibrate_module, longest_sample
 
@@ -72,7 +72,7 @@ def step_costs(
     samples_per_rank: int = SAMPLES_PER_RANK,
 ) -> dict[str, list[float]]:
     """Per step: the compute critical path in seconds with none, with orch, and the floor."""
-    from orch.runtime.data.synthetic import GlobalBatch
+    from orch.runtime.data.synthetic import SyntheticBatch
     from orch.runtime.parallel.grid import build_grids
     from orch.runtime.train.orchestrator import Orchestrator, lengths_columns, phase_name
 
@@ -82,7 +82,7 @@ def step_costs(
     orch = Orchestrator(plan, build_grids(plan.modules), Mode.ORCH, 8, calibration)
     out: dict[str, list[float]] = {"none": [], "orch": [], "floor": []}
     for step in range(steps):
-        batch = GlobalBatch.build(model, data_dp, 0, step)
+        batch = SyntheticBatch.build(model, data_dp, 0, step)
         lengths = lengths_columns(model, batch)
         stats = orch.dispatch(step, lengths).stats
         none = balanced = floor = 0.0

@@ -47,7 +47,7 @@ def choose_data_parallel(m: ModuleSpec, layout: Layout, cfg: CostConfig) -> Data
 
 
 def state_bytes_per_param(mode: DataParallel, trainable: bool, shards: int, compute_bytes: int = BF16) -> float:
-    """Peak bytes per local parameter of a step's training state, as FSDP2 holds it (runtime/parallel/data.py).
+    """Peak bytes per local parameter of a step's training state, as FSDP2 holds it (runtime/parallel/fsdp.py).
 
     The parameters are fp32 masters (sharded over `shards` ranks under fsdp); for the step they are gathered
     once into the compute dtype, and the gradients accumulate at full size in fp32 until the step's one

@@ -33,7 +33,7 @@ class Recompute(StrEnum):
 
 
 class DataParallel(StrEnum):
-    """How a module's data-parallel replicas hold their state (runtime/parallel/data.py).
+    """How a module's data-parallel replicas hold their state (runtime/parallel/fsdp.py).
 
     fsdp: FSDP2 `fully_shard` over the (dp, cp) ranks: parameters, gradients and optimizer state sharded
     at rest, gathered once per step, gradients reduce-scattered. replicate: every rank holds the whole

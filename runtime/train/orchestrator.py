@@ -72,7 +72,7 @@ from orch.planner.plan import Plan
 from orch.planner.routing import RouteTable
 from orch.planner.sample_cost import SampleCost
 from orch.planner.specs import DataSpec, ModelSpec
-from orch.runtime.data.synthetic import GlobalBatch, encoder_order, initial_dp_index
+from orch.runtime.data.batch import GlobalBatch, encoder_order, initial_dp_index
 from orch.runtime.parallel.grid import Grid
 
 # (samples k, tokens n each) timed by calibrate_module: small and large k at short n separate the
@@ -97,7 +97,7 @@ def _time_module(
     device: torch.device = torch.device("cpu"),
 ) -> float:
     """Seconds of one forward+backward of `module` on k samples of n tokens, as the executor runs it on `device`."""
-    from orch.runtime.data.synthetic import Sample
+    from orch.runtime.data.batch import Sample
     from orch.runtime.train.compute import encode, text_loss
 
     spec = model.modules[name]

@@ -27,7 +27,8 @@ from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
 from orch.planner.routing import RouteTable
 from orch.planner.sample_cost import SampleCost
-from orch.runtime.data.synthetic import GlobalBatch, encoder_order
+from orch.runtime.data.batch import GlobalBatch, encoder_order
+from orch.runtime.data.synthetic import SyntheticBatch
 from orch.runtime.parallel.grid import Grid, build_grids
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
@@ -105,7 +106,7 @@ def _tables(specs, name, mode, step=0) -> tuple[StepTables, GlobalBatch]:
     model, data = specs
     plan = _plan(specs, name)
     orch = Orchestrator(plan, build_grids(plan.modules), mode, 8)
-    batch = GlobalBatch.build(model, data, SEED, step)
+    batch = SyntheticBatch.build(model, data, SEED, step)
     return orch.dispatch(step, lengths_columns(model, batch)), batch
 
 
@@ -133,7 +134,7 @@ def test_calibration_is_the_sample_cost_model_split_over_tp(specs):
         "llm": SampleCost(constant=7e-4, linear=4e-6, quadratic=1e-8),
     }
     orch = Orchestrator(plan, build_grids(plan.modules), "lpt", 8, calibration)
-    batch = GlobalBatch.build(model, data, SEED, 0)
+    batch = SyntheticBatch.build(model, data, SEED, 0)
     cols = lengths_columns(model, batch)
     t = orch.dispatch(0, cols)
     for m, c in calibration.items():
@@ -303,7 +304,7 @@ def test_balanced_training_matches_reference(specs, reference, gloo, name, mode)
     # Every sample is processed exactly once per phase per step, with all of its tokens.
     plan = _plan(specs, name)
     for r in records:
-        batch = GlobalBatch.build(model, data, SEED, r["step"])
+        batch = SyntheticBatch.build(model, data, SEED, r["step"])
         want = lengths_columns(model, batch)
         for m, col in want.items():
             seen: dict[int, int] = {}
