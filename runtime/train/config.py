@@ -51,8 +51,9 @@ class TrainConfig:
     checkpoint_every: int = 0  # save a checkpoint every this many steps (0: never; runtime/checkpoint.py)
     resume: bool = True  # continue from the newest complete checkpoint of the workdir, if any
     balance: Mode = DEFAULT_BALANCE  # post-balancing (runtime/train/orchestrator.py)
-    # time the modules at startup for the dispatcher's cost model (orchestrator.calibrate_module);
-    # None: when balancing (a `none` run's cost statistics then use the FLOP model alone)
+    # time the modules at startup for the dispatcher's cost model (orchestrator.calibrate_module), those
+    # whose plan carries no profiled cost (ModulePlan.sample_cost); None: when balancing (a `none` run's
+    # cost statistics then use the plan's costs or the FLOP model)
     calibrate: bool | None = None
     # "three_phase" runs a disaggregated plan's islands one after the other instead of its graph-aware
     # 1F1B (benchmarks compare the two); None: the plan's schedule

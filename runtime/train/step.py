@@ -27,6 +27,7 @@ from torch import nn
 
 from orch.planner.balance.mode import Mode
 from orch.planner.plan import Plan
+from orch.planner.sample_cost import SampleCost
 from orch.planner.specs import DataSpec
 from orch.runtime.data.batch import GlobalBatch, initial_dp_index
 from orch.runtime.data.prefetch import SamplePrefetcher
@@ -40,7 +41,13 @@ from orch.runtime.train.debug import DebugConfig, write_dump
 from orch.runtime.train.grad_sync import sync_expert_grads
 from orch.runtime.train.inputs import InputRouter
 from orch.runtime.train.optim import build_optimizer, clip_grads, global_grad_norm, lr_at, set_lr
-from orch.runtime.train.orchestrator import Orchestrator, longest_sample, shared_calibration
+from orch.runtime.train.orchestrator import (
+    Orchestrator,
+    longest_sample,
+    modules_to_calibrate,
+    shared_calibration,
+    warm_up,
+)
 from orch.runtime.train.rank_model import build_rank_model
 from orch.runtime.train.schedules.context import StepContext, StepWork
 from orch.runtime.train.support import check_supported
@@ -112,12 +119,18 @@ class TrainStep:
         self.graph = (cfg.schedule or plan.schedule) == "graph_1f1b" and disjoint and bool(model.encoder_names)
         self._leader = {n: _leads(self.grids[n], rank) for n in self.modules}
 
-    def _calibration(self) -> dict[str, tuple[float, float]] | None:
-        """The modules timed at start-up for the dispatcher's cost model (when the run calibrates)."""
+    def _calibration(self) -> dict[str, SampleCost] | None:
+        """The dispatcher's per-sample costs timed here, for the modules whose plan carries no profiled one
+        (orchestrator.dispatch_costs takes the plan's first); the others still run the shapes once, untimed,
+        so every rank's heap has grown to the data's longest samples before step 0."""
         if not self.cfg.calibrates:
             return None
+        todo = modules_to_calibrate(self.plan)  # the same list on every rank: all of them take part, or none
         longest = {n: longest_sample(self.data, self.model, n) for n in self.model.modules}
-        return shared_calibration(self.model, self.cfg.torch_dtype, self.device, longest)
+        costed = [n for n in self.model.modules if n not in todo]
+        calibration = shared_calibration(self.model, self.cfg.torch_dtype, self.device, longest, todo) if todo else None
+        warm_up(self.model, costed, self.cfg.torch_dtype, self.device, longest)
+        return calibration
 
     def data_position(self, done: int) -> dict[str, object] | None:
         """With a data file, where the sampler stands after `done` steps (None: synthetic data)."""
