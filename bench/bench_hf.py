@@ -114,7 +114,7 @@ class DDPTask:
         import transformers
         from torch.nn.parallel import DistributedDataParallel
 
-        from orch.runtime.data.synthetic import GlobalBatch
+        from orch.runtime.data.synthetic import SyntheticBatch
 
         spec = model_spec_from_dir(self.directory)
         hf = transformers.LlavaForConditionalGeneration.from_pretrained(self.directory, dtype=torch.float32)
@@ -126,7 +126,7 @@ class DDPTask:
         times = []
         for k in range(self.steps):
             t0 = time.perf_counter()
-            batch = GlobalBatch.build(spec, self.data, 0, k)
+            batch = SyntheticBatch.build(spec, self.data, 0, k)
             mine = [batch.sample(i, torch.float32) for i in range(batch.size) if i % world == rank]
             ids, labels, pixels = [], [], []
             for s in mine:

@@ -92,7 +92,8 @@ class TrainSpec(BaseModel):
     )
     calibrate: bool | None = Field(
         default=None,
-        description="time the modules at start-up for the dispatcher's cost model (None: when balancing)",
+        description="time at start-up, for the dispatcher's cost model, the modules whose plan carries no "
+        "profiled cost (ModulePlan.sample_cost); None: when balancing",
     )
     schedule: Schedule | None = Field(
         default=None, description="override the plan's schedule (three_phase runs islands one after the other)"

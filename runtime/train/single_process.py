@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from orch.planner.specs import DataSpec, ModelSpec
+from orch.runtime.data.batch import encoder_order
 from orch.runtime.data.source import BatchSource
-from orch.runtime.data.synthetic import encoder_order
 from orch.runtime.models.build import build_modules
 from orch.runtime.train.compute import encode, join_prefix, text_loss
 from orch.runtime.train.config import TrainConfig

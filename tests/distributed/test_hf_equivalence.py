@@ -17,7 +17,7 @@ from launching import train_tasks
 from orch.planner.hf_config import model_spec_from_dir
 from orch.planner.plan import DataParallel, Layout, Recompute
 from orch.planner.specs import DataSpec, TaskSpec
-from orch.runtime.data.synthetic import GlobalBatch
+from orch.runtime.data.synthetic import SyntheticBatch
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 
@@ -58,7 +58,7 @@ def hf_reference(directory, model, data, seed):
     import transformers
 
     hf = transformers.LlavaForConditionalGeneration.from_pretrained(directory, dtype=torch.float64)
-    batch = GlobalBatch.build(model, data, seed, 0)
+    batch = SyntheticBatch.build(model, data, seed, 0)
     vc = hf.config.vision_config
     g, p = vc.image_size // vc.patch_size, vc.patch_size
     total = torch.zeros((), dtype=torch.float64)
@@ -170,7 +170,7 @@ def hf_audio_reference(directory, model, data, seed):
     # the class's intent, and so does the reference.
     hf.model.audio_tower.embed_positions.requires_grad_(False)
     clip = 2 * hf.config.audio_config.max_source_positions
-    batch = GlobalBatch.build(model, data, seed, 0)
+    batch = SyntheticBatch.build(model, data, seed, 0)
     total = torch.zeros((), dtype=torch.float64)
     for i in range(batch.size):
         s = batch.sample(i, torch.float64)

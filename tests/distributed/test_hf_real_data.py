@@ -56,7 +56,7 @@ def inspected(source, row) -> dict:
     from orch.runtime.data.processing import as_json, process
 
     conv = source.conversation(row)
-    got = process(conv, source.model, source.rules, source.counter, source.data.seq_len, hf=source.hf)
+    got = process(conv, source.model, source.rules, source.counter, source.data.seq_len, processors=source.processors)
     return as_json(got, source.model, source.counter)
 
 
@@ -144,7 +144,7 @@ def hf_audio_loss(model_dir, model, data) -> float:
     import transformers
     from transformers.masking_utils import create_bidirectional_mask
 
-    from orch.runtime.data.processing import waveform_16k
+    from orch.runtime.data.media import waveform_16k
 
     hf = transformers.Qwen2AudioForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float64)
     extractor = transformers.AutoFeatureExtractor.from_pretrained(model_dir)
