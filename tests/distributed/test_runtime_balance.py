@@ -369,7 +369,7 @@ def test_a_profiled_plan_gives_the_dispatcher_its_costs_before_the_calibration(s
     assert uncalibrated.costs["audio"] == SampleCost(linear=flops.per_token, quadratic=flops.per_pair)
     assert uncalibrated.costs["llm"] == profiled["llm"]
     # the dispatcher's phase carries those coefficients, and its statistics are in the profile's seconds
-    batch = GlobalBatch.build(model, data, SEED, 0)
+    batch = SyntheticBatch.build(model, data, SEED, 0)
     cols = lengths_columns(model, batch)
     origin = np.asarray([i % 2 for i in range(batch.size)], dtype=np.int64)
     spec = orch._phase("llm", origin, cols["llm"]).spec
