@@ -1,4 +1,5 @@
-"""`--model-factory package.module:function`: users bring their own encoders, projectors and LLM.
+"""`model_factory: package.module:function` (the --config file; formerly `--model-factory`): users bring their own
+encoders, projectors and LLM.
 
 The function is called as `function(model: ModelSpec) -> Mapping[str, nn.Module]`, one module per
 name of the model spec, after `torch.manual_seed(seed)`: every rank builds every module the same
