@@ -16,7 +16,8 @@ def train_local(plan, data, cfg, workdir, *, debug=None, timeout_s=60.0):
 
 def train_tasks(plans: dict, data, cfg, out: Path, *, debug=None, extra=()):
     """One TrainTask per (name, plan) in out/<name>, each dumping its tensors there, plus `extra` tasks,
-    all in ONE launch (a TaskSequence: one process group); name -> StepRecords.
+    all in ONE launch (a TaskSequence: one process group); name -> StepRecords. `data` and `cfg` are one
+    for all plans, or a dict by name (plans of one world size on different batches share the launch too).
 
     Process start-up and the gloo rendezvous, not the plans, dominated the time when every plan was
     a launch of its own.
@@ -28,6 +29,8 @@ def train_tasks(plans: dict, data, cfg, out: Path, *, debug=None, extra=()):
         workdir.mkdir(parents=True, exist_ok=True)
         dump = DebugConfig(dump_dir=str(workdir), count_tokens=debug.count_tokens)
         c = cfg[name] if isinstance(cfg, dict) else cfg
-        tasks[name] = TrainTask(plan, data, c, str(workdir), dump, timeout_s=120.0)
+        d = data[name] if isinstance(data, dict) else data
+        tasks[name] = TrainTask(plan, d, c, str(workdir), dump, timeout_s=120.0)
     results = LocalLauncher().submit(TaskSequence([*tasks.values(), *extra])).result()
     return dict(zip(tasks, results, strict=False))
+
