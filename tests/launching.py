@@ -34,3 +34,14 @@ def train_tasks(plans: dict, data, cfg, out: Path, *, debug=None, extra=()):
     results = LocalLauncher().submit(TaskSequence([*tasks.values(), *extra])).result()
     return dict(zip(tasks, results, strict=False))
 
+
+def train_runs(runs: dict, *, timeout_s=60.0):
+    """name -> (plan, data, cfg, workdir), as `orch launch` runs them (no tensor dumps), all in ONE launch (one
+    world size); name -> StepRecords. Each run has its own workdir; a run that resumes another's checkpoint
+    belongs in a later launch (a resumed run is a new process)."""
+    tasks = {
+        name: TrainTask(plan, data, cfg, str(workdir), DebugConfig(), timeout_s)
+        for name, (plan, data, cfg, workdir) in runs.items()
+    }
+    results = LocalLauncher().submit(TaskSequence(list(tasks.values()))).result()
+    return dict(zip(tasks, results, strict=True))
