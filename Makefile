@@ -26,8 +26,8 @@ demo: $(STAMP)
 	$(BIN)/orch data inspect demo/data/data.jsonl --model demo/llava --sample 2
 	$(BIN)/orch plan --model demo/llava --cluster local-cpu --data demo/data/data.jsonl \
 	  --global-batch 16 --out demo/plan-llava-tiny.yaml --top 0
-	$(BIN)/orch launch demo/plan-llava-tiny.yaml --executor local --steps 200 --optimizer adamw --lr 3e-3 \
-	  --warmup-steps 10 --lr-schedule cosine --min-lr 3e-4 --workdir demo/run
+	$(BIN)/orch launch demo/plan-llava-tiny.yaml --executor local --config templates/train/demo-llava.yaml \
+	  --workdir demo/run
 	$(BIN)/orch report demo/run
 
 test: $(STAMP)

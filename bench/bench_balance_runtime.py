@@ -200,7 +200,13 @@ def _interleaved(plan_json: str, data_json: str, steps: int, dtype: str, out: st
     rank = ctx.env.rank
     plan, data = Plan.model_validate_json(plan_json), DataSpec.model_validate_json(data_json)
     exs = {
-        m: TrainStep(plan, data, TrainConfig(steps=steps, seed=0, dtype=dtype, balance=m, calibrate=True), rank, 2)
+        m: TrainStep(
+            plan,
+            data,
+            TrainConfig(optimizer="sgd", lr=0.1, steps=steps, seed=0, dtype=dtype, balance=m, calibrate=True),
+            rank,
+            2,
+        )
         for m in MODES
     }
     records: dict[str, list[dict]] = {m: [] for m in MODES}

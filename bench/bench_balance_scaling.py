@@ -12,9 +12,9 @@ forward+backward, the LLM's) of the slowest rank's seconds:
   orch     where `Orchestrator.dispatch` puts them (the runtime's code: token cap, fallback);
   floor    Σ over phases of max(mean rank, longest sample): what no balancing can beat.
 
-Costs are the dispatcher's model (c + a·len + b·len² per sample, calibrated as the runtime does
-it), turned into seconds by the same fit's seconds per FLOP. Fixed per-step work (gradient sync,
-optimizer, routes) is left out, so these are compute ratios; at DP 2 compare them with
+Costs are the dispatcher's model (planner/sample_cost.py: constant + linear·len + quadratic·len² per
+sample), in seconds, calibrated as the runtime does it when the plan carries no profiled cost. Fixed
+per-step work (gradient sync, optimizer, routes) is left out, so these are compute ratios; at DP 2 compare them with
 bench_balance_runtime's measured "critical s" columns. Prints a table, writes
 bench/out/balance_scaling.json.
 
@@ -36,6 +36,7 @@ from bench_balance_runtime import MIXES, bench_specs
 
 from orch.planner.balance.mode import Mode
 from orch.planner.plan import Layout
+from orch.planner.sample_cost import SampleCost
 from orch.planner.specs import DataSpec, ModelSpec
 from orch.runtime.plans import hand_plan
 
@@ -43,22 +44,23 @@ SAMPLES_PER_RANK = 8
 RANKS_PER_NODE = 8
 
 
-def calibrated_costs(model: ModelSpec, data: DataSpec) -> tuple[dict[str, tuple[float, float]], dict[str, float]]:
-    """Per module: the dispatcher's calibration (per-sample cost, pair rate) and seconds per FLOP."""
+def calibrated_costs(model: ModelSpec, data: DataSpec) -> dict[str, SampleCost]:
+    """Per module: the dispatcher's start-up calibration, in seconds (runtime/train/orchestrator.py)."""
     import torch
 
-    from orch.runtime.data.synthetic import encoder_order
+    from orch.runtime.data.batch import encoder_order
     from orch.runtime.host_memory import keep_freed_memory
-    from orch.runtime.train.orchestrator import calibrate_module, longest_sample, seconds_per_flop
+    from orch.runtime.train.orchestrator import calibrate_module, longest_sample
 
     torch.set_num_threads(1)
     keep_freed_memory()  # as a rank runs (runtime/launch/procgroup.py)
-    calibration, rate = {}, {}
+    calibration = {}
     for m in [*encoder_order(model), model.llm_name]:
-        longest = longest_sample(data, model, m)
-        calibration[m] = calibrate_module(model, m, torch.float64, "cpu", longest)
-        rate[m] = seconds_per_flop(model, m, torch.float64, "cpu", longest)
-    return calibration, rate
+        cost = calibrate_module(model, m, torch.float64, "cpu", longest_sample(data, model, m))
+        if cost is None:
+            raise SystemExit(f"{m}: this machine was too noisy to time the module; run the bench again")
+        calibration[m] = cost
+    return calibration
 
 
 def step_costs(
@@ -66,12 +68,11 @@ def step_costs(
     data: DataSpec,
     dp: int,
     steps: int,
-    calibration: dict,
-    rate: dict,
+    calibration: dict[str, SampleCost],
     samples_per_rank: int = SAMPLES_PER_RANK,
 ) -> dict[str, list[float]]:
     """Per step: the compute critical path in seconds with none, with orch, and the floor."""
-    from orch.runtime.data.synthetic import GlobalBatch
+    from orch.runtime.data.synthetic import SyntheticBatch
     from orch.runtime.parallel.grid import build_grids
     from orch.runtime.train.orchestrator import Orchestrator, lengths_columns, phase_name
 
@@ -81,15 +82,15 @@ def step_costs(
     orch = Orchestrator(plan, build_grids(plan.modules), Mode.ORCH, 8, calibration)
     out: dict[str, list[float]] = {"none": [], "orch": [], "floor": []}
     for step in range(steps):
-        batch = GlobalBatch.build(model, data_dp, 0, step)
+        batch = SyntheticBatch.build(model, data_dp, 0, step)
         lengths = lengths_columns(model, batch)
         stats = orch.dispatch(step, lengths).stats
         none = balanced = floor = 0.0
         for m in lengths:
-            s, r = stats[phase_name(model, m)], rate[m]
-            none += s["max_cost_before"] * r
-            balanced += s["max_cost"] * r
-            floor += s["floor_cost"] * r
+            s = stats[phase_name(model, m)]  # seconds: the calibration's unit
+            none += s["max_cost_before"]
+            balanced += s["max_cost"]
+            floor += s["floor_cost"]
         out["none"].append(none)
         out["orch"].append(balanced)
         out["floor"].append(floor)
@@ -126,12 +127,12 @@ def random_mix(rng: random.Random, data: DataSpec) -> DataSpec:
 def search_mixes(count: int, steps: int, dp: int, seed: int) -> list[dict]:
     """`count` random mixes (and 2 to 16 samples per rank) at `dp` ranks: ceiling and orch per mix."""
     model, data = bench_specs("skewed")
-    calibration, rate = calibrated_costs(model, data)
+    calibration = calibrated_costs(model, data)
     rng, rows = random.Random(seed), []
     for _ in range(count):
         mix = random_mix(rng, data)
         per_rank = rng.choice([2, 4, 8, 16])
-        c = step_costs(model, mix, dp, steps, calibration, rate, per_rank)
+        c = step_costs(model, mix, dp, steps, calibration, per_rank)
         rows.append(
             {
                 "samples_per_rank": per_rank,
@@ -167,9 +168,9 @@ def main() -> None:
     rows = []
     for mix in args.mix:
         model, data = bench_specs(mix)
-        calibration, rate = calibrated_costs(model, data)
+        calibration = calibrated_costs(model, data)
         for dp in args.dp:
-            c = step_costs(model, data, dp, args.steps, calibration, rate)
+            c = step_costs(model, data, dp, args.steps, calibration)
             orch_med, orch_tot = _speedup(c["none"], c["orch"])
             ceil_med, ceil_tot = _speedup(c["none"], c["floor"])
             rows.append(

@@ -39,7 +39,7 @@ def main() -> None:
     losses = {}
     for schedule in ("three_phase", "graph_1f1b"):
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = TrainConfig(steps=STEPS, seed=0, schedule=schedule, balance="none")
+            cfg = TrainConfig(optimizer="sgd", lr=0.1, steps=STEPS, seed=0, schedule=schedule, balance="none")
             records = LocalLauncher().submit(TrainTask(plan, data, cfg, tmp)).result()
         times = [r.step_time_s for r in records[WARMUP:]]
         losses[schedule] = [r.loss for r in records]

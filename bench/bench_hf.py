@@ -114,7 +114,7 @@ class DDPTask:
         import transformers
         from torch.nn.parallel import DistributedDataParallel
 
-        from orch.runtime.data.synthetic import GlobalBatch
+        from orch.runtime.data.synthetic import SyntheticBatch
 
         spec = model_spec_from_dir(self.directory)
         hf = transformers.LlavaForConditionalGeneration.from_pretrained(self.directory, dtype=torch.float32)
@@ -126,7 +126,7 @@ class DDPTask:
         times = []
         for k in range(self.steps):
             t0 = time.perf_counter()
-            batch = GlobalBatch.build(spec, self.data, 0, k)
+            batch = SyntheticBatch.build(spec, self.data, 0, k)
             mine = [batch.sample(i, torch.float32) for i in range(batch.size) if i % world == rank]
             ids, labels, pixels = [], [], []
             for s in mine:
@@ -181,7 +181,7 @@ def main() -> None:
         model = model_spec_from_dir(directory)
         data = data_spec(model.modules["vision"].image_tokens or 1)
         params = sum(t.numel() for t in _load(directory).values())
-        cfg = TrainConfig(steps=args.steps, seed=0, dtype="float32", lr=0.1, device="cpu")
+        cfg = TrainConfig(optimizer="sgd", steps=args.steps, seed=0, dtype="float32", lr=0.1, device="cpu")
         tasks: list[Any] = [
             DDPTask(str(directory), data, args.steps, str(Path(tmp) / "ddp")),
             DDPTask(str(directory), data, args.steps, str(Path(tmp) / "ddp-labels"), head_on_labels=True),

@@ -57,7 +57,7 @@ def main() -> None:
     rows = []
     for name, (plan, predicted) in _plans().items():
         with tempfile.TemporaryDirectory() as tmp:
-            cfg = TrainConfig(steps=STEPS, seed=0, balance="none")
+            cfg = TrainConfig(optimizer="sgd", lr=0.1, steps=STEPS, seed=0, balance="none")
             records = LocalLauncher().submit(TrainTask(plan, plan.data, cfg, tmp)).result()
         times = [r.step_time_s for r in records[WARMUP:]]
         rows.append(

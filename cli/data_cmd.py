@@ -90,7 +90,8 @@ def inspect(
     from orch.planner.loading import load_model
     from orch.runtime.data.conversations import BadSample, read_conversations, read_sources
     from orch.runtime.data.index import IGNORE, TextCounter, TokenRules, find_tokenizer
-    from orch.runtime.data.processing import HFProcessors, as_json, process
+    from orch.runtime.data.media import media_processors
+    from orch.runtime.data.processing import as_json, process
 
     spec = load_model(model)
     sources = read_sources(data)
@@ -105,7 +106,7 @@ def inspect(
         raise SpecError(found.where, "", found.what)
     counter = TextCounter(*find_tokenizer(spec, tokenizer))
     try:
-        out = process(found, spec, TokenRules.of(spec), counter, seq_len, hf=HFProcessors(spec))
+        out = process(found, spec, TokenRules.of(spec), counter, seq_len, processors=media_processors(spec))
     except (OSError, ValueError) as exc:
         raise SpecError(found.where, "", f"cannot read its media ({type(exc).__name__}: {exc})") from None
     if json_out:

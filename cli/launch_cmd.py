@@ -1,8 +1,12 @@
-"""`orch launch`: run a plan for real (local processes, or Slurm through submitit: cli/jobs_cmd.py).
+"""`orch launch`: run a plan for real (local processes, torchrun, or Slurm through submitit: cli/jobs_cmd.py).
 
-`--device auto|cpu|cuda` (runtime/device.py): CUDA with NCCL, one GPU per local rank, or the CPU with gloo.
+The run's settings are one model, runtime/train/config.py `TrainSpec`: the `--config` file holds them, and a
+few flags people type (`--steps --lr --dtype --seed --device --resume/--no-resume`) override it. The flags
+that mirrored the rest of the file (`DEPRECATED`) still work for one release, with a one-line warning; the
+one model validates every value (a bad one is one line naming the flag, or the file and field). `--help`
+shows TrainSpec's defaults, read when help is asked for (`LaunchCommand`).
 
-torch and the runtime are imported inside the command so `orch --help` stays fast.
+torch, pydantic's TrainSpec and the runtime are imported inside the command so `orch --help` stays fast.
 """
 
 from __future__ import annotations
@@ -10,59 +14,56 @@ from __future__ import annotations
 from typing import Any
 
 import typer
+from typer.core import TyperCommand
 
-from orch.planner.balance.mode import Mode
-from orch.runtime.train.config import DEFAULT_BALANCE, DTYPES
+EXECUTORS = ("local", "slurm", "torchrun")
+# Flags that moved into the --config file (issue #28): TrainSpec field -> flag. Remove after one release.
+DEPRECATED = (
+    "optimizer", "lr_schedule", "warmup_steps", "min_lr", "clip_norm", "weight_decay", "checkpoint_every",
+    "balance", "trace", "load", "loader_workers", "model_factory",
+)  # fmt: skip
+OVERRIDES = ("steps", "seed", "lr", "dtype", "device", "resume")  # the TrainSpec fields that stay flags
 
-EXECUTORS = ("local", "slurm")
-OPTIMIZERS = ("sgd", "adamw")
-SCHEDULES = ("constant", "linear", "cosine")  # runtime/train/optim.py SCHEDULES (not imported: it imports torch)
-BALANCE = tuple(m.value for m in Mode)  # post-balancing modes (runtime/train/orchestrator.py)
-DEVICES = ("auto", "cpu", "cuda")  # runtime/device.py DEVICES (not imported: it imports torch)
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+class LaunchCommand(TyperCommand):
+    """`orch launch`'s command: its help shows TrainSpec's defaults beside the flags that override them
+    (the flags themselves default to "not given": the file's value, else TrainSpec's)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from orch.runtime.train.config import TrainSpec
+
+        shown: list[Any] = [p for p in self.params if p.name in OVERRIDES]  # click Options: they have show_default
+        try:
+            for param in shown:  # for this rendering only: a given flag is what overrides the file
+                param.default, param.show_default = TrainSpec.model_fields[str(param.name)].default, True
+            super().format_help(ctx, formatter)
+        finally:
+            for param in shown:
+                param.default, param.show_default = None, False
 
 
 def launch(
     plan_file: str = typer.Argument(..., metavar="PLAN", help="Plan file written by `orch plan` (YAML or JSON)."),
+    config: str | None = typer.Option(
+        None, "--config", help="Training config file (`orch schema train`): every setting; the flags below win."
+    ),
     executor: str = typer.Option("local", "--executor", help=f"One of {', '.join(EXECUTORS)}."),
     nproc: int | None = typer.Option(None, "--nproc", help="Processes to start (default: the plan's world size)."),
-    config: str | None = typer.Option(
-        None, "--config", help="Training config file (`orch schema train`); the flags below override it."
-    ),
-    steps: int | None = typer.Option(None, "--steps", help="Optimizer steps to run [default: 3]."),
-    seed: int | None = typer.Option(None, "--seed", help="Seed of the initialisation and of the data [default: 0]."),
-    lr: float | None = typer.Option(None, "--lr", help="Learning rate [default: 0.1; 0 trains nothing]."),
-    optimizer: str | None = typer.Option(None, "--optimizer", help=f"One of {', '.join(OPTIMIZERS)} [default: sgd]."),
-    lr_schedule: str | None = typer.Option(None, "--lr-schedule", help=f"After warmup: {', '.join(SCHEDULES)}."),
-    warmup_steps: int | None = typer.Option(None, "--warmup-steps", help="Steps of linear learning-rate warmup."),
-    min_lr: float | None = typer.Option(None, "--min-lr", help="Where linear and cosine decay end."),
-    clip_norm: float | None = typer.Option(None, "--clip-norm", help="Clip the global gradient norm (0: off)."),
-    weight_decay: float | None = typer.Option(None, "--weight-decay", help="AdamW's [default: 0.1]."),
-    dtype: str | None = typer.Option(None, "--dtype", help=f"One of {', '.join(DTYPES)} [default: float32]."),
-    device: str = typer.Option(
-        "auto",
-        "--device",
-        help="auto (CUDA + NCCL if there is a GPU per local rank, else CPU + gloo), cpu or cuda.",
-    ),
-    workdir: str = typer.Option("orch-run", "--workdir", help="Where metrics.jsonl is written."),
+    workdir: str = typer.Option("orch-run", "--workdir", help="Where metrics.jsonl and checkpoints are written."),
     data: str | None = typer.Option(None, "--data", "-d", help="Data spec file or preset (default: the plan's)."),
-    trace: str | None = typer.Option(None, "--trace", help="Write a Chrome trace of the measured phases here."),
-    checkpoint_every: int | None = typer.Option(
-        None, "--checkpoint-every", help="Save a checkpoint to WORKDIR/checkpoints every K steps (0: never)."
+    steps: int | None = typer.Option(None, "--steps", help="Optimizer steps to run."),
+    lr: float | None = typer.Option(None, "--lr", help="Peak learning rate (0 trains nothing)."),
+    dtype: str | None = typer.Option(None, "--dtype", help="float32, bfloat16 or float64."),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of the initialisation and of the data."),
+    device: str | None = typer.Option(
+        None, "--device", help="auto (CUDA + NCCL if there is a GPU per local rank, else CPU + gloo), cpu or cuda."
     ),
-    resume: bool = typer.Option(
-        True, "--resume/--no-resume", help="Continue from WORKDIR's newest complete checkpoint, if any."
-    ),
-    balance: str | None = typer.Option(
-        None,
-        "--balance",
-        help=f"Post-balance samples across DP ranks every step: one of {', '.join(BALANCE)} "
-        f"[default: {DEFAULT_BALANCE.value}].",
-    ),
-    load: str = typer.Option(
-        "auto", "--load", help="Where a data file's samples are decoded: destination, origin, auto (destination)."
-    ),
-    loader_workers: int = typer.Option(
-        0, "--loader-workers", help="Processes per rank decoding a data file's next step (0: one thread)."
+    resume: bool | None = typer.Option(
+        None, "--resume/--no-resume", help="Continue from WORKDIR's newest complete checkpoint, if any."
     ),
     partition: str | None = typer.Option(None, "--partition", help="Slurm partition (--executor slurm)."),
     account: str | None = typer.Option(None, "--account", help="Slurm account (--executor slurm)."),
@@ -74,15 +75,31 @@ def launch(
     setup: str | None = typer.Option(
         None, "--setup", help="Setup file rendered into the sbatch script (default: templates/slurm/default-setup.sh)."
     ),
-    model_factory: str | None = typer.Option(
-        None,
-        "--model-factory",
-        help="package.module:function returning your own modules (docs: runtime/models/factory.py).",
+    rdzv_endpoint: str | None = typer.Option(
+        None, "--rdzv-endpoint", help="HOST:PORT where a multi-node plan's ranks meet (--executor torchrun)."
     ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the sbatch script and plan summary; submit nothing."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the sbatch script or the torchrun command and the plan summary; start nothing."
+    ),
     wait: bool = typer.Option(False, "--wait", help="Follow the Slurm job until it ends; non-zero exit if it fails."),
+    # Deprecated: set these in the --config file (hidden; a warning each).
+    optimizer: str | None = typer.Option(None, "--optimizer", hidden=True),
+    lr_schedule: str | None = typer.Option(None, "--lr-schedule", hidden=True),
+    warmup_steps: int | None = typer.Option(None, "--warmup-steps", hidden=True),
+    min_lr: float | None = typer.Option(None, "--min-lr", hidden=True),
+    clip_norm: float | None = typer.Option(None, "--clip-norm", hidden=True),
+    weight_decay: float | None = typer.Option(None, "--weight-decay", hidden=True),
+    checkpoint_every: int | None = typer.Option(None, "--checkpoint-every", hidden=True),
+    balance: str | None = typer.Option(None, "--balance", hidden=True),
+    trace: str | None = typer.Option(None, "--trace", hidden=True),
+    load: str | None = typer.Option(None, "--load", hidden=True),
+    loader_workers: int | None = typer.Option(None, "--loader-workers", hidden=True),
+    model_factory: str | None = typer.Option(None, "--model-factory", hidden=True),
 ) -> None:
-    """Run PLAN up to step --steps and write one metrics line per step to WORKDIR/metrics.jsonl."""
+    """Run PLAN for the config's steps and write one metrics line per step to WORKDIR/metrics.jsonl.
+
+    Settings come from --config (see `orch schema train`; templates/train/*.yaml to copy); the flags override it.
+    """
     from pathlib import Path
 
     from orch.cli.output import console
@@ -92,14 +109,18 @@ def launch(
 
     if executor not in EXECUTORS:
         raise SpecError("--executor", "", f"expected one of {', '.join(EXECUTORS)}, got '{executor}'")
-    if device not in DEVICES:
-        raise SpecError("--device", "", f"expected one of {', '.join(DEVICES)}, got '{device}'")
-    flags = {
-        "steps": steps, "seed": seed, "dtype": dtype, "optimizer": optimizer, "lr": lr, "lr_schedule": lr_schedule,
-        "warmup_steps": warmup_steps, "min_lr": min_lr, "clip_norm": clip_norm, "weight_decay": weight_decay,
-        "checkpoint_every": checkpoint_every, "balance": balance,
+    given = {
+        "steps": steps, "seed": seed, "lr": lr, "dtype": dtype, "device": device, "resume": resume,
+        "optimizer": optimizer, "lr_schedule": lr_schedule, "warmup_steps": warmup_steps, "min_lr": min_lr,
+        "clip_norm": clip_norm, "weight_decay": weight_decay, "checkpoint_every": checkpoint_every,
+        "balance": balance, "trace": trace, "load": load, "loader_workers": loader_workers,
+        "model_factory": model_factory,
     }  # fmt: skip
-    train = train_spec(config, {k: v for k, v in flags.items() if v is not None})
+    given = {k: v for k, v in given.items() if v is not None}
+    for key in DEPRECATED:
+        if key in given:
+            typer.echo(f"warning: {_flag(key)} is deprecated: set {key} in the --config file", err=True)
+    cfg = train_spec(config, given)
     plan = load_json_file(Plan, plan_file)
     data_spec = load_data(data) if data else plan.data
     check_data_against_model(data_spec, plan.model, data or plan_file)
@@ -108,27 +129,25 @@ def launch(
         raise SpecError("--nproc", "", f"the plan needs {plan.world_size} processes, got {world}")
 
     from orch.runtime.device import DeviceError, device_kind
-    from orch.runtime.launch.local import LocalLauncher
     from orch.runtime.train.support import check_supported
     from orch.runtime.train.trainer import TrainTask
 
     check_supported(plan)
-    if executor == "local":  # Slurm tasks choose on their nodes (the submitting host may have no GPU)
+    if executor == "local":  # Slurm's and torchrun's ranks choose on their nodes (this host may have no GPU)
         try:
-            device = device_kind(device, world)
+            cfg = cfg.model_copy(update={"device": device_kind(cfg.device, world)})
         except DeviceError as exc:
-            raise SpecError("--device", "", str(exc)) from None
-    if load not in ("auto", "destination", "origin"):
-        raise SpecError("--load", "", f"expected destination, origin or auto, got '{load}'")
-    if loader_workers < 0:
-        raise SpecError("--loader-workers", "", f"expected a count >= 0, got {loader_workers}")
-    cfg = train.config(
-        model_factory=model_factory, trace=trace, resume=resume, device=device, load=load, loader_workers=loader_workers
-    )
-    if model_factory is not None:
+            raise _where("device", given, config, str(exc)) from None
+    if cfg.model_factory is not None:
         from orch.runtime.models.factory import build_from_factory
 
-        build_from_factory(model_factory, plan.model, cfg.seed, cfg.torch_dtype)  # fail here, not in every rank
+        try:
+            build_from_factory(cfg.model_factory, plan.model, cfg.seed, cfg.torch_dtype)  # here, not in every rank
+        except SpecError as exc:
+            field = ".".join(p for p in ("model_factory", exc.field) if p)
+            raise (
+                exc if "model_factory" in given else SpecError(config or "train config", field, exc.message)
+            ) from None
     if any(m.hf is not None for m in plan.model.modules.values()):
         from orch.runtime.train.support import check_hf_plan
 
@@ -141,11 +160,31 @@ def launch(
         launch_slurm(plan, data_spec, cfg, opts, workdir=workdir, dry_run=dry_run, wait=wait, source=plan_file)
         return
     out = console()
-    backend = "nccl" if device == "cuda" else "gloo"
-    out.print(
-        f"launching {plan.placement} plan on {world} local processes ({device}/{backend}, {cfg.dtype}, seed {cfg.seed})"
-    )
-    records = LocalLauncher(world).submit(TrainTask(plan, data_spec, cfg, workdir)).result()
+    task = TrainTask(plan, data_spec, cfg, workdir)
+    if executor == "torchrun":
+        from orch.cli.output import print_json_text
+        from orch.runtime.launch.sbatch import allocation
+        from orch.runtime.launch.torchrun import TorchrunLauncher, command_text
+
+        nodes, per_node = allocation(plan)
+        launcher = TorchrunLauncher(nodes, per_node, rdzv_endpoint)
+        if dry_run:
+            print_json_text(command_text(launcher.command(task)))
+            out.print(f"dry run: task written to {Path(workdir).absolute() / 'task.pkl'}; run the command above on "
+                      f"each of {nodes} node(s)", soft_wrap=True)  # fmt: skip
+            return
+        handle = launcher.submit(task)
+        out.print(f"launching {plan.placement} plan under torchrun: {nodes} node(s) x {per_node} ranks ({cfg.dtype})")
+        records = handle.result()
+    else:
+        from orch.runtime.launch.local import LocalLauncher
+
+        backend = "nccl" if cfg.device == "cuda" else "gloo"
+        out.print(
+            f"launching {plan.placement} plan on {world} local processes ({cfg.device}/{backend}, {cfg.dtype}, "
+            f"seed {cfg.seed})"
+        )
+        records = LocalLauncher(world).submit(task).result()
     for r in records:
         out.print(f"step {r.step}: loss {r.loss:.6f}  tokens {r.tokens}  step {r.step_time_s:.3f} s")
     counts = [r.data for r in records if r.data is not None]
@@ -156,37 +195,50 @@ def launch(
             f"parse), {total['truncated']} truncated to seq_len, {total['failed']} with unreadable media"
         )
     out.print(f"metrics written to [bold]{workdir}/metrics.jsonl[/]")
-    if trace is not None and Path(trace).exists():
-        out.print(f"trace written to [bold]{trace}[/]")
+    if cfg.trace is not None and Path(cfg.trace).exists():
+        out.print(f"trace written to [bold]{cfg.trace}[/]")
 
 
-NON_NEGATIVE = ("lr", "warmup_steps", "min_lr", "clip_norm", "weight_decay", "checkpoint_every")
-ENUMS = {"dtype": DTYPES, "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES, "balance": BALANCE}
+def _where(field: str, given: dict[str, Any], config: str | None, message: str) -> Exception:
+    """A bad value of `field`: named by its flag when given on the command line, else by the file and field."""
+    from orch.planner.errors import SpecError
+
+    if field in given:
+        return SpecError(_flag(field), "", message)
+    return SpecError(config or "train config", field, message)
 
 
 def train_spec(config: str | None, given: dict[str, Any]) -> Any:
-    """The run's TrainSpec: the --config file (or the defaults) with the flags given on top; a bad value
-    is one line naming the flag, or the file and field."""
+    """The run's TrainSpec: the --config file (or TrainSpec's defaults) with the flags given on top. The one
+    model validates both: a bad value is one line naming the flag, or the file and field."""
     from pydantic import ValidationError
 
-    from orch.planner.errors import SpecError
+    from orch.planner.errors import SpecError, SpecErrors
     from orch.planner.loading import load_json_file, validation_errors
     from orch.runtime.train.config import TrainSpec
 
-    for key, value in given.items():
-        flag = "--" + key.replace("_", "-")
-        if key in ENUMS and value not in ENUMS[key]:
-            raise SpecError(flag, "", f"expected one of {', '.join(ENUMS[key])}, got '{value}'")
-        if key == "steps" and value <= 0:
-            raise SpecError(flag, "", f"expected a positive step count, got {value}")
-        if key in NON_NEGATIVE and value < 0:
-            raise SpecError(flag, "", f"expected a value >= 0, got {value}")
     base = load_json_file(TrainSpec, config) if config else TrainSpec()
     try:
-        return TrainSpec.model_validate({**base.model_dump(), **given})
+        return TrainSpec.model_validate({**base.model_dump(exclude_unset=True), **given})
     except ValidationError as exc:
-        raise validation_errors("command line", exc, TrainSpec) from None
+        source = config or "train config"
+        flags = [e for e in exc.errors() if e["loc"] and e["loc"][0] in given]
+        if not flags:
+            raise validation_errors(source, exc, TrainSpec) from None
+        raise SpecErrors([SpecError(_flag(str(e["loc"][0])), "", _flag_message(e)) for e in flags]) from None
+
+
+def _flag_message(err: Any) -> str:
+    """A flag's pydantic error as the CLI words it: what was expected, and what was given."""
+    ctx, got = err.get("ctx", {}), err.get("input")
+    if err["type"] in ("literal_error", "enum"):
+        choices = str(ctx.get("expected", "")).replace(" or ", ", ").replace("'", "")
+        return f"expected one of {choices}, got '{got}'"
+    if err["type"] in ("greater_than_equal", "greater_than"):
+        bound = format(ctx.get("ge", ctx.get("gt")), "g")  # the field's bound: 0, not 0.0
+        return f"expected a value {'>=' if err['type'] == 'greater_than_equal' else '>'} {bound}, got {got}"
+    return f"{err['msg']} (got {got!r})"
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(launch)
+    app.command(cls=LaunchCommand)(launch)

@@ -160,7 +160,8 @@ def render_profile(prof: Profile) -> None:
             ("err", "num"),
             ("B/tok", "num"),
         ],
-        caption="call, c0: µs; c1: µs per token; c2: ns per token²; err: the fit's relative error; "
+        caption="c0, c1, c2: the file's constant, linear, quadratic; call, c0: µs; c1: µs per token; "
+        "c2: ns per token²; err: the fit's relative error; "
         "B/tok: activation bytes per token",
     )
     for name, mp in prof.modules.items():
@@ -172,10 +173,10 @@ def render_profile(prof: Profile) -> None:
                 name,
                 part,
                 str(tp),
-                f"{f.call_s * 1e6:.0f}",
-                f"{f.c0 * 1e6:.0f}",
-                f"{f.c1 * 1e6:.2f}",
-                f"{f.c2 * 1e9:.2f}",
+                f"{f.call * 1e6:.0f}",
+                f"{f.constant * 1e6:.0f}",
+                f"{f.linear * 1e6:.2f}",
+                f"{f.quadratic * 1e9:.2f}",
                 f"{f.rel_error:.0%}",
                 f"{f.memory_bytes_per_token:.0f}",
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from orch.planner.candidates import Candidate, SearchInput
+from orch.planner.costs import profiled_sample_cost
 from orch.planner.evaluate import Choice
 from orch.planner.plan import (
     Alternative,
@@ -101,6 +102,7 @@ def _module_plan(inp: SearchInput, choice: Choice, name: str) -> ModulePlan:
         data_parallel=c.cost.data_parallel,
         memory_gb=round(memory, 3),
         time_s=c.time_s,
+        sample_cost=profiled_sample_cost(inp.model, inp.data, name, c.layout, c.recompute, inp.profile),
     )
 
 

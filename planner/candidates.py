@@ -181,7 +181,7 @@ def layouts(inp: SearchInput, module: str, gpus: int, allow_pp: bool) -> Iterato
 
 
 def samples_per_dp(inp: SearchInput, layout: Layout) -> int:
-    """Samples the fullest DP rank holds before balancing: ceil(batch / dp) (runtime/data/synthetic.py deals
+    """Samples the fullest DP rank holds before balancing: ceil(batch / dp) (runtime/data/batch.py deals
     sample i to DP index i % dp)."""
     return -(-inp.data.global_batch // layout.dp)
 

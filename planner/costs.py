@@ -15,6 +15,7 @@ from orch.planner.data import TokenStats, token_stats
 from orch.planner.imbalance import residual_imbalance
 from orch.planner.plan import DataParallel, Layout, Recompute
 from orch.planner.profile import Profile
+from orch.planner.sample_cost import SampleCost
 from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec, ModuleKind, ModuleSpec
 
 BF16 = 2
@@ -46,7 +47,7 @@ def choose_data_parallel(m: ModuleSpec, layout: Layout, cfg: CostConfig) -> Data
 
 
 def state_bytes_per_param(mode: DataParallel, trainable: bool, shards: int, compute_bytes: int = BF16) -> float:
-    """Peak bytes per local parameter of a step's training state, as FSDP2 holds it (runtime/parallel/data.py).
+    """Peak bytes per local parameter of a step's training state, as FSDP2 holds it (runtime/parallel/fsdp.py).
 
     The parameters are fp32 masters (sharded over `shards` ranks under fsdp); for the step they are gathered
     once into the compute dtype, and the gradients accumulate at full size in fp32 until the step's one
@@ -254,9 +255,8 @@ def _compute_seconds(
 ) -> tuple[float, float, float]:
     """(forward+backward seconds, measured fixed seconds per step, orchestrator seconds per step)."""
     fwd = forward_flops(m, llm, w)
-    layer_share = 2 * layer_params(m, active=True) * m.layers * w.tokens + 4 * m.hidden * w.tokens_sq * m.layers
-    extra = {Recompute.NONE: 0.0, Recompute.SELECTIVE: 0.1 * layer_share, Recompute.FULL: layer_share}[recompute]
-    passes = 3.0 if m.trainable else 1.0
+    layer_share, extra = _recompute_flops(m, w, recompute)
+    passes, scale = _passes(m, fwd, extra)
     mod = profile.modules.get(name) if profile is not None else None
     fit = mod.block.get(layout.tp) if mod is not None else None
     if mod is not None and fit is not None:
@@ -269,15 +269,13 @@ def _compute_seconds(
         calls = max(w.samples / layout.dp / max(micro_batch, 1), 1.0)  # packed micro-batch calls per DP rank
         # the slowest DP rank sets the pace: the balanced batch's residual max/mean (planner/imbalance.py)
         dp_per_node = max(cluster.gpus_per_node // (layout.tp * layout.cp), 1)
-        slowest = residual_imbalance(data, name, llm_name, layout.dp, dp_per_node, (fit.c0, fit.c1, fit.c2))
-        block = (fit.c0 * samples + fit.c1 * per_gpu_tokens + fit.c2 * per_gpu_sq) * slowest + fit.call_s * calls
+        slowest = residual_imbalance(data, name, llm_name, layout.dp, dp_per_node, fit.terms())
+        block = fit.total(samples, per_gpu_tokens, per_gpu_sq) * slowest + fit.call * calls
         layers = m.layers / layout.pp
-        scale = (passes + (extra / fwd if fwd else 0)) / 3.0
         if mod.rest is not None:
             # measured stem/projector (encoders) or embedding/head/loss (LLM), on the first/last stage only
             r = mod.rest
-            per_sample = (r.c0 * samples + r.c1 * per_gpu_tokens + r.c2 * per_gpu_sq) * slowest
-            rest_s = (per_sample + r.call_s * calls) * passes / 3.0
+            rest_s = (r.total(samples, per_gpu_tokens, per_gpu_sq) * slowest + r.call * calls) * passes / 3.0
         else:
             rest = fwd - layer_share
             rest_s = rest * passes / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * cluster.mfu)
@@ -292,6 +290,43 @@ def _compute_seconds(
     tokens_per_gpu = micro_batch * w.stats.mean / layout.cp
     eff = cluster.mfu * gemm_efficiency(m, layout.tp, tokens_per_gpu, cfg)
     return (fwd * passes + extra) / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * eff), 0.0, 0.0
+
+
+def _recompute_flops(m: ModuleSpec, w: Workload, recompute: Recompute) -> tuple[float, float]:
+    """(forward FLOPs of the blocks over a step, the extra forward FLOPs its recompute runs again)."""
+    layer_share = 2 * layer_params(m, active=True) * m.layers * w.tokens + 4 * m.hidden * w.tokens_sq * m.layers
+    extra = {Recompute.NONE: 0.0, Recompute.SELECTIVE: 0.1 * layer_share, Recompute.FULL: layer_share}[recompute]
+    return layer_share, extra
+
+
+def _passes(m: ModuleSpec, fwd: float, extra: float) -> tuple[float, float]:
+    """(passes, block scale): forward+backward is 3 forwards (1 when frozen), and a block's measured
+    forward+backward is stretched by its recompute's `extra` forward FLOPs over the step's `fwd`."""
+    passes = 3.0 if m.trainable else 1.0
+    return passes, (passes + (extra / fwd if fwd else 0)) / 3.0
+
+
+def profiled_sample_cost(
+    model: ModelSpec, data: DataSpec, name: str, layout: Layout, recompute: Recompute, profile: Profile | None
+) -> SampleCost | None:
+    """Seconds one sample costs module `name` on one DP index of `layout`, from the profile's fits as
+    `module_cost` prices them: every block (the fit of the layout's TP shard, stretched by recompute) and
+    the module's other parts, all pipeline stages summed, per rank of the TP x CP group (a CP rank does
+    1/cp of a sample's tokens and pairs, its per-sample and per-call work whole). What the plan records
+    for the runtime's dispatcher (ModulePlan.sample_cost). None: the profile has no fit for this TP degree."""
+    mod = profile.modules.get(name) if profile is not None else None
+    fit = mod.block.get(layout.tp) if mod is not None else None
+    if mod is None or fit is None:
+        return None
+    m = model.modules[name]
+    w = workload(model, data, name)
+    fwd = forward_flops(m, model.llm, w)
+    _, extra = _recompute_flops(m, w, recompute)
+    passes, scale = _passes(m, fwd, extra)
+    cost = fit.terms().scaled(m.layers * scale, 1.0 / layout.cp)
+    if mod.rest is not None:
+        cost = cost.plus(mod.rest.terms().scaled(passes / 3.0, 1.0 / layout.cp))
+    return cost
 
 
 def module_cost(

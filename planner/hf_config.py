@@ -1,6 +1,7 @@
 """A Hugging Face model directory read into a ModelSpec from its config.json alone (no torch, no transformers).
 
-The families the runtime builds with transformers' own classes (runtime/models/hf/):
+The readers of each module kind; which family takes which is planner/families.py's table, which the runtime
+reads too. The families the runtime builds with transformers' own classes (runtime/models/<family>/):
   llava        a CLIP or SigLIP vision tower and its projector (module `vision`) feeding a Llama, Qwen2 or
                Mistral language model (module `llm`);
   qwen2_audio  a Whisper-style audio encoder (module `audio`: 2 mel frames per encoder token, its average
@@ -22,8 +23,6 @@ from orch.planner.specs import HFPart, Modality, ModelSpec, ModuleKind, ModuleSp
 TEXT_TYPES = ("llama", "qwen2", "mistral")
 VISION_TYPES = ("clip_vision_model", "siglip_vision_model")
 AUDIO_TYPES = ("qwen2_audio_encoder",)
-MULTIMODAL_TYPES = ("llava", "qwen2_audio")
-SUPPORTED_TYPES = (*MULTIMODAL_TYPES, *TEXT_TYPES)
 
 _TEXT = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 _DEFAULTS: dict[str, dict[str, Any]] = {
@@ -230,27 +229,22 @@ def audio_module(cfg: HFConfig, hf: HFPart, downsample: int = 2) -> ModuleSpec:
 
 
 def model_spec_from_dir(directory: str | Path) -> ModelSpec:
-    """The ModelSpec of a Hugging Face model directory (its modules carry `hf` so the runtime builds them)."""
+    """The ModelSpec of a Hugging Face model directory (its modules carry `hf` so the runtime builds them), by its
+    family's reader (planner/families.py)."""
+    from orch.planner.families import Role, family_of
+
     path = str(Path(directory).resolve())
     source, raw = read_config(directory)
     top = HFConfig(source, "", raw)
-    family = top.expect_type(SUPPORTED_TYPES)
-    name = Path(path).name
-    if family in TEXT_TYPES:
-        return ModelSpec(name=name, modules={"llm": text_module(top, HFPart(path=path, part="text"))})
-    text = text_module(top.sub("text_config", family), HFPart(path=path, part="text"))
-    if family == "llava":
-        enc = vision_module(top.sub("vision_config", family), top, HFPart(path=path, part="vision"))
-        return ModelSpec(name=name, modules={"vision": enc, "llm": text})
-    enc = audio_module(top.sub("audio_config", family), HFPart(path=path, part="audio"))
-    return ModelSpec(name=name, modules={"audio": enc, "llm": text})
+    family = family_of(top.model_type, source, "model_type", Role.MODEL, Role.LLM)
+    assert family.read is not None  # every MODEL and LLM row has one
+    return ModelSpec(name=Path(path).name, modules=family.read(top, path))
 
 
 # What a composed spec's module takes from its hf source; the spec may not set these itself.
 DERIVED = ("kind", "layers", "hidden", "heads", "kv_heads", "ffn", "mlp", "vocab", "input_dim", "image_tokens",
            "clip_tokens", "experts", "top_k")  # fmt: skip
-BARE_VISION_TYPES = VISION_TYPES  # directories written by CLIPVisionModel / SiglipVisionModel.save_pretrained
-BARE_ENCODER_TYPES = (*BARE_VISION_TYPES, "whisper")  # whisper: its encoder (part: encoder)
+BARE_ENCODER_TYPES = (*VISION_TYPES, "whisper")  # CLIPVisionModel / SiglipVisionModel / Whisper (part: encoder)
 
 
 def composed_module(name: str, entry: dict[str, Any], base: Path, source: str) -> dict[str, Any]:
@@ -274,7 +268,9 @@ def composed_module(name: str, entry: dict[str, Any], base: Path, source: str) -
     directory = (path if path.is_absolute() else base / path).resolve()
     config_path, raw = read_config(directory)
     top = HFConfig(config_path, "", raw)
-    family = top.expect_type((*BARE_ENCODER_TYPES, *TEXT_TYPES))
+    from orch.planner.families import Role, family_of
+
+    family = family_of(top.model_type, config_path, "model_type", Role.TOWER, Role.LLM).model_type
     rest = {k: v for k, v in entry.items() if k != "hf"}
     wants_encoder = "feeds" in entry
     if wants_encoder == (family in TEXT_TYPES):

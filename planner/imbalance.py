@@ -5,7 +5,7 @@ a step waits for the phase's slowest rank, not its mean one. Post-balancing narr
 cannot close it: samples are indivisible, and a few long ones among dp ranks cannot be split
 evenly (with 4 samples per rank the gap is tens of percent). Estimated the way the runtime gets
 there: global batches drawn from the DataSpec, balanced by the dispatcher's `orch` mode over the
-module's DP ranks, costs from the module's per-sample cost c0 + c1·len + c2·len².
+module's DP ranks, costs from the module's per-sample cost (planner/sample_cost.py).
 """
 
 from __future__ import annotations
@@ -13,22 +13,23 @@ from __future__ import annotations
 from functools import lru_cache
 
 from orch.planner.data import sample_lengths
+from orch.planner.sample_cost import SampleCost
 from orch.planner.specs import DataSpec
 
 BATCHES = 16  # global batches drawn per estimate (the mean of their max/mean)
 
 
-def residual_imbalance(
-    data: DataSpec, module: str, llm: str, dp: int, dp_per_node: int, cost: tuple[float, float, float]
-) -> float:
-    """Mean over drawn global batches of (slowest DP rank's cost) / (mean DP rank's cost), >= 1."""
+def residual_imbalance(data: DataSpec, module: str, llm: str, dp: int, dp_per_node: int, cost: SampleCost) -> float:
+    """Mean over drawn global batches of (slowest DP rank's cost) / (mean DP rank's cost), >= 1, with the
+    module's per-sample `cost` (its per-call term plays no part: the same for every placement)."""
     if dp <= 1:
         return 1.0
-    return _imbalance(data.model_dump_json(), module, llm, dp, dp_per_node, cost)
+    terms = (cost.constant, cost.linear, cost.quadratic)
+    return _imbalance(data.model_dump_json(), module, llm, dp, dp_per_node, terms)
 
 
 @lru_cache(maxsize=256)
-def _imbalance(data_json: str, module: str, llm: str, dp: int, dpn: int, cost: tuple[float, float, float]) -> float:
+def _imbalance(data_json: str, module: str, llm: str, dp: int, dpn: int, terms: tuple[float, float, float]) -> float:
     import numpy as np
 
     from orch.planner.balance.batch import PhaseSpec
@@ -37,10 +38,10 @@ def _imbalance(data_json: str, module: str, llm: str, dp: int, dpn: int, cost: t
     from orch.planner.balance.mode import Mode
 
     data = DataSpec.model_validate_json(data_json)
-    c0, c1, c2 = cost
-    if c0 <= 0 and c1 <= 0 and c2 <= 0:
-        c1 = 1.0  # no measured cost: tokens alone
-    spec = PhaseSpec(constant=c0, linear=c1, quadratic=c2)
+    constant, linear, quadratic = terms
+    if constant <= 0 and linear <= 0 and quadratic <= 0:
+        linear = 1.0  # no measured cost: tokens alone
+    spec = PhaseSpec(constant=constant, linear=linear, quadratic=quadratic)
     batch = data.global_batch
     dpn = dpn if dp % dpn == 0 else dp  # DP ranks that straddle nodes unevenly: one node, as the runtime does
     ratios = []

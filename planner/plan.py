@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from orch.planner.sample_cost import SampleCost
 from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec
 
 PLAN_VERSION = 1
@@ -32,7 +33,7 @@ class Recompute(StrEnum):
 
 
 class DataParallel(StrEnum):
-    """How a module's data-parallel replicas hold their state (runtime/parallel/data.py).
+    """How a module's data-parallel replicas hold their state (runtime/parallel/fsdp.py).
 
     fsdp: FSDP2 `fully_shard` over the (dp, cp) ranks: parameters, gradients and optimizer state sharded
     at rest, gathered once per step, gradients reduce-scattered. replicate: every rank holds the whole
@@ -100,6 +101,12 @@ class ModulePlan(_Model):
     )
     memory_gb: float = Field(ge=0, description="predicted peak memory per GPU from this module")
     time_s: float = Field(default=0.0, ge=0, description="predicted busy time of this module per step")
+    sample_cost: SampleCost | None = Field(
+        default=None,
+        description="seconds one sample costs a DP index of this layout, from the profile the plan was priced "
+        "with (planner/costs.py, profiled_sample_cost); the runtime's dispatcher starts from it instead of "
+        "timing the module at start-up. None: planned from datasheet numbers",
+    )
 
     @model_validator(mode="after")
     def _ranks_match_layout(self) -> ModulePlan:

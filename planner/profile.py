@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from orch.planner.sample_cost import SampleCost
 
 PROFILE_VERSION = 1
 
@@ -13,22 +15,31 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ComputeFit(_Model):
-    """Forward+backward seconds of one block (one TP shard) for a sample of `len` tokens:
-    t(len) = c0 + c1·len + c2·len²."""
+# A profile written before issue 28 named the terms after the fit's coefficients.
+_OLD_TERM_NAMES = {"call_s": "call", "c0": "constant", "c1": "linear", "c2": "quadratic"}
 
-    c0: float
-    c1: float
-    c2: float = 0.0
+
+class ComputeFit(SampleCost):
+    """Forward+backward seconds of one block (one TP shard), the per-sample cost model in seconds
+    (planner/sample_cost.py): one call on a packed micro-batch of k samples of `len` tokens takes
+    call + k·(constant + linear·len + quadratic·len²)."""
+
     rel_error: float = Field(default=0.0, ge=0, description="max relative error of the fit on the measured points")
     memory_bytes_per_token: float = Field(default=0.0, ge=0, description="peak activation bytes per token per block")
-    call_s: float = Field(
-        default=0.0, ge=0, description="fixed seconds per call on a packed micro-batch (launch/python overhead)"
-    )
 
-    def seconds(self, tokens: float, tokens_sq: float = 0.0) -> float:
-        """Time for a batch with `tokens` total and Σlen² = `tokens_sq`, one call per sample."""
-        return self.c1 * tokens + self.c2 * tokens_sq
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        """Profiles written before issue 28 (`c0`, `c1`, `c2`, `call_s`) still load, as these terms."""
+        if not isinstance(data, dict) or not any(k in data for k in _OLD_TERM_NAMES):
+            return data
+        out = {}
+        for k, v in data.items():
+            new = _OLD_TERM_NAMES.get(k, k)
+            if new in out or (new != k and new in data):
+                raise ValueError(f"{k}: the old name of '{new}', given together with it; keep one")
+            out[new] = v
+        return out
 
 
 class ModuleProfile(_Model):

@@ -56,6 +56,12 @@ class HFPart(_Spec):
     )
 
 
+def projected_len(tokens: int, downsample: int) -> int:
+    """LLM tokens a projector merging `downsample` encoder tokens into one gives for `tokens` (the last partial
+    group counts)."""
+    return -(-tokens // downsample)
+
+
 class ModuleSpec(_Spec):
     """One transformer module: an encoder or the LLM backbone."""
 

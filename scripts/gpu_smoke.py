@@ -84,7 +84,7 @@ def in_process_device_check(model: ModelSpec, data: DataSpec, device: str) -> No
     backend = "nccl" if device == "cuda" else "gloo"
     try:
         check(f"backend is {backend}", dist.get_backend() == backend, dist.get_backend())
-        cfg = TrainConfig(steps=2, seed=SEED, dtype="float32", device=device, balance="orch")
+        cfg = TrainConfig(optimizer="sgd", lr=0.1, steps=2, seed=SEED, dtype="float32", device=device, balance="orch")
         ex = TrainStep(plan, data, cfg, 0, 1, device=dev.device)
         where = {p.device.type for m in ex.modules.values() for p in m.parameters()}
         check(f"parameters on {device}", where == {device}, str(sorted(where)))
@@ -103,7 +103,9 @@ def equivalence(label: str, model: ModelSpec, data: DataSpec, ref: ReferenceResu
     plan = hand_plan(model, data, layouts)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        cfg = TrainConfig(steps=STEPS, seed=SEED, dtype="float64", device=device, balance="orch")
+        cfg = TrainConfig(
+            optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", device=device, balance="orch"
+        )
         task = TrainTask(plan, data, cfg, str(work), DebugConfig(dump_dir=str(work)), timeout_s=120)
         t = time.perf_counter()
         try:
@@ -138,7 +140,7 @@ def step_times(rows: list[tuple[str, ModelSpec, DataSpec, str, str]]) -> None:
     print(f"{'model':<12} {'device':<7} {'dtype':<9} {'steps':>5} {'median s':>10} {'label tok/s':>12}")
     for label, model, data, device, dtype in rows:
         plan = hand_plan(model, data, {"llm": (Layout(), [0])})
-        cfg = TrainConfig(steps=6, seed=0, dtype=dtype, device=device, balance="none")
+        cfg = TrainConfig(optimizer="sgd", lr=0.1, steps=6, seed=0, dtype=dtype, device=device, balance="none")
         with tempfile.TemporaryDirectory() as tmp:
             try:
                 records = LocalLauncher().submit(TrainTask(plan, data, cfg, tmp, timeout_s=300)).result()
@@ -172,9 +174,9 @@ def main() -> int:
 
     in_process_device_check(model, data, dev)
 
-    ref = run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64)
+    ref = run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64, optimizer="sgd", lr=0.1)
     equivalence("tiny, 1 rank", model, data, ref, {"llm": (Layout(), [0])}, dev)
-    moe_ref = run_reference(moe, data, seed=SEED, steps=STEPS, dtype=torch.float64)
+    moe_ref = run_reference(moe, data, seed=SEED, steps=STEPS, dtype=torch.float64, optimizer="sgd", lr=0.1)
     equivalence("tiny-moe, 1 rank", moe, data, moe_ref, {"llm": (Layout(), [0])}, dev)
     if gpus >= 2:
         equivalence(

@@ -28,3 +28,16 @@ def plan_file(tmp_path):
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(plan.model_dump(mode="json")))
     return path, model, data
+
+
+@pytest.fixture
+def train_config(tmp_path):
+    """`write(**fields)`: a training config file (`orch launch --config`) of these fields; its path."""
+    count = iter(range(1_000_000))
+
+    def write(**fields) -> str:
+        path = tmp_path / f"train-{next(count)}.yaml"
+        path.write_text(yaml.safe_dump(fields))
+        return str(path)
+
+    return write

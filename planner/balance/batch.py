@@ -12,24 +12,23 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from orch.planner.sample_cost import SampleCost
+
 LLM_PHASE = "llm"  # the phase every encoder phase feeds; routes compose into it
 
 NonNegInt = Annotated[int, Field(ge=0)]
 
 
-class PhaseSpec(BaseModel):
-    """Cost of one phase (an encoder or the LLM): cost(len) = constant + linear·len + quadratic·len², len > 0.
+class PhaseSpec(SampleCost):
+    """Cost of one phase (an encoder or the LLM): the per-sample cost model (planner/sample_cost.py,
+    constant + linear·len + quadratic·len² for len > 0), how a rank runs it, and its cap.
 
-    A sample of length 0 takes no part in the phase and costs nothing (the constant included).
+    A sample of length 0 takes no part in the phase and costs nothing (the constant included). `call`
+    (per packed call) is the same for every placement, so the dispatcher does not read it. A batch
+    file's phase without `linear` costs one per token.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    constant: float = Field(
-        default=0.0, ge=0, description="cost per sample present in the phase (fixed per-sample work: kernel launches)"
-    )
     linear: float = Field(default=1.0, ge=0, description="cost per token (MLP, projections)")
-    quadratic: float = Field(default=0.0, ge=0, description="cost per token² (attention)")
     padded: bool = Field(
         default=False, description="rank cost = samples on the rank × cost(longest on the rank), as padded batches run"
     )

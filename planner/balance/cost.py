@@ -41,12 +41,8 @@ class PhaseArrays:
 
 
 def sample_costs(lengths: npt.NDArray[np.int64], spec: PhaseSpec) -> FloatArray:
-    """cost(len) = constant + linear·len + quadratic·len² for len > 0; 0 for len == 0 (no part in the phase)."""
-    x = lengths.astype(np.float64)
-    costs = spec.linear * x + spec.quadratic * x * x
-    if spec.constant:
-        costs = np.where(x > 0, costs + spec.constant, 0.0)
-    return costs
+    """Every sample's cost(len) (SampleCost.per_sample: 0 where len == 0, no part in the phase)."""
+    return spec.per_sample(lengths.astype(np.float64))
 
 
 def build_phase_arrays(

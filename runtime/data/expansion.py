@@ -19,10 +19,9 @@ from __future__ import annotations
 import itertools
 
 from orch.planner.hf_config import read_config
-from orch.planner.specs import Modality, ModelSpec, ModuleSpec
+from orch.planner.specs import Modality, ModelSpec, ModuleSpec, projected_len
+from orch.runtime.data.batch import encoder_order
 from orch.runtime.data.conversations import AUDIO, IMAGE
-from orch.runtime.data.synthetic import encoder_order
-from orch.runtime.models.reference import projected_len
 from orch.runtime.models.sequence import SequenceLayout
 
 PLACEHOLDER = {Modality.VISION: IMAGE, Modality.AUDIO: AUDIO}

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 from orch.planner.errors import SpecError
 from orch.planner.io import write_text_atomic
-from orch.planner.specs import Modality, ModelSpec
+from orch.planner.specs import Modality, ModelSpec, projected_len
 from orch.runtime.data.conversations import AUDIO, IMAGE, BadSample, Conversation, read_conversations, read_sources
 
 MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz, a 10 ms hop
@@ -126,10 +126,6 @@ def audio_tokens(rule: EncoderRule, num_samples: int, rate: int) -> int:
     if rule.clip_tokens is not None:  # whole LLM tokens: a multiple of the pooling (ModuleSpec.round_length)
         return max(1, round(tokens / rule.downsample)) * rule.downsample
     return tokens
-
-
-def projected(tokens: int, downsample: int) -> int:
-    return -(-tokens // downsample)
 
 
 IGNORE = -100  # a label not trained on (Hugging Face's ignore_index)
@@ -335,7 +331,7 @@ def index_source(path: str, rules: TokenRules, counter: TextCounter, source: int
         texts = counter.count([c for c, _ in pending])
         for (conv, media), text in zip(pending, texts, strict=True):
             enc = {name: sum(n) for name, n in media.items()}
-            llm = text + sum(projected(n, r.downsample) for r in rules.encoders for n in [enc.get(r.name, 0)])
+            llm = text + sum(projected_len(n, r.downsample) for r in rules.encoders for n in [enc.get(r.name, 0)])
             row = {"lengths": {**enc, rules.llm: llm}, "where": conv.where, "source": source, "sample": conv.number}
             if any(len(n) > 1 for n in media.values()):  # several images or clips: each one's tokens
                 row["media"] = {name: n for name, n in media.items() if n}

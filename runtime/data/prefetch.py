@@ -3,8 +3,9 @@
 When step k announces step k + 1, `SamplePrefetcher.start` hands a thread the upcoming batch and the future
 of its post-balancing tables; the thread waits for the tables, then decodes the images and clips of every
 sample this rank will build for each module it serves (where the dispatcher puts them when loading at the
-destination, their origin otherwise) into the batch's cache. Step k + 1 takes the same batch object and
-`wait()`s for it first (the wait is the step's `load` phase: zero when decoding hid behind compute).
+destination, their origin otherwise) into the batch's `DecodeCache` (runtime/data/decode_cache.py), the one
+object the thread writes. Step k + 1 takes the same batch object and `wait()`s for it first (the wait is the
+step's `load` phase: zero when decoding hid behind compute); its `sample` reads the inputs from that cache.
 
 `workers` > 0 (`--loader-workers`): the decoding runs in that many worker processes (spawned once, each
 opening the data file, its index and the model's processors), as a DataLoader's workers do, so decoding
@@ -39,8 +40,8 @@ def _decode_in_worker(row: int, encoders: tuple[str, ...]) -> dict[str, torch.Te
 
 
 class SamplePrefetcher:
-    def __init__(self, dtype: torch.dtype, workers: int = 0, opened: tuple[ModelSpec, DataSpec] | None = None) -> None:
-        self.dtype = dtype
+    def __init__(self, workers: int = 0, opened: tuple[ModelSpec, DataSpec] | None = None) -> None:
+        """`workers` processes decoding (0: one thread); `opened`: the model and data they open."""
         self._thread: ThreadPoolExecutor | None = None
         self._procs: ProcessPoolExecutor | None = None
         self._workers, self._opened = workers, opened
@@ -66,15 +67,22 @@ class SamplePrefetcher:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="orch-load")
         procs = self._pool()
 
+        cache = batch.decoded
+
         def run() -> None:
-            items = [(i, (module,)) for module, ids in wanted().items() for i in ids]
+            items = [
+                (i, missing)
+                for module, ids in wanted().items()
+                for i in ids
+                if (missing := cache.missing(i, (module,)))
+            ]
             if procs is None:
                 for i, encoders in items:
-                    batch.sample(i, self.dtype, "cpu", encoders)
+                    cache.put(i, encoders, batch.source.decode(batch.rows[i], encoders))
                 return
             futures = [procs.submit(_decode_in_worker, batch.rows[i], encoders) for i, encoders in items]
             for (i, encoders), fut in zip(items, futures, strict=True):
-                batch.store(i, encoders, fut.result())
+                cache.put(i, encoders, fut.result())
 
         self._job = (batch.step, self._thread.submit(run))
 

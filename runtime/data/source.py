@@ -27,10 +27,11 @@ from typing import Any
 
 import torch
 
-from orch.planner.specs import DataSpec, ModelSpec
+from orch.planner.specs import DataSpec, ModelSpec, projected_len
+from orch.runtime.data.batch import BatchLengths, GlobalBatch, Sample, encoder_order
+from orch.runtime.data.decode_cache import DecodeCache
 from orch.runtime.data.index import IGNORE, TextTokens
-from orch.runtime.data.synthetic import GlobalBatch, Sample, encoder_order
-from orch.runtime.models.reference import projected_len
+from orch.runtime.data.synthetic import SyntheticBatch
 from orch.runtime.models.sequence import SequenceLayout
 
 
@@ -75,9 +76,9 @@ class ConversationData:
         self.rules = TokenRules.of(model, meta.get("max_image_tokens", 1024))
         self.counter = TextCounter(*find_tokenizer(model, data.tokenizer))
         self.files = [SampleFile(s["path"]) for s in meta["sources"]]
-        from orch.runtime.data.processing import HFProcessors
+        from orch.runtime.data.media import media_processors
 
-        self.hf = HFProcessors(model)  # HF towers' own processors (none for orch's modules)
+        self.processors = media_processors(model)  # each encoder's: its family's, or orch's
         raw = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()]
         self.rows: list[tuple[int, int]] = [(r["source"], r["sample"]) for r in raw]
         self.lengths: list[dict[str, int]] = [r["lengths"] for r in raw]  # the index's own rows, read once
@@ -120,7 +121,7 @@ class ConversationData:
         if self.text(row) is None or isinstance(conv, BadSample):
             return None
         try:
-            return encoder_inputs(conv, self.model, self.rules, encoders, self.hf)[0]
+            return encoder_inputs(conv, self.model, self.rules, encoders, self.processors)[0]
         except (OSError, ValueError):
             return None
 
@@ -149,21 +150,24 @@ class ConversationData:
         return ConversationBatch(
             self.model, seed, step, tuple(enc_tokens), tuple(text_tokens), source=self, rows=tuple(rows),
             trained=tuple(trained), skipped=tuple(skipped), truncated=truncated,
+            decoded=DecodeCache(self.model, tuple(enc_tokens)),
         )  # fmt: skip
 
 
 @dataclass(frozen=True)
-class ConversationBatch(GlobalBatch):
-    """A step's samples from a data file: lengths known everywhere, media decoded where asked (`sample`)."""
+class ConversationBatch(BatchLengths):
+    """A step's samples from a data file: lengths known everywhere, media decoded where asked (`sample`).
 
-    source: ConversationData | None = None
-    rows: tuple[int, ...] = ()
-    trained: tuple[int, ...] = ()  # per sample, its text positions with a target
-    skipped: tuple[int, ...] = field(default=())  # rows whose sample could not be read
-    truncated: int = 0  # samples cut to seq_len
-    # decoded inputs, per (sample, encoder): each decoded once per step on a rank however many callers ask
-    decoded: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict, compare=False, repr=False)
-    failed: list[int] = field(default_factory=list, compare=False, repr=False)  # samples whose media failed here
+    Implements `GlobalBatch` (runtime/data/batch.py). Its decoded media live in `decoded`, the step's
+    `DecodeCache` on this rank, handed in when the batch is built: the prefetch thread fills it ahead of the
+    step (runtime/data/prefetch.py), `sample` reads through it and decodes what is still missing."""
+
+    source: ConversationData
+    rows: tuple[int, ...]
+    trained: tuple[int, ...]  # per sample, its text positions with a target
+    skipped: tuple[int, ...]  # rows whose sample could not be read
+    truncated: int  # samples cut to seq_len
+    decoded: DecodeCache = field(compare=False, repr=False)
 
     @property
     def label_tokens(self) -> int:
@@ -173,30 +177,18 @@ class ConversationBatch(GlobalBatch):
         """Each image's or clip's rows where its placeholder stood in the text (runtime/data/expansion.py)."""
         from orch.runtime.data.expansion import conversation_layout
 
-        assert self.source is not None
         row = self.rows[sample_id]
         text = self.source.text(row)
         if text is None:  # no longer parses: trained on nothing, the indexed rows first
-            return super()._build_layout(sample_id)
+            prefix = sum(self.projected(e, sample_id) for e in encoder_order(self.model))
+            return SequenceLayout.prefix_first(prefix, self.text_tokens[sample_id])
         return conversation_layout(self.model, text.marks, self.text_tokens[sample_id], self.source.media(row))
-
-    def store(self, sample_id: int, encoders: tuple[str, ...], feats: dict[str, torch.Tensor] | None) -> None:
-        """Keep a sample's decoded inputs (`ConversationData.decode`, here or in a loader worker); zeros of the
-        indexed shape where a file could not be read, counted in `failed`."""
-        for e in encoders:
-            rows = self.enc_tokens[sample_id][e] * self.model.modality(e).frames_per_token
-            got = feats.get(e) if feats is not None else None
-            if got is None or got.shape[0] != rows:  # unreadable now (or changed): zeros, trained on nothing
-                got = torch.zeros(rows, self.model.modules[e].input_dim or 1)
-                if sample_id not in self.failed:
-                    self.failed.append(sample_id)
-            self.decoded[(sample_id, e)] = got
 
     def data_counts(self) -> dict[str, int]:
         """This step's data outcomes on this rank: samples, skipped (no longer parse), truncated, failed
         (media unreadable where this rank decoded them), decoded (the (sample, encoder) inputs it built)."""
         return {"samples": self.size, "skipped": len(self.skipped), "truncated": self.truncated,
-                "failed": len(self.failed), "decoded": len(self.decoded)}  # fmt: skip
+                **self.decoded.counts()}  # fmt: skip
 
     def sample(
         self,
@@ -205,21 +197,20 @@ class ConversationBatch(GlobalBatch):
         device: torch.device | str = "cpu",
         encoders: tuple[str, ...] | None = None,
     ) -> Sample:
-        assert self.source is not None
         src, row = self.source, self.rows[sample_id]
         n = self.text_tokens[sample_id]
         text = src.text(row)
         wanted = tuple(encoder_order(self.model)) if encoders is None else encoders
-        missing = tuple(e for e in wanted if (sample_id, e) not in self.decoded)
+        missing = self.decoded.missing(sample_id, wanted)
         if missing:
-            self.store(sample_id, missing, src.decode(row, missing))
+            self.decoded.put(sample_id, missing, src.decode(row, missing))
         if text is None:
             ids, targets = [0] * n, [IGNORE] * n
         else:
             ids, targets = text.ids[:n], text.labels[:n]
         return Sample(
             sample_id,
-            {e: self.decoded[(sample_id, e)].to(device, dtype) for e in wanted},
+            {e: self.decoded.get(sample_id, e).to(device, dtype) for e in wanted},
             torch.tensor(ids, dtype=torch.int64, device=device),
             torch.tensor(targets, dtype=torch.int64, device=device),
         )
@@ -235,4 +226,4 @@ class BatchSource:
     def build(self, step: int) -> GlobalBatch:
         if self.files is not None:
             return self.files.batch(self.seed, step)
-        return GlobalBatch.build(self.model, self.data, self.seed, step)
+        return SyntheticBatch.build(self.model, self.data, self.seed, step)

@@ -5,11 +5,9 @@ features from a generator seeded by (seed, step, sample id), so any rank can bui
 sample without communication and every plan sees the same batch.
 
 LLM sequence of a sample: the projected tokens of each encoder (`encoder_order`: by name), then text
-tokens (`GlobalBatch.layout`: prefix first), so that the total is the sample's LLM length (capped at
+tokens (`SyntheticBatch.layout`: prefix first), so that the total is the sample's LLM length (capped at
 seq_len); text has at least one token. The loss is on text tokens only; labels are synthetic token ids.
-
-Initial placement (`initial_dp_index`): sample i starts on DP index i % dp of a module,
-round-robin, so every DP rank gets a share whatever the ratio.
+`SyntheticBatch` implements runtime/data/batch.py's `GlobalBatch`.
 """
 
 from __future__ import annotations
@@ -21,8 +19,8 @@ from functools import cached_property
 import torch
 
 from orch.planner.data import sample_lengths
-from orch.planner.specs import DataSpec, ModelSpec
-from orch.runtime.models.reference import projected_len
+from orch.planner.specs import DataSpec, ModelSpec, projected_len
+from orch.runtime.data.batch import BatchLengths, Sample, encoder_order
 from orch.runtime.models.sequence import SequenceLayout
 
 
@@ -31,39 +29,12 @@ def _mix(*parts: object) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def encoder_order(model: ModelSpec) -> list[str]:
-    """Encoders by name: the order of their tokens in an LLM sequence and of their random draws.
-
-    Not the spec's dict order: a YAML round trip may sort keys (yaml.safe_dump does), and the
-    batch and the model must not change with it.
-    """
-    return sorted(model.encoder_names)
-
-
-def initial_dp_index(sample_id: int, dp: int) -> int:
-    return sample_id % dp
-
-
 @dataclass(frozen=True)
-class Sample:
-    id: int
-    feats: dict[str, torch.Tensor]  # encoder name -> input features [frames, input_dim] (frames may be 0)
-    text: torch.Tensor  # [text_len] token ids
-    labels: torch.Tensor  # [text_len] target ids
-
-
-@dataclass(frozen=True)
-class GlobalBatch:
+class SyntheticBatch(BatchLengths):
     """Lengths of every sample of one step (known to all ranks); features built on demand."""
 
-    model: ModelSpec
-    seed: int
-    step: int
-    enc_tokens: tuple[dict[str, int], ...]  # per sample: encoder name -> encoder tokens
-    text_tokens: tuple[int, ...]
-
     @classmethod
-    def build(cls, model: ModelSpec, data: DataSpec, seed: int, step: int) -> GlobalBatch:
+    def build(cls, model: ModelSpec, data: DataSpec, seed: int, step: int) -> SyntheticBatch:
         lengths = sample_lengths(data, data.global_batch, seed=_mix("batch", seed, step))
         encs = encoder_order(model)
         enc_tokens, text_tokens = [], []
@@ -76,30 +47,12 @@ class GlobalBatch:
         return cls(model, seed, step, tuple(enc_tokens), tuple(text_tokens))
 
     @property
-    def size(self) -> int:
-        return len(self.text_tokens)
-
-    @property
     def label_tokens(self) -> int:
         """The loss normaliser: label tokens of the whole global batch, whatever the layout."""
         return sum(self.text_tokens)
 
-    def projected(self, encoder: str, sample_id: int) -> int:
-        """LLM-width tokens this encoder contributes to a sample (rows moved at its boundary)."""
-        return projected_len(self.enc_tokens[sample_id][encoder], self.model.modules[encoder].downsample)
-
-    @cached_property
-    def _layouts(self) -> dict[int, SequenceLayout]:
-        return {}
-
-    def layout(self, sample_id: int) -> SequenceLayout:
-        """Where sample `sample_id`'s rows go in its LLM sequence: synthetic samples put the prefix first and
-        score every text position (built once per batch)."""
-        if sample_id not in self._layouts:
-            self._layouts[sample_id] = self._build_layout(sample_id)
-        return self._layouts[sample_id]
-
     def _build_layout(self, sample_id: int) -> SequenceLayout:
+        """Synthetic samples put the prefix first and score every text position."""
         prefix = sum(self.projected(e, sample_id) for e in encoder_order(self.model))
         return SequenceLayout.prefix_first(prefix, self.text_tokens[sample_id])
 
@@ -130,4 +83,4 @@ class GlobalBatch:
         return Sample(sample_id, feats, text.to(device), labels.to(device))
 
 
-__all__ = ["GlobalBatch", "Sample", "initial_dp_index"]
+__all__ = ["SyntheticBatch"]

@@ -24,13 +24,16 @@ def init_rank(
     master: str,
     port: int,
     timeout_s: float,
+    init_method: str | None = None,
     backend: str = "gloo",
     device: torch.device | None = None,
 ) -> None:
     """Join the world group with a timeout, so a rank blocked on a dead peer cannot hang forever.
 
     `backend`: "gloo" (CPU tensors) or "nccl" (CUDA tensors; `device` is then this rank's GPU,
-    already the current device: runtime/device.py `rank_device` gives both). One thread per
+    already the current device: runtime/device.py `rank_device` gives both). `init_method`: None is
+    tcp://master:port with rank 0 hosting the store; "env://" reads MASTER_ADDR/PORT and joins torchrun's
+    agent store when it offers one (runtime/launch/rank.py `RankEnv.from_torch_env`). One thread per
     rank: ranks share this machine's cores, as they do in `orch launch`.
     """
     import torch
@@ -43,7 +46,7 @@ def init_rank(
         keep_freed_memory()
     dist.init_process_group(
         backend,
-        init_method=f"tcp://{master}:{port}",
+        init_method=init_method or f"tcp://{master}:{port}",
         rank=rank,
         world_size=world,
         timeout=timedelta(seconds=timeout_s),

@@ -1,8 +1,9 @@
 """The one way a rank starts, whoever launched it: environment, device, process group, the task, clean-up.
 
-`RankEnv` is read once from where the launcher put it (the local launcher's spawn index, or submitit's
-JobEnvironment on Slurm). `run_rank` picks the rank's device and backend on its own node
-(runtime/device.py), joins the world group with a timeout, runs the task's rank body and, if it raises,
+`RankEnv` is read once from where the launcher put it (the local launcher's spawn index, submitit's
+JobEnvironment on Slurm, or torch's standard variables RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+MASTER_PORT, set by torchrun or a Kubernetes PyTorchJob). `run_rank` picks the rank's device and backend
+on its own node (runtime/device.py), joins the world group with a timeout, runs the task's rank body and, if it raises,
 records when and why (runtime/launch/failures.py) before re-raising; the process group is destroyed in
 every case.
 """
@@ -13,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from orch.planner.errors import OrchError
 from orch.runtime.launch.failures import record_failure
 from orch.runtime.preemption import Preemption
 
@@ -34,6 +36,9 @@ class RankEnv:
     port: int = 29500
     job_id: str = "local"
     device: str = "auto"  # what the task asked for, resolved by the launcher where it can be (runtime/device.py)
+    # How the process group meets: None is tcp://master:port (rank 0 hosts the store); "env://" under torchrun,
+    # whose agent may already host the store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE): torch's own rule.
+    init_method: str | None = None
 
     @classmethod
     def from_submitit(cls, device: str) -> RankEnv:
@@ -51,6 +56,42 @@ class RankEnv:
             job_id=str(env.job_id),
             device=device,  # chosen in the task, on its node: a GPU per task under NCCL, else gloo
         )
+
+    @classmethod
+    def from_torch_env(cls, device: str, environ: dict[str, str] | None = None) -> RankEnv:
+        """This rank's place from the variables torchrun (or a Kubernetes PyTorchJob) sets; OrchError naming the
+        first one missing or not a number."""
+        env = dict(os.environ if environ is None else environ)
+        missing = [name for name in TORCH_ENV if not env.get(name)]
+        if missing:
+            raise OrchError(
+                f"{missing[0]} is not set: start this with torchrun (or a launcher that sets {', '.join(TORCH_ENV)})"
+            )
+
+        def number(name: str, default: str | None = None) -> int:
+            text = env.get(name) or default or ""
+            if not text.isdigit():
+                raise OrchError(f"{name}={text!r}: expected a non-negative integer")
+            return int(text)
+
+        rank, world, local_rank = number("RANK"), number("WORLD_SIZE"), number("LOCAL_RANK")
+        if not rank < world:
+            raise OrchError(f"RANK={rank}: expected less than WORLD_SIZE={world}")
+        return cls(
+            rank=rank,
+            world=world,
+            local_rank=local_rank,
+            # Absent outside torchrun (one process per pod): this rank needs only its own device.
+            local_world=number("LOCAL_WORLD_SIZE", str(local_rank + 1)),
+            master=env["MASTER_ADDR"],
+            port=number("MASTER_PORT"),
+            job_id=env.get("TORCHELASTIC_RUN_ID", "torchrun"),
+            device=device,  # chosen on the rank's node, as on Slurm
+            init_method="env://",
+        )
+
+
+TORCH_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # torch's standard rank variables
 
 
 @dataclass
@@ -86,6 +127,7 @@ def run_rank(task: Task, env: RankEnv, *, preemption: Preemption | None = None, 
             env.world,
             master=env.master,
             port=env.port,
+            init_method=env.init_method,
             timeout_s=task.timeout_s,
             backend=dev.backend,
             device=dev.device,

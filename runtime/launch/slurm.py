@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orch.planner.errors import OrchError
 from orch.planner.plan import Plan
@@ -36,8 +36,10 @@ from orch.runtime.launch.partition import fit_to_partition, read_partition, stuc
 from orch.runtime.launch.rank import RankEnv, run_rank
 from orch.runtime.launch.sbatch import SlurmOptions, default_setup_text, executor_parameters, sbatch_text
 from orch.runtime.preemption import Preemption
-from orch.runtime.train.config import TrainConfig
-from orch.runtime.train.debug import DebugConfig
+
+if TYPE_CHECKING:  # launch/ knows tasks through base.Task; training is imported by submit_train alone
+    from orch.runtime.train.config import TrainConfig
+    from orch.runtime.train.debug import DebugConfig
 
 POLL_S = 2.0
 
@@ -242,6 +244,7 @@ def submit_train(
     """Train `plan` as one allocation (`orch launch --executor slurm`); the handle of the submitted job.
 
     `params`: `plan_parameters`' result when the caller already has it (the partition is read once)."""
+    from orch.runtime.train.debug import DebugConfig
     from orch.runtime.train.trainer import TrainTask
 
     out = Path(workdir).absolute()

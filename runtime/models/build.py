@@ -12,14 +12,15 @@ from orch.planner.specs import ModelSpec
 def build_modules(
     model: ModelSpec, seed: int, dtype: torch.dtype, factory: str | None = None, names: list[str] | None = None
 ) -> dict[str, nn.Module]:
-    """Modules for `names` (default: all). HF modules come back on meta (placed by `HFModule.place`);
+    """Modules for `names` (default: all). HF modules come back on meta (sharded and filled by
+    runtime/parallel/parallelize.py `place`);
     the others full, on the CPU, initialised from the seed in the run's dtype. A module the spec marks
     `trainable: false` comes frozen (`freeze`)."""
     modules: dict[str, nn.Module]
     if any(m.hf is not None for m in model.modules.values()):
         from orch.runtime.models.hf.build import build_hf_modules
 
-        modules = dict(build_hf_modules(model, names))
+        modules = {n: m.to(dtype) for n, m in build_hf_modules(model, names).items()}  # on meta: nothing allocated
     elif factory:
         from orch.runtime.models.factory import build_from_factory
 

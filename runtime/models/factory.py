@@ -1,9 +1,10 @@
-"""`--model-factory package.module:function`: users bring their own encoders, projectors and LLM.
+"""`model_factory: package.module:function` (the --config file; formerly `--model-factory`): users bring their own
+encoders, projectors and LLM.
 
 The function is called as `function(model: ModelSpec) -> Mapping[str, nn.Module]`, one module per
 name of the model spec, after `torch.manual_seed(seed)`: every rank builds every module the same
 way from the seed (then keeps the ones it serves), so initialisation stays a function of the seed
-alone, whatever the plan. The modules' contracts are those of runtime/models/reference.py:
+alone, whatever the plan. The modules' contracts are runtime/models/contract.py's:
 
 * an encoder is called as `encoder(feats_TF, seqlens)` on packed variable-length input features
   ([sum of frames, input_dim]; audio has `Modality.frames_per_token` frames per token) and returns its
@@ -14,8 +15,8 @@ alone, whatever the plan. The modules' contracts are those of runtime/models/ref
   which logits are scored; `embed_packed` and `score_rows` do both. The reference
   `orch.runtime.models.reference.LLM` is the easiest base.
 
-Tensor parallelism shards the reference `Block`s wherever they occur in a user's module; other
-layers stay replicated over TP.
+Tensor parallelism takes a module's own `tp_plan()` (PyTorch ParallelStyles by parameter path), and
+otherwise shards the reference `Block`s wherever they occur in it; other layers stay replicated over TP.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from torch import nn
 
 from orch.planner.errors import SpecError
 from orch.planner.specs import Modality, ModelSpec
+from orch.runtime.models.contract import missing_llm_methods
 
 Factory = Callable[[ModelSpec], Mapping[str, nn.Module]]
-LLM_METHODS = ("embed_inputs", "run_blocks", "text_logits")
 FLAG = "--model-factory"
 
 
@@ -68,7 +69,7 @@ def build_from_factory(
         if not isinstance(module, nn.Module):
             raise SpecError(FLAG, name, f"expected an nn.Module, got {type(module).__name__}")
         if name == model.llm_name:
-            missing = [m for m in LLM_METHODS if not callable(getattr(module, m, None))]
+            missing = missing_llm_methods(module)
             if missing:
                 raise SpecError(
                     FLAG, name, f"the LLM lacks {', '.join(missing)} (see orch.runtime.models.reference.LLM)"

@@ -5,9 +5,10 @@ micro-batch is one tensor of all its samples' tokens, `x_TD`, plus the per-sampl
 attention is computed per sample so it never crosses a sample boundary (correctness first;
 a block-diagonal varlen kernel is an optimisation of the same contract).
 
-Blocks are written for DTensor tensor parallelism (`apply_tp`): q/k/v/gate/up/fc1 are
-column-parallel and o/down/fc2 row-parallel, so the head count a rank holds is read from
-the local output width (heads / tp), never from the spec.
+Blocks are written for DTensor tensor parallelism (`block_tp_plan`, applied by runtime/parallel/tensor.py):
+q/k/v/gate/up/fc1 are column-parallel and o/down/fc2 row-parallel, so the head count a rank holds is read
+from the local output width (heads / tp), never from the spec. Both modules implement the contract of
+runtime/models/contract.py.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from orch.planner.specs import Modality, ModelSpec, ModuleKind, ModuleSpec
-from orch.runtime.models.sequence import SequenceLayout, layouts_or_prefix_first, score_rows
+from orch.planner.specs import Modality, ModelSpec, ModuleKind, ModuleSpec, projected_len
+from orch.runtime.models.staged import StagedDecoder
 
 if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
+
     from orch.runtime.parallel.context import CPShard
 
 # The audio stem is a Whisper-style strided conv merging `Modality.frames_per_token` frames into one
@@ -183,7 +186,7 @@ class MoE(nn.Module):
 
     def _expert(self, key: str, x_ND: torch.Tensor) -> torch.Tensor:
         """One expert on its rows, in its weights' dtype: under EP with bf16 compute the experts stay fp32
-        masters outside FSDP2's casts (runtime/parallel/data.py), so their rows are cast to them and back."""
+        masters outside FSDP2's casts (runtime/parallel/fsdp.py), so their rows are cast to them and back."""
         expert = self.experts[key]
         dtype = next(expert.parameters()).dtype
         return expert(x_ND.to(dtype)).to(x_ND.dtype) if dtype != x_ND.dtype else expert(x_ND)
@@ -224,6 +227,25 @@ class Block(nn.Module):
         return x_TD + self.mlp(self.mlp_norm(x_TD))
 
 
+def block_tp_plan(module: nn.Module) -> dict[str, ParallelStyle]:
+    """Megatron's TP plan of every reference Block inside `module` (itself included), keyed by its path: q/k/v
+    and the MLP's first projections colwise, o and the last projection rowwise. MoE blocks keep router and
+    experts unsharded (every TP rank runs the same experts on the same tokens); only their attention splits."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan: dict[str, ParallelStyle] = {}
+    for path, block in module.named_modules():
+        if not isinstance(block, Block):
+            continue
+        at = f"{path}." if path else ""
+        plan |= {f"{at}attn.{p}": ColwiseParallel() for p in ("q", "k", "v")} | {f"{at}attn.o": RowwiseParallel()}
+        if isinstance(block.mlp, GeluMLP):
+            plan |= {f"{at}mlp.fc1": ColwiseParallel(), f"{at}mlp.fc2": RowwiseParallel()}
+        elif not isinstance(block.mlp, MoE):
+            plan |= {f"{at}mlp.{p}": ColwiseParallel() for p in ("gate", "up")} | {f"{at}mlp.down": RowwiseParallel()}
+    return plan
+
+
 class Projector(nn.Module):
     """Merges `downsample` consecutive encoder tokens (zero-padded at a sample's end) into one LLM token."""
 
@@ -243,10 +265,6 @@ class Projector(nn.Module):
         return self.proj(x_TD)
 
 
-def projected_len(tokens: int, downsample: int) -> int:
-    return -(-tokens // downsample)
-
-
 class Encoder(nn.Module):
     """Stem (patch embedding or conv subsampling) + blocks + norm + projector into the LLM width."""
 
@@ -264,6 +282,10 @@ class Encoder(nn.Module):
         self.blocks = nn.ModuleList(Block(spec, causal=False) for _ in range(spec.layers))
         self.norm = RMSNorm(spec.hidden)
         self.projector = Projector(spec.hidden, llm_hidden, spec.downsample)
+        self.output_dim = llm_hidden
+
+    def tp_plan(self) -> dict[str, ParallelStyle]:
+        return block_tp_plan(self)
 
     def forward(self, feats_TF: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
         """feats_TF: packed input features; seqlens: encoder tokens per sample. Returns packed LLM-width tokens.
@@ -287,13 +309,15 @@ class Encoder(nn.Module):
         return cp.gather_units(out) if cp is not None else out
 
 
-class LLM(nn.Module):
+class LLM(StagedDecoder):
     """Decoder-only LLM in three pieces, so a pipeline stage runs only its share:
     `embed_inputs` (first stage), `run_blocks` (every stage, its layers), `text_logits` (last).
 
     Blocks live in a ModuleDict keyed by layer index, so parameter names ("blocks.3.attn.q.weight")
     are the same in the full model and in a stage that keeps layers 2-3 (`keep_stage`).
     """
+
+    PARTS = ("embed", "blocks", "norm", "head")
 
     def __init__(self, spec: ModuleSpec) -> None:
         super().__init__()
@@ -303,88 +327,14 @@ class LLM(nn.Module):
         self.norm: RMSNorm | None = RMSNorm(spec.hidden)
         self.head: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
 
-    def keep_stage(self, stage: int, stages: int) -> None:
-        """Drop what pipeline stage `stage` of `stages` does not run (after init: names are kept)."""
-        keep = stage_layers(len(self.blocks), stages, stage)
-        for key in [k for k in self.blocks if int(k) not in keep]:
-            del self.blocks[key]
-        if stage != 0:
-            self.embed = None
-        if stage != stages - 1:
-            self.norm = self.head = None
-
-    def embed_inputs(
-        self,
-        prefixes: list[torch.Tensor],
-        texts: list[torch.Tensor],
-        cp: CPShard | None = None,
-        layouts: list[SequenceLayout] | None = None,
-    ) -> tuple[torch.Tensor, list[int]]:
-        """Per sample its encoder rows (prefix) and embedded text tokens where its layout puts them (default:
-        the prefix first), packed; and the sequence lengths.
-
-        With `cp`: only this CP rank's positions and their per-sample counts (CPShard.llm_input).
-        """
-        assert self.embed is not None, "embed_inputs runs on the first pipeline stage"
-        return embed_packed(self.embed, prefixes, texts, cp, layouts)
+    def tp_plan(self) -> dict[str, ParallelStyle]:
+        return block_tp_plan(self)
 
     def run_blocks(self, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
         """`seqlens`: rows per sample as packed in x_TD (this CP rank's counts under CP)."""
         for block in self.blocks.values():
             x_TD = block(x_TD, seqlens, cp)
         return x_TD
-
-    def text_logits(
-        self, x_TD: torch.Tensor, seqlens: list[int], layouts: list[SequenceLayout], cp: CPShard | None = None
-    ) -> torch.Tensor:
-        """Logits of the scored positions (each sample's layout says which; under CP, this rank's), packed."""
-        assert self.norm is not None and self.head is not None, "text_logits runs on the last pipeline stage"
-        rows = cp.score_rows(layouts) if cp is not None else score_rows(seqlens, layouts, x_TD.device)
-        return self.head(self.norm(x_TD[rows]))
-
-    def forward(
-        self,
-        prefixes: list[torch.Tensor],
-        texts: list[torch.Tensor],
-        cp: CPShard | None = None,
-        layouts: list[SequenceLayout] | None = None,
-    ) -> torch.Tensor:
-        """Per sample: encoder tokens and text tokens (as `layouts` place them; default the prefix first).
-        Returns the logits of the scored positions, packed."""
-        layouts = layouts_or_prefix_first(layouts, prefixes, texts)
-        x_TD, seqlens = self.embed_inputs(prefixes, texts, cp, layouts)
-        return self.text_logits(self.run_blocks(x_TD, seqlens, cp), seqlens, layouts, cp)
-
-
-def embed_packed(
-    embed: nn.Module,
-    prefixes: list[torch.Tensor],
-    texts: list[torch.Tensor],
-    cp: CPShard | None = None,
-    layouts: list[SequenceLayout] | None = None,
-) -> tuple[torch.Tensor, list[int]]:
-    """Per sample its prefix rows and its embedded text where its layout puts them, packed, and the samples'
-    lengths (under CP: this rank's positions and counts, CPShard.llm_input). Every LLM's `embed_inputs`."""
-    layouts = layouts_or_prefix_first(layouts, prefixes, texts)
-    if cp is not None and prefixes:
-        return cp.llm_input(prefixes, texts, embed, layouts)
-    parts, seqlens = [], []
-    for prefix, text, layout in zip(prefixes, texts, layouts, strict=True):
-        rows = torch.cat([prefix, embed(text)])
-        parts.append(rows if layout.source is None else rows[layout.source.to(rows.device)])
-        seqlens.append(prefix.shape[0] + text.shape[0])
-    # No samples (an empty micro-batch that EP ranks still run): zero rows that keep a graph.
-    empty = torch.zeros(0, dtype=torch.int64, device=next(embed.parameters()).device)
-    return (torch.cat(parts) if parts else embed(empty)), seqlens
-
-
-def stage_layers(layers: int, stages: int, stage: int) -> range:
-    """The layer indices of one pipeline stage: contiguous, as even as possible, earlier stages +1."""
-    if not 0 <= stage < stages or stages > layers:
-        raise ValueError(f"stage {stage} of {stages} for {layers} layers")
-    base, extra = divmod(layers, stages)
-    start = stage * base + min(stage, extra)
-    return range(start, start + base + (1 if stage < extra else 0))
 
 
 def build_module(name: str, model: ModelSpec) -> nn.Module:
@@ -403,7 +353,7 @@ def _stable_seed(*parts: object) -> int:
 def init_module(module: nn.Module, name: str, seed: int) -> None:
     """Fill every parameter from (seed, module name, parameter name) alone: layout-independent.
 
-    Call before `apply_tp`: full tensors are generated on every rank, then sharded.
+    Call before tensor parallelism: full tensors are generated on every rank, then sharded.
     """
     for pname, p in module.named_parameters():
         gen = torch.Generator().manual_seed(_stable_seed(seed, name, pname))

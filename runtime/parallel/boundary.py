@@ -16,7 +16,7 @@ import torch
 
 from orch.planner.plan import Edge, EdgeKind, Transport
 from orch.planner.routing import RouteTable
-from orch.runtime.data.synthetic import GlobalBatch, initial_dp_index
+from orch.runtime.data.batch import GlobalBatch, initial_dp_index
 from orch.runtime.parallel.grid import Grid
 from orch.runtime.parallel.transport import P2P, Route, routed
 

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from orch.planner.trace import one_f_one_b_order
-from orch.runtime.models.reference import LLM
+from orch.runtime.models.contract import CausalLM
 from orch.runtime.models.sequence import SequenceLayout
 from orch.runtime.parallel.context import CPGroup, CPShard
 from orch.runtime.parallel.grid import Grid
@@ -68,7 +68,7 @@ class PipelineStage:
 
     def __init__(
         self,
-        llm: LLM,
+        llm: CausalLM,
         grid: Grid,
         rank: int,
         width: int,

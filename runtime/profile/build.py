@@ -110,10 +110,8 @@ def _points(cases: list[BlockCase] | list[RestCase], times: dict[str, float]) ->
 
 def _fit(points: list[tuple[int, int, float]], mem_per_token: float) -> ComputeFit:
     quadratic = len({length for _, length, _ in points}) >= 3
-    f = fit_compute(points, quadratic=quadratic)
-    return ComputeFit(
-        c0=f.c0, c1=f.c1, c2=f.c2, call_s=f.call, rel_error=f.rel_error, memory_bytes_per_token=mem_per_token
-    )
+    cost, rel_error = fit_compute(points, quadratic=quadratic)
+    return ComputeFit(**cost.model_dump(), rel_error=rel_error, memory_bytes_per_token=mem_per_token)
 
 
 __all__ = ["build_profile"]

@@ -200,7 +200,7 @@ Case = BlockCase | RestCase | OverheadCase | StepCase | RuntimeCase | CommCase
 
 def build_cases(cfg: ProfileConfig, model: ModelSpec, world: int) -> list[Case]:
     """Every case of a profile of `model` on `world` ranks, in the order every rank runs them."""
-    from orch.runtime.data.synthetic import encoder_order  # imports torch: only when the cases are built
+    from orch.runtime.data.batch import encoder_order
 
     names = [n for n in model.modules if not cfg.modules or n in cfg.modules]
     ks = MICRO_BATCH_SIZES

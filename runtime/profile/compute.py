@@ -3,7 +3,7 @@
 What is timed is what the runtime executes (runtime/train/step.py), through its functions: a Block of
 runtime/models/reference.py, or a Hugging Face module's own layer (runtime/models/hf/parts.py), (a
 DTensor TP shard over a real TP group when tp > 1) under the data parallelism training wraps it in
-(runtime/parallel/data.py: FSDP2 `replicate` or `fully_shard` over the other ranks, gathered for the
+(runtime/parallel/fsdp.py: FSDP2 `replicate` or `fully_shard` over the other ranks, gathered for the
 step, so each call pays FSDP2's hooks and no collective, as in a step), forward and backward on a packed
 micro-batch of k samples with per-sample attention; the module with no blocks, fed as training feeds it
 (runtime/train/compute.py `encode`, `text_loss`); and the module's fixed work per step as the step does
@@ -62,7 +62,7 @@ class ModuleCases:
     def rest(self, case: RestCase) -> float:
         import torch
 
-        from orch.runtime.data.synthetic import Sample
+        from orch.runtime.data.batch import Sample
         from orch.runtime.train.compute import encode, text_loss
 
         n, k, dev = case.module, case.k, self.device
@@ -122,7 +122,7 @@ class ModuleCases:
 
     @property
     def _master(self) -> Any:
-        from orch.runtime.parallel.data import master_dtype
+        from orch.runtime.parallel.fsdp import master_dtype
 
         return master_dtype(self.dtype)
 
@@ -131,12 +131,12 @@ class ModuleCases:
         planner picks for a module of its size on that many ranks, and the driver of its step (`begin`, `finish`)."""
         from orch.planner.costs import CostConfig, choose_data_parallel
         from orch.planner.plan import Layout
-        from orch.runtime.parallel.data import DataParallelSteps, shard_module
+        from orch.runtime.parallel.fsdp import DataParallelSteps, apply_fsdp
 
         dp_mesh = mesh if mesh is not None else self.meshes[tp][0]
         spec = self.model.modules[name]
         mode = choose_data_parallel(spec, Layout(tp=tp, dp=dp_mesh.size()), CostConfig())
-        return DataParallelSteps({name: shard_module(name, module, dp_mesh, mode, self.dtype)})
+        return DataParallelSteps({name: apply_fsdp(module, name=name, mesh=dp_mesh, mode=mode, dtype=self.dtype)})
 
     def _block(self, name: str, tp: int) -> Any:
         from orch.runtime.models.reference import Block, init_module

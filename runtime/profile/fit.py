@@ -1,16 +1,17 @@
 """Fits and bandwidth arithmetic of `orch profile`: pure functions over measured points (no torch).
 
-Compute: t(k, len) = call + k·(c0 + c1·len + c2·len²) for one call on a packed micro-batch of k
-samples of `len` tokens each (the runtime's blocks run the linear layers once per micro-batch and
-attention once per sample). Communication: nccl-tests' algbw = bytes / time and busbw = algbw times
+Compute: the per-sample cost model (planner/sample_cost.py), t(k, len) = call + k·(constant +
+linear·len + quadratic·len²) for one call on a packed micro-batch of k samples of `len` tokens each
+(the runtime's blocks run the linear layers once per micro-batch and attention once per sample).
+Communication: nccl-tests' algbw = bytes / time and busbw = algbw times
 the op's bus factor (nccl-tests doc/PERFORMANCE.md), and an alpha-beta model t = alpha + bytes / bw.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
+
+from orch.planner.sample_cost import SampleCost
 
 # nccl-tests doc/PERFORMANCE.md: the bytes each rank must move relative to the message size.
 _BUS_FACTORS = {
@@ -37,15 +38,6 @@ def bandwidths(op: str, n: int, nbytes: int, seconds: float) -> tuple[float, flo
     return algbw, algbw * bus_factor(op, n)
 
 
-@dataclass(frozen=True)
-class CallFit:
-    call: float
-    c0: float
-    c1: float
-    c2: float
-    rel_error: float  # max |fit - measured| / measured over the points
-
-
 def nonnegative_relative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     """min Σ((a·c − y) / y)² subject to c >= 0, exactly: every subset of columns, the best solution
     with no negative coefficient (a handful of columns: at most 15 small solves)."""
@@ -68,13 +60,15 @@ def nonnegative_relative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit_compute(points: list[tuple[int, int, float]], quadratic: bool = True) -> CallFit:
-    """Least squares of t(k, len) = call + k·(c0 + c1·len + c2·len²) over (k, len, seconds) points.
+def fit_compute(points: list[tuple[int, int, float]], quadratic: bool = True) -> tuple[SampleCost, float]:
+    """The per-sample cost model (planner/sample_cost.py) of t(k, len) = call + k·(constant + linear·len +
+    quadratic·len²) over (k, len, seconds) points, and its largest relative error on them.
 
     The relative error is what is minimised (a micro-batch of a few short samples, where the fixed
     costs matter, weighs as much as a long one), under non-negative coefficients (a negative
     per-token cost is noise, not physics): solved exactly over the subsets of terms, rather than
-    clipping an unconstrained solution, which can leave a fit far from every point.
+    clipping an unconstrained solution, which can leave a fit far from every point. With one micro-batch
+    size the per-call and per-sample terms cannot be told apart: all of it is per sample (call = 0).
     """
     if not points:
         raise ValueError("no points to fit")
@@ -93,10 +87,11 @@ def fit_compute(points: list[tuple[int, int, float]], quadratic: bool = True) ->
     values = list(coef) if use_call else [0.0, *coef]
     while len(values) < 4:
         values.append(0.0)
-    call, c0, c1, c2 = (float(v) for v in values)
-    pred = np.array([call + k * (c0 + c1 * n + c2 * n * n) for k, n, _ in points])
+    call, constant, linear, quad = (float(v) for v in values)
+    cost = SampleCost(call=call, constant=constant, linear=linear, quadratic=quad)
+    pred = np.array([cost.per_call(k, n) for k, n, _ in points])
     err = float(np.max(np.abs(pred - y) / np.maximum(y, 1e-12)))
-    return CallFit(call, c0, c1, c2, err)
+    return cost, err
 
 
 def fit_alpha_beta(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -118,7 +113,6 @@ def median(values: list[float]) -> float:
 
 
 __all__ = [
-    "CallFit",
     "bandwidths",
     "bus_factor",
     "fit_alpha_beta",

@@ -1,5 +1,5 @@
 """A reference Block held as a module holds its blocks (`layers`), so data parallelism wraps it as it wraps them
-(runtime/parallel/data.py `shard_module`: the block one FSDP2 unit, its holder the root)."""
+(runtime/parallel/fsdp.py `apply_fsdp`: the block one FSDP2 unit, its holder the root)."""
 
 from __future__ import annotations
 

@@ -25,13 +25,13 @@ def time_bookkeeping(
     import torch
     import torch.distributed as dist
 
-    from orch.runtime.data.synthetic import GlobalBatch
+    from orch.runtime.data.synthetic import SyntheticBatch
 
     counter, dtype = [0], cfg.torch_dtype
 
     def step() -> None:
         counter[0] += 1
-        batch = GlobalBatch.build(model, data, cfg.seed, counter[0])
+        batch = SyntheticBatch.build(model, data, cfg.seed, counter[0])
         for _ in model.modules:
             for i in range(rank, batch.size, world):
                 batch.sample(i, dtype)
@@ -69,7 +69,8 @@ def time_runtime(
 
     from orch.planner.balance.mode import Mode
     from orch.planner.plan import Layout
-    from orch.runtime.data.synthetic import GlobalBatch, encoder_order
+    from orch.runtime.data.batch import encoder_order
+    from orch.runtime.data.synthetic import SyntheticBatch
     from orch.runtime.parallel.boundary import Boundary
     from orch.runtime.parallel.grid import build_grids
     from orch.runtime.parallel.transport import routed
@@ -88,9 +89,9 @@ def time_runtime(
     nbytes: dict[str, list[float]] = {}
     try:
         reps = max(cfg.reps, RUNTIME_REPS)  # short cases: more reps
-        orch.prefetch(GlobalBatch.build(model, data, cfg.seed, 1_000), rank, world)
+        orch.prefetch(SyntheticBatch.build(model, data, cfg.seed, 1_000), rank, world)
         for step in range(reps + 1):  # the first is a warm-up
-            batch = GlobalBatch.build(model, data, cfg.seed, 1_000 + step)
+            batch = SyntheticBatch.build(model, data, cfg.seed, 1_000 + step)
             # as in runtime/train/step.py: this step's tables were dispatched on the worker thread while the
             # step before ran (untimed here: the runtime hides that wait behind the step's compute) ...
             tables = orch.tables(batch, rank, world)
@@ -99,7 +100,7 @@ def time_runtime(
             # ... and on the critical path: the next step's length announce, then this step's input routes
             # while the dispatcher works
             if step < reps:
-                orch.prefetch(GlobalBatch.build(model, data, cfg.seed, 1_000 + step + 1), rank, world)
+                orch.prefetch(SyntheticBatch.build(model, data, cfg.seed, 1_000 + step + 1), rank, world)
             for name in [*encoder_order(model), llm]:
                 router.inputs(name, batch, tables, dtype, serves=True)
             took = time.perf_counter() - t

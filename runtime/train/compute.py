@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from orch.runtime.data.synthetic import Sample
+from orch.runtime.data.batch import Sample
 from orch.runtime.models.sequence import SequenceLayout, layouts_or_prefix_first, scored_labels
 from orch.runtime.parallel.context import CPGroup
 
@@ -35,7 +35,7 @@ def encode(
     seqlens = [f.shape[0] // frames_per_token for f in feats]
     if sum(seqlens) == 0:
         # No tokens of this modality here (text-only samples, or no samples): an empty, shape-correct result.
-        width = getattr(encoder, "output_dim", None) or encoder.projector.proj.out_features  # type: ignore[union-attr]
+        width = encoder.output_dim  # the contract's (runtime/models/contract.py)
         return torch.zeros(0, width, dtype=dtype, device=_device_of(encoder))
     if cp is not None:
         return encoder(torch.cat(feats), seqlens, cp.shard(seqlens, unit=encoder.projector.downsample))  # type: ignore[union-attr]

@@ -1,16 +1,33 @@
-"""What a training run is asked to do (TrainConfig), apart from what the tests inject (train/debug.py).
+"""What a training run is asked to do: one versioned pydantic model, `TrainSpec`, and every default once.
 
-A frozen value, pickled to every rank by the launchers; torch is imported only by `torch_dtype`.
+It is the `--config` file of `orch launch` (`orch schema train`), the value the launchers pickle to every
+rank, and the `train.json` a run directory and each of its checkpoints keep. Two groups of fields:
+
+* the optimisation (steps, seed, dtype, optimizer, learning rate and schedule, clipping, ...);
+* the run options (trace, checkpoints, resume, post-balancing, device, where a data file is decoded, a
+  user's model factory, ...): settings of this run that change how, not what, it trains.
+
+`orch launch` keeps a few flags (`--steps --lr --dtype --seed --device --resume`) that override the file;
+everything else is set in the file. What the tests inject (fault injection, dumps) is not here:
+runtime/train/debug.py.
+
+Defaults are what a user expects of an LLM training run: AdamW (torchtitan's and VeOmni's default) with
+betas (0.9, 0.95), weight decay 0.1 on matrices and embeddings, and a peak rate of 1e-4, the order of
+magnitude of fine-tuning a pretrained backbone and its encoders together (LLaVA-style runs use 2e-5..2e-4;
+torchtitan's from-scratch Llama runs 8e-4). Tests that check gradients exactly ask for SGD explicitly.
+
+Importing this module builds the pydantic model (tens of milliseconds): the CLI imports it inside the
+command, never at start-up (tests/unit/test_packaging.py). torch is imported only by `torch_dtype`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from orch.planner.balance.mode import Mode
+from orch.planner.plan import Schedule
 
 if TYPE_CHECKING:
     import torch
@@ -29,44 +46,69 @@ def torch_dtype(name: str) -> torch.dtype:
 DEFAULT_BALANCE = Mode.ORCH  # the one default of post-balancing, for the CLI and the API alike
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    steps: int = 1
-    seed: int = 0
-    dtype: str = "float32"  # one of DTYPES
-    optimizer: str = "sgd"
-    lr: float = 0.1
-    # runtime/train/optim.py: AdamW's settings, the learning-rate schedule, the global-norm clip
-    weight_decay: float = 0.1  # AdamW, on matrices and embeddings only
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    lr_schedule: str = "constant"  # one of optim.SCHEDULES, after `warmup_steps` of linear warmup
-    warmup_steps: int = 0
-    min_lr: float = 0.0  # where linear and cosine decay end, at the last step
-    clip_norm: float = 0.0  # clip the global gradient norm to this (0: no clipping)
-    module_lr: tuple[tuple[str, float], ...] = ()  # (module, factor on lr)
-    # a fixed dataset of this many global batches, seen again and again (0: every step's batch is new)
-    repeat_every: int = 0
-    trace: str | None = None  # write a Chrome trace of the measured phases here (runtime/train/trace.py)
-    checkpoint_every: int = 0  # save a checkpoint every this many steps (0: never; runtime/checkpoint.py)
-    resume: bool = True  # continue from the newest complete checkpoint of the workdir, if any
-    balance: Mode = DEFAULT_BALANCE  # post-balancing (runtime/train/orchestrator.py)
-    # time the modules at startup for the dispatcher's cost model (orchestrator.calibrate_module);
-    # None: when balancing (a `none` run's cost statistics then use the FLOP model alone)
-    calibrate: bool | None = None
-    # "three_phase" runs a disaggregated plan's islands one after the other instead of its graph-aware
-    # 1F1B (benchmarks compare the two); None: the plan's schedule
-    schedule: str | None = None
-    model_factory: str | None = None  # "package.module:function" building the modules (runtime/models/factory.py)
-    # "auto" | "cpu" | "cuda": where the ranks compute (runtime/device.py; launchers resolve "auto" before starting)
-    device: str = "auto"
-    # where a balanced step's inputs are built: "destination" (each rank loads the samples the dispatcher gave
-    # it: nothing moves), "origin" (at their initial DP index, then moved); "auto": destination with a data file
-    load: str = "auto"
-    loader_workers: int = 0  # with a data file: processes decoding the next step's media (0: one thread)
+class TrainSpec(BaseModel):
+    """A training run's config: the `--config` file of `orch launch` and what every rank runs with."""
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "balance", Mode(self.balance))
+    # protected_namespaces: `model_factory` is a field, not pydantic's `model_*` API.
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+
+    version: Literal[1] = 1
+    # -- the optimisation ------------------------------------------------------------------------------------
+    steps: int = Field(default=3, gt=0, description="optimizer steps")
+    seed: int = Field(default=0, description="seed of the initialisation and of the data")
+    dtype: Literal["float32", "bfloat16", "float64"] = Field(default="float32", description="parameters' dtype")
+    optimizer: Literal["sgd", "adamw"] = Field(default="adamw", description="runtime/train/optim.py")
+    lr: float = Field(default=1e-4, ge=0, description="peak learning rate (0 trains nothing)")
+    weight_decay: float = Field(default=0.1, ge=0, description="AdamW's, on matrices and embeddings only")
+    betas: tuple[float, float] = Field(default=(0.9, 0.95), description="AdamW's")
+    eps: float = Field(default=1e-8, gt=0, description="AdamW's")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        default="constant", description="after warmup, down to min_lr at the last step"
+    )
+    warmup_steps: int = Field(default=0, ge=0, description="steps of linear warmup")
+    min_lr: float = Field(default=0.0, ge=0, description="where linear and cosine decay end, at the last step")
+    clip_norm: float = Field(default=0.0, ge=0, description="clip the global gradient norm to this (0: off)")
+    module_lr: dict[str, float] = Field(default_factory=dict, description="module -> factor on lr")
+    repeat_every: int = Field(
+        default=0, ge=0, description="a fixed dataset of this many global batches, repeated (0: new batches)"
+    )
+    balance: Mode = Field(default=DEFAULT_BALANCE, description="post-balancing mode (runtime/train/orchestrator.py)")
+    # -- the run options ---------------------------------------------------------------------------------------
+    checkpoint_every: int = Field(
+        default=0, ge=0, description="save a checkpoint to WORKDIR/checkpoints every K steps (0: never)"
+    )
+    resume: bool = Field(default=True, description="continue from WORKDIR's newest complete checkpoint, if any")
+    trace: str | None = Field(default=None, description="write a Chrome trace of the measured phases here")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="auto: CUDA + NCCL with a GPU per local rank, else CPU + gloo (runtime/device.py)"
+    )
+    load: Literal["auto", "destination", "origin"] = Field(
+        default="auto",
+        description="where a data file's samples are decoded: on the rank the dispatcher gives them (destination), "
+        "at their initial DP index and then moved (origin); auto: destination",
+    )
+    loader_workers: int = Field(
+        default=0, ge=0, description="processes per rank decoding a data file's next step (0: one thread)"
+    )
+    calibrate: bool | None = Field(
+        default=None,
+        description="time at start-up, for the dispatcher's cost model, the modules whose plan carries no "
+        "profiled cost (ModulePlan.sample_cost); None: when balancing",
+    )
+    schedule: Schedule | None = Field(
+        default=None, description="override the plan's schedule (three_phase runs islands one after the other)"
+    )
+    model_factory: str | None = Field(
+        default=None, description="package.module:function returning your own modules (runtime/models/factory.py)"
+    )
+
+    @field_validator("module_lr")
+    @classmethod
+    def _positive_factors(cls, value: dict[str, float]) -> dict[str, float]:
+        for module, factor in value.items():
+            if factor <= 0:
+                raise ValueError(f"{module}: expected a factor > 0, got {factor}")
+        return value
 
     def data_step(self, step: int) -> int:
         """Which global batch step `step` trains on."""
@@ -84,48 +126,7 @@ class TrainConfig:
         return torch_dtype(self.dtype)
 
 
-class TrainSpec(BaseModel):
-    """A training config file (`orch launch PLAN --config train.yaml`; `orch schema train`): what TrainConfig
-    holds of the optimisation, versioned like the other specs. Flags given on the command line win."""
+# The runtime's name for the same model (the trainer, the optimizer, the tests): one definition, two names.
+TrainConfig = TrainSpec
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    version: Literal[1] = 1
-    steps: int = Field(default=3, gt=0, description="optimizer steps")
-    seed: int = Field(default=0, description="seed of the initialisation and of the data")
-    dtype: Literal["float32", "bfloat16", "float64"] = "float32"
-    optimizer: Literal["sgd", "adamw"] = "sgd"
-    lr: float = Field(default=0.1, ge=0, description="peak learning rate")
-    weight_decay: float = Field(default=0.1, ge=0, description="AdamW's, on matrices and embeddings only")
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = Field(default=1e-8, gt=0)
-    lr_schedule: Literal["constant", "linear", "cosine"] = Field(default="constant", description="after warmup")
-    warmup_steps: int = Field(default=0, ge=0, description="steps of linear warmup")
-    min_lr: float = Field(default=0.0, ge=0, description="where linear and cosine decay end, at the last step")
-    clip_norm: float = Field(default=0.0, ge=0, description="clip the global gradient norm to this (0: off)")
-    module_lr: dict[str, float] = Field(default_factory=dict, description="module -> factor on lr")
-    checkpoint_every: int = Field(default=0, ge=0, description="save a checkpoint every K steps (0: never)")
-    repeat_every: int = Field(
-        default=0, ge=0, description="a fixed dataset of this many global batches, repeated (0: new batches)"
-    )
-    balance: Mode = Field(default=DEFAULT_BALANCE, description="post-balancing mode")
-
-    @field_validator("module_lr")
-    @classmethod
-    def _positive_factors(cls, value: dict[str, float]) -> dict[str, float]:
-        for module, factor in value.items():
-            if factor <= 0:
-                raise ValueError(f"{module}: expected a factor > 0, got {factor}")
-        return value
-
-    def config(self, **run: Any) -> TrainConfig:
-        """The TrainConfig of this spec, with the run's other settings (trace, device, resume, ...)."""
-        fields = self.model_dump(exclude={"version", "module_lr"})
-        return TrainConfig(**fields, module_lr=tuple(sorted(self.module_lr.items())), **run)
-
-    @classmethod
-    def of(cls, cfg: TrainConfig) -> TrainSpec:
-        """What a run was asked to do, as the file it could have been given (saved in the run directory)."""
-        names = set(cls.model_fields) - {"version"}
-        values = {n: getattr(cfg, n) for n in names if n != "module_lr"}
-        return cls(**values, module_lr=dict(cfg.module_lr))
+__all__ = ["DEFAULT_BALANCE", "DTYPES", "ELEM_BYTES", "TrainConfig", "TrainSpec", "torch_dtype"]

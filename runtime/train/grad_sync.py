@@ -1,6 +1,6 @@
 """The gradient sync FSDP2 does not do: the local experts of an expert-parallel module.
 
-Every other parameter is summed by its module's FSDP2 units (runtime/parallel/data.py). Under EP the
+Every other parameter is summed by its module's FSDP2 units (runtime/parallel/fsdp.py). Under EP the
 ranks of one DP group hold different experts, so FSDP2 ignores them, and a local expert's gradient is
 summed over the expert-data-parallel group (the ranks holding the same experts), then over the CP group
 (each CP rank routes its own positions' tokens). No averaging: the loss is already divided by the global

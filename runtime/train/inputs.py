@@ -15,7 +15,7 @@ from typing import TypeVar
 import torch
 
 from orch.planner.plan import Plan
-from orch.runtime.data.synthetic import GlobalBatch, Sample
+from orch.runtime.data.batch import GlobalBatch, Sample
 from orch.runtime.parallel.grid import Grid
 from orch.runtime.parallel.pipeline import MicroBatch
 from orch.runtime.parallel.transport import Route, move

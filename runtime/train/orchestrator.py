@@ -15,25 +15,27 @@ module's DP indices from its own origin, and an encoder's outputs go to the LLM 
 table Π_llm ∘ B ∘ Π_enc⁻¹, where B is the unbalanced boundary (encoder origin -> LLM origin):
 one move, not back-and-forth (`StepTables.boundary_table`).
 
-Cost per sample and phase (the dispatcher's cost = c + a·len + b·len² for len > 0,
-planner/balance/batch.py; sample and rank costs from planner/balance/cost.py), from the model shape:
-the FLOPs of the module's forward as the planner counts them (planner/costs.py, `forward_coefficients`):
-  a = per token: every weight a token meets, 2 FLOPs per multiply-add (a MoE block's router and
-      its top_k experts; the LLM's head, text tokens only in fact, a small bias; an encoder's
-      stem and projector)
-  b = per pair of tokens: QK^T and PV, 4 · hidden per layer, x0.5 for the causal LLM.
-FLOPs alone miss two things the runtime really pays (`calibrate_module`): a fixed cost per sample
-(attention, the projector's padding and the LLM's embedding run once per sample in Python: a
-dozen small kernels per layer, forward and backward) and a per-pair rate above the matmul rate
-(scores are materialised, scaled, masked and soft-maxed element by element). So every rank times the
-module's real forward+backward (`compute.encode` / `compute.text_loss`) on a few packed
-micro-batches of k samples of n tokens at startup (up to the data's longest sample), fits
-t = call + c0·k + r1·k·a·n + r2·k·b·n² by least squares on relative error, and every rank uses
-(averaged over ranks, so the tables stay identical)
-  c = tp · c0 / r1   (the per-sample seconds in FLOPs of linear work; under TP the matmuls split
-                      over tp ranks but the per-sample kernels do not)
-  b ← b · r2 / r1    (attention's measured rate relative to the matmuls')
-Without a calibration (pure tests, `--balance none`) c = 0 and b is the FLOP count.
+Cost per sample and phase: the one per-sample cost model, `SampleCost` (planner/sample_cost.py:
+constant + linear·len + quadratic·len² for len > 0), per module the first found of (`dispatch_costs`):
+1. the plan's (`ModulePlan.sample_cost`): a plan made with `orch plan --profile` records the seconds a
+   sample costs a DP index of its layout, from the profile's fits it was priced with
+   (planner/costs.py, `profiled_sample_cost`), so the dispatcher starts from `orch profile`'s
+   measurements and the module is not timed again;
+2. the start-up calibration (`calibrate_module`): FLOPs alone miss what the runtime really pays, a
+   fixed cost per sample (attention, the projector's padding and the LLM's embedding run once per
+   sample in Python: a dozen small kernels per layer, forward and backward) and a per-pair rate above
+   the matmul rate (scores are materialised, scaled, masked and soft-maxed element by element). So
+   every rank times the module's real forward+backward (`compute.encode` / `compute.text_loss`) on a
+   few packed micro-batches of k samples of n tokens (up to the data's longest sample) and fits the
+   model as `orch profile` fits a block (runtime/profile/fit.py, `fit_compute`: least squares on
+   relative error, non-negative terms), averaged over ranks so the tables stay identical. The whole
+   module runs on one rank there: under TP its per-token and per-pair work split over tp ranks, its
+   per-sample kernels do not;
+3. the planner's FLOP model (planner/costs.py, `forward_coefficients`): linear = every weight a token
+   meets, 2 FLOPs per multiply-add (a MoE block's router and its top_k experts; the LLM's head, an
+   encoder's stem and projector), quadratic = QK^T and PV, 4 · hidden per layer, x0.5 for the causal
+   LLM, no constant (pure tests, `--balance none` without a profiled plan).
+Units are seconds in 1 and 2, FLOPs in 3: the dispatcher reads ratios within one phase only.
 Bytes a sample moves in a phase (`_bytes`): its inputs, an encoder's tokens x frames per token
 (ModelSpec.modality(...).frames_per_token: 2 for audio) x input_dim, the LLM's tokens x hidden,
 times the element size.
@@ -68,8 +70,9 @@ from orch.planner.balance.mode import Mode
 from orch.planner.costs import forward_coefficients
 from orch.planner.plan import Plan
 from orch.planner.routing import RouteTable
+from orch.planner.sample_cost import SampleCost
 from orch.planner.specs import DataSpec, ModelSpec
-from orch.runtime.data.synthetic import GlobalBatch, encoder_order, initial_dp_index
+from orch.runtime.data.batch import GlobalBatch, encoder_order, initial_dp_index
 from orch.runtime.parallel.grid import Grid
 
 # (samples k, tokens n each) timed by calibrate_module: small and large k at short n separate the
@@ -94,7 +97,7 @@ def _time_module(
     device: torch.device = torch.device("cpu"),
 ) -> float:
     """Seconds of one forward+backward of `module` on k samples of n tokens, as the executor runs it on `device`."""
-    from orch.runtime.data.synthetic import Sample
+    from orch.runtime.data.batch import Sample
     from orch.runtime.train.compute import encode, text_loss
 
     spec = model.modules[name]
@@ -143,52 +146,57 @@ def calibration_shapes(max_len: int) -> tuple[tuple[int, int], ...]:
 @lru_cache(maxsize=16)
 def _calibrate(
     model_json: str, name: str, dtype_name: str, device_name: str = "cpu", max_len: int = 0
-) -> tuple[float, float, float]:
+) -> SampleCost | None:
     from orch.runtime.models.reference import build_module
-    from orch.runtime.profile.fit import nonnegative_relative_lstsq
+    from orch.runtime.profile.fit import fit_compute
 
     model = ModelSpec.model_validate_json(model_json)
     dtype = getattr(torch, dtype_name)
     device = torch.device(device_name)
     module = build_module(name, model).to(device, dtype)
-    a, b = forward_coefficients(model.modules[name], model.llm)
-    rows, times = [], []
+    points = []
     for k, n in calibration_shapes(max_len):
         _time_module(model, name, module, k, n, dtype, device)  # warm-up: first-touch allocations
-        times.append(min(_time_module(model, name, module, k, n, dtype, device) for _ in range(CALIBRATION_REPEATS)))
-        rows.append([1.0, k, k * a * n, k * b * n * n])
-    # relative error, non-negative terms: a short sample's cost is priced as well as a long one's
-    _call, c0, r1, r2 = nonnegative_relative_lstsq(np.array(rows), np.array(times))
-    if not r1 > 0:  # a degenerate fit (a machine too noisy to time): the FLOP model alone
-        return 0.0, 1.0, 0.0
-    return float(c0) / float(r1), float(r2) / float(r1), float(r1)
-
-
-def _fit(
-    model: ModelSpec, name: str, dtype: torch.dtype, device: torch.device | str, max_len: int
-) -> tuple[float, float, float]:
-    return _calibrate(
-        model.model_dump_json(), name, str(dtype).removeprefix("torch."), str(torch.device(device)), max_len
-    )
+        seconds = min(_time_module(model, name, module, k, n, dtype, device) for _ in range(CALIBRATION_REPEATS))
+        points.append((k, n, seconds))
+    cost, _ = fit_compute(points)
+    if not (cost.constant > 0 or cost.linear > 0 or cost.quadratic > 0):  # a machine too noisy to time
+        return None
+    return cost
 
 
 def calibrate_module(
     model: ModelSpec, name: str, dtype: torch.dtype, device: torch.device | str = "cpu", max_len: int = 0
-) -> tuple[float, float]:
-    """(c0 / r1, r2 / r1) of one module on this machine's `device` (module docstring): the per-sample cost
-    in FLOPs of linear work, and attention's per-pair rate relative to the matmuls'. `max_len`: the
-    longest sample the data gives the module (timed too when beyond the fixed shapes). Cached per process."""
-    per_sample, pair_rate, _ = _fit(model, name, dtype, device, max_len)
-    return per_sample, pair_rate
+) -> SampleCost | None:
+    """Seconds of one module's forward+backward per sample on this machine's `device`, the whole module on
+    one rank (module docstring); None where the fit was degenerate. `max_len`: the longest sample the data
+    gives the module (timed too when beyond the fixed shapes). Cached per process."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    return _calibrate(model.model_dump_json(), name, dtype_name, str(torch.device(device)), max_len)
 
 
-def seconds_per_flop(
-    model: ModelSpec, name: str, dtype: torch.dtype, device: torch.device | str = "cpu", max_len: int = 0
-) -> float:
-    """r1 of the same fit as `calibrate_module`: seconds of forward+backward per forward FLOP of linear
-    work, which turns the dispatcher's costs into seconds (0 where the fit was degenerate). The
-    dispatcher needs only ratios within a module; adding phases of different modules needs seconds."""
-    return _fit(model, name, dtype, device, max_len)[2]
+def warm_up(
+    model: ModelSpec, names: list[str], dtype: torch.dtype, device: torch.device | str, max_lens: dict[str, int]
+) -> None:
+    """One untimed forward+backward of each of `names` at every calibration shape, for the modules the
+    plan's profiled costs spare the calibration: the calibration also grew every rank's heap to the data's
+    longest samples before step 0 (`shared_calibration`), and a rank that met them first inside a step
+    paid that growth there. A quarter of a calibration's work (no repeats, no fit); no collective."""
+    from orch.runtime.models.reference import build_module
+
+    dev = torch.device(device)
+    for name in names:
+        module = build_module(name, model).to(dev, dtype)
+        for k, n in calibration_shapes(max_lens.get(name, 0)):
+            _time_module(model, name, module, k, n, dtype, dev)
+
+
+def modules_to_calibrate(plan: Plan) -> list[str]:
+    """The modules the start-up calibration times: those whose plan carries no profiled cost, in phase order."""
+    return [m for m in (*encoder_order(plan.model), plan.model.llm_name) if plan.modules[m].sample_cost is None]
+
+
+_TERMS = ("call", "constant", "linear", "quadratic")
 
 
 def shared_calibration(
@@ -196,22 +204,50 @@ def shared_calibration(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
     max_lens: dict[str, int] | None = None,
-) -> dict[str, tuple[float, float]]:
-    """Every rank calibrates every module on its `device`, all at once, and the numbers are averaged
-    over ranks (an all_reduce from that device: NCCL takes CUDA tensors only), so every rank's
-    dispatcher agrees. All ranks, not one: the timings are taken while every rank computes, as in a
-    step, and every rank's allocator has met the data's longest samples before step 0 (a rank that
-    met them first inside a step paid the growth of its heap there: page faults of 15 us each on a
-    fresh VM, which made it the slowest rank of steps the dispatcher had balanced)."""
-    names = [*encoder_order(model), model.llm_name]
-    values = torch.zeros(len(names), 2, dtype=torch.float64)
+    modules: list[str] | None = None,
+) -> dict[str, SampleCost]:
+    """Every rank calibrates `modules` (default: every module) on its `device`, all at once, and the terms
+    are averaged over the ranks whose fit was not degenerate (an all_reduce from that device: NCCL takes
+    CUDA tensors only), so every rank's dispatcher agrees; a module no rank could fit is left out (the FLOP
+    model). Every rank must pass the same `modules`. All ranks, not one: the timings are taken while every
+    rank computes, as in a step, and every rank's allocator has met the data's longest samples before
+    step 0 (a rank that met them first inside a step paid the growth of its heap there: page faults of
+    15 us each on a fresh VM, which made it the slowest rank of steps the dispatcher had balanced)."""
+    names = [*encoder_order(model), model.llm_name] if modules is None else modules
+    values = torch.zeros(len(names), len(_TERMS) + 1, dtype=torch.float64)  # the terms, then 1 where fitted
     for j, m in enumerate(names):
-        longest = (max_lens or {}).get(m, 0)
-        values[j] = torch.tensor(calibrate_module(model, m, dtype, device, longest), dtype=torch.float64)
+        cost = calibrate_module(model, m, dtype, device, (max_lens or {}).get(m, 0))
+        if cost is not None:
+            values[j] = torch.tensor([*(getattr(cost, t) for t in _TERMS), 1.0], dtype=torch.float64)
     values = values.to(device)
     dist.all_reduce(values)
-    values = (values / dist.get_world_size()).cpu()
-    return {m: (float(values[j, 0]), float(values[j, 1])) for j, m in enumerate(names)}
+    values = values.cpu()
+    out = {}
+    for j, m in enumerate(names):
+        fitted = float(values[j, -1])
+        if fitted > 0:
+            out[m] = SampleCost(**{t: float(values[j, i]) / fitted for i, t in enumerate(_TERMS)})
+    return out
+
+
+def dispatch_costs(
+    plan: Plan, grids: dict[str, Grid], calibration: dict[str, SampleCost] | None = None
+) -> dict[str, SampleCost]:
+    """Per module, the per-sample cost its phase is balanced by (module docstring): the plan's profiled
+    cost, else the start-up `calibration` (whole-module seconds) with its per-token and per-pair terms
+    split over the module's tp ranks, else the planner's FLOP model."""
+    model, out = plan.model, {}
+    for m in (*encoder_order(model), model.llm_name):
+        planned = plan.modules[m].sample_cost
+        timed = (calibration or {}).get(m)
+        if planned is not None:
+            out[m] = planned
+        elif timed is not None:
+            out[m] = timed.scaled(1.0, tokens=1.0 / grids[m].tp)
+        else:
+            flops = forward_coefficients(model.modules[m], model.llm)
+            out[m] = SampleCost(linear=flops.per_token, quadratic=flops.per_pair)
+    return out
 
 
 def phase_name(model: ModelSpec, module: str) -> str:
@@ -287,21 +323,19 @@ class Orchestrator:
         grids: dict[str, Grid],
         mode: str | Mode,
         elem_bytes: int,
-        calibration: dict[str, tuple[float, float]] | None = None,
+        calibration: dict[str, SampleCost] | None = None,
         device: torch.device | str = "cpu",
     ) -> None:
-        """`calibration`: per module (c0 / r1, r2 / r1) from `shared_calibration`; None: the FLOP model.
+        """`calibration`: per module the start-up fit from `shared_calibration`, for the modules whose plan
+        carries no profiled cost (`dispatch_costs`); None: the FLOP model for those.
         `device`: the rank's device, where the lengths all_gather's buffers live (NCCL: CUDA only)."""
         self.plan, self.grids, self.mode = plan, grids, Mode(mode)
         self.device = torch.device(device)
         self.model = plan.model
         self.modules = [*encoder_order(self.model), self.model.llm_name]
         self.elem_bytes = elem_bytes
-        self.coeffs: dict[str, tuple[float, float, float]] = {}  # module -> (c, a, b)
-        for m in self.modules:
-            a, b = forward_coefficients(self.model.modules[m], self.model.llm)
-            per_sample, pair_rate = (calibration or {}).get(m, (0.0, 1.0))
-            self.coeffs[m] = (grids[m].tp * per_sample, a, b * pair_rate)
+        self.costs = dispatch_costs(plan, grids, calibration)  # module -> its phase's per-sample cost
+        self._specs = {m: PhaseSpec(**c.model_dump()) for m, c in self.costs.items()}
         self.dp_per_node = {m: dp_per_node(grids[m], plan.ranks_per_node) for m in self.modules}
         self._pool: ThreadPoolExecutor | None = None
         self._pending: dict[int, tuple[Future[StepTables], float]] = {}
@@ -343,8 +377,7 @@ class Orchestrator:
         dp = self.grids[module].dp
         lens = np.asarray(lengths, dtype=np.int64)
         cap = max(1, int(np.bincount(origin, weights=lens, minlength=dp).max()))
-        c, a, b = self.coeffs[module]
-        spec = PhaseSpec(constant=c, linear=a, quadratic=b, max_tokens=cap)
+        spec = self._specs[module].model_copy(update={"max_tokens": cap})
         nbytes = np.asarray(self._bytes(module, lengths), dtype=np.int64)
         name = phase_name(self.model, module)
         return build_phase_arrays(name, spec, lens, origin, nbytes, dp, self.dp_per_node[module])
@@ -472,6 +505,9 @@ __all__ = [
     "StepTables",
     "calibrate_module",
     "calibration_shapes",
+    "dispatch_costs",
     "longest_sample",
+    "modules_to_calibrate",
     "shared_calibration",
+    "warm_up",
 ]

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from orch.planner.specs import DataSpec, ModelSpec
+from orch.runtime.data.batch import encoder_order
 from orch.runtime.data.source import BatchSource
-from orch.runtime.data.synthetic import encoder_order
 from orch.runtime.models.build import build_modules
 from orch.runtime.train.compute import encode, join_prefix, text_loss
 from orch.runtime.train.config import TrainConfig
@@ -32,13 +32,15 @@ def run_reference(
     seed: int,
     steps: int,
     dtype: torch.dtype = torch.float64,
-    optimizer: str = "sgd",
-    lr: float = 0.1,
+    optimizer: str | None = None,
+    lr: float | None = None,
     model_factory: str | None = None,
     train: TrainConfig | None = None,
 ) -> ReferenceResult:
-    """`train`: the run's optimizer settings (schedule, clipping, AdamW's); default: `optimizer` at `lr`."""
-    cfg = train or TrainConfig(steps=steps, optimizer=optimizer, lr=lr)
+    """`train`: the run's optimizer settings (schedule, clipping, AdamW's); default: TrainConfig's, with
+    `optimizer` and `lr` where given."""
+    given = {k: v for k, v in (("optimizer", optimizer), ("lr", lr)) if v is not None}
+    cfg = train or TrainConfig(steps=steps, **given)
     modules = build_modules(model, seed, dtype, model_factory)
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     opt = build_optimizer(modules, cfg)

@@ -42,14 +42,13 @@ def check_hf_plan(plan: Plan) -> None:
     """For a model of Hugging Face modules, what the ranks would refuse, found before any starts: unreadable
     configs, safetensors whose names or shapes do not match, and layouts the HF modules do not take."""
     from orch.runtime.models.hf.build import build_hf_modules
-    from orch.runtime.models.hf.llm import HFCausalLM
 
     modules = build_hf_modules(plan.model)
     for name, module in modules.items():
         layout = plan.modules[name].layout
         if layout.ep > 1:
             raise UnsupportedPlan(f"modules.{name}.layout.ep: {layout.ep}: the HF families orch builds are dense")
-        if isinstance(module, HFCausalLM) and module.tied and layout.pp > 1:
+        if getattr(module, "tied", False) and layout.pp > 1:  # a decoder tying its embedding and head
             raise UnsupportedPlan(
                 f"modules.{name}.layout.pp: {layout.pp}: the model ties its embedding and head "
                 "(tie_word_embeddings), which a pipeline would split over two stages"

@@ -44,9 +44,8 @@ TRAIN_FILE = "train.json"  # the training config it ran with (also in every chec
 
 
 def train_file_text(cfg: TrainConfig) -> str:
-    from orch.runtime.train.config import TrainSpec
-
-    return TrainSpec.of(cfg).model_dump_json(indent=2) + "\n"
+    """The run's config as the `--config` file that would run it again (TrainSpec: one model for both)."""
+    return cfg.model_dump_json(indent=2) + "\n"
 
 
 @dataclass

@@ -49,12 +49,12 @@ def test_plan_reads_config_json_and_says_what_it_derived(cli, llava, data_file, 
 
 
 @pytest.mark.slow
-def test_launch_lr0_then_export_returns_the_weights_bit_for_bit(cli, llava, data_file, tmp_path):
+def test_launch_lr0_then_export_returns_the_weights_bit_for_bit(cli, llava, data_file, tmp_path, train_config):
     from safetensors.torch import load_file
 
     plan_of(cli, llava, data_file, tmp_path / "plan.yaml", "--placement", "colocated", "--fix", "llm.tp=2")
     run = tmp_path / "run"
-    result = cli("launch", str(tmp_path / "plan.yaml"), "--lr", "0", "--steps", "1", "--checkpoint-every", "1",
+    result = cli("launch", str(tmp_path / "plan.yaml"), "--lr", "0", "--steps", "1", "--config", train_config(checkpoint_every=1),
                  "--dtype", "float64", "--workdir", str(run))  # fmt: skip
     assert result.exit_code == 0, result.output
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["loss"] > 0
@@ -120,13 +120,13 @@ def composed_spec(tmp_path, vision="parts/siglip", llm="parts/qwen2"):
 
 
 @pytest.mark.slow
-def test_composed_spec_exports_one_directory_per_source_and_the_projectors(cli, data_file, tmp_path):
+def test_composed_spec_exports_one_directory_per_source_and_the_projectors(cli, data_file, tmp_path, train_config):
     from safetensors.torch import load_file
 
     spec = composed_spec(tmp_path)
     plan_of(cli, spec, data_file, tmp_path / "plan.yaml", "--placement", "homogeneous")
     run = tmp_path / "run"
-    result = cli("launch", str(tmp_path / "plan.yaml"), "--lr", "0", "--steps", "1", "--checkpoint-every", "1",
+    result = cli("launch", str(tmp_path / "plan.yaml"), "--lr", "0", "--steps", "1", "--config", train_config(checkpoint_every=1),
                  "--workdir", str(run))  # fmt: skip
     assert result.exit_code == 0, result.output
     out = tmp_path / "exported"

@@ -12,11 +12,13 @@ from orch.runtime.train.single_process import run_reference
 def test_launch_writes_metrics_with_the_reference_loss(cli, plan_file, tmp_path):
     path, model, data = plan_file
     workdir = tmp_path / "run"
+    config = tmp_path / "train.yaml"
+    config.write_text("optimizer: sgd\nlr: 0.1\n")  # SGD: step 1's loss shows step 0's gradient as it is
     args = ["launch", str(path), "--nproc", "2", "--steps", "2", "--seed", "5", "--dtype", "float64"]
-    result = cli(*args, "--workdir", str(workdir))
+    result = cli(*args, "--config", str(config), "--workdir", str(workdir))
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    want = run_reference(model, data, seed=5, steps=2).losses
+    want = run_reference(model, data, seed=5, steps=2, optimizer="sgd", lr=0.1).losses
     assert [r["step"] for r in records] == [0, 1]
     for r, loss in zip(records, want, strict=True):
         assert r["loss"] == pytest.approx(loss, rel=1e-9, abs=0)
@@ -44,7 +46,10 @@ def test_launch_missing_plan_file(cli, tmp_path):
 
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
-    [("--executor", "pbs", "expected one of local, slurm"), ("--dtype", "float16", "expected one of float32")],
+    [
+        ("--executor", "pbs", "expected one of local, slurm, torchrun"),
+        ("--dtype", "float16", "expected one of float32"),
+    ],
 )
 def test_launch_bad_flags(cli, plan_file, flag, value, message):
     path, _, _ = plan_file
@@ -74,8 +79,10 @@ def test_launch_unsupported_layout_fails_before_starting(cli, plan_file, tmp_pat
 def test_launch_trace_covers_every_rank_and_module(cli, plan_file, tmp_path):
     path, model, _ = plan_file
     trace = tmp_path / "trace.json"
-    args = ["launch", str(path), "--nproc", "2", "--steps", "2", "--dtype", "float64"]
-    result = cli(*args, "--workdir", str(tmp_path / "run"), "--trace", str(trace))
+    config = tmp_path / "train.yaml"
+    config.write_text(f"trace: {trace}\n")
+    args = ["launch", str(path), "--nproc", "2", "--steps", "2", "--dtype", "float64", "--config", str(config)]
+    result = cli(*args, "--workdir", str(tmp_path / "run"))
     assert result.exit_code == 0, result.output
     events = json.loads(trace.read_text())["traceEvents"]
     assert events and all(e["ph"] == "X" and e["dur"] >= 0 and e["ts"] >= 0 for e in events)

@@ -182,7 +182,7 @@ def test_a_model_without_data_plans_on_a_default_mix_and_says_so(cli, tmp_path):
     assert (plan.model.modules["vision"].input_dim, plan.model.modules["audio"].input_dim) == (588, 128)
 
 
-def test_a_model_without_input_dim_that_plans_also_launches(cli, tmp_path):
+def test_a_model_without_input_dim_that_plans_also_launches(cli, tmp_path, train_config):
     """Before: planned, then every rank died with `AssertionError: encoders need input_dim`."""
     import json
 
@@ -192,7 +192,7 @@ def test_a_model_without_input_dim_that_plans_also_launches(cli, tmp_path):
     planned = cli("plan", "-m", str(model), "-c", "local-cpu", "-d", "tiny-mix", "--nodes", "1", "--out", str(plan))
     assert planned.exit_code == 0, planned.output
     run = tmp_path / "run"
-    launched = cli("launch", str(plan), "--steps", "1", "--workdir", str(run), "--balance", "none")
+    launched = cli("launch", str(plan), "--steps", "1", "--workdir", str(run), "--config", train_config(balance="none"))
     assert launched.exit_code == 0, launched.output
     (line,) = (run / "metrics.jsonl").read_text().splitlines()
     assert json.loads(line)["loss"] > 0

@@ -1,14 +1,12 @@
-"""`orch launch --balance`: the mode reaches the runtime (orch by default); a bad one is one clear line."""
+"""The config's `balance`: the mode reaches the runtime (orch by default); a bad one is one clear line."""
 
 import pytest
 
 import orch.runtime.launch.local
 
 
-@pytest.mark.parametrize(
-    ("args", "want"), [((), "orch"), (("--balance", "none"), "none"), (("--balance", "lpt"), "lpt")]
-)
-def test_launch_passes_the_balance_mode(cli, plan_file, monkeypatch, tmp_path, args, want):
+@pytest.mark.parametrize(("fields", "want"), [({}, "orch"), ({"balance": "none"}, "none"), ({"balance": "lpt"}, "lpt")])
+def test_launch_passes_the_balance_mode(cli, plan_file, monkeypatch, tmp_path, train_config, fields, want):
     path, _, _ = plan_file
     seen = {}
 
@@ -21,13 +19,17 @@ def test_launch_passes_the_balance_mode(cli, plan_file, monkeypatch, tmp_path, a
         return Finished()
 
     monkeypatch.setattr(orch.runtime.launch.local.LocalLauncher, "submit", fake_submit)
+    args = ("--config", train_config(**fields)) if fields else ()
     result = cli("launch", str(path), "--workdir", str(tmp_path / "run"), *args)
     assert result.exit_code == 0, result.output
     assert seen["cfg"].balance == want
 
 
-def test_launch_bad_balance_mode(cli, plan_file):
+def test_launch_bad_balance_mode(cli, plan_file, train_config):
     path, _, _ = plan_file
-    result = cli("launch", str(path), "--balance", "random")
+    config = train_config(balance="random")
+    result = cli("launch", str(path), "--config", config)
     assert result.exit_code == 1
-    assert "error: --balance: expected one of orch, paper, lpt, none, got 'random'" in result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith(f"error: {config}: balance: ") and "'orch', 'paper', 'lpt' or 'none'" in line, line
+    assert "'random'" in line

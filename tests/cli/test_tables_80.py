@@ -56,7 +56,7 @@ def test_presets_analyze_and_balance_tables_fit_80_columns(tmp_path):
 def test_profile_and_validate_tables_fit_80_columns(tmp_path, plan_file):
     from orch.planner.profile import CollectiveRow, ComputeFit, LinkFit, ModuleProfile, Profile
 
-    fit = ComputeFit(c0=1e-4, c1=2e-6, c2=1e-9, call_s=5e-4, rel_error=0.05, memory_bytes_per_token=4096)
+    fit = ComputeFit(constant=1e-4, linear=2e-6, quadratic=1e-9, call=5e-4, rel_error=0.05, memory_bytes_per_token=4096)
     rows = [
         CollectiveRow(op=op, link=link, ranks=8, bytes=16 << 20, time_s=1e-3, algbw_gbps=123.456, busbw_gbps=234.567)
         for op in ("reduce_scatter", "all_to_all") for link in ("intra_node", "inter_node")

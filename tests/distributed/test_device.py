@@ -146,7 +146,8 @@ def test_train_step_threads_its_device_through(tmp_path):
     try:
         ex = TrainStep(plan, data, TrainConfig(device="cpu", balance="orch", calibrate=False), 0, 1, device=dev.device)
         assert ex.device == dev.device
-        assert ex.stage is not None and ex.stage.device == dev.device
+        assert ex.ctx.stage is not None and ex.ctx.stage.device == dev.device
+        assert ex.ctx.device == dev.device
         assert ex.orch.device == dev.device
         assert {g.device for g in ex.grids.values()} == {dev.type}
         assert {p.device for m in ex.modules.values() for p in m.parameters()} == {dev.device}

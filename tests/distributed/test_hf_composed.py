@@ -12,7 +12,7 @@ from test_hf_equivalence import SEED, data_spec
 
 from orch.planner.loading import load_model
 from orch.planner.plan import Layout
-from orch.runtime.data.synthetic import GlobalBatch
+from orch.runtime.data.synthetic import SyntheticBatch
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 
@@ -47,7 +47,7 @@ def reference(siglip, qwen2, projector, model, data, trainable):
         p.requires_grad_(trainable)
     vc = tower.config
     g, p = vc.image_size // vc.patch_size, vc.patch_size
-    batch = GlobalBatch.build(model, data, SEED, 0)
+    batch = SyntheticBatch.build(model, data, SEED, 0)
     total = torch.zeros((), dtype=torch.float64)
     for i in range(batch.size):
         s = batch.sample(i, torch.float64)
@@ -91,7 +91,7 @@ def whisper_reference(whisper, qwen2, projector, model, data, ds):
     llm = transformers.Qwen2ForCausalLM.from_pretrained(qwen2, dtype=torch.float64)
     proj = {k: v.clone().requires_grad_() for k, v in projector.items()}
     clip = 2 * encoder.config.max_source_positions
-    batch = GlobalBatch.build(model, data, SEED, 0)
+    batch = SyntheticBatch.build(model, data, SEED, 0)
     total = torch.zeros((), dtype=torch.float64)
     for i in range(batch.size):
         s = batch.sample(i, torch.float64)
@@ -140,7 +140,7 @@ def composed(tmp_path_factory):
     data = data_spec()
     built = {f"{m}-plan": hand_plan(models[m], data, LAYOUT) for m in ("trainable_True", "trainable_False")}
     built |= {f"whisper-{n}": hand_plan(models["whisper"], data, layout) for n, layout in WHISPER_PLANS.items()}
-    cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
+    cfg = TrainConfig(optimizer="sgd", steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
     out = root / "runs"
     records = train_tasks(built, data, cfg, out)
     keys = {

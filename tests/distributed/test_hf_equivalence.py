@@ -17,7 +17,7 @@ from launching import train_tasks
 from orch.planner.hf_config import model_spec_from_dir
 from orch.planner.plan import DataParallel, Layout, Recompute
 from orch.planner.specs import DataSpec, TaskSpec
-from orch.runtime.data.synthetic import GlobalBatch
+from orch.runtime.data.synthetic import SyntheticBatch
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 
@@ -58,7 +58,7 @@ def hf_reference(directory, model, data, seed):
     import transformers
 
     hf = transformers.LlavaForConditionalGeneration.from_pretrained(directory, dtype=torch.float64)
-    batch = GlobalBatch.build(model, data, seed, 0)
+    batch = SyntheticBatch.build(model, data, seed, 0)
     vc = hf.config.vision_config
     g, p = vc.image_size // vc.patch_size, vc.patch_size
     total = torch.zeros((), dtype=torch.float64)
@@ -118,7 +118,7 @@ def four_ranks(tmp_path_factory):
         rc = Recompute.SELECTIVE if family == "qwen2_audio" else Recompute.NONE
         for plan_name, layout in groups[family].items():
             built[f"{family}-{plan_name}"] = hand_plan(model, data, layout, data_parallel=dp, recompute=rc)
-    cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
+    cfg = TrainConfig(optimizer="sgd", steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
     out = root / "runs"
     return train_tasks(built, data, cfg, out), out, wants, sources
 
@@ -142,7 +142,7 @@ def test_llava_disaggregated_2_to_3_matches_hf(four_ranks, tmp_path):
     _, _, wants, sources = four_ranks
     model = model_spec_from_dir(sources["clip_llama"])
     data = data_spec()
-    cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
+    cfg = TrainConfig(optimizer="sgd", steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
     built = {name: hand_plan(model, data, layout) for name, layout in PLANS_5.items()}
     records = train_tasks(built, data, cfg, tmp_path)
     for name in PLANS_5:
@@ -166,7 +166,7 @@ def hf_audio_reference(directory, model, data, seed):
     # the class's intent, and so does the reference.
     hf.model.audio_tower.embed_positions.requires_grad_(False)
     clip = 2 * hf.config.audio_config.max_source_positions
-    batch = GlobalBatch.build(model, data, seed, 0)
+    batch = SyntheticBatch.build(model, data, seed, 0)
     total = torch.zeros((), dtype=torch.float64)
     for i in range(batch.size):
         s = batch.sample(i, torch.float64)

@@ -56,7 +56,7 @@ def inspected(source, row) -> dict:
     from orch.runtime.data.processing import as_json, process
 
     conv = source.conversation(row)
-    got = process(conv, source.model, source.rules, source.counter, source.data.seq_len, hf=source.hf)
+    got = process(conv, source.model, source.rules, source.counter, source.data.seq_len, processors=source.processors)
     return as_json(got, source.model, source.counter)
 
 
@@ -94,7 +94,7 @@ def test_llava_on_a_data_file_matches_hf(setup, tmp_path):
     model_dir, model, data = setup
     want = hf_loss(model_dir, model, data)
     plans = {n: hand_plan(model, data, lay, data_parallel=DataParallel.FSDP) for n, lay in PLANS.items()}
-    cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
+    cfg = TrainConfig(optimizer="sgd", steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
     plans["replicate_dp4"] = hand_plan(model, data, {"llm": (Layout(dp=4), [0, 1, 2, 3])})
     records = train_tasks(plans, data, cfg, tmp_path)
     for name in plans:
@@ -144,7 +144,7 @@ def hf_audio_loss(model_dir, model, data) -> float:
     import transformers
     from transformers.masking_utils import create_bidirectional_mask
 
-    from orch.runtime.data.processing import waveform_16k
+    from orch.runtime.data.media import waveform_16k
 
     hf = transformers.Qwen2AudioForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float64)
     extractor = transformers.AutoFeatureExtractor.from_pretrained(model_dir)
@@ -195,7 +195,7 @@ def test_qwen2_audio_on_a_data_file_matches_hf(audio_setup, tmp_path):
         },
     }
     built = {n: hand_plan(model, data, lay, data_parallel=DataParallel.FSDP) for n, lay in plans.items()}
-    cfg = TrainConfig(steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
+    cfg = TrainConfig(optimizer="sgd", steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
     records = train_tasks(built, data, cfg, tmp_path)
     for name in plans:
         assert records[name][0].loss == pytest.approx(want, rel=1e-9), name

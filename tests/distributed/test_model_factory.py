@@ -56,11 +56,13 @@ def test_factory_errors_name_the_flag(specs, ref, message):
     assert message in str(info.value)
 
 
-def test_cli_reports_a_bad_factory_in_one_line(cli, plan_file, tmp_path):
+def test_cli_reports_a_bad_factory_in_one_line(cli, plan_file, tmp_path, train_config):
     path, _, _ = plan_file
-    result = cli("launch", str(path), "--model-factory", "factory_example:missing_llm", "--workdir", str(tmp_path))
+    config = train_config(model_factory="factory_example:missing_llm")
+    result = cli("launch", str(path), "--config", config, "--workdir", str(tmp_path))
     assert result.exit_code == 1
-    assert "error: --model-factory: 'factory_example:missing_llm' must return one module per name" in result.output
+    want = f"error: {config}: model_factory: 'factory_example:missing_llm' must return one module per name"
+    assert want in result.output
     assert "Traceback" not in result.output
 
 
@@ -76,9 +78,13 @@ def test_factory_model_matches_its_reference_under_tp_and_pp(specs, tmp_path):
             "audio": (Layout(dp=4), [0, 1, 2, 3]),
         },
     )
-    cfg = TrainConfig(steps=3, seed=SEED, dtype="float64", balance="none", model_factory=FACTORY)
+    cfg = TrainConfig(
+        optimizer="sgd", lr=0.1, steps=3, seed=SEED, dtype="float64", balance="none", model_factory=FACTORY
+    )
     records = train_local(plan, data, cfg, tmp_path, debug=DebugConfig(dump_dir=str(tmp_path)))
-    ref = run_reference(model, data, seed=SEED, steps=3, dtype=torch.float64, model_factory=FACTORY)
+    ref = run_reference(
+        model, data, seed=SEED, steps=3, dtype=torch.float64, model_factory=FACTORY, optimizer="sgd", lr=0.1
+    )
     for r, want in zip(records, ref.losses, strict=True):
         assert r.loss == pytest.approx(want, rel=1e-9, abs=0)
     assert "vision.projector.fc2.weight" in ref.grads

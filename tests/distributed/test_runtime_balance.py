@@ -17,6 +17,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from equivalence import assert_close, merged
@@ -25,7 +26,9 @@ from orch.planner.costs import forward_coefficients
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
 from orch.planner.routing import RouteTable
-from orch.runtime.data.synthetic import GlobalBatch, encoder_order
+from orch.planner.sample_cost import SampleCost
+from orch.runtime.data.batch import GlobalBatch, encoder_order
+from orch.runtime.data.synthetic import SyntheticBatch
 from orch.runtime.parallel.grid import Grid, build_grids
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
@@ -35,6 +38,7 @@ from orch.runtime.train.orchestrator import (
     calibrate_module,
     dp_per_node,
     lengths_columns,
+    modules_to_calibrate,
 )
 from orch.runtime.train.single_process import run_reference
 
@@ -102,36 +106,43 @@ def _tables(specs, name, mode, step=0) -> tuple[StepTables, GlobalBatch]:
     model, data = specs
     plan = _plan(specs, name)
     orch = Orchestrator(plan, build_grids(plan.modules), mode, 8)
-    batch = GlobalBatch.build(model, data, SEED, step)
+    batch = SyntheticBatch.build(model, data, SEED, step)
     return orch.dispatch(step, lengths_columns(model, batch)), batch
 
 
 # -- pure ---------------------------------------------------------------------------------
 
 
-def test_calibration_is_a_per_sample_constant_and_a_pair_rate(specs):
-    """Timed on this machine: finite, non-negative, cached; the orchestrator charges c·tp per present sample."""
+def test_calibration_is_the_sample_cost_model_split_over_tp(specs):
+    """Timed on this machine: finite, non-negative seconds, cached; the orchestrator charges the per-token and
+    per-pair terms over the module's tp ranks and the per-sample constant whole, on every present sample."""
     model, data = specs
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the workers run (and quick on a shared machine)
     try:
-        per_sample, pair_rate = calibrate_module(model, "vision", torch.float64)
+        timed = calibrate_module(model, "vision", torch.float64)
     finally:
         torch.set_num_threads(threads)
-    assert 0 <= per_sample < float("inf") and 0 <= pair_rate < float("inf")
-    assert calibrate_module(model, "vision", torch.float64) == (per_sample, pair_rate)  # cached: one timing
+    assert timed is not None
+    assert all(0 <= x < 1.0 for x in (timed.call, timed.constant, timed.linear, timed.quadratic))
+    assert calibrate_module(model, "vision", torch.float64) is timed  # cached: one timing
 
     plan = _plan(specs, "colocated_enc_dp4_llm_dp2_tp2")
-    calibration = {"vision": (1e5, 2.0), "audio": (3e5, 1.0), "llm": (7e5, 3.0)}
+    calibration = {
+        "vision": SampleCost(constant=1e-4, linear=2e-6, quadratic=3e-9),
+        "audio": SampleCost(call=1e-3, constant=3e-4, linear=1e-6),
+        "llm": SampleCost(constant=7e-4, linear=4e-6, quadratic=1e-8),
+    }
     orch = Orchestrator(plan, build_grids(plan.modules), "lpt", 8, calibration)
-    batch = GlobalBatch.build(model, data, SEED, 0)
+    batch = SyntheticBatch.build(model, data, SEED, 0)
     cols = lengths_columns(model, batch)
     t = orch.dispatch(0, cols)
-    for m, (c, q) in calibration.items():
-        a, b = forward_coefficients(model.modules[m], model.llm)  # the planner's FLOP model
+    for m, c in calibration.items():
         tp = 2 if m == "llm" else 1
-        assert orch.coeffs[m] == (tp * c, a, q * b)
-        cost = [tp * c + a * n + q * b * n * n if n else 0.0 for n in cols[m]]
+        got = orch.costs[m]
+        assert (got.call, got.constant) == (c.call, c.constant)
+        assert (got.linear, got.quadratic) == pytest.approx((c.linear / tp, c.quadratic / tp), rel=1e-15)
+        cost = [c.constant + (c.linear * n + c.quadratic * n * n) / tp if n else 0.0 for n in cols[m]]
         before = [sum(x for x, d in zip(cost, t.origin[m], strict=True) if d == r) for r in range(t.dp[m])]
         assert t.stats[m]["max_cost_before"] == pytest.approx(max(before), rel=1e-12)
         assert t.stats[m]["max_cost"] <= t.stats[m]["max_cost_before"]
@@ -247,7 +258,10 @@ def gloo(specs, tmp_path_factory):
     tables, batch = _tables(specs, "colocated_enc_dp4_llm_dp2_tp2", "orch")
     rows = tuple(random.Random(0).randint(1, 4) for _ in range(batch.size))
     plans = {f"{name}-{mode}": _plan(specs, name) for name, mode in RUNS}
-    cfgs = {f"{name}-{mode}": TrainConfig(steps=STEPS, seed=SEED, dtype="float64", balance=mode) for name, mode in RUNS}
+    cfgs = {
+        f"{name}-{mode}": TrainConfig(optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", balance=mode)
+        for name, mode in RUNS
+    }
     records = train_tasks(
         plans, data, cfgs, out, debug=DebugConfig(count_tokens=True), extra=[MoveCheck(tables, rows, str(out))]
     )
@@ -276,7 +290,7 @@ def test_composed_move_equals_separate_moves_on_gloo(gloo):
 @pytest.fixture(scope="module")
 def reference(specs):
     model, data = specs
-    return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64)
+    return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64, optimizer="sgd", lr=0.1)
 
 
 @pytest.mark.slow
@@ -293,7 +307,7 @@ def test_balanced_training_matches_reference(specs, reference, gloo, name, mode)
     # Every sample is processed exactly once per phase per step, with all of its tokens.
     plan = _plan(specs, name)
     for r in records:
-        batch = GlobalBatch.build(model, data, SEED, r["step"])
+        batch = SyntheticBatch.build(model, data, SEED, r["step"])
         want = lengths_columns(model, batch)
         for m, col in want.items():
             seen: dict[int, int] = {}
@@ -331,6 +345,85 @@ def test_balanced_equals_unbalanced(gloo, name, mode):
     if mode == "orch":
         assert any(r["balance"]["llm"]["max_cost"] < r["balance"]["llm"]["max_cost_before"] for r in got)
     assert all(r["balance"]["llm"]["max_cost"] == r["balance"]["llm"]["max_cost_before"] for r in base)
+
+
+def test_a_profiled_plan_gives_the_dispatcher_its_costs_before_the_calibration(specs):
+    """A plan priced with a profile records each module's per-sample seconds: the orchestrator balances by
+    them, the start-up calibration covers only the modules without one, and the FLOP model the rest."""
+    model, data = specs
+    base = _plan(specs, "colocated_enc_dp4_llm_dp2_tp2")
+    profiled = {
+        "llm": SampleCost(call=1e-3, constant=5e-4, linear=3e-6, quadratic=2e-9),
+        "vision": SampleCost(linear=1e-6),
+    }
+    modules = {m: mp.model_copy(update={"sample_cost": profiled.get(m)}) for m, mp in base.modules.items()}
+    plan = base.model_copy(update={"modules": modules})
+    assert modules_to_calibrate(base) == ["audio", "vision", "llm"]  # encoder_order, then the LLM
+    assert modules_to_calibrate(plan) == ["audio"]
+    timed = {m: SampleCost(constant=1.0, linear=2.0, quadratic=4.0) for m in ("vision", "audio", "llm")}
+    grids = build_grids(plan.modules)
+    orch = Orchestrator(plan, grids, "orch", 8, timed)
+    assert orch.costs == {"llm": profiled["llm"], "vision": profiled["vision"], "audio": timed["audio"]}
+    flops = forward_coefficients(model.modules["audio"], model.llm)
+    uncalibrated = Orchestrator(plan, grids, "orch", 8)
+    assert uncalibrated.costs["audio"] == SampleCost(linear=flops.per_token, quadratic=flops.per_pair)
+    assert uncalibrated.costs["llm"] == profiled["llm"]
+    # the dispatcher's phase carries those coefficients, and its statistics are in the profile's seconds
+    batch = SyntheticBatch.build(model, data, SEED, 0)
+    cols = lengths_columns(model, batch)
+    origin = np.asarray([i % 2 for i in range(batch.size)], dtype=np.int64)
+    spec = orch._phase("llm", origin, cols["llm"]).spec
+    assert (spec.call, spec.constant, spec.linear, spec.quadratic) == (1e-3, 5e-4, 3e-6, 2e-9)
+    t = orch.dispatch(0, cols)
+    c = profiled["llm"]
+    per_rank = [0.0, 0.0]
+    for n, d in zip(cols["llm"], t.origin["llm"], strict=True):
+        per_rank[d] += c.constant + c.linear * n + c.quadratic * n * n if n else 0.0
+    assert t.stats["llm"]["max_cost_before"] == pytest.approx(max(per_rank), rel=1e-12)
+
+
+def test_start_up_calibration_runs_only_without_a_profiled_cost(specs, monkeypatch):
+    """One gloo rank in this process: TrainStep times the modules whose plan carries no cost, none otherwise."""
+    import torch.distributed as dist
+
+    import orch.runtime.train.step as step_module
+    from orch.runtime.launch.procgroup import free_port, init_rank
+    from orch.runtime.train.step import TrainStep
+
+    model, _ = specs
+    data = load_data("tiny-mix").model_copy(update={"global_batch": 2, "seq_len": 32})
+    base = hand_plan(model, data, {"llm": (Layout(), [0])})
+    profiled = base.model_copy(
+        update={
+            "modules": {
+                m: mp.model_copy(update={"sample_cost": SampleCost(linear=1e-6)}) for m, mp in base.modules.items()
+            }
+        }
+    )
+    calls = []
+    timed = SampleCost(constant=1e-3, linear=1e-5)
+
+    def fake(model, dtype, device, max_lens, modules):
+        calls.append(list(modules))
+        return {m: timed for m in modules}
+
+    warmed = []
+    monkeypatch.setattr(step_module, "shared_calibration", fake)
+    monkeypatch.setattr(step_module, "warm_up", lambda model, names, *args: warmed.append(list(names)))
+    init_rank(0, 1, master="127.0.0.1", port=free_port(), timeout_s=30, backend="gloo", device=torch.device("cpu"))
+    try:
+        cfg = TrainConfig(device="cpu", balance="orch", calibrate=True)
+        ex = TrainStep(base, data, cfg, 0, 1, device=torch.device("cpu"))
+        assert calls == [["audio", "vision", "llm"]] and ex.orch.costs == dict.fromkeys(calls[0], timed)
+        assert warmed == [[]]  # the calibration grew the heap itself
+        ex.finish()
+        ex = TrainStep(profiled, data, cfg, 0, 1, device=torch.device("cpu"))
+        assert len(calls) == 1  # nothing timed: the profile's costs
+        assert sorted(warmed[1]) == ["audio", "llm", "vision"]  # but run once, untimed, to grow the heap
+        assert ex.orch.costs == dict.fromkeys(calls[0], SampleCost(linear=1e-6))
+        ex.finish()
+    finally:
+        dist.destroy_process_group()
 
 
 def test_calibration_times_the_data_s_longest_samples(specs):

@@ -13,13 +13,14 @@ def _losses(workdir):
 
 
 @pytest.mark.slow
-def test_resumed_run_continues_the_loss_trajectory(cli, plan_file, tmp_path):
+def test_resumed_run_continues_the_loss_trajectory(cli, plan_file, tmp_path, train_config):
     plan_file, _, _ = plan_file
     base = ["launch", str(plan_file), "--nproc", "2", "--seed", "3", "--dtype", "float64"]
     full, part = tmp_path / "full", tmp_path / "part"
+    every_step = train_config(checkpoint_every=1)
     # saved after step 0: step 1 runs on the loaded parameters, step 2 on an update from loaded optimizer state
     assert (r := cli(*base, "--steps", "3", "--workdir", str(full))).exit_code == 0, r.output
-    assert (r := cli(*base, "--steps", "1", "--workdir", str(part), "--checkpoint-every", "1")).exit_code == 0, r.output
+    assert (r := cli(*base, "--steps", "1", "--workdir", str(part), "--config", every_step)).exit_code == 0, r.output
     root = checkpoint_root(part)
     assert (root / "latest").read_text().strip() == "step_00000001"
     assert latest_step(part) == 1 and not list(root.glob("*.tmp"))

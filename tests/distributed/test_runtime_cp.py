@@ -86,7 +86,7 @@ def _check_cp_modules(out: str, ctx) -> None:
     import torch.distributed as dist
 
     from orch.planner.loading import load_model
-    from orch.runtime.data.synthetic import Sample
+    from orch.runtime.data.batch import Sample
     from orch.runtime.models.reference import build_model
     from orch.runtime.parallel.context import cp_group
     from orch.runtime.parallel.grid import Grid, build_meshes

@@ -101,7 +101,7 @@ def specs():
 @pytest.fixture(scope="module")
 def reference(specs):
     model, data = specs
-    return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64)
+    return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64, optimizer="sgd", lr=0.1)
 
 
 def _any_batch():
@@ -114,12 +114,14 @@ def _any_batch():
         "homogeneous_dp5": (
             hand_plan(model, data, five, micro_batches=1),
             data,
-            TrainConfig(steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE),
+            TrainConfig(optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE),
         ),
         "homogeneous_dp5_mb2": (
             hand_plan(model, data, five),
             data,
-            TrainConfig(steps=STEPS, seed=SEED, dtype="float64", balance=Mode.ORCH, calibrate=False),
+            TrainConfig(
+                optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", balance=Mode.ORCH, calibrate=False
+            ),
         ),
     }
 
@@ -129,7 +131,7 @@ def launched(specs, tmp_path_factory):
     """Every plan's (losses, grads, params), PLANS' and _any_batch()'s: one launch per world size
     (equivalence.run_plans)."""
     model, data = specs
-    cfg = TrainConfig(steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE)
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE)
     runs = {name: (hand_plan(model, data, layouts), data, cfg) for name, layouts in PLANS.items()} | _any_batch()
     out = tmp_path_factory.mktemp("plans")
     results = {}
@@ -157,7 +159,7 @@ def test_plan_matches_reference(name, reference, launched):
 def test_failing_rank_is_reported_and_nothing_hangs(specs, tmp_path):
     model, data = specs
     plan = hand_plan(model, data, PLANS["disaggregated_enc1_llm_dp3"])
-    cfg = TrainConfig(steps=2, seed=SEED, dtype="float64", balance=Mode.NONE)
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, steps=2, seed=SEED, dtype="float64", balance=Mode.NONE)
     with pytest.raises(LaunchError, match="injected failure at step 1") as info:
         train_local(plan, data, cfg, tmp_path, debug=DebugConfig(fail_at=(2, 1)), timeout_s=30)
     assert info.value.rank == 2
@@ -168,7 +170,7 @@ def test_out_of_memory_in_a_rank_is_reported_as_such(specs, tmp_path):
     """An allocation the allocator refuses (as CUDA's does on OOM) is recorded as the rank's out-of-memory."""
     model, data = specs
     plan = hand_plan(model, data, PLANS["disaggregated_enc1_llm_dp3"])
-    cfg = TrainConfig(steps=2, seed=SEED, dtype="float64", balance=Mode.NONE)
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, steps=2, seed=SEED, dtype="float64", balance=Mode.NONE)
     debug = DebugConfig(oom_at=(1, 1, 1 << 30))  # 1 PiB: more than any machine
     with pytest.raises(LaunchError, match=r"rank 1 failed: out of memory: RuntimeError: .*can't allocate memory"):
         train_local(plan, data, cfg, tmp_path, debug=debug, timeout_s=30)
@@ -180,7 +182,9 @@ def test_any_batch_on_any_dp_matches_reference(launched):
     module's 5-rank launch)."""
     runs = _any_batch()
     model = load_model("tiny")
-    ref = run_reference(model, runs["homogeneous_dp5"][1], seed=SEED, steps=STEPS, dtype=torch.float64)
+    ref = run_reference(
+        model, runs["homogeneous_dp5"][1], seed=SEED, steps=STEPS, dtype=torch.float64, optimizer="sgd", lr=0.1
+    )
     for name in runs:
         losses, grads, params = launched[name]
         assert len(losses) == STEPS, name

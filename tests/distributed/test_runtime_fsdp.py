@@ -5,8 +5,6 @@ composed with TP, CP (sharded over the flattened (dp, cp) ranks), PP and EP (exp
 replicated modules, and with recompute (which changes no loss). All in one launch.
 """
 
-import dataclasses
-
 import pytest
 import torch
 from equivalence import assert_close, merged
@@ -71,9 +69,11 @@ PLANS = {
 }
 CFG = TrainConfig(
     steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE, optimizer="adamw", lr=0.01, lr_schedule="cosine",
-    warmup_steps=1, min_lr=0.001, clip_norm=0.05, module_lr=(("vision", 3.0),),
+    warmup_steps=1, min_lr=0.001, clip_norm=0.05, module_lr={"vision": 3.0},
 )  # fmt: skip
-SGD = TrainConfig(steps=2, seed=SEED, dtype="float64", balance=Mode.NONE)  # no optimizer state: params + grads
+SGD = TrainConfig(
+    optimizer="sgd", lr=0.1, steps=2, seed=SEED, dtype="float64", balance=Mode.NONE
+)  # no optimizer state: params + grads
 STATE = {"state_fsdp_dp4": FSDP, "state_replicate_dp4": REPLICATE}
 PRECISION = {"float32": "float32", "bfloat16": "bfloat16"}
 
@@ -102,7 +102,7 @@ def launched(tmp_path_factory):
         )
     for name, dtype in PRECISION.items():
         plans[name] = hand_plan(load_model("tiny"), data, {"llm": (Layout(dp=4), [0, 1, 2, 3])}, data_parallel=FSDP)
-        cfgs[name] = dataclasses.replace(SGD, dtype=dtype)  # an update proportional to the gradient
+        cfgs[name] = SGD.model_copy(update={"dtype": dtype})  # an update proportional to the gradient
     out = tmp_path_factory.mktemp("fsdp")
     return train_tasks(plans, data, cfgs, out), out
 

@@ -26,7 +26,9 @@ def test_state_bytes_are_what_the_rank_holds_and_tp_shards_them(tmp_path):
             {"llm": (Layout(tp=2), [0, 1]), "vision": (Layout(dp=2), [0, 1]), "audio": (Layout(dp=2), [0, 1])},
         ),
     }
-    cfg = TrainConfig(steps=2, seed=0, dtype="float64", balance=Mode.NONE)  # SGD: no optimizer state
+    cfg = TrainConfig(
+        optimizer="sgd", lr=0.1, steps=2, seed=0, dtype="float64", balance=Mode.NONE
+    )  # SGD: no optimizer state
     records = train_tasks(plans, data, cfg, tmp_path)
     full = sum(p.numel() for m in build_model(model, 0, torch.float64).values() for p in m.parameters())
     dp2 = records["dp2"][-1].memory

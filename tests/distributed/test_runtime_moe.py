@@ -115,7 +115,9 @@ _references: dict[int, object] = {}
 
 def _reference(model, global_batch):
     if global_batch not in _references:
-        _references[global_batch] = run_reference(model, _data(global_batch), seed=SEED, steps=STEPS)
+        _references[global_batch] = run_reference(
+            model, _data(global_batch), seed=SEED, steps=STEPS, optimizer="sgd", lr=0.1
+        )
     return _references[global_batch]
 
 
@@ -126,7 +128,7 @@ def launched(moe_model, tmp_path_factory):
     data = {name: _data(gb) for name, (_, gb) in PLANS.items()}
     plans = {name: hand_plan(moe_model, data[name], layouts) for name, (layouts, _) in PLANS.items()}
     assert {p.world_size for p in plans.values()} == {4}
-    cfg = TrainConfig(steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE)
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE)
     out = tmp_path_factory.mktemp("moe")
     return {n: (*r, out / n) for n, r in run_plans(plans, data, cfg, out).items()}
 

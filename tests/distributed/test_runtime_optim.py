@@ -10,7 +10,7 @@ from orch.runtime.train.optim import lr_at
 STEPS, SEED = 4, 11
 CFG = TrainConfig(
     steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE, optimizer="adamw", lr=0.01, lr_schedule="cosine",
-    warmup_steps=2, min_lr=0.001, clip_norm=0.05, module_lr=(("vision", 3.0),),
+    warmup_steps=2, min_lr=0.001, clip_norm=0.05, module_lr={"vision": 3.0},
 )  # fmt: skip
 
 

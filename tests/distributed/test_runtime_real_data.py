@@ -55,10 +55,12 @@ def launched(dataset, tmp_path_factory):
     plans = {name: hand_plan(model, data, layouts) for name, layouts in PLANS.items()}
     plans[ORIGIN] = hand_plan(model, data, PLANS["homogeneous_dp4"])
     plans[WORKERS] = hand_plan(model, data, PLANS["colocated_llm_tp2_dp2"])
-    cfg = TrainConfig(steps=STEPS, seed=SEED, dtype="float64")
+    cfg = TrainConfig(optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64")
     cfgs = {name: cfg for name in PLANS} | {
-        ORIGIN: TrainConfig(steps=STEPS, seed=SEED, dtype="float64", load="origin"),
-        WORKERS: TrainConfig(steps=STEPS, seed=SEED, dtype="float64", loader_workers=2),  # decoding in processes
+        ORIGIN: TrainConfig(optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", load="origin"),
+        WORKERS: TrainConfig(
+            optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", loader_workers=2
+        ),  # decoding in processes
     }
     out = tmp_path_factory.mktemp("runs")
     return train_tasks(plans, data, cfgs, out, debug=DebugConfig(count_tokens=True)), out
@@ -68,7 +70,7 @@ def launched(dataset, tmp_path_factory):
 def reference(dataset):
     """The single-process run on the same samples, once for every plan."""
     _, model, data = dataset
-    return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64)
+    return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64, optimizer="sgd", lr=0.1)
 
 
 @pytest.mark.slow
@@ -121,7 +123,12 @@ def two_ranks(dataset, tmp_path_factory):
         image.unlink()  # every image gone after indexing
     dp2 = {"llm": (Layout(dp=2), [0, 1])}
     runs = {
-        "vanished": (hand_plan(model, spec, dp2), spec, TrainConfig(steps=2, seed=SEED, dtype="float64"), base / "run"),
+        "vanished": (
+            hand_plan(model, spec, dp2),
+            spec,
+            TrainConfig(optimizer="sgd", lr=0.1, steps=2, seed=SEED, dtype="float64"),
+            base / "run",
+        ),
         "full": (hand_plan(model, data, dp2), data, _resume_cfg(4), base / "full"),
         "part": (hand_plan(model, data, dp2), data, _resume_cfg(2, checkpoint_every=2), base / "part"),
     }

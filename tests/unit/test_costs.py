@@ -154,7 +154,7 @@ def test_profile_replaces_datasheet_compute():
     model = load_model("tiny")
     data = load_data("tiny-mix")
     cluster = load_cluster("local-cpu")
-    fit = ComputeFit(c0=0.0, c1=1e-4, c2=0.0)
+    fit = ComputeFit(constant=0.0, linear=1e-4, quadratic=0.0)
     prof = Profile(device="cpu", backend="gloo", modules={"llm": ModuleProfile(block={1: fit})})
     lay = Layout(dp=4)
     c = module_cost(model, data, cluster, "llm", lay, 1, Recompute.NONE, in_flight=1, profile=prof)
@@ -184,7 +184,7 @@ def test_profiled_tp_shard_is_not_charged_tp_traffic_twice():
     model, data, cluster = load_model("tiny"), load_data("tiny-mix"), load_cluster("local-cpu")
     lay = Layout(tp=2, dp=2)
     plain = module_cost(model, data, cluster, "llm", lay, 1, Recompute.NONE, in_flight=1)
-    fit = ComputeFit(c0=0.0, c1=1e-4)
+    fit = ComputeFit(constant=0.0, linear=1e-4)
     prof = Profile(device="cpu", backend="gloo", modules={"llm": ModuleProfile(block={2: fit})})
     measured = module_cost(model, data, cluster, "llm", lay, 1, Recompute.NONE, in_flight=1, profile=prof)
     assert plain.tp_s > 0 and measured.tp_s == 0
@@ -198,7 +198,7 @@ def test_measured_per_step_work_is_not_stretched_by_the_pipeline():
     model = load_model("tiny")
     data = load_data("tiny-mix")
     cluster = load_cluster("local-cpu")
-    fit = ComputeFit(c0=0.0, c1=1e-4, c2=0.0)
+    fit = ComputeFit(constant=0.0, linear=1e-4, quadratic=0.0)
 
     def cost(overhead: float, balance: float):
         prof = Profile(

@@ -4,9 +4,10 @@ import pytest
 
 from orch.planner.imbalance import residual_imbalance
 from orch.planner.loading import load_data
+from orch.planner.sample_cost import SampleCost
 from orch.planner.specs import DataSpec
 
-LINEAR = (0.0, 1.0, 0.0)
+LINEAR = SampleCost(linear=1.0)
 
 
 def _skewed(global_batch: int) -> DataSpec:
@@ -44,10 +45,12 @@ def test_few_long_samples_per_rank_leave_a_gap_that_more_samples_close():
 def test_a_per_sample_constant_makes_counts_matter():
     """With the cost all per-sample constant, 16 samples on 4 ranks balance exactly (4 each)."""
     data = load_data("tiny-mix")
-    assert residual_imbalance(data, "llm", "llm", 4, 2, (1.0, 0.0, 0.0)) == pytest.approx(1.0)
-    assert residual_imbalance(data, "llm", "llm", 4, 2, (1.0, 0.01, 0.0)) > 1.0
+    assert residual_imbalance(data, "llm", "llm", 4, 2, SampleCost(constant=1.0)) == pytest.approx(1.0)
+    assert residual_imbalance(data, "llm", "llm", 4, 2, SampleCost(constant=1.0, linear=0.01)) > 1.0
 
 
 def test_deterministic():
-    a = residual_imbalance(_skewed(16), "llm", "llm", 4, 2, (0.5, 1.0, 1e-4))
-    assert a == residual_imbalance(_skewed(16), "llm", "llm", 4, 2, (0.5, 1.0, 1e-4))
+    a = residual_imbalance(_skewed(16), "llm", "llm", 4, 2, SampleCost(constant=0.5, linear=1.0, quadratic=1e-4))
+    assert a == residual_imbalance(
+        _skewed(16), "llm", "llm", 4, 2, SampleCost(constant=0.5, linear=1.0, quadratic=1e-4)
+    )

@@ -38,6 +38,28 @@ def test_cli_import_does_not_import_torch_or_ortools():
     assert out.strip() == "[]"
 
 
+def test_cli_import_loads_no_runtime_and_no_pydantic():
+    """`orch --help` builds no pydantic model (the training config's alone took ~80 ms) and imports nothing
+    of runtime/: each command imports what it needs inside itself (docs/architecture.md)."""
+    code = (
+        "import sys, orch.cli.app\n"
+        "print(sorted(m for m in sys.modules if m == 'pydantic' or m.startswith('orch.runtime')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_launchers_know_tasks_only_through_base_task():
+    """runtime/launch/ never imports train/ at module level: a task is a `base.Task` (docs/architecture.md)."""
+    launchers = ("base", "rank", "local", "slurm", "torchrun", "torchrun_rank", "sbatch", "jobs", "diagnose")
+    code = (
+        f"import sys\nfor m in {launchers!r}: __import__('orch.runtime.launch.' + m)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('orch.runtime.train') or m == 'torch'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 @pytest.mark.parametrize("verb", ["status", "logs", "cancel"])
 def test_job_commands_do_not_import_torch(verb, tmp_path):
     """`orch status/logs/cancel` read a JSON record and call Slurm's commands: no torch, no numpy at start-up."""

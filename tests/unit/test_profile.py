@@ -27,16 +27,16 @@ from orch.runtime.profile.fit import bandwidths, bus_factor, fit_alpha_beta, fit
 def test_fit_recovers_exact_coefficients():
     call, c0, c1, c2 = 3e-4, 2e-5, 1e-6, 4e-9
     pts = [(k, n, call + k * (c0 + c1 * n + c2 * n * n)) for k in (1, 4) for n in (8, 16, 64, 192, 384)]
-    f = fit_compute(pts)
-    assert (f.call, f.c0, f.c1, f.c2) == pytest.approx((call, c0, c1, c2), rel=1e-6)
-    assert f.rel_error < 1e-9
+    f, err = fit_compute(pts)
+    assert (f.call, f.constant, f.linear, f.quadratic) == pytest.approx((call, c0, c1, c2), rel=1e-6)
+    assert err < 1e-9
 
 
 def test_fit_with_one_batch_size_has_no_call_term():
     pts = [(1, n, 1e-4 + 2e-6 * n + 3e-9 * n * n) for n in (16, 64, 192)]
-    f = fit_compute(pts)
+    f, _ = fit_compute(pts)
     assert f.call == 0.0
-    assert (f.c0, f.c1, f.c2) == pytest.approx((1e-4, 2e-6, 3e-9), rel=1e-6)
+    assert (f.constant, f.linear, f.quadratic) == pytest.approx((1e-4, 2e-6, 3e-9), rel=1e-6)
 
 
 def test_fit_keeps_small_micro_batches_within_the_noise():
@@ -46,17 +46,17 @@ def test_fit_keeps_small_micro_batches_within_the_noise():
     call, c1 = 2e-3, 1e-5
     grid = [(k, n) for k in (1, 4) for n in (16, 64, 512, 2048)]
     noise = [0.97] * 6 + [1.03] * 2
-    f = fit_compute([(k, n, (call + k * c1 * n) * e) for (k, n), e in zip(grid, noise, strict=True)])
-    assert min(f.call, f.c0, f.c1, f.c2) >= 0.0
-    assert f.rel_error < 0.07
+    f, err = fit_compute([(k, n, (call + k * c1 * n) * e) for (k, n), e in zip(grid, noise, strict=True)])
+    assert min(f.call, f.constant, f.linear, f.quadratic) >= 0.0
+    assert err < 0.07
     assert f.call == pytest.approx(call, rel=0.1)
 
 
 def test_fit_reports_its_error_and_never_goes_negative():
     pts = [(1, 16, 1.0), (1, 64, 1.2), (1, 192, 0.9), (4, 16, 4.0)]
-    f = fit_compute(pts)
-    assert min(f.call, f.c0, f.c1, f.c2) >= 0.0
-    assert f.rel_error > 0.01
+    f, err = fit_compute(pts)
+    assert min(f.call, f.constant, f.linear, f.quadratic) >= 0.0
+    assert err > 0.01
     with pytest.raises(ValueError, match="points"):
         fit_compute([(1, 16, 1.0)])
 
@@ -166,9 +166,9 @@ def test_profile_reads_each_number_through_its_case():
     for mp in prof.modules.values():
         assert set(mp.block) == {1, 2}
         for t, fit in mp.block.items():
-            assert (fit.call_s, fit.c0, fit.c1) == pytest.approx((t * call, c0, c1), rel=1e-6)
+            assert (fit.call, fit.constant, fit.linear) == pytest.approx((t * call, c0, c1), rel=1e-6)
             assert fit.memory_bytes_per_token == 1000.0 * t
-        assert mp.rest is not None and (mp.rest.call_s, mp.rest.c1) == pytest.approx((call, c1), rel=1e-6)
+        assert mp.rest is not None and (mp.rest.call, mp.rest.linear) == pytest.approx((call, c1), rel=1e-6)
         assert (mp.step_overhead_s, mp.step_overhead_alone_s) == (0.5, 0.0625)
     assert (prof.step_bookkeeping_s, prof.balance_step_s) == (0.25, 0.125)
     assert prof.boundary is not None
@@ -182,8 +182,8 @@ def test_profile_reads_each_number_through_its_case():
 
 
 def _profile() -> Profile:
-    fit = ComputeFit(c0=1e-4, c1=2e-6, c2=1e-9, call_s=5e-4, rel_error=0.05, memory_bytes_per_token=4096)
-    rest = ComputeFit(c0=1e-5, c1=1e-6, call_s=1e-4)
+    fit = ComputeFit(constant=1e-4, linear=2e-6, quadratic=1e-9, call=5e-4, rel_error=0.05, memory_bytes_per_token=4096)
+    rest = ComputeFit(constant=1e-5, linear=1e-6, call=1e-4)
     return Profile(
         device="cpu",
         backend="gloo",
@@ -220,21 +220,21 @@ def test_profile_round_trips_through_json_and_yaml(tmp_path):
     for m in old["modules"].values():
         m.pop("rest"), m.pop("step_overhead_s")
         for f in m["block"].values():
-            f.pop("call_s")
+            f.pop("call")
     assert Profile.model_validate(old).modules["llm"].step_overhead_s == 0.0  # version-1 files without new fields
 
 
 def test_cost_model_adds_call_rest_and_step_overhead():
     model, data, cluster = load_model("tiny"), load_data("tiny-mix"), load_cluster("local-cpu")
     lay = Layout(dp=4)
-    base = ModuleProfile(block={1: ComputeFit(c0=1e-4, c1=1e-6)})
+    base = ModuleProfile(block={1: ComputeFit(constant=1e-4, linear=1e-6)})
     plain = Profile(device="cpu", backend="gloo", modules={"llm": base})
 
     def compute(prof: Profile, mb: int = 2) -> float:
         c = module_cost(model, data, cluster, "llm", lay, mb, Recompute.NONE, in_flight=1, profile=prof)
         return c.compute_s + c.fixed_s
 
-    with_call = base.model_copy(update={"block": {1: ComputeFit(c0=1e-4, c1=1e-6, call_s=1e-3)}})
+    with_call = base.model_copy(update={"block": {1: ComputeFit(constant=1e-4, linear=1e-6, call=1e-3)}})
     calls = data.global_batch / 4 / 2
     delta = compute(Profile(device="cpu", backend="gloo", modules={"llm": with_call})) - compute(plain)
     assert delta == pytest.approx(1e-3 * calls * model.llm.layers)
@@ -242,13 +242,13 @@ def test_cost_model_adds_call_rest_and_step_overhead():
     assert compute(Profile(device="cpu", backend="gloo", modules={"llm": with_overhead})) == pytest.approx(
         compute(plain) + 0.25
     )
-    with_rest = base.model_copy(update={"rest": ComputeFit(c0=0.0, c1=0.0, call_s=0.01)})
+    with_rest = base.model_copy(update={"rest": ComputeFit(constant=0.0, linear=0.0, call=0.01)})
     rest = compute(Profile(device="cpu", backend="gloo", modules={"llm": with_rest}))
     assert rest == pytest.approx(compute(plain) - _datasheet_rest(plain, compute) + 0.01 * calls)
 
 
 def test_step_overhead_runs_from_alone_to_every_profiled_rank_in_the_rings_steps():
-    mp = ModuleProfile(block={1: ComputeFit(c0=0.0, c1=1e-6)}, step_overhead_s=0.4, step_overhead_alone_s=0.1)
+    mp = ModuleProfile(block={1: ComputeFit(constant=0.0, linear=1e-6)}, step_overhead_s=0.4, step_overhead_alone_s=0.1)
     assert [mp.step_overhead(n, profiled=4) for n in (1, 2, 3, 4, 64)] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.4])
     assert mp.step_overhead(1, profiled=1) == 0.4  # one profiled rank: its one figure
     old = mp.model_copy(update={"step_overhead_alone_s": None})
@@ -275,7 +275,7 @@ def test_profile_round_trips_the_runtime_fields():
 def test_cost_model_adds_the_measured_orchestrator_step_to_the_llm_only():
     model, data, cluster = load_model("tiny"), load_data("tiny-mix"), load_cluster("local-cpu")
     lay = Layout(dp=4)
-    mods = {n: ModuleProfile(block={1: ComputeFit(c0=1e-4, c1=1e-6)}) for n in ("vision", "llm")}
+    mods = {n: ModuleProfile(block={1: ComputeFit(constant=1e-4, linear=1e-6)}) for n in ("vision", "llm")}
     plain = Profile(device="cpu", backend="gloo", modules=mods)
     balanced = plain.model_copy(update={"balance_step_s": 0.04})
 
@@ -324,8 +324,8 @@ def _datasheet_rest(prof: Profile, compute) -> float:
     w = workload(model, data, "llm")
     fit = prof.modules["llm"].block[1]
     samples = w.samples * w.stats.present / 4
-    slowest = residual_imbalance(data, "llm", "llm", 4, 2, (fit.c0, fit.c1, fit.c2))  # the slowest of 4 DP ranks
-    return compute(prof) - (fit.c0 * samples + fit.c1 * w.tokens / 4) * slowest * model.llm.layers
+    slowest = residual_imbalance(data, "llm", "llm", 4, 2, fit)  # the slowest of 4 DP ranks
+    return compute(prof) - (fit.constant * samples + fit.linear * w.tokens / 4) * slowest * model.llm.layers
 
 
 def test_plan_with_profile_changes_the_predicted_compute(cli, tmp_path):
@@ -340,6 +340,30 @@ def test_plan_with_profile_changes_the_predicted_compute(cli, tmp_path):
     a, b = json.loads(plain.stdout), json.loads(measured.stdout)
     assert b["modules"]["llm"]["time_s"] != pytest.approx(a["modules"]["llm"]["time_s"])
     assert b["predicted"]["step_time_s"] > 0.03  # three modules x 0.01 s step overhead at least
+
+    # The plan records the per-sample seconds it priced each module with: every block's fit at the
+    # layout's TP degree (tp 1 here) plus the module's rest, for the runtime's dispatcher.
+    from orch.planner.plan import Plan
+    from orch.runtime.parallel.grid import build_grids
+    from orch.runtime.train.orchestrator import dispatch_costs, modules_to_calibrate
+
+    assert all(m["sample_cost"] is None for m in a["modules"].values())  # datasheet plan: the runtime times
+    llm = b["modules"]["llm"]
+    assert (llm["layout"]["tp"], llm["layout"]["cp"], llm["recompute"]) == (1, 1, "none")
+    layers = load_model("tiny").llm.layers
+    want = {"call": 5e-4 * layers + 1e-4, "constant": 1e-4 * layers + 1e-5, "linear": 2e-6 * layers + 1e-6}
+    assert llm["sample_cost"] == pytest.approx({**want, "quadratic": 1e-9 * layers}, rel=1e-12)
+    plan = Plan.model_validate(b)
+    assert modules_to_calibrate(plan) == []  # every module priced from the profile: nothing timed at start-up
+    costs = dispatch_costs(plan, build_grids(plan.modules))
+    assert {m: c.model_dump() for m, c in costs.items()} == {m: b["modules"][m]["sample_cost"] for m in b["modules"]}
+    # a plan written before the field existed still loads, and its modules are calibrated at start-up
+    old = json.loads(json.dumps(b))
+    for m in old["modules"].values():
+        m.pop("sample_cost")
+    for m in old["baseline"]["modules"].values():
+        m.pop("sample_cost")
+    assert sorted(modules_to_calibrate(Plan.model_validate(old))) == ["audio", "llm", "vision"]
 
 
 @pytest.mark.parametrize(
@@ -374,4 +398,4 @@ def test_profile_yaml_is_read_by_plan(tmp_path):
 
     path = tmp_path / "p.yml"
     path.write_text(yaml.safe_dump(_profile().model_dump(mode="json")))
-    assert load_json_file(Profile, str(path)).modules["vision"].block[2].call_s == 5e-4
+    assert load_json_file(Profile, str(path)).modules["vision"].block[2].call == 5e-4

@@ -5,8 +5,10 @@ import torch
 
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Axis, EdgeKind, Layout, ModulePlan, Placement, Transport
-from orch.runtime.data.synthetic import GlobalBatch, initial_dp_index
-from orch.runtime.models.reference import build_model, projected_len
+from orch.planner.specs import projected_len
+from orch.runtime.data.batch import initial_dp_index
+from orch.runtime.data.synthetic import SyntheticBatch
+from orch.runtime.models.reference import build_model
 from orch.runtime.parallel.boundary import expected_kind
 from orch.runtime.parallel.grid import Grid
 from orch.runtime.plans import hand_plan
@@ -47,11 +49,11 @@ def test_grid_equality_ignores_mesh_cache():
 
 def test_global_batch_depends_on_seed_and_step_only(tiny):
     model, data = tiny
-    a = GlobalBatch.build(model, data, seed=3, step=1)
-    b = GlobalBatch.build(model, data, seed=3, step=1)
+    a = SyntheticBatch.build(model, data, seed=3, step=1)
+    b = SyntheticBatch.build(model, data, seed=3, step=1)
     assert a == b
-    assert GlobalBatch.build(model, data, seed=3, step=2) != a
-    assert GlobalBatch.build(model, data, seed=4, step=1) != a
+    assert SyntheticBatch.build(model, data, seed=3, step=2) != a
+    assert SyntheticBatch.build(model, data, seed=4, step=1) != a
     sa, sb = a.sample(5, torch.float64), b.sample(5, torch.float64)
     assert torch.equal(sa.text, sb.text) and torch.equal(sa.labels, sb.labels)
     for e in model.encoder_names:
@@ -60,7 +62,7 @@ def test_global_batch_depends_on_seed_and_step_only(tiny):
 
 def test_sample_shapes_follow_lengths(tiny):
     model, data = tiny
-    batch = GlobalBatch.build(model, data, seed=0, step=0)
+    batch = SyntheticBatch.build(model, data, seed=0, step=0)
     for i in range(batch.size):
         s = batch.sample(i, torch.float32)
         assert s.text.shape == s.labels.shape == (batch.text_tokens[i],)
@@ -117,12 +119,12 @@ def test_global_batch_ignores_key_order_of_the_data_spec(tiny):
     shuffled = data.model_copy(
         update={"tasks": [t.model_copy(update={"tokens": dict(reversed(t.tokens.items()))}) for t in data.tasks]}
     )
-    assert GlobalBatch.build(model, shuffled, seed=0, step=0) == GlobalBatch.build(model, data, seed=0, step=0)
+    assert SyntheticBatch.build(model, shuffled, seed=0, step=0) == SyntheticBatch.build(model, data, seed=0, step=0)
 
 
 def test_global_batch_ignores_module_order_of_the_model_spec(tiny):
     model, data = tiny
     reordered = model.model_copy(update={"modules": dict(reversed(model.modules.items()))})
-    a, b = GlobalBatch.build(model, data, 0, 0), GlobalBatch.build(reordered, data, 0, 0)
+    a, b = SyntheticBatch.build(model, data, 0, 0), SyntheticBatch.build(reordered, data, 0, 0)
     assert a.enc_tokens == b.enc_tokens and a.text_tokens == b.text_tokens
     assert torch.equal(a.sample(1, torch.float64).feats["audio"], b.sample(1, torch.float64).feats["audio"])

@@ -65,7 +65,9 @@ def shared_cpu_profile():
         device="cpu",
         backend="gloo",
         modules={
-            n: ModuleProfile(block={1: ComputeFit(c0=1e-4, c1=c1, c2=1e-8, call_s=1e-3)}, step_overhead_s=0.005)
+            n: ModuleProfile(
+                block={1: ComputeFit(constant=1e-4, linear=c1, quadratic=1e-8, call=1e-3)}, step_overhead_s=0.005
+            )
             for n, c1 in fits.items()
         },
         boundary=BoundaryFit(alpha_s=0.002, gbps=0.5),
@@ -208,7 +210,7 @@ def test_prediction_terms_add_up_to_the_homogeneous_step():
     and optimizer, orchestrator. A homogeneous plan without PP runs them one after another on every rank."""
     from orch.planner.profile import BoundaryFit, ComputeFit, ModuleProfile, Profile
 
-    fit = ComputeFit(c0=1e-4, c1=1e-5, c2=1e-8, call_s=1e-3)
+    fit = ComputeFit(constant=1e-4, linear=1e-5, quadratic=1e-8, call=1e-3)
     prof = Profile(
         device="cpu",
         backend="gloo",

@@ -3,7 +3,7 @@
 A decoder layer of a packed micro-batch sees one row of all its samples' tokens ([1, T, ...]). Given
 only `position_ids`, transformers' sdpa attention does not keep packed samples apart (measured with
 5.24: the second sample's logits change), so orch registers its own implementation and the wrappers
-(runtime/models/hf/llm.py) pass each call the samples' lengths (`orch_seqlens`) and, under context
+(runtime/models/decoder/causal_lm.py) pass each call the samples' lengths (`orch_seqlens`) and, under context
 parallelism, the micro-batch's CP shard (`orch_cp`): attention is computed per sample with
 `reference.attend`, CP ranks gathering K/V exactly as the reference model's attention does.
 """

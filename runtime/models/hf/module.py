@@ -1,5 +1,5 @@
 """What every wrapped Hugging Face module shares: its parameters' names in the transformers model, its
-weights' source, its TP plan, and `place` (shard on meta, then allocate and fill this rank's share)."""
+weights' source, its TP plan, and `materialize` (allocate and fill this rank's share once TP has sharded it on meta)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from orch.runtime.models.hf.meta import materialize
 from orch.runtime.models.hf.weights import Checkpoint, init_parameters, load_parameters
 
 if TYPE_CHECKING:
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import ParallelStyle
 
 
@@ -39,18 +38,25 @@ class HFModule(nn.Module):
     def tp_plan(self) -> dict[str, ParallelStyle]:
         raise NotImplementedError
 
+    def layer_stack(self) -> nn.Module:
+        """The container of the module's transformer layers (a ModuleList, or a ModuleDict by layer index)."""
+        raise NotImplementedError
+
+    def keep_first_layers(self, keep: int) -> None:
+        """Drop every layer after the first `keep` (orch profile times one real layer of the model)."""
+        layers = self.layer_stack()
+        if isinstance(layers, nn.ModuleDict):
+            for key in list(layers)[keep:]:
+                del layers[key]
+        else:
+            del layers[keep:]  # type: ignore[operator]
+
     def after_tp(self, tp: int) -> None:
         """Adjust what a family reads from its config but TP changes (a head count used in a reshape)."""
 
-    def place(self, device: torch.device, tp_mesh: DeviceMesh | None, seed: int, name: str, dtype: torch.dtype) -> None:
-        """Shard over `tp_mesh` (still on meta; None: no TP), allocate this rank's share on `device` in `dtype`,
-        fill it."""
-        from torch.distributed.tensor.parallel import parallelize_module
-
-        self.to(dtype)
-        if tp_mesh is not None and tp_mesh.size() > 1:
-            parallelize_module(self, tp_mesh, self.tp_plan())
-            self.after_tp(tp_mesh.size())
+    def materialize(self, device: torch.device, seed: int, name: str) -> None:
+        """Allocate this rank's share (sharded by TP already, on meta until here) on `device` and fill it: read
+        from the safetensors, or drawn from the seed (and orch's own parts, a composed spec's projector)."""
         materialize(self, device)
         if self.checkpoint is not None:
             load_parameters(self, self.hf_keys, self.checkpoint)

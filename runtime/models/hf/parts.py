@@ -15,32 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from orch.planner.specs import ModelSpec, ModuleSpec
-from orch.runtime.models.hf.audio import HFAudioEncoder
+from orch.runtime.models.contract import CausalLM
 from orch.runtime.models.hf.build import build_hf_modules
-from orch.runtime.models.hf.llm import HFCausalLM
 from orch.runtime.models.hf.module import HFModule
-from orch.runtime.models.hf.vision import HFVisionEncoder
-
-
-def _layers_of(module: HFModule) -> Any:
-    if isinstance(module, HFCausalLM):
-        return module.layers
-    if isinstance(module, HFVisionEncoder):
-        return module.core.encoder.layers
-    if isinstance(module, HFAudioEncoder):
-        return module.audio_tower.layers
-    raise TypeError(type(module).__name__)
-
-
-def _keep_layers(module: HFModule, keep: int) -> None:
-    layers = _layers_of(module)
-    if isinstance(layers, nn.ModuleDict):
-        for key in list(layers)[keep:]:
-            del layers[key]
-    else:
-        del layers[keep:]
-    if isinstance(module, HFVisionEncoder):
-        module.picks = [min(k, keep) for k in module.picks]
+from orch.runtime.parallel.parallelize import place
 
 
 class LayerCase(nn.Module):
@@ -52,13 +30,13 @@ class LayerCase(nn.Module):
         self.window = spec.image_tokens or spec.clip_tokens  # attention windows of an encoder
 
     def forward(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
-        if isinstance(self.module, HFCausalLM):
+        if isinstance(self.module, CausalLM):
             return self.module.run_blocks(x_TD, seqlens)
         assert self.window is not None
         rows = x_TD.shape[0]
         pad = -rows % self.window
         windows = F.pad(x_TD, (0, 0, 0, pad)).view(-1, self.window, x_TD.shape[1])
-        out = _layers_of(self.module)[0](windows, None)
+        out = self.module.layer_stack()[0](windows, None)
         return out.reshape(-1, x_TD.shape[1])[:rows].clone()  # not a view: FSDP2's hooks are on the output
 
 
@@ -68,8 +46,9 @@ def build_part(
     """Module `name` with only its first `layers` layers, placed (TP-sharded over `tp_mesh`) and drawn from the seed."""
     module = build_hf_modules(model, [name])[name]
     module.checkpoint = None  # timing needs no trained weights: drawn from the seed
-    _keep_layers(module, layers)
-    module.place(device, tp_mesh, seed, name, dtype)
+    module.keep_first_layers(layers)
+    module.to(dtype)
+    place(module, tp_mesh=tp_mesh, device=device, seed=seed, name=name)
     return module
 
 

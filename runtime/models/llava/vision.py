@@ -56,6 +56,13 @@ class HFVisionEncoder(HFModule):
             if isinstance(part, nn.Module):
                 part.requires_grad_(False)
 
+    def layer_stack(self) -> nn.Module:
+        return self.core.encoder.layers  # type: ignore[no-any-return]
+
+    def keep_first_layers(self, keep: int) -> None:
+        super().keep_first_layers(keep)
+        self.picks = [min(k, keep) for k in self.picks]
+
     @property
     def core(self) -> nn.Module:
         return getattr(self.vision_tower, "vision_model", self.vision_tower)

@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from orch.planner.plan import Recompute
-from orch.runtime.parallel.data import transformer_blocks
+from orch.runtime.models.contract import block_units
 
 
 def _keep_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
@@ -42,7 +42,7 @@ def apply_recompute(module: nn.Module, mode: Recompute) -> int:
         if mode == Recompute.FULL
         else functools.partial(create_selective_checkpoint_contexts, _keep_matmuls)
     )
-    blocks = transformer_blocks(module)
+    blocks = block_units(module)
     for block in blocks:
         block.forward = functools.partial(_checkpointed, block.forward, context, checkpoint)  # type: ignore[method-assign]
     return len(blocks)

@@ -1,4 +1,4 @@
-"""Data parallelism of each module over its (dp, cp) ranks with FSDP2, as the plan says
+"""FSDP2 for each module over its (dp, cp) ranks, as the plan says
 (ModulePlan.data_parallel): `fully_shard` (fsdp: parameters, gradients and optimizer state sharded)
 or FSDP2's `replicate` (whole state on every rank, gradients all-reduced). One FSDP unit per
 transformer block, then the module (torchtitan's order: TP, recompute, then data parallelism).
@@ -28,22 +28,12 @@ import torch
 from torch import nn
 
 from orch.planner.plan import DataParallel
+from orch.runtime.models.contract import block_units
 from orch.runtime.parallel.tensor import local_part
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule
-
-BLOCK_CONTAINERS = ("layers", "blocks")  # the attribute that holds a module's transformer blocks
-
-
-def transformer_blocks(module: nn.Module) -> list[nn.Module]:
-    """The module's blocks: the children of every ModuleList/ModuleDict named `layers` or `blocks`, in order."""
-    out: list[nn.Module] = []
-    for name, sub in module.named_modules():
-        if isinstance(sub, (nn.ModuleList, nn.ModuleDict)) and name.rsplit(".", 1)[-1] in BLOCK_CONTAINERS:
-            out.extend(sub.children())
-    return out
 
 
 def master_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -72,21 +62,23 @@ class ModuleShards:
         return self.units[-1]
 
 
-def shard_module(
-    name: str,
+def apply_fsdp(
     module: nn.Module,
+    *,
+    name: str,
     mesh: DeviceMesh,
     mode: DataParallel,
     dtype: torch.dtype,
     ignored: set[nn.Parameter] | None = None,
 ) -> ModuleShards:
-    """Apply fully_shard (fsdp) or replicate to `module`'s blocks and then to it, over `mesh` (its (dp, cp) ranks)."""
+    """Apply fully_shard (fsdp) or replicate to `module`'s blocks and then to it, over `mesh` (its (dp, cp) ranks);
+    `dtype` is the compute dtype (mixed precision when it is narrower than the masters)."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import fully_shard
 
     policy = _policy(dtype)
     out = ModuleShards(name, mode)
-    for unit in [*transformer_blocks(module), module]:
+    for unit in [*block_units(module), module]:
         mine = {p for p in unit.parameters() if ignored and p in ignored} or None
         if mode == DataParallel.FSDP:
             fully_shard(unit, mesh=mesh, reshard_after_forward=False, mp_policy=policy, ignored_params=mine)

@@ -41,6 +41,9 @@ class HFAudioEncoder(HFModule):
             plan |= layer_plan(f"audio_tower.layers.{i}", ("self_attn.out_proj",), ("fc1",), ("fc2",))
         return plan
 
+    def layer_stack(self) -> nn.Module:
+        return self.audio_tower.layers  # type: ignore[no-any-return]
+
     def after_tp(self, tp: int) -> None:
         # The attention reshapes by its head count: a TP rank holds num_heads / tp of them.
         for layer in self.audio_tower.layers:
@@ -74,7 +77,7 @@ class HFAudioEncoder(HFModule):
 class HFWhisperEncoder(HFAudioEncoder):
     """A composed spec's Whisper encoder with a projector of orch's: every clip padded to 30 s and run whole
     (Whisper's encoder takes no mask: it was trained on padded clips), each clip's own tokens kept, and
-    `downsample` consecutive tokens concatenated into one projector input (runtime/models/hf/build.py)."""
+    `downsample` consecutive tokens concatenated into one projector input (runtime/models/qwen2_audio/__init__.py)."""
 
     def __init__(self, encoder: nn.Module, projector: nn.Module, clip_tokens: int, downsample: int, llm_hidden: int):
         nn.Module.__init__(self)

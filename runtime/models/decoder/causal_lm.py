@@ -19,8 +19,7 @@ import torch
 from torch import nn
 
 from orch.runtime.models.hf.module import HFModule, layer_plan
-from orch.runtime.models.reference import embed_packed, stage_layers
-from orch.runtime.models.sequence import SequenceLayout, layouts_or_prefix_first, score_rows
+from orch.runtime.models.staged import StagedDecoder
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -28,7 +27,9 @@ if TYPE_CHECKING:
     from orch.runtime.parallel.context import CPShard
 
 
-class HFCausalLM(HFModule):
+class HFCausalLM(HFModule, StagedDecoder):
+    PARTS = ("embed_tokens", "layers", "norm", "lm_head")
+
     def __init__(self, decoder: nn.Module, lm_head: nn.Module, config: Any) -> None:
         super().__init__()
         self.embed_tokens: nn.Module | None = decoder.embed_tokens
@@ -46,25 +47,8 @@ class HFCausalLM(HFModule):
             )
         return plan
 
-    def keep_stage(self, stage: int, stages: int) -> None:
-        keep = stage_layers(len(self.layers), stages, stage)
-        for key in [k for k in self.layers if int(k) not in keep]:
-            del self.layers[key]
-        if stage != 0:
-            self.embed_tokens = None
-        if stage != stages - 1:
-            self.norm = self.lm_head = None
-
-    def embed_inputs(
-        self,
-        prefixes: list[torch.Tensor],
-        texts: list[torch.Tensor],
-        cp: CPShard | None = None,
-        layouts: list[SequenceLayout] | None = None,
-    ) -> tuple[torch.Tensor, list[int]]:
-        if self.embed_tokens is None:
-            raise RuntimeError("embed_inputs runs on the first pipeline stage")
-        return embed_packed(self.embed_tokens, prefixes, texts, cp, layouts)
+    def layer_stack(self) -> nn.Module:
+        return self.layers
 
     def run_blocks(self, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
         dev = x_TD.device
@@ -85,22 +69,3 @@ class HFCausalLM(HFModule):
                 orch_cp=cp,
             )
         return hidden.squeeze(0)
-
-    def text_logits(
-        self, x_TD: torch.Tensor, seqlens: list[int], layouts: list[SequenceLayout], cp: CPShard | None = None
-    ) -> torch.Tensor:
-        if self.norm is None or self.lm_head is None:
-            raise RuntimeError("text_logits runs on the last pipeline stage")
-        rows = cp.score_rows(layouts) if cp is not None else score_rows(seqlens, layouts, x_TD.device)
-        return self.lm_head(self.norm(x_TD[rows]))
-
-    def forward(
-        self,
-        prefixes: list[torch.Tensor],
-        texts: list[torch.Tensor],
-        cp: CPShard | None = None,
-        layouts: list[SequenceLayout] | None = None,
-    ) -> torch.Tensor:
-        layouts = layouts_or_prefix_first(layouts, prefixes, texts)
-        x_TD, seqlens = self.embed_inputs(prefixes, texts, cp, layouts)
-        return self.text_logits(self.run_blocks(x_TD, seqlens, cp), seqlens, layouts, cp)

@@ -1,0 +1,127 @@
+"""What a step trains on: a global batch's contract, its samples, and where each sample starts.
+
+`GlobalBatch` is what the orchestrator, the input router, the schedules and the trainer read of step k's
+batch: every sample's lengths per module (known to all ranks without communication), the loss normaliser,
+each sample's `SequenceLayout`, and its tensors built on the rank that asks (`sample`). Two classes
+implement it: `SyntheticBatch` (runtime/data/synthetic.py: drawn from the seed) and `ConversationBatch`
+(runtime/data/source.py: a user's data file, media decoded where the dispatcher puts them).
+
+Encoders are ordered by name (`encoder_order`); sample i starts on DP index i % dp of every module
+(`initial_dp_index`: round-robin, so every DP rank gets a share whatever the ratio).
+
+Torch-free at import (the profile's case list reads `encoder_order` before any torch is loaded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from orch.planner.specs import ModelSpec
+    from orch.runtime.models.sequence import SequenceLayout
+
+
+def encoder_order(model: ModelSpec) -> list[str]:
+    """Encoders by name: the order of their tokens in an LLM sequence and of their random draws.
+
+    Not the spec's dict order: a YAML round trip may sort keys (yaml.safe_dump does), and the
+    batch and the model must not change with it.
+    """
+    return sorted(model.encoder_names)
+
+
+def initial_dp_index(sample_id: int, dp: int) -> int:
+    return sample_id % dp
+
+
+@dataclass(frozen=True)
+class Sample:
+    id: int
+    feats: dict[str, torch.Tensor]  # encoder name -> input features [frames, input_dim] (frames may be 0)
+    text: torch.Tensor  # [text_len] token ids
+    labels: torch.Tensor  # [text_len] target ids
+
+
+@dataclass(frozen=True)
+class BatchLengths:
+    """What both batches share: every sample's lengths (known to all ranks), the rows each encoder moves into
+    the LLM, and each sample's layout built once per batch by the subclass's `_build_layout`."""
+
+    model: ModelSpec
+    seed: int
+    step: int
+    enc_tokens: tuple[dict[str, int], ...]  # per sample: encoder name -> encoder tokens
+    text_tokens: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.text_tokens)
+
+    def projected(self, encoder: str, sample_id: int) -> int:
+        """LLM-width tokens this encoder contributes to a sample (rows moved at its boundary)."""
+        from orch.planner.specs import projected_len
+
+        return projected_len(self.enc_tokens[sample_id][encoder], self.model.modules[encoder].downsample)
+
+    @cached_property
+    def _layouts(self) -> dict[int, SequenceLayout]:
+        return {}
+
+    def layout(self, sample_id: int) -> SequenceLayout:
+        if sample_id not in self._layouts:
+            self._layouts[sample_id] = self._build_layout(sample_id)
+        return self._layouts[sample_id]
+
+    def _build_layout(self, sample_id: int) -> SequenceLayout:
+        raise NotImplementedError
+
+
+@runtime_checkable
+class GlobalBatch(Protocol):
+    """Step `step`'s samples: lengths on every rank, tensors built where asked."""
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def enc_tokens(self) -> tuple[dict[str, int], ...]:
+        """Per sample: encoder name -> its encoder tokens."""
+        ...
+
+    @property
+    def text_tokens(self) -> tuple[int, ...]:
+        """Per sample: its text tokens in the LLM sequence."""
+        ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def label_tokens(self) -> int:
+        """The loss normaliser: label tokens of the whole global batch, whatever the layout."""
+        ...
+
+    def projected(self, encoder: str, sample_id: int) -> int:
+        """LLM-width tokens this encoder contributes to a sample (rows moved at its boundary)."""
+        ...
+
+    def layout(self, sample_id: int) -> SequenceLayout:
+        """Where the sample's encoder rows and text tokens go in its LLM sequence, and which logits are scored."""
+        ...
+
+    def sample(
+        self,
+        sample_id: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        encoders: tuple[str, ...] | None = None,
+    ) -> Sample:
+        """The sample's tensors on `device`, the inputs of `encoders` only (None: every encoder's)."""
+        ...
+
+
+__all__ = ["GlobalBatch", "Sample", "encoder_order", "initial_dp_index"]

@@ -1,0 +1,59 @@
+"""One step's decoded media on one rank: `DecodeCache`, per (sample, encoder), each decoded once.
+
+A `ConversationBatch` is handed its cache when it is built and reads its samples' encoder inputs through it.
+The prefetch thread (runtime/data/prefetch.py) fills it while the step before runs, with what it decoded
+itself or what a loader worker process sent back; `ConversationBatch.sample` fills what is still missing
+when the step asks. The two can run at once on different threads: a lock guards every read and write, and
+the first input stored for a (sample, encoder) is the one kept.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from orch.planner.specs import ModelSpec
+
+
+class DecodeCache:
+    """Decoded encoder inputs of one step's samples, with the samples whose media could not be read."""
+
+    def __init__(self, model: ModelSpec, enc_tokens: tuple[dict[str, int], ...]) -> None:
+        self._model, self._enc_tokens = model, enc_tokens
+        self._lock = threading.Lock()
+        self._inputs: dict[tuple[int, str], torch.Tensor] = {}
+        self._failed: set[int] = set()
+
+    def missing(self, sample_id: int, encoders: tuple[str, ...]) -> tuple[str, ...]:
+        """The encoders among `encoders` whose inputs of the sample are not here yet."""
+        with self._lock:
+            return tuple(e for e in encoders if (sample_id, e) not in self._inputs)
+
+    def put(self, sample_id: int, encoders: tuple[str, ...], feats: dict[str, torch.Tensor] | None) -> None:
+        """Keep a sample's decoded inputs for `encoders` (`ConversationData.decode`'s, None: unreadable); zeros
+        of the indexed shape where a file could not be read, and the sample counted as failed."""
+        kept: dict[str, tuple[torch.Tensor, bool]] = {}  # encoder -> (input, read)
+        for e in encoders:
+            rows = self._enc_tokens[sample_id][e] * self._model.modality(e).frames_per_token
+            got = feats.get(e) if feats is not None else None
+            if got is None or got.shape[0] != rows:  # unreadable now (or changed): zeros, trained on nothing
+                kept[e] = torch.zeros(rows, self._model.modules[e].input_dim or 1), False
+            else:
+                kept[e] = got, True
+        with self._lock:
+            for e, (got, read) in kept.items():
+                if (sample_id, e) in self._inputs:
+                    continue
+                self._inputs[(sample_id, e)] = got
+                if not read:
+                    self._failed.add(sample_id)
+
+    def get(self, sample_id: int, encoder: str) -> torch.Tensor:
+        with self._lock:
+            return self._inputs[(sample_id, encoder)]
+
+    def counts(self) -> dict[str, int]:
+        """failed: samples whose media could not be read here; decoded: the (sample, encoder) inputs held."""
+        with self._lock:
+            return {"failed": len(self._failed), "decoded": len(self._inputs)}

@@ -1,0 +1,165 @@
+"""The torchrun launcher: ranks started by any tool that sets torch's standard environment
+(`orch launch --executor torchrun`; torchrun itself, or a Kubernetes PyTorchJob running the same entry point).
+
+The task is pickled to WORKDIR/task.pkl (`write_task`, atomically), and every rank runs
+`python -m orch.runtime.launch.torchrun_rank WORKDIR/task.pkl` (runtime/launch/torchrun_rank.py): it reads
+RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT into the one RankEnv and runs the rank-start path
+of every launcher (runtime/launch/rank.py `run_rank`); rank 0 prepares the task before the rendezvous, as
+on Slurm, so a restarted pod trims metrics to the checkpoint it resumes from.
+
+`torchrun_command` is a pure function (the text `--dry-run` prints). One node: `--standalone` (torchrun's
+own rendezvous on localhost). Several nodes (the plan's allocation: runtime/launch/sbatch.py `allocation`):
+the same command on every node, meeting by c10d rendezvous at `endpoint`; the workdir must then be on a
+filesystem every node sees. `TorchrunLauncher.submit` runs the command on this node and waits on it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orch.planner.errors import OrchError
+from orch.runtime.launch.base import Handle, LaunchError, Task
+from orch.runtime.launch.failures import first_failure
+
+TASK_FILE = "task.pkl"
+ENTRY = "orch.runtime.launch.torchrun_rank"  # the ranks' module
+
+
+def task_path(workdir: str | os.PathLike[str]) -> Path:
+    return Path(workdir).absolute() / TASK_FILE
+
+
+def write_task(task: Task) -> Path:
+    """Pickle `task` to WORKDIR/task.pkl atomically (a rank never reads half a file); its path."""
+    path = task_path(task.workdir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(task, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_task(path: str | os.PathLike[str]) -> Task:
+    """The task `write_task` left at `path`; OrchError (one line) if it is missing or not a task file."""
+    p = Path(path)
+    if not p.is_file():
+        raise OrchError(f"{p}: no such task file (`orch launch --executor torchrun` writes WORKDIR/{TASK_FILE})")
+    try:
+        with p.open("rb") as f:
+            task = pickle.load(f)
+    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, IndexError) as exc:
+        raise OrchError(f"{p}: not a task file written by this orch version ({type(exc).__name__})") from None
+    if not all(hasattr(task, name) for name in ("run", "world_size", "workdir", "device", "timeout_s")):
+        raise OrchError(f"{p}: not a task file (a {type(task).__name__})")
+    return task
+
+
+def torchrun_program() -> list[str]:
+    """This environment's torchrun (beside its python), else `python -m torch.distributed.run` (the same)."""
+    exe = Path(sys.executable).with_name("torchrun")
+    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def torchrun_command(
+    task_file: str | os.PathLike[str],
+    *,
+    nodes: int,
+    per_node: int,
+    endpoint: str | None = None,
+    run_id: str = "orch",
+    program: list[str] | None = None,
+) -> list[str]:
+    """The torchrun command line that starts `nodes` x `per_node` ranks of the task in `task_file`."""
+    if nodes > 1 and not endpoint:
+        raise OrchError(f"the plan needs {nodes} nodes: give --rdzv-endpoint HOST:PORT (a host every node reaches)")
+    if endpoint:
+        rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id]
+    else:
+        rendezvous = ["--standalone"]
+    return [
+        *(program if program is not None else torchrun_program()),
+        "--nnodes", str(nodes), "--nproc-per-node", str(per_node), *rendezvous,
+        "--max-restarts", "0",  # a failed rank fails the run: orch resumes from checkpoints, not torchrun
+        "-m", ENTRY, str(task_file),
+    ]  # fmt: skip
+
+
+def command_text(command: list[str]) -> str:
+    return shlex.join(command)
+
+
+@dataclass
+class TorchrunLauncher:
+    """Runs a task's ranks under torchrun on this node: `nodes` x `per_node` ranks in all (`endpoint`: the
+    rendezvous of several nodes, each running `command(task)`)."""
+
+    nodes: int = 1
+    per_node: int | None = None
+    endpoint: str | None = None
+
+    def command(self, task: Task) -> list[str]:
+        """Write the task file and return the command every node runs (`--dry-run` prints it)."""
+        per_node = self.per_node if self.per_node is not None else task.world_size // self.nodes
+        if self.nodes * per_node != task.world_size:
+            raise OrchError(f"{self.nodes} node(s) x {per_node} ranks: the task needs {task.world_size} ranks")
+        path = task_path(task.workdir)
+        command = torchrun_command(
+            path, nodes=self.nodes, per_node=per_node, endpoint=self.endpoint, run_id=_run_id(path)
+        )
+        write_task(task)  # once the command is known to be right
+        return command
+
+    def submit(self, task: Task) -> TorchrunHandle:
+        command = self.command(task)
+        try:
+            process = subprocess.Popen(command)
+        except OSError as exc:
+            raise OrchError(f"{command[0]}: cannot start torchrun: {exc.strerror}") from None
+        return TorchrunHandle(task, process)
+
+
+def _run_id(path: Path) -> str:
+    """The same id on every node that runs the command (a c10d rendezvous needs one), one per workdir."""
+    import hashlib
+
+    return "orch-" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
+
+
+class TorchrunHandle(Handle):
+    def __init__(self, task: Task, process: subprocess.Popen[bytes]) -> None:
+        self.task, self.process, self.job_id = task, process, str(process.pid)
+
+    def state(self) -> str:
+        code = self.process.poll()
+        return "RUNNING" if code is None else ("COMPLETED" if code == 0 else "FAILED")
+
+    def wait(self) -> None:
+        code = self.process.wait()
+        if code != 0:
+            found = first_failure(self.task.workdir) or (0, f"torchrun exited with code {code}")
+            raise LaunchError(*found)
+
+    def result(self) -> Any:
+        self.wait()
+        return self.task.result()
+
+    def logs(self, rank: int = 0) -> str:
+        return ""  # torchrun's ranks print to the launching terminal; nothing is kept
+
+
+__all__ = ["TorchrunHandle", "TorchrunLauncher", "read_task", "torchrun_command", "write_task"]

@@ -1,0 +1,103 @@
+"""What a module kind gives the runtime: the one contract every model family, the reference model and a
+user's `--model-factory` modules implement (structurally: these are Protocols, nothing to inherit).
+
+An **encoder** is called on packed variable-length inputs of many samples and returns their tokens in the
+LLM's width, packed. The **causal LM** runs in three pieces so a pipeline stage runs only its share:
+`embed_inputs` (first stage: encoder rows and text embedded where each sample's `SequenceLayout` puts
+them), `run_blocks` (every stage, its layers), `text_logits` (last stage: the scored positions' logits).
+
+How the runtime parallelises either (runtime/parallel/parallelize.py) is read from the module by name:
+`tp_plan()` (tensor parallelism as PyTorch's `parallelize_module` takes it, keys relative to the module),
+`after_tp(tp)` (what a family must adjust once sharded), `block_units()` (the transformer blocks: recompute
+and FSDP units), `keep_stage(stage, stages)` (the LLM's pipeline stage) and, for modules built on meta,
+`materialize(device, seed, name)`. A module that does not define one of these gets the default of
+`parallelize.py` (TP over orch's reference `Block`s wherever they occur, blocks found under `layers` /
+`blocks` containers).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    from orch.runtime.models.sequence import SequenceLayout
+    from orch.runtime.parallel.context import CPShard
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    """feats_TF: [sum of input rows, input_dim] of the samples, `seqlens` encoder tokens each; returns
+    [sum of projected tokens, output_dim]. Under CP (`cp`) the samples are sharded over the group and the
+    result is every projected row, replicated."""
+
+    output_dim: int
+    is_audio: bool
+
+    def __call__(self, feats_TF: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class CausalLM(Protocol):
+    def embed_inputs(
+        self,
+        prefixes: list[torch.Tensor],
+        texts: list[torch.Tensor],
+        cp: CPShard | None = None,
+        layouts: list[SequenceLayout] | None = None,
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Per sample its encoder rows and embedded text as its layout places them, packed; the lengths."""
+        ...
+
+    def run_blocks(self, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
+        """This stage's layers over packed rows (`seqlens`: rows per sample, this CP rank's under CP)."""
+        ...
+
+    def text_logits(
+        self, x_TD: torch.Tensor, seqlens: list[int], layouts: list[SequenceLayout], cp: CPShard | None = None
+    ) -> torch.Tensor:
+        """Logits of the scored positions, packed."""
+        ...
+
+
+@runtime_checkable
+class Staged(Protocol):
+    """An LLM that can keep one pipeline stage's share (after initialisation: names are kept)."""
+
+    def keep_stage(self, stage: int, stages: int) -> None: ...
+
+
+@runtime_checkable
+class TensorParallel(Protocol):
+    """A module that names its own TP plan (Megatron's: q/k/v and MLP inputs colwise, outputs rowwise)."""
+
+    def tp_plan(self) -> dict[str, ParallelStyle]: ...
+
+
+LLM_METHODS = ("embed_inputs", "run_blocks", "text_logits")
+
+
+def missing_llm_methods(module: object) -> list[str]:
+    """The CausalLM methods `module` lacks (empty when it implements the contract)."""
+    return [m for m in LLM_METHODS if not callable(getattr(module, m, None))]
+
+
+BLOCK_CONTAINERS = ("layers", "blocks")  # the attribute names that hold a module's transformer blocks
+
+
+def block_units(module: object) -> list:  # type: ignore[type-arg]
+    """The module's transformer blocks, the units of recompute and FSDP: its own `block_units()` if it names
+    them, else the children of every ModuleList/ModuleDict named `layers` or `blocks`, in order."""
+    from torch import nn
+
+    own = getattr(module, "block_units", None)
+    if callable(own):
+        return list(own())
+    assert isinstance(module, nn.Module)
+    out: list[nn.Module] = []
+    for name, sub in module.named_modules():
+        if isinstance(sub, (nn.ModuleList, nn.ModuleDict)) and name.rsplit(".", 1)[-1] in BLOCK_CONTAINERS:
+            out.extend(sub.children())
+    return out

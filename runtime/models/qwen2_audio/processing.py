@@ -1,0 +1,33 @@
+"""A Whisper-style tower's clips by its own feature extractor (`AutoFeatureExtractor` from the tower's
+directory): each clip's log-mel frames at 16 kHz, unpadded (the module cuts and pads its windows itself),
+[frames, n_mels], cut or padded with the clip's quietest value to the index's whole tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from orch.planner.specs import ModuleSpec
+from orch.runtime.data.index import MEL_RATE, EncoderRule, audio_tokens
+from orch.runtime.data.media import soundfile_frames, waveform_16k
+from orch.runtime.models.hf.processor import load_processor
+
+
+class WhisperFeatures:
+    def __init__(self, spec: ModuleSpec) -> None:
+        assert spec.hf is not None
+        self.extractor: Any = load_processor(spec.hf.path, "audio")
+        self.width = spec.input_dim or 1
+
+    def inputs(self, files: tuple[str, ...], rule: EncoderRule, max_image_tokens: int) -> list[torch.Tensor]:
+        return [self.frames(f, audio_tokens(rule, *soundfile_frames(f)) * rule.frames_per_token) for f in files]
+
+    def frames(self, path: str, rows: int) -> torch.Tensor:
+        """One clip's [rows, n_mels] log-mel frames."""
+        audio = waveform_16k(path)
+        got = self.extractor(audio.numpy(), sampling_rate=MEL_RATE, padding="longest", truncation=False,
+                             return_tensors="pt")["input_features"][0].T.to(torch.float32)  # fmt: skip
+        if got.shape[0] >= rows:
+            return got[:rows]
+        return torch.cat([got, got.min().expand(rows - got.shape[0], got.shape[1])])

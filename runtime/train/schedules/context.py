@@ -1,0 +1,58 @@
+"""What a schedule runs over: this rank's modules and how they are joined (`StepContext`, built once), and the
+step in flight (`StepWork`). The schedules read these and nothing of the trainer; `llm.run_llm` is the one
+place the LLM's pipeline stage runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from orch.planner.specs import ModelSpec
+from orch.runtime.data.batch import GlobalBatch, Sample
+from orch.runtime.parallel.boundary import Boundary
+from orch.runtime.parallel.context import CPGroup
+from orch.runtime.parallel.grid import Grid
+from orch.runtime.parallel.pipeline import PipelineStage
+from orch.runtime.train.debug import TokenCounter
+from orch.runtime.train.inputs import InputRouter
+from orch.runtime.train.orchestrator import StepTables
+from orch.runtime.train.trace import Span
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """One rank's side of every step: fixed once the model is built."""
+
+    model: ModelSpec
+    rank: int
+    world: int
+    device: torch.device
+    dtype: torch.dtype  # the compute dtype
+    grids: dict[str, Grid]
+    modules: dict[str, nn.Module]  # the modules this rank serves, parallelised
+    cp: dict[str, CPGroup | None]
+    stage: PipelineStage | None  # the LLM's pipeline stage here (None: this rank serves no LLM)
+    boundaries: dict[str, Boundary]  # per encoder: its move into the LLM's layout
+    router: InputRouter
+
+    def inputs(self, name: str, work: StepWork) -> list[Sample]:
+        """The samples this rank runs for `name`, moved to it (collective when balancing: every rank, every module)."""
+        return self.router.inputs(name, work.batch, work.tables, self.dtype, serves=name in self.modules)
+
+    def count_encoder(self, counter: TokenCounter, name: str, samples: list[Sample]) -> None:
+        """The token count of an encoder: its tokens per sample (input rows / frames per token)."""
+        fpt = self.model.modality(name).frames_per_token
+        counter.add(name, {s.id: s.feats[name].shape[0] // fpt for s in samples})
+
+
+@dataclass
+class StepWork:
+    """The state of the step in flight, handed to the schedule."""
+
+    batch: GlobalBatch
+    tables: StepTables
+    counter: TokenCounter
+    phases: dict[str, float] = field(default_factory=dict)
+    spans: list[Span] = field(default_factory=list)

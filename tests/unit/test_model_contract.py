@@ -1,0 +1,123 @@
+"""The module contract, the family table and the one TP path (runtime/models/contract.py, planner/families.py,
+runtime/parallel/tensor.py; docs/model_families.md)."""
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+import torch
+from hf_models import make_llava, make_qwen2_audio
+
+from orch.planner.errors import SpecError
+from orch.planner.families import FAMILIES, Role, family_of, types_of
+from orch.planner.hf_config import model_spec_from_dir
+from orch.planner.loading import load_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_family_row_names_a_transformers_class_and_a_folder_with_wrap_and_its_media_processor():
+    import transformers
+
+    for model_type, family in FAMILIES.items():
+        assert hasattr(transformers, family.transformers_class), model_type
+        folder = importlib.import_module(f"orch.runtime.models.{family.runtime}")
+        assert callable(folder.wrap), model_type
+        if family.role != Role.LLM:  # a family with encoders processes their media
+            assert callable(folder.media_processor), model_type
+        assert (family.read is None) == (family.role == Role.TOWER), model_type
+
+
+def test_an_unsupported_model_type_names_the_supported_ones():
+    with pytest.raises(SpecError) as err:
+        family_of("qwen2_5_vl", "m/config.json", "model_type", Role.MODEL, Role.LLM)
+    assert str(err.value) == (
+        "m/config.json: model_type: 'qwen2_5_vl' is not supported; expected one of "
+        + ", ".join(types_of(Role.MODEL, Role.LLM))
+    )
+    assert types_of(Role.MODEL) == ("llava", "qwen2_audio")
+
+
+def test_the_reference_modules_implement_the_contract():
+    from orch.runtime.models.contract import CausalLM, Encoder, Staged, TensorParallel
+    from orch.runtime.models.reference import build_model
+
+    model = load_model("tiny")
+    modules = build_model(model, 0, torch.float32)
+    for name, module in modules.items():
+        assert isinstance(module, TensorParallel)
+        if name == model.llm_name:
+            assert isinstance(module, CausalLM) and isinstance(module, Staged)
+        else:
+            assert isinstance(module, Encoder) and module.output_dim == model.llm.hidden
+
+
+@pytest.mark.parametrize("maker", ["llava", "qwen2_audio"])
+def test_each_hf_family_wraps_its_parts_in_the_contract(maker, tmp_path):
+    from orch.runtime.models.contract import CausalLM, Encoder, Staged, TensorParallel
+    from orch.runtime.models.hf.build import build_hf_modules
+
+    directory = make_llava(tmp_path / "m") if maker == "llava" else make_qwen2_audio(tmp_path / "m")
+    model = model_spec_from_dir(directory)
+    modules = build_hf_modules(model)
+    llm = modules.pop(model.llm_name)
+    assert isinstance(llm, CausalLM) and isinstance(llm, Staged) and isinstance(llm, TensorParallel)
+    for name, encoder in modules.items():
+        assert isinstance(encoder, Encoder) and encoder.output_dim == model.llm.hidden, name
+        # every TP plan key names a module that exists (by path, as parallelize_module resolves it)
+        paths = {p for p, _ in encoder.named_modules()}
+        assert set(encoder.tp_plan()) <= paths, name
+    assert set(llm.tp_plan()) <= {p for p, _ in llm.named_modules()}
+
+
+def test_the_reference_tp_plan_shards_every_block_by_path():
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from orch.runtime.models.reference import Block, block_tp_plan, build_model
+
+    model = load_model("tiny")
+    llm = build_model(model, 0, torch.float32, [model.llm_name])[model.llm_name]
+    plan = block_tp_plan(llm)
+    blocks = [p for p, m in llm.named_modules() if isinstance(m, Block)]
+    assert len(blocks) == model.llm.layers
+    cols = {k for k, v in plan.items() if isinstance(v, ColwiseParallel)}
+    rows = {k for k, v in plan.items() if isinstance(v, RowwiseParallel)}
+    assert cols == {f"{b}.{p}" for b in blocks for p in ("attn.q", "attn.k", "attn.v", "mlp.gate", "mlp.up")}
+    assert rows == {f"{b}.{p}" for b in blocks for p in ("attn.o", "mlp.down")}
+    # a bare Block (orch profile times one) keys its own children
+    assert set(block_tp_plan(llm.blocks["0"])) == {
+        k.removeprefix("blocks.0.") for k in plan if k.startswith("blocks.0.")
+    }
+
+
+def test_moe_blocks_shard_only_their_attention():
+    from orch.runtime.models.reference import MoE, block_tp_plan, build_model
+
+    model = load_model("tiny")
+    moe_spec = model.model_copy(
+        update={"modules": {**model.modules, model.llm_name: model.llm.model_copy(update={"experts": 4, "top_k": 2})}}
+    )
+    llm = build_model(moe_spec, 0, torch.float32, [model.llm_name])[model.llm_name]
+    assert any(isinstance(m, MoE) for m in llm.modules())
+    assert {k.rsplit(".", 1)[-1] for k in block_tp_plan(llm)} == {"q", "k", "v", "o"}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
+def test_train_and_parallel_name_no_model_family():
+    """Adding a family edits nothing under runtime/train/ or runtime/parallel/: they import no family folder."""
+    folders = {f"orch.runtime.models.{f.runtime}" for f in FAMILIES.values()}
+    for sub in ("train", "parallel"):
+        for path in (ROOT / "runtime" / sub).rglob("*.py"):
+            named = {m for m in _imports(path) if any(m == f or m.startswith(f + ".") for f in folders)}
+            assert not named, f"{path.relative_to(ROOT)} imports {sorted(named)}"
