@@ -142,7 +142,10 @@ KillWait=5
 MinJobAge=300
 InactiveLimit=0
 SlurmctldTimeout=30
-SlurmdTimeout=30
+# A node whose slurmd stops answering is DOWN (its jobs NODE_FAIL) SlurmdTimeout after its last answer; slurmctld
+# pings every SlurmdTimeout/3, so a live slurmd misses three pings in a row before that happens. 10 s, not 30:
+# the node-death test waits this long (tests/slurm), and these slurmds are on the machine that pings them.
+SlurmdTimeout=10
 Waittime=0
 $types
 NodeName=node[1-$NODES] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$ports CPUs=$CPUS RealMemory=$mem $gres State=UNKNOWN

@@ -24,7 +24,7 @@ def assert_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], re
 
 def run_plans(plans: dict, data, cfg, out: Path) -> dict[str, tuple[list[float], dict, dict]]:
     """Every plan (all of one world size) through the trainer in ONE launch; name -> (losses, merged grads,
-    merged params)."""
+    merged params). `data` and `cfg`: one for all, or a dict by name (launching.train_tasks)."""
     from launching import train_tasks
 
     records = train_tasks(plans, data, cfg, out)

@@ -16,7 +16,8 @@ def train_local(plan, data, cfg, workdir, *, debug=None, timeout_s=60.0):
 
 def train_tasks(plans: dict, data, cfg, out: Path, *, debug=None, extra=()):
     """One TrainTask per (name, plan) in out/<name>, each dumping its tensors there, plus `extra` tasks,
-    all in ONE launch (a TaskSequence: one process group); name -> StepRecords.
+    all in ONE launch (a TaskSequence: one process group); name -> StepRecords. `data` and `cfg` are one
+    for all plans, or a dict by name (plans of one world size on different batches share the launch too).
 
     Process start-up and the gloo rendezvous, not the plans, dominated the time when every plan was
     a launch of its own.
@@ -28,6 +29,19 @@ def train_tasks(plans: dict, data, cfg, out: Path, *, debug=None, extra=()):
         workdir.mkdir(parents=True, exist_ok=True)
         dump = DebugConfig(dump_dir=str(workdir), count_tokens=debug.count_tokens)
         c = cfg[name] if isinstance(cfg, dict) else cfg
-        tasks[name] = TrainTask(plan, data, c, str(workdir), dump, timeout_s=120.0)
+        d = data[name] if isinstance(data, dict) else data
+        tasks[name] = TrainTask(plan, d, c, str(workdir), dump, timeout_s=120.0)
     results = LocalLauncher().submit(TaskSequence([*tasks.values(), *extra])).result()
     return dict(zip(tasks, results, strict=False))
+
+
+def train_runs(runs: dict, *, timeout_s=60.0):
+    """name -> (plan, data, cfg, workdir), as `orch launch` runs them (no tensor dumps), all in ONE launch (one
+    world size); name -> StepRecords. Each run has its own workdir; a run that resumes another's checkpoint
+    belongs in a later launch (a resumed run is a new process)."""
+    tasks = {
+        name: TrainTask(plan, data, cfg, str(workdir), DebugConfig(), timeout_s)
+        for name, (plan, data, cfg, workdir) in runs.items()
+    }
+    results = LocalLauncher().submit(TaskSequence(list(tasks.values()))).result()
+    return dict(zip(tasks, results, strict=True))

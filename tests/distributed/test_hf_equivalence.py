@@ -85,11 +85,6 @@ def orch_keys(model):
     return {f"{n}.{local}": key for n, m in build_hf_modules(model).items() for local, key in m.hf_keys.items()}
 
 
-@pytest.fixture(scope="module")
-def llava(tmp_path_factory):
-    return make_llava(tmp_path_factory.mktemp("llava") / "llava-clip-llama", "clip", "llama")
-
-
 # Other families, one launch: SigLIP (no class token) with Qwen2 (q/k/v biases) and tied embeddings, and
 # Mistral with a sliding window shorter than the samples (the window holds under CP too).
 FAMILIES = {
@@ -125,11 +120,11 @@ def four_ranks(tmp_path_factory):
             built[f"{family}-{plan_name}"] = hand_plan(model, data, layout, data_parallel=dp, recompute=rc)
     cfg = TrainConfig(optimizer="sgd", steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
     out = root / "runs"
-    return train_tasks(built, data, cfg, out), out, wants
+    return train_tasks(built, data, cfg, out), out, wants, sources
 
 
 def check_family(four_ranks, family):
-    records, out, wants = four_ranks
+    records, out, wants, _ = four_ranks
     names = [n for n in records if n.split("-")[0] == family]
     assert names
     for name in names:
@@ -142,15 +137,16 @@ def test_llava_plans_match_hf(four_ranks):
 
 
 @pytest.mark.slow
-def test_llava_disaggregated_2_to_3_matches_hf(llava, tmp_path):
-    model = model_spec_from_dir(llava)
+def test_llava_disaggregated_2_to_3_matches_hf(four_ranks, tmp_path):
+    """The CLIP+Llama LLaVA of the 4-rank launch, and its HF reference (computed there), on 5 ranks."""
+    _, _, wants, sources = four_ranks
+    model = model_spec_from_dir(sources["clip_llama"])
     data = data_spec()
-    want_loss, want_grads = hf_reference(llava, model, data, SEED)
     cfg = TrainConfig(optimizer="sgd", steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
     built = {name: hand_plan(model, data, layout) for name, layout in PLANS_5.items()}
     records = train_tasks(built, data, cfg, tmp_path)
     for name in PLANS_5:
-        assert_matches_hf(records, name, tmp_path, orch_keys(model), want_loss, want_grads)
+        assert_matches_hf(records, name, tmp_path, *wants["clip_llama"])
 
 
 @pytest.mark.slow

@@ -52,7 +52,7 @@ def test_latest_ignores_tmp_and_unnamed_directories(tmp_path):
 def test_resume_with_pipeline_experts_and_context_parallel_shards(tmp_path):
     """PP stages, local experts, CP-sharded encoders and FSDP2 shards save and load their own shards (AdamW state
     too)."""
-    from launching import train_local
+    from launching import train_local, train_runs
 
     from orch.planner.balance.mode import Mode
     from orch.planner.loading import load_data, load_model
@@ -72,15 +72,20 @@ def test_resume_with_pipeline_experts_and_context_parallel_shards(tmp_path):
     dp = {"llm": DataParallel.FSDP, "vision": DataParallel.FSDP, "audio": DataParallel.REPLICATE}
     plan = hand_plan(model, data, layouts, data_parallel=dp)
 
-    def run(workdir, steps, **kw):
-        cfg = TrainConfig(steps=steps, seed=4, dtype="float64", optimizer="adamw", lr=0.01, balance=Mode.NONE, **kw)
-        return train_local(plan, data, cfg, workdir)
+    def cfg(steps, **kw):
+        return TrainConfig(steps=steps, seed=4, dtype="float64", optimizer="adamw", lr=0.01, balance=Mode.NONE, **kw)
 
-    # saved after step 0: step 1 runs on the loaded shards, step 2 on an update from the loaded AdamW state
-    want = [r.loss for r in run(tmp_path / "full", 3)]
-    first = run(tmp_path / "part", 1, checkpoint_every=1)
+    # saved after step 0: step 1 runs on the loaded shards, step 2 on an update from the loaded AdamW state.
+    # The uninterrupted run and the first part (own workdirs) share a launch; the resume is a new one.
+    runs = {
+        "full": (plan, data, cfg(3), tmp_path / "full"),
+        "part": (plan, data, cfg(1, checkpoint_every=1), tmp_path / "part"),
+    }
+    done = train_runs(runs)
+    want, first = [r.loss for r in done["full"]], done["part"]
+    assert len(want) == 3 and len(first) == 1
     assert latest_step(tmp_path / "part") == 1
-    resumed = run(tmp_path / "part", 3)
+    resumed = train_local(plan, data, cfg(3), tmp_path / "part")
     assert [r.step for r in resumed] == [0, 1, 2]
     assert resumed[:1] == first  # step 0 is the first run's record: the second run started at step 1
     for g, w in zip([r.loss for r in resumed], want, strict=True):

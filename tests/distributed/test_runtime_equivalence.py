@@ -104,17 +104,43 @@ def reference(specs):
     return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64, optimizer="sgd", lr=0.1)
 
 
+def _any_batch():
+    """12 samples on DP 5 (ranks hold 3 or 2 before balancing), unbalanced and post-balanced:
+    name -> (plan, data, cfg) (test_any_batch_on_any_dp_matches_reference)."""
+    model = load_model("tiny")
+    data = load_data("tiny-mix").model_copy(update={"global_batch": 12, "seq_len": 96})
+    five = {"llm": (Layout(dp=5), [0, 1, 2, 3, 4])}
+    return {
+        "homogeneous_dp5": (
+            hand_plan(model, data, five, micro_batches=1),
+            data,
+            TrainConfig(optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE),
+        ),
+        "homogeneous_dp5_mb2": (
+            hand_plan(model, data, five),
+            data,
+            TrainConfig(
+                optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", balance=Mode.ORCH, calibrate=False
+            ),
+        ),
+    }
+
+
 @pytest.fixture(scope="module")
 def launched(specs, tmp_path_factory):
-    """Every plan's (losses, grads, params): one launch per world size (equivalence.run_plans)."""
+    """Every plan's (losses, grads, params), PLANS' and _any_batch()'s: one launch per world size
+    (equivalence.run_plans)."""
     model, data = specs
-    plans = {name: hand_plan(model, data, layouts) for name, layouts in PLANS.items()}
     cfg = TrainConfig(optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE)
+    runs = {name: (hand_plan(model, data, layouts), data, cfg) for name, layouts in PLANS.items()} | _any_batch()
     out = tmp_path_factory.mktemp("plans")
     results = {}
-    for world in sorted({p.world_size for p in plans.values()}):
-        group = {n: p for n, p in plans.items() if p.world_size == world}
-        results |= run_plans(group, data, cfg, out / f"world{world}")
+    for world in sorted({p.world_size for p, _, _ in runs.values()}):
+        group = {n: r for n, r in runs.items() if r[0].world_size == world}
+        plans = {n: p for n, (p, _, _) in group.items()}
+        datas = {n: d for n, (_, d, _) in group.items()}
+        cfgs = {n: c for n, (_, _, c) in group.items()}
+        results |= run_plans(plans, datas, cfgs, out / f"world{world}")
     return results
 
 
@@ -151,25 +177,16 @@ def test_out_of_memory_in_a_rank_is_reported_as_such(specs, tmp_path):
 
 
 @pytest.mark.slow
-def test_any_batch_on_any_dp_matches_reference(tmp_path):
-    """12 samples on DP 5 (ranks hold 3 or 2 before balancing), unbalanced and post-balanced, in one launch."""
-    from orch.runtime.train.config import TrainConfig as Cfg
-
+def test_any_batch_on_any_dp_matches_reference(launched):
+    """12 samples on DP 5 (ranks hold 3 or 2 before balancing), unbalanced and post-balanced (run in the
+    module's 5-rank launch)."""
+    runs = _any_batch()
     model = load_model("tiny")
-    data = load_data("tiny-mix").model_copy(update={"global_batch": 12, "seq_len": 96})
-    five = [0, 1, 2, 3, 4]
-    plans = {
-        "homogeneous_dp5": hand_plan(model, data, {"llm": (Layout(dp=5), five)}, micro_batches=1),
-        "homogeneous_dp5_mb2": hand_plan(model, data, {"llm": (Layout(dp=5), five)}),
-    }
-    ref = run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64, optimizer="sgd", lr=0.1)
-    cfgs = {
-        "homogeneous_dp5": Cfg(optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE),
-        "homogeneous_dp5_mb2": Cfg(
-            optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", balance=Mode.ORCH, calibrate=False
-        ),
-    }
-    for name, (losses, grads, params) in run_plans(plans, data, cfgs, tmp_path).items():
+    ref = run_reference(
+        model, runs["homogeneous_dp5"][1], seed=SEED, steps=STEPS, dtype=torch.float64, optimizer="sgd", lr=0.1
+    )
+    for name in runs:
+        losses, grads, params = launched[name]
         assert len(losses) == STEPS, name
         for got, want in zip(losses, ref.losses, strict=True):
             assert got == pytest.approx(want, rel=1e-9, abs=0), name

@@ -123,16 +123,14 @@ def _reference(model, global_batch):
 
 @pytest.fixture(scope="module")
 def launched(moe_model, tmp_path_factory):
-    """Every plan's (losses, grads, params) and its output folder: one launch per (world, batch)."""
-    plans = {name: hand_plan(moe_model, _data(gb), layouts) for name, (layouts, gb) in PLANS.items()}
+    """Every plan's (losses, grads, params) and its output folder: ONE launch (every plan has 4 ranks; each
+    runs on its own global batch)."""
+    data = {name: _data(gb) for name, (_, gb) in PLANS.items()}
+    plans = {name: hand_plan(moe_model, data[name], layouts) for name, (layouts, _) in PLANS.items()}
+    assert {p.world_size for p in plans.values()} == {4}
     cfg = TrainConfig(optimizer="sgd", lr=0.1, steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE)
-    root = tmp_path_factory.mktemp("moe")
-    results = {}
-    for key in sorted({(p.world_size, PLANS[n][1]) for n, p in plans.items()}):
-        group = {n: p for n, p in plans.items() if (p.world_size, PLANS[n][1]) == key}
-        out = root / f"world{key[0]}-batch{key[1]}"
-        results |= {n: (*r, out / n) for n, r in run_plans(group, _data(key[1]), cfg, out).items()}
-    return results
+    out = tmp_path_factory.mktemp("moe")
+    return {n: (*r, out / n) for n, r in run_plans(plans, data, cfg, out).items()}
 
 
 @pytest.mark.slow

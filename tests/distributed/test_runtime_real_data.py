@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from equivalence import assert_close, merged
-from launching import train_local, train_tasks
+from launching import train_local, train_runs, train_tasks
 
 from orch.cli.data_cmd import conversation_data
 from orch.planner.loading import load_model
@@ -66,12 +66,19 @@ def launched(dataset, tmp_path_factory):
     return train_tasks(plans, data, cfgs, out, debug=DebugConfig(count_tokens=True)), out
 
 
+@pytest.fixture(scope="module")
+def reference(dataset):
+    """The single-process run on the same samples, once for every plan."""
+    _, model, data = dataset
+    return run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64, optimizer="sgd", lr=0.1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [*PLANS, ORIGIN, WORKERS])
-def test_plan_on_a_data_file_matches_the_reference(name, dataset, launched):
+def test_plan_on_a_data_file_matches_the_reference(name, dataset, launched, reference):
     root, model, data = dataset
     records, out = launched
-    ref = run_reference(model, data, seed=SEED, steps=STEPS, dtype=torch.float64, optimizer="sgd", lr=0.1)
+    ref = reference
     assert [r.loss for r in records[name]] == pytest.approx(ref.losses, rel=1e-9)
     assert_close(merged(out / name, "params"), ref.params, rel=1e-8)
     batches = BatchSource(model, data, SEED)
@@ -103,18 +110,40 @@ def test_loading_at_the_destination_moves_no_input_byte(launched):
         assert here.balance["input_bytes_avoided"] >= moved  # the encoders' inputs and the text
 
 
-@pytest.mark.slow
-def test_a_vanished_image_is_counted_not_fatal(dataset, tmp_path):
+@pytest.fixture(scope="module")
+def two_ranks(dataset, tmp_path_factory):
+    """The 2-rank runs of the tests below, in ONE launch: a copy of the data whose images all vanished after
+    indexing, and the 4-step run and the 2-step checkpointed run the resume test continues."""
     root, model, data = dataset
-    copy = tmp_path / "data"
+    base = tmp_path_factory.mktemp("two-ranks")
+    copy = base / "data"
     shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".orch-index"))
     spec, _ = conversation_data(model, str(copy / "data.jsonl"), 8, None, str(copy / "tok" / "tokenizer.json"))
     for image in sorted((copy / "media").glob("img_*.png")):
         image.unlink()  # every image gone after indexing
-    plan = hand_plan(model, spec, {"llm": (Layout(dp=2), [0, 1])})
-    records = train_local(
-        plan, spec, TrainConfig(optimizer="sgd", lr=0.1, steps=2, seed=SEED, dtype="float64"), tmp_path / "run"
-    )
+    dp2 = {"llm": (Layout(dp=2), [0, 1])}
+    runs = {
+        "vanished": (
+            hand_plan(model, spec, dp2),
+            spec,
+            TrainConfig(optimizer="sgd", lr=0.1, steps=2, seed=SEED, dtype="float64"),
+            base / "run",
+        ),
+        "full": (hand_plan(model, data, dp2), data, _resume_cfg(4), base / "full"),
+        "part": (hand_plan(model, data, dp2), data, _resume_cfg(2, checkpoint_every=2), base / "part"),
+    }
+    return train_runs(runs), spec, base
+
+
+def _resume_cfg(steps, **kw):
+    return TrainConfig(steps=steps, seed=SEED, dtype="float64", optimizer="adamw", lr=0.01, **kw)
+
+
+@pytest.mark.slow
+def test_a_vanished_image_is_counted_not_fatal(dataset, two_ranks):
+    _, model, _ = dataset
+    runs, spec, _ = two_ranks
+    records = runs["vanished"]
     assert len(records) == 2 and all(r.loss > 0 for r in records)
     images = [sum(1 for i in BatchSource(model, spec, SEED).build(r.step).enc_tokens if i["vision"]) for r in records]
     assert [r.data["failed"] for r in records] == images and sum(images) > 0
@@ -122,21 +151,18 @@ def test_a_vanished_image_is_counted_not_fatal(dataset, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_resumed_run_draws_the_same_batches(dataset, tmp_path):
+def test_a_resumed_run_draws_the_same_batches(dataset, two_ranks):
     import json
 
     root, model, data = dataset
+    runs, _, base = two_ranks
     plan = hand_plan(model, data, {"llm": (Layout(dp=2), [0, 1])})
-
-    def run(workdir, steps, **kw):
-        cfg = TrainConfig(steps=steps, seed=SEED, dtype="float64", optimizer="adamw", lr=0.01, **kw)
-        return train_local(plan, data, cfg, workdir)
-
-    want = [r.loss for r in run(tmp_path / "full", 4)]  # 32 samples: past the 17 of the first epoch
-    run(tmp_path / "part", 2, checkpoint_every=2)
-    saved = json.loads((tmp_path / "part" / "checkpoints" / "step_00000002" / "data.json").read_text())
+    want = [r.loss for r in runs["full"]]  # 32 samples: past the 17 of the first epoch
+    assert len(want) == 4
+    saved = json.loads((base / "part" / "checkpoints" / "step_00000002" / "data.json").read_text())
     assert saved["epoch"] == 0 and saved["position"] == 16 and saved["index"] == data.manifest
-    assert [r.loss for r in run(tmp_path / "part", 4)] == pytest.approx(want, rel=1e-12)
+    resumed = train_local(plan, data, _resume_cfg(4), base / "part")  # a new launch continues the checkpoint
+    assert [r.loss for r in resumed] == pytest.approx(want, rel=1e-12)
     other = data.model_copy(update={"manifest": data.manifest.replace(".jsonl", "-other.jsonl")})
     Path(other.manifest).write_text(Path(data.manifest).read_text())
     Path(other.manifest).with_suffix(".json").write_text(Path(data.manifest).with_suffix(".json").read_text())
@@ -144,4 +170,4 @@ def test_a_resumed_run_draws_the_same_batches(dataset, tmp_path):
     from orch.runtime.launch.base import LaunchError
 
     with pytest.raises(LaunchError, match="the checkpoint drew its batches from"):  # another index: refused
-        train_local(hand_plan(model, other, {"llm": (Layout(dp=2), [0, 1])}), other, cfg, tmp_path / "part")
+        train_local(hand_plan(model, other, {"llm": (Layout(dp=2), [0, 1])}), other, cfg, base / "part")

@@ -29,6 +29,7 @@ from orch.runtime.train.debug import DebugConfig
 from orch.runtime.train.single_process import run_reference
 
 JOB_TIMEOUT_S = 150
+POLL_S = 0.5  # squeue/sacct per poll: cheap next to a job's start-up
 SEED = 3
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm-cluster.sh"
 # `orch` in a subprocess, from the same checkout as this test (the job's python resolves orch the same way).
@@ -60,6 +61,15 @@ def slurm_cluster():
         pytest.skip(message)
 
 
+@pytest.fixture(autouse=True)
+def quick_polls(monkeypatch):
+    """`orch launch --wait` and `orch logs --follow` run in this process poll the job every 0.5 s, not 2 s: each
+    test's last poll ends that much sooner after its job does (the same states are seen)."""
+    import orch.cli.jobs_cmd
+
+    monkeypatch.setattr(orch.cli.jobs_cmd, "_POLL_S", POLL_S)
+
+
 @pytest.fixture
 def state_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("ORCH_STATE_DIR", str(tmp_path / "state"))
@@ -85,7 +95,7 @@ DISAGGREGATED = {
 }
 
 
-def _wait(job_id: str, until, timeout_s: float = JOB_TIMEOUT_S, poll_s: float = 1.0):
+def _wait(job_id: str, until, timeout_s: float = JOB_TIMEOUT_S, poll_s: float = POLL_S):
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         st = job_status(job_id)
@@ -125,9 +135,15 @@ def _metrics(workdir: Path) -> list[dict]:
     return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+_references: dict[int, list[float]] = {}
+
+
 def _reference(specs, steps):
-    model, data = specs
-    return run_reference(model, data, seed=SEED, steps=steps).losses
+    """The single-process losses of `steps` steps (the module's specs), computed once per step count."""
+    if steps not in _references:
+        model, data = specs
+        _references[steps] = run_reference(model, data, seed=SEED, steps=steps).losses
+    return _references[steps]
 
 
 def test_cli_launch_two_nodes_four_ranks(slurm_cluster, state_dir, specs, tmp_path, cli):
