@@ -185,7 +185,9 @@ def test_cp_modules_match_unsharded_on_gloo(tmp_path):
     from orch.runtime.launch.base import FunctionTask
     from orch.runtime.launch.local import LocalLauncher
 
-    LocalLauncher().submit(FunctionTask(partial(_check_cp_modules, str(tmp_path)), 4, str(tmp_path))).wait()
+    LocalLauncher(start_method="forkserver").submit(
+        FunctionTask(partial(_check_cp_modules, str(tmp_path)), 4, str(tmp_path))
+    ).wait()
     for rank in range(4):
         errors = torch.load(tmp_path / f"errors.rank{rank}.pt")
         assert any(k.startswith("llm.prefix_grad") for k in errors) and any(k.startswith("audio.out") for k in errors)
