@@ -12,6 +12,11 @@ from orch.planner.errors import SpecError
 
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write to a temporary file beside `path`, fsync, then rename over it."""
+    write_bytes_atomic(path, text.encode())
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """`write_text_atomic` for bytes."""
     p = Path(path)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -19,8 +24,8 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     except OSError as exc:
         raise SpecError(str(p), "", f"cannot write: {exc.strerror}") from None
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)

@@ -20,12 +20,12 @@ import pickle
 import shlex
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orch.planner.errors import OrchError
+from orch.planner.io import write_bytes_atomic
 from orch.runtime.launch.base import Handle, LaunchError, Task
 from orch.runtime.launch.failures import first_failure
 
@@ -40,17 +40,7 @@ def task_path(workdir: str | os.PathLike[str]) -> Path:
 def write_task(task: Task) -> Path:
     """Pickle `task` to WORKDIR/task.pkl atomically (a rank never reads half a file); its path."""
     path = task_path(task.workdir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(task, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes_atomic(path, pickle.dumps(task))
     return path
 
 
