@@ -41,3 +41,22 @@ def train_config(tmp_path):
         return str(path)
 
     return write
+
+
+@pytest.fixture
+def launched_tasks(monkeypatch):
+    """The local launch boundary patched: each task `orch launch` submits is recorded, and none runs."""
+    import orch.runtime.launch.local
+
+    tasks = []
+
+    class Finished:
+        def result(self):
+            return []
+
+    def fake_submit(self, task):
+        tasks.append(task)
+        return Finished()
+
+    monkeypatch.setattr(orch.runtime.launch.local.LocalLauncher, "submit", fake_submit)
+    return tasks

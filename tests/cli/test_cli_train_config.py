@@ -128,25 +128,12 @@ def test_a_deprecated_flag_warns_in_one_line_and_is_checked_by_the_model(cli, pl
     ]
 
 
-def test_a_deprecated_flag_still_reaches_the_run(cli, plan_file, tmp_path, monkeypatch):
-    import orch.runtime.launch.local
-
-    seen = {}
-
-    class Finished:
-        def result(self):
-            return []
-
-    def fake_submit(self, task):
-        seen["cfg"] = task.cfg
-        return Finished()
-
-    monkeypatch.setattr(orch.runtime.launch.local.LocalLauncher, "submit", fake_submit)
+def test_a_deprecated_flag_still_reaches_the_run(cli, plan_file, tmp_path, launched_tasks):
     config = tmp_path / "train.yaml"
     config.write_text("optimizer: adamw\nwarmup_steps: 2\nlr: 0.5\n")
     args = ["--config", str(config), "--optimizer", "sgd", "--lr", "0.25", "--no-resume", "--device", "cpu"]
     result = cli("launch", str(plan_file[0]), "--workdir", str(tmp_path / "run"), *args)
     assert result.exit_code == 0, result.output
     assert "warning: --optimizer is deprecated" in result.output
-    cfg = seen["cfg"]
+    cfg = launched_tasks[-1].cfg
     assert (cfg.optimizer, cfg.warmup_steps, cfg.lr, cfg.resume, cfg.device) == ("sgd", 2, 0.25, False, "cpu")

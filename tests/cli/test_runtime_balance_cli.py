@@ -2,27 +2,14 @@
 
 import pytest
 
-import orch.runtime.launch.local
-
 
 @pytest.mark.parametrize(("fields", "want"), [({}, "orch"), ({"balance": "none"}, "none"), ({"balance": "lpt"}, "lpt")])
-def test_launch_passes_the_balance_mode(cli, plan_file, monkeypatch, tmp_path, train_config, fields, want):
+def test_launch_passes_the_balance_mode(cli, plan_file, launched_tasks, tmp_path, train_config, fields, want):
     path, _, _ = plan_file
-    seen = {}
-
-    class Finished:
-        def result(self):
-            return []
-
-    def fake_submit(self, task):
-        seen["cfg"] = task.cfg
-        return Finished()
-
-    monkeypatch.setattr(orch.runtime.launch.local.LocalLauncher, "submit", fake_submit)
     args = ("--config", train_config(**fields)) if fields else ()
     result = cli("launch", str(path), "--workdir", str(tmp_path / "run"), *args)
     assert result.exit_code == 0, result.output
-    assert seen["cfg"].balance == want
+    assert launched_tasks[-1].cfg.balance == want
 
 
 def test_launch_bad_balance_mode(cli, plan_file, train_config):
