@@ -39,6 +39,25 @@ def initial_dp_index(sample_id: int, dp: int) -> int:
 
 
 @dataclass(frozen=True)
+class MediaItem:
+    """One image or video of a sample as a native-resolution tower takes it: its patch grid (temporal, height,
+    width: patches before the merger; `t·h·w` input rows) and, for a video, the seconds one temporal grid step
+    spans (0 for an image). Known to every rank from the index, as lengths are (docs/qwen_vl.md)."""
+
+    grid: tuple[int, int, int]
+    seconds: float = 0.0
+
+    @property
+    def patches(self) -> int:
+        t, h, w = self.grid
+        return t * h * w
+
+    @property
+    def is_video(self) -> bool:
+        return self.seconds > 0
+
+
+@dataclass(frozen=True)
 class Sample:
     id: int
     feats: dict[str, torch.Tensor]  # encoder name -> input features [frames, input_dim] (frames may be 0)
@@ -124,4 +143,4 @@ class GlobalBatch(Protocol):
         ...
 
 
-__all__ = ["GlobalBatch", "Sample", "encoder_order", "initial_dp_index"]
+__all__ = ["GlobalBatch", "MediaItem", "Sample", "encoder_order", "initial_dp_index"]
