@@ -59,3 +59,24 @@ class QwenVisionTower(HFModule):
             raise ValueError(f"grids of {sum(t * h * w for t, h, w in grids)} patches for {feats_TF.shape[0]} rows")
         grid_thw = torch.tensor(grids, dtype=torch.int64, device=feats_TF.device)
         return self.visual(feats_TF, grid_thw=grid_thw).pooler_output  # type: ignore[no-any-return]
+
+    def run_layer(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
+        """The tower's first block as it runs in training over samples of `seqlens` patches, each one image of
+        the grid `grid_items` gives (orch profile's block case, runtime/models/hf/parts.py): its rotary
+        positions, and its attention inside each image or, for a windowed block (Qwen2.5-VL), each window."""
+        from transformers import vision_utils
+
+        from orch.runtime.data.batch import grid_items
+
+        visual: Any = self.visual
+        grids = [it.grid for n in seqlens for it in grid_items(n, self.merge * self.merge)]
+        grid_thw = torch.tensor(grids, dtype=torch.int64, device=x_TD.device)
+        positions = vision_utils.get_vision_position_ids(grid_thw, self.merge)
+        rotary = visual.rotary_pos_emb(x_TD, positions)
+        cu_seqlens, _ = vision_utils.get_vision_attention_seqlens(grid_thw, visual.config)
+        if 0 not in getattr(visual, "fullatt_block_indexes", [0]):  # block 0 attends inside windows
+            _, cu_seqlens = vision_utils.get_vision_window_index(
+                grid_thw, spatial_merge_size=self.merge, window_size=visual.window_size, patch_size=visual.patch_size
+            )
+        out = visual.blocks[0](x_TD, cu_seqlens=cu_seqlens, position_embeddings=rotary)
+        return out  # type: ignore[no-any-return]
