@@ -12,15 +12,13 @@ file are the tokens the index counted from the file's header times the encoder's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import import_module
 from typing import Protocol
 
 import torch
 
-from orch.planner.families import FAMILIES
-from orch.planner.hf_config import read_config
 from orch.planner.specs import Modality, ModelSpec, ModuleSpec
 from orch.runtime.data.index import MEL_HOP, MEL_RATE, EncoderRule, mel_frames, patch_grid
+from orch.runtime.models.hf.build import family_module
 
 N_FFT = 400
 
@@ -39,12 +37,8 @@ def media_processors(model: ModelSpec) -> dict[str, MediaProcessor]:
     out: dict[str, MediaProcessor] = {}
     for name in model.encoder_names:
         spec, modality = model.modules[name], model.modality(name)
-        if spec.hf is None:
-            out[name] = reference_processor(spec, modality)
-            continue
-        _, config = read_config(spec.hf.path)
-        family = FAMILIES[str(config.get("model_type"))]  # the planner read this directory through the same table
-        out[name] = import_module(f"orch.runtime.models.{family.runtime}").media_processor(spec, modality)
+        family = family_module(spec)
+        out[name] = reference_processor(spec, modality) if family is None else family.media_processor(spec, modality)
     return out
 
 
