@@ -60,13 +60,9 @@ class MediaItem:
 
 
 def takes_grids(model: ModelSpec, name: str) -> bool:
-    """Whether encoder `name` is a native-resolution tower (a Hugging Face vision tower without a fixed image
-    size whose projector merges patches): it takes each sample's media grids (`MediaItem`s) with its rows."""
-    from orch.planner.specs import Modality
-
-    spec = model.modules[name]
-    native = spec.image_tokens is None and spec.hf is not None and spec.downsample > 1
-    return native and spec.feeds is not None and model.modality(name) == Modality.VISION
+    """Whether encoder `name` is a native-resolution tower (`ModuleSpec.item_attention`: images of any size,
+    attending within each): it takes each sample's media grids (`MediaItem`s) with its rows."""
+    return model.modules[name].item_attention
 
 
 def item_map(

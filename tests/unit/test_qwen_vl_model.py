@@ -116,7 +116,7 @@ def test_loss_and_gradients_equal_hf(family):
     labels_all = []
     total = torch.zeros((), dtype=torch.float64)
     count = 0
-    for ids, types, text, _, _, media, pixels in seqs:  # HF: sample by sample, its own forward
+    for ids, types, _, _, _, media, pixels in seqs:  # HF: sample by sample, its own forward
         labels = [i if k % 3 else -100 for k, i in enumerate(ids)]  # some positions untrained
         labels = [y if t == 0 else -100 for y, t in zip(labels, types, strict=True)]
         labels_all.append(labels)
@@ -132,7 +132,7 @@ def test_loss_and_gradients_equal_hf(family):
             if name == "qwen2_5_vl":
                 kwargs["second_per_grid_ts"] = torch.tensor([it.seconds for it, _ in videos])
         logits = hf(input_ids=torch.tensor([ids]), mm_token_type_ids=torch.tensor([types]), **kwargs).logits[0]
-        target = torch.tensor(labels[1:] + [-100])
+        target = torch.tensor([*labels[1:], -100])
         total = total + F.cross_entropy(logits, target, reduction="sum", ignore_index=-100)
         count += int((target != -100).sum())
     (total / count).backward()
@@ -142,7 +142,7 @@ def test_loss_and_gradients_equal_hf(family):
     out = tower(feats, [sum(p.shape[0] for p in s[6]) for s in seqs], items=[s[5] for s in seqs])
     prefixes = list(out.split([s[4] for s in seqs]))
     layouts, texts, text_labels = [], [], []
-    for (ids, types, text, inserts, prefix, media, _), labels in zip(seqs, labels_all, strict=True):
+    for (_, types, text, inserts, prefix, media, _), labels in zip(seqs, labels_all, strict=True):
         layout = SequenceLayout.interleaved(prefix, len(text), inserts)
         layouts.append(SequenceLayout(layout.prefix, layout.text, layout.source, layout.score,
                                       mrope_positions(layout, media, 2, tps)))  # fmt: skip
