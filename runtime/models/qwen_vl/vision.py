@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from orch.runtime.data.batch import MediaItem
@@ -69,7 +70,11 @@ class QwenVisionTower(HFModule):
         from orch.runtime.data.batch import grid_items
 
         visual: Any = self.visual
-        grids = [it.grid for n in seqlens for it in grid_items(n, self.merge * self.merge)]
+        unit = self.merge * self.merge  # a length not of whole merge windows is padded to them, then cut back
+        grids = [it.grid for n in seqlens for it in grid_items(-(-n // unit) * unit, unit)]
+        rows = x_TD.shape[0]
+        parts = x_TD.split(seqlens)
+        x_TD = torch.cat([F.pad(p, (0, 0, 0, -p.shape[0] % unit)) for p in parts]) if parts else x_TD
         grid_thw = torch.tensor(grids, dtype=torch.int64, device=x_TD.device)
         positions = vision_utils.get_vision_position_ids(grid_thw, self.merge)
         rotary = visual.rotary_pos_emb(x_TD, positions)
@@ -79,4 +84,9 @@ class QwenVisionTower(HFModule):
                 grid_thw, spatial_merge_size=self.merge, window_size=visual.window_size, patch_size=visual.patch_size
             )
         out = visual.blocks[0](x_TD, cu_seqlens=cu_seqlens, position_embeddings=rotary)
-        return out  # type: ignore[no-any-return]
+        if out.shape[0] == rows:
+            return out  # type: ignore[no-any-return]
+        padded = [-(-n // unit) * unit for n in seqlens]
+        starts = [sum(padded[:i]) for i in range(len(seqlens))]
+        keep = torch.cat([torch.arange(a, a + n) for a, n in zip(starts, seqlens, strict=True)])
+        return out[keep.to(out.device)]  # type: ignore[no-any-return]
