@@ -41,11 +41,18 @@ class HFCausalLM(HFModule, StagedDecoder):
         self.tied = bool(getattr(config, "tie_word_embeddings", False))
 
     def tp_plan(self) -> dict[str, ParallelStyle]:
+        from torch.distributed.tensor.parallel import SequenceParallel
+
         plan: dict[str, ParallelStyle] = {}
-        for i in self.layers:
+        for i, layer in self.layers.items():
             plan |= layer_plan(
                 f"layers.{i}", ("self_attn.o_proj",), ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",)
             )
+            # Qwen3's per-head q/k norms see this rank's heads ([1, T, heads, d]): their weights replicated, the
+            # gradient summed over the TP group (torchtitan's plan: the heads dim as the sharded "sequence")
+            for norm in ("q_norm", "k_norm"):
+                if isinstance(getattr(layer.self_attn, norm, None), nn.Module):
+                    plan[f"layers.{i}.self_attn.{norm}"] = SequenceParallel(sequence_dim=2, use_local_output=True)
         return plan
 
     def layer_stack(self) -> nn.Module:
