@@ -17,10 +17,8 @@ from typing import Protocol
 
 import torch
 
-from orch.planner.families import FAMILIES
-from orch.planner.hf_config import read_config
 from orch.planner.specs import Modality, ModelSpec, ModuleSpec
-from orch.runtime.data.index import MEL_HOP, MEL_RATE, EncoderRule, mel_frames, patch_grid
+from orch.runtime.data.index import MEL_HOP, MEL_RATE, EncoderRule, family_folder, mel_frames, patch_grid
 
 N_FFT = 400
 
@@ -29,7 +27,9 @@ class MediaProcessor(Protocol):
     width: int  # values per input row
 
     def inputs(self, files: tuple[str, ...], rule: EncoderRule, max_image_tokens: int) -> list[torch.Tensor]:
-        """One tensor of input rows per file (raises OSError/ValueError on a file that cannot be read)."""
+        """One tensor of input rows per file (raises OSError/ValueError on a file that cannot be read). A
+        processor of an encoder whose rule takes videos (`EncoderRule.grids`) is also passed `kinds=`: per
+        file IMAGE or VIDEO, the files being the sample's images and videos in placeholder order."""
         ...
 
 
@@ -42,9 +42,9 @@ def media_processors(model: ModelSpec) -> dict[str, MediaProcessor]:
         if spec.hf is None:
             out[name] = reference_processor(spec, modality)
             continue
-        _, config = read_config(spec.hf.path)
-        family = FAMILIES[str(config.get("model_type"))]  # the planner read this directory through the same table
-        out[name] = import_module(f"orch.runtime.models.{family.runtime}").media_processor(spec, modality)
+        folder = family_folder(spec.hf.path)  # the planner read this directory through the same table
+        assert folder is not None, spec.hf.path
+        out[name] = import_module(f"orch.runtime.models.{folder}").media_processor(spec, modality)
     return out
 
 
