@@ -64,7 +64,7 @@ def state_bytes_per_param(mode: DataParallel, trainable: bool, shards: int, comp
 def layer_params(m: ModuleSpec, active: bool = False) -> float:
     """Parameters of one transformer block (active=True: the experts a token actually uses)."""
     h = m.hidden
-    attn = 2 * h * h + 2 * h * m.num_kv_heads * m.head_dim
+    attn = 2 * h * m.attention_width + 2 * h * m.num_kv_heads * m.head_width
     mlp_one = (3 if m.mlp_kind == "swiglu" else 2) * h * m.ffn
     experts = m.top_k if active else m.experts
     router = h * m.experts if m.experts > 1 else 0
@@ -82,7 +82,13 @@ def module_params(m: ModuleSpec) -> float:
 
 
 def projector_params(m: ModuleSpec, llm: ModuleSpec) -> float:
-    return m.hidden * m.downsample * llm.hidden if m.kind == ModuleKind.ENCODER else 0.0
+    """An encoder's projector from hidden x downsample to the LLM's width: one linear layer, or a two-layer MLP
+    of `projector_hidden` inner width (Qwen-VL's merger); one more of it per deepstack block (Qwen3-VL)."""
+    if m.kind != ModuleKind.ENCODER:
+        return 0.0
+    width = m.hidden * m.downsample
+    one = width * llm.hidden if m.projector_hidden is None else m.projector_hidden * (width + llm.hidden)
+    return one * (1 + len(m.deepstack_blocks or ()))
 
 
 @dataclass(frozen=True)
@@ -118,22 +124,39 @@ class ForwardFlops(NamedTuple):
     per_pair: float  # attention, per pair of tokens of one sample
 
 
+def attention_coefficients(m: ModuleSpec) -> ForwardFlops:
+    """FLOPs of QKᵀ and PV over all blocks, 4 · attention_width per pair of tokens that meet (no causal half).
+
+    A block that attends over its whole sequence gives a per-pair term; one attending inside windows of
+    `window_tokens` (Qwen2.5-VL's windowed blocks) is linear: each token meets its window, so
+    4 · attention_width · window_tokens per token. The sequence of a tower with item_attention is one image or
+    video frame, but a sample's items are not known here: its full-attention blocks are priced over the
+    sample's patches (Σlen², an upper bound of Σ over its images and frames)."""
+    width = m.attention_width
+    windowed = m.layers - m.full_attention_layers
+    return ForwardFlops(
+        per_token=4 * width * (m.window_tokens or 0) * windowed, per_pair=4 * width * m.full_attention_layers
+    )
+
+
 def forward_coefficients(m: ModuleSpec, llm: ModuleSpec) -> ForwardFlops:
     """Per-token and per-pair FLOPs of module m's forward, 2 FLOPs per multiply-add.
 
     Per token: every block's weights once (a MoE block: its router and the top_k experts the token
     is routed to, not all of them; layer_params(active=True)), the LLM's head, an encoder's stem
-    and its projector (which merges `downsample` tokens into one). Per pair: QKᵀ and PV, 4 · hidden
-    per layer, half of it for the causal LLM. The planner prices a step with these (forward_flops)
-    and the runtime's dispatcher a sample (runtime/train/orchestrator.py).
+    and its projector (which merges `downsample` tokens into one), and windowed attention. Per pair:
+    QKᵀ and PV of the full-attention blocks (`attention_coefficients`), half of it for the causal LLM.
+    The planner prices a step with these (forward_flops) and the runtime's dispatcher a sample
+    (runtime/train/orchestrator.py).
     """
     head = 2 * m.hidden * m.vocab if m.vocab else 0.0
     stem = 2 * (m.input_dim or 0) * m.hidden
     proj = 2 * projector_params(m, llm) / m.downsample
     causal = 0.5 if m.kind == ModuleKind.LLM else 1.0
+    attn = attention_coefficients(m)
     return ForwardFlops(
-        per_token=2 * layer_params(m, active=True) * m.layers + head + stem + proj,
-        per_pair=4 * m.hidden * m.layers * causal,
+        per_token=2 * layer_params(m, active=True) * m.layers + attn.per_token + head + stem + proj,
+        per_pair=attn.per_pair * causal,
     )
 
 
@@ -294,7 +317,10 @@ def _compute_seconds(
 
 def _recompute_flops(m: ModuleSpec, w: Workload, recompute: Recompute) -> tuple[float, float]:
     """(forward FLOPs of the blocks over a step, the extra forward FLOPs its recompute runs again)."""
-    layer_share = 2 * layer_params(m, active=True) * m.layers * w.tokens + 4 * m.hidden * w.tokens_sq * m.layers
+    attn = attention_coefficients(m)
+    layer_share = (
+        2 * layer_params(m, active=True) * m.layers * w.tokens + attn.per_token * w.tokens + attn.per_pair * w.tokens_sq
+    )
     extra = {Recompute.NONE: 0.0, Recompute.SELECTIVE: 0.1 * layer_share, Recompute.FULL: layer_share}[recompute]
     return layer_share, extra
 
@@ -374,7 +400,7 @@ def module_cost(
         tp_s = 0.0  # the profiled TP shard ran its real TP collectives: they are in the block fit
 
     # CP: all-gather K and V forward, reduce-scatter dK and dV backward (query stays sharded).
-    kv_bytes = tokens_mb * 2 * m.num_kv_heads * m.head_dim * BF16 / max(1, min(tp, m.num_kv_heads))
+    kv_bytes = tokens_mb * 2 * m.num_kv_heads * m.head_width * BF16 / max(1, min(tp, m.num_kv_heads))
     cp_s = links.ring(kv_bytes, tp, cp) * layers_local * num_mb * passes if cp > 1 else 0.0
 
     # EP: dispatch and combine all-to-alls per MoE block per pass.

@@ -16,6 +16,7 @@ from enum import StrEnum
 
 from orch.planner.errors import SpecError
 from orch.planner.hf_config import HFConfig, audio_module, text_module, vision_module
+from orch.planner.qwen_vl_config import read_qwen_vl
 from orch.planner.specs import HFPart, ModuleSpec
 
 
@@ -62,6 +63,9 @@ FAMILIES: dict[str, Family] = {
     for f in (
         Family("llava", "LlavaForConditionalGeneration", "llava", Role.MODEL, _llava),
         Family("qwen2_audio", "Qwen2AudioForConditionalGeneration", "qwen2_audio", Role.MODEL, _qwen2_audio),
+        Family("qwen2_vl", "Qwen2VLForConditionalGeneration", "qwen_vl", Role.MODEL, read_qwen_vl),
+        Family("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "qwen_vl", Role.MODEL, read_qwen_vl),
+        Family("qwen3_vl", "Qwen3VLForConditionalGeneration", "qwen_vl", Role.MODEL, read_qwen_vl),
         Family("llama", "LlamaForCausalLM", "decoder", Role.LLM, _decoder),
         Family("qwen2", "Qwen2ForCausalLM", "decoder", Role.LLM, _decoder),
         Family("mistral", "MistralForCausalLM", "decoder", Role.LLM, _decoder),

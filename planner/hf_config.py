@@ -6,7 +6,9 @@ reads too. The families the runtime builds with transformers' own classes (runti
                Mistral language model (module `llm`);
   qwen2_audio  a Whisper-style audio encoder (module `audio`: 2 mel frames per encoder token, its average
                pool merging 2 encoder tokens into one LLM token) feeding a Qwen2 language model;
-  llama, qwen2, mistral  a language model alone (module `llm`).
+  llama, qwen2, mistral  a language model alone (module `llm`);
+  qwen2_vl, qwen2_5_vl, qwen3_vl  a native-resolution vision tower feeding a Qwen decoder
+               (planner/qwen_vl_config.py).
 A config.json written by hand (or by an older transformers) may leave fields at their class defaults;
 `_DEFAULTS` holds those of transformers 5.24 (tests/unit/test_hf_config.py checks them against it).
 """
@@ -14,8 +16,11 @@ A config.json written by hand (or by an older transformers) may leave fields at 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from orch.planner.errors import SpecError
 from orch.planner.specs import HFPart, Modality, ModelSpec, ModuleKind, ModuleSpec
@@ -72,12 +77,23 @@ class HFConfig:
     """One config dict (a composite's sub-config included) with its family's defaults behind it."""
 
     def __init__(
-        self, source: str, where: str, raw: dict[str, Any], defaults_key: str | None = None, default_type: Any = None
+        self,
+        source: str,
+        where: str,
+        raw: dict[str, Any],
+        defaults_key: str | None = None,
+        default_type: Any = None,
+        *,
+        defaults: dict[str, Any] | None = None,
     ) -> None:
+        """`defaults`: the class defaults behind `raw`, where a family's reader keeps its own table (else
+        `_DEFAULTS` by model_type and `defaults_key`)."""
         self.source, self.where = source, where
         model_type = raw.get("model_type") or default_type
         self.model_type = str(model_type) if model_type is not None else None
-        self.values = {**_DEFAULTS.get(self.model_type or "", {}), **_DEFAULTS.get(defaults_key or "", {}), **raw}
+        if defaults is None:
+            defaults = {**_DEFAULTS.get(self.model_type or "", {}), **_DEFAULTS.get(defaults_key or "", {})}
+        self.values = {**defaults, **raw}
 
     def field(self, name: str) -> str:
         return f"{self.where}.{name}" if self.where else name
@@ -91,6 +107,19 @@ class HFConfig:
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise SpecError(self.source, self.field(name), f"expected a positive integer, got {value!r}")
         return value
+
+    def indices(self, name: str, below: int) -> tuple[int, ...]:
+        """A list of block indices 0..below-1 (Qwen-VL's fullatt_block_indexes, deepstack_visual_indexes)."""
+        value = self.values.get(name)
+        if not isinstance(value, (list, tuple)) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < below for i in value
+        ):
+            raise SpecError(
+                self.source, self.field(name), f"expected a list of block indices 0..{below - 1}, got {value!r}"
+            )
+        if len(set(value)) != len(value):
+            raise SpecError(self.source, self.field(name), f"a block is named twice in {list(value)}")
+        return tuple(value)
 
     def sub(self, name: str, family: str) -> HFConfig:
         raw = self.values.get(name) or {}
@@ -127,19 +156,33 @@ def read_config(directory: str | Path) -> tuple[str, dict[str, Any]]:
 
 def text_module(cfg: HFConfig, hf: HFPart) -> ModuleSpec:
     cfg.expect_type(TEXT_TYPES)
+    return decoder_module(cfg, hf)
+
+
+def decoder_module(cfg: HFConfig, hf: HFPart) -> ModuleSpec:
+    """A Llama-style decoder (SwiGLU MLP, GQA); its heads may be of a width other than hidden / heads
+    (head_dim: Qwen3's 128 at any width)."""
     heads = cfg.positive("num_attention_heads")
     hidden = cfg.positive("hidden_size")
-    head_dim = cfg.get("head_dim", hidden // heads)
-    if head_dim * heads != hidden:
+    head_dim = cfg.get("head_dim", None if hidden % heads else hidden // heads)
+    if head_dim is None:
         raise SpecError(
-            cfg.source, cfg.field("head_dim"), f"{head_dim} x {heads} heads is not hidden_size {hidden}: unsupported"
+            cfg.source, cfg.field("num_attention_heads"), f"{heads} heads do not divide hidden_size {hidden}"
+        )
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
+        raise SpecError(cfg.source, cfg.field("head_dim"), f"expected a positive integer, got {head_dim!r}")
+    kv_heads = cfg.get("num_key_value_heads", heads)
+    if not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads <= 0 or heads % kv_heads:
+        raise SpecError(
+            cfg.source, cfg.field("num_key_value_heads"), f"expected a divisor of {heads} heads, got {kv_heads!r}"
         )
     return ModuleSpec(
         kind=ModuleKind.LLM,
         layers=cfg.positive("num_hidden_layers"),
         hidden=hidden,
         heads=heads,
-        kv_heads=cfg.get("num_key_value_heads", heads),
+        kv_heads=kv_heads,
+        head_dim=None if head_dim * heads == hidden else head_dim,
         ffn=cfg.positive("intermediate_size"),
         mlp="swiglu",
         vocab=cfg.positive("vocab_size"),
@@ -238,12 +281,16 @@ def model_spec_from_dir(directory: str | Path) -> ModelSpec:
     top = HFConfig(source, "", raw)
     family = family_of(top.model_type, source, "model_type", Role.MODEL, Role.LLM)
     assert family.read is not None  # every MODEL and LLM row has one
-    return ModelSpec(name=Path(path).name, modules=family.read(top, path))
+    try:
+        return ModelSpec(name=Path(path).name, modules=family.read(top, path))
+    except ValidationError as exc:  # a shape the readers do not check field by field: one line, not a traceback
+        err = exc.errors()[0]
+        raise SpecError(source, "", str(err["msg"]).removeprefix("Value error, ")) from None
 
 
 # What a composed spec's module takes from its hf source; the spec may not set these itself.
-DERIVED = ("kind", "layers", "hidden", "heads", "kv_heads", "ffn", "mlp", "vocab", "input_dim", "image_tokens",
-           "clip_tokens", "experts", "top_k")  # fmt: skip
+DERIVED = ("kind", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "mlp", "vocab", "input_dim",
+           "image_tokens", "clip_tokens", "experts", "top_k")  # fmt: skip
 BARE_ENCODER_TYPES = (*VISION_TYPES, "whisper")  # CLIPVisionModel / SiglipVisionModel / Whisper (part: encoder)
 
 
@@ -300,9 +347,14 @@ def describe(model: ModelSpec) -> list[str]:
     """One line per module of what was derived from config.json (printed by `orch plan`)."""
     lines = []
     for name, m in model.modules.items():
+        if m.item_attention:
+            lines.append(f"{name}: {describe_item_tower(m)}")
+            continue
         what = f"{m.layers} layers, hidden {m.hidden}, {m.heads} heads"
         if m.num_kv_heads != m.heads:
             what += f" ({m.num_kv_heads} KV)"
+        if m.head_dim is not None:
+            what += f" of width {m.head_dim}"
         what += f", ffn {m.ffn}"
         if m.vocab:
             what += f", vocab {m.vocab}"
@@ -314,3 +366,23 @@ def describe(model: ModelSpec) -> list[str]:
                 what += f", clips of {m.clip_tokens} tokens"
         lines.append(f"{name}: {what}")
     return lines
+
+
+def describe_item_tower(m: ModuleSpec) -> str:
+    """A native-resolution tower (item_attention): its blocks' attention, width, merge and patch rows."""
+    if m.window_tokens is None:
+        what = f"{m.layers} blocks (full attention within each image or frame)"
+    else:
+        full = m.full_attention_layers
+        what = f"{m.layers} blocks ({full} full-attention, the rest in {m.window_tokens}-patch windows)"
+    what += f", width {m.hidden}, {m.heads} heads, ffn {m.ffn} {m.mlp_kind}"
+    side = math.isqrt(m.downsample)
+    merge = f"{side}x{side}" if side * side == m.downsample else str(m.downsample)
+    what += f", merge {merge} → {m.downsample} patches per LLM token, {m.input_dim} values per patch"
+    if m.deepstack_blocks:
+        blocks = ", ".join(str(b) for b in m.deepstack_blocks)
+        n = len(m.deepstack_blocks)
+        what += f", deepstack: blocks {blocks} also feed the LLM's first {n} layers (a merger each)"
+    if m.max_tp is not None:
+        what += f", TP at most {m.max_tp}"
+    return what

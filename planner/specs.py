@@ -70,6 +70,12 @@ class ModuleSpec(_Spec):
     hidden: int = Field(gt=0, description="model width")
     heads: int = Field(gt=0, description="attention heads")
     kv_heads: int | None = Field(default=None, gt=0, description="key/value heads (GQA); default: heads")
+    head_dim: int | None = Field(
+        default=None,
+        gt=0,
+        description="width of one attention head where it is not hidden / heads (Qwen3: 128 at any width; q and o "
+        "are then heads x head_dim wide); a module built from a Hugging Face directory only; default hidden / heads",
+    )
     ffn: int = Field(gt=0, description="MLP inner width")
     mlp: Literal["swiglu", "gelu"] | None = Field(
         default=None, description="MLP kind; default swiglu for the LLM, gelu for encoders"
@@ -106,12 +112,55 @@ class ModuleSpec(_Spec):
         description="encoder tokens of a full clip of an audio tower that runs fixed windows (Qwen2-Audio: 1500, "
         "30 s): a sample's audio is cut into clips, each attending within itself (so no context parallelism)",
     )
+    item_attention: bool = Field(
+        default=False,
+        description="a native-resolution vision tower (Qwen-VL): images and videos of any size (so no "
+        "image_tokens), every block attending only inside one image or one video frame (or inside windows of "
+        "it: window_tokens); the module takes no context parallelism, and its attention is priced per patch "
+        "(pairs only from its full-attention blocks)",
+    )
+    window_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="with item_attention: patches per attention window of the blocks that attend inside windows "
+        "(Qwen2.5-VL: window_size / patch_size patches a side, 8 x 8 = 64), every block but "
+        "full_attention_blocks; default none: every block attends over the whole image or frame",
+    )
+    full_attention_blocks: tuple[int, ...] | None = Field(
+        default=None,
+        description="with window_tokens: the blocks (0-based) that attend over the whole image or frame instead "
+        "(Qwen2.5-VL's fullatt_block_indexes)",
+    )
+    deepstack_blocks: tuple[int, ...] | None = Field(
+        default=None,
+        description="blocks (0-based) whose outputs also feed the LLM, each through a projector of its own, "
+        "added into the LLM's first layers (Qwen3-VL's deepstack_visual_indexes); priced as that many more "
+        "projectors",
+    )
+    projector_hidden: int | None = Field(
+        default=None,
+        gt=0,
+        description="inner width of the projector's two-layer MLP from hidden x downsample to the LLM's width "
+        "(Qwen-VL's merger: hidden x downsample); default none: the projector is priced as one linear layer",
+    )
+    max_tp: int | None = Field(
+        default=None,
+        gt=0,
+        description="the largest tensor-parallel degree the runtime can shard this module over (1: Qwen-VL's "
+        "towers, whose fused qkv projection it cannot split yet); default: any degree that splits heads and FFN",
+    )
     hf: HFPart | None = Field(default=None, description="the Hugging Face directory this module is built from")
 
     @model_validator(mode="after")
     def _check_shape(self) -> ModuleSpec:
-        if self.hidden % self.heads:
+        if self.head_dim is None and self.hidden % self.heads:
             raise ValueError(f"heads ({self.heads}) must divide hidden ({self.hidden})")
+        if self.head_dim is not None and self.head_dim * self.heads != self.hidden and self.hf is None:
+            raise ValueError(
+                f"head_dim ({self.head_dim}) x heads ({self.heads}) is not hidden ({self.hidden}): orch's own "
+                "modules have heads of hidden / heads; only a module built from a Hugging Face directory (hf) may"
+            )
+        self._check_attention()
         if self.heads % self.num_kv_heads:
             raise ValueError(f"kv_heads ({self.num_kv_heads}) must divide heads ({self.heads})")
         if self.top_k > self.experts:
@@ -125,31 +174,75 @@ class ModuleSpec(_Spec):
             raise ValueError("an encoder needs feeds: the llm module it feeds")
         return self
 
+    def _check_attention(self) -> None:
+        """The per-item attention fields: an encoder's, consistent with each other and its blocks."""
+        tower = ("item_attention", "window_tokens", "full_attention_blocks", "deepstack_blocks", "projector_hidden")
+        if self.kind == ModuleKind.LLM:
+            for name in tower:
+                if getattr(self, name) not in (None, False):
+                    raise ValueError(f"{name} describes an encoder; an llm module has none")
+        if self.item_attention and (self.image_tokens or self.clip_tokens):
+            raise ValueError("item_attention is a tower of images of any size: no image_tokens or clip_tokens")
+        if self.item_attention and self.hf is None:
+            raise ValueError(
+                "item_attention: orch's own modules attend over whole samples; only a module built from a Hugging "
+                "Face directory (hf) attends per image"
+            )
+        if self.window_tokens is not None and not self.item_attention:
+            raise ValueError("window_tokens needs item_attention (windows inside each image)")
+        if self.full_attention_blocks is not None and self.window_tokens is None:
+            raise ValueError("full_attention_blocks needs window_tokens (the other blocks attend in windows)")
+        for name in ("full_attention_blocks", "deepstack_blocks"):
+            blocks = getattr(self, name) or ()
+            bad = [b for b in blocks if not 0 <= b < self.layers]
+            if bad:
+                raise ValueError(f"{name}: {bad[0]} is not a block of {self.layers}")
+            if len(set(blocks)) != len(blocks):
+                raise ValueError(f"{name}: a block is named twice")
+
     @property
     def num_kv_heads(self) -> int:
         return self.kv_heads or self.heads
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def head_width(self) -> int:
+        """One attention head's width: head_dim, else hidden / heads."""
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def attention_width(self) -> int:
+        """Width of the queries (and of the attention output before o): heads x head_width."""
+        return self.heads * self.head_width
+
+    @property
+    def full_attention_layers(self) -> int:
+        """Blocks whose attention meets every token of its sequence (a sample, or an image or frame under
+        item_attention): all but the windowed blocks of a tower with window_tokens."""
+        if self.window_tokens is None:
+            return self.layers
+        return len(self.full_attention_blocks or ())
 
     def splits_over(self, tp: int) -> bool:
         """Whether tensor parallelism of degree tp gives every rank whole heads, whole KV heads and an
-        equal slice of the FFN (the runtime shards all three; KV heads are not replicated)."""
+        equal slice of the FFN (the runtime shards all three; KV heads are not replicated), and is no more
+        than the runtime can shard the module over (max_tp)."""
+        if self.max_tp is not None and tp > self.max_tp:
+            return False
         return self.heads % tp == 0 and self.num_kv_heads % tp == 0 and self.ffn % tp == 0
 
     @property
     def windowed(self) -> bool:
-        """Attention stays inside fixed windows (whole images, audio clips): no context parallelism."""
-        return bool(self.image_tokens or self.clip_tokens)
+        """Attention stays inside windows of a sample (whole images, audio clips, a native-resolution tower's
+        images and frames): no context parallelism."""
+        return bool(self.image_tokens or self.clip_tokens or self.item_attention)
 
     def round_length(self, tokens: int) -> int:
         """A sample's encoder tokens as the module takes them: whole images of `image_tokens` (at least one
-        where there are any tokens), whole LLM tokens of a clip tower (a multiple of `downsample`, which its
-        pooling needs); unchanged otherwise."""
+        where there are any tokens), whole LLM tokens of a clip tower or a native-resolution tower (a multiple
+        of `downsample`, which its pooling or patch merger needs); unchanged otherwise."""
         if tokens <= 0:
             return tokens
-        unit = self.image_tokens or (self.downsample if self.clip_tokens else 1)
+        unit = self.image_tokens or (self.downsample if self.clip_tokens or self.item_attention else 1)
         return max(1, round(tokens / unit)) * unit
 
     @property

@@ -14,7 +14,9 @@ Torch-free at import (the profile's case list reads `encoder_order` before any t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -57,12 +59,40 @@ class MediaItem:
         return self.seconds > 0
 
 
+def takes_grids(model: ModelSpec, name: str) -> bool:
+    """Whether encoder `name` is a native-resolution tower (`ModuleSpec.item_attention`: images of any size,
+    attending within each): it takes each sample's media grids (`MediaItem`s) with its rows."""
+    return model.modules[name].item_attention
+
+
+def item_map(
+    batch: GlobalBatch, sample_id: int, encoders: tuple[str, ...] | list[str]
+) -> dict[str, tuple[MediaItem, ...]]:
+    """The sample's media grids of those `encoders` that take them (`takes_grids`)."""
+    model = batch.model  # type: ignore[attr-defined]
+    return {e: batch.items(e, sample_id) for e in encoders if takes_grids(model, e)}
+
+
+def grid_items(patches: int, downsample: int) -> tuple[MediaItem, ...]:
+    """One image of `patches` patches (a multiple of `downsample` = merge²), as near square as its factors allow:
+    the grid a synthetic or profiled sample of a native-resolution tower takes (none for no patches)."""
+    if patches <= 0:
+        return ()
+    merge = math.isqrt(downsample)
+    units = patches // downsample
+    if merge * merge != downsample or units * downsample != patches:
+        raise ValueError(f"{patches} patches are not whole {merge}x{merge} merge windows")
+    rows = max(d for d in range(1, math.isqrt(units) + 1) if units % d == 0)
+    return (MediaItem((1, merge * rows, merge * (units // rows))),)
+
+
 @dataclass(frozen=True)
 class Sample:
     id: int
     feats: dict[str, torch.Tensor]  # encoder name -> input features [frames, input_dim] (frames may be 0)
     text: torch.Tensor  # [text_len] token ids
     labels: torch.Tensor  # [text_len] target ids
+    items: dict[str, tuple[MediaItem, ...]] = field(default_factory=dict)  # encoder -> its images' grids
 
 
 @dataclass(frozen=True)
@@ -92,11 +122,33 @@ class BatchLengths:
 
     def layout(self, sample_id: int) -> SequenceLayout:
         if sample_id not in self._layouts:
-            self._layouts[sample_id] = self._build_layout(sample_id)
+            layout = self._build_layout(sample_id)
+            if self._positions is not None:  # the LLM's family positions its rows (Qwen-VL's M-RoPE)
+                from dataclasses import replace
+
+                grids = item_map(self, sample_id, encoder_order(self.model))  # type: ignore[arg-type]
+                items = tuple(it for e in encoder_order(self.model) for it in grids.get(e, ()))
+                layout = replace(layout, positions=self._positions(layout, items))
+            self._layouts[sample_id] = layout
         return self._layouts[sample_id]
+
+    @cached_property
+    def _positions(self) -> Callable[[SequenceLayout, tuple[MediaItem, ...]], torch.Tensor] | None:
+        """The LLM family's `layout_positions(model)` rule, if its folder has one (runtime/models/<family>/)."""
+        from orch.runtime.models.hf.build import family_module
+
+        family = family_module(self.model.llm)
+        rule = getattr(family, "layout_positions", None)
+        return rule(self.model) if rule is not None else None
 
     def _build_layout(self, sample_id: int) -> SequenceLayout:
         raise NotImplementedError
+
+    def items(self, encoder: str, sample_id: int) -> tuple[MediaItem, ...]:
+        """The sample's images and videos for `encoder` (a native-resolution tower): drawn from its tokens
+        (one image, `grid_items`); a data file's batch reads them from its index."""
+        spec = self.model.modules[encoder]
+        return grid_items(self.enc_tokens[sample_id][encoder], spec.downsample)
 
 
 @runtime_checkable
@@ -130,6 +182,13 @@ class GlobalBatch(Protocol):
 
     def layout(self, sample_id: int) -> SequenceLayout:
         """Where the sample's encoder rows and text tokens go in its LLM sequence, and which logits are scored."""
+        ...
+
+    @property
+    def model(self) -> ModelSpec: ...
+
+    def items(self, encoder: str, sample_id: int) -> tuple[MediaItem, ...]:
+        """The sample's images and videos for `encoder`, their grids (a native-resolution tower's input)."""
         ...
 
     def sample(

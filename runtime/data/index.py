@@ -56,8 +56,6 @@ MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz
 DEFAULT_MAX_IMAGE_TOKENS = 1024
 INDEX_DIR = ".orch-index"
 INDEX_VERSION = 5  # part of the cache key: an index of another layout is made afresh
-# Families the planner's table (planner/families.py) is getting rows for, by their runtime folder, until it has them.
-_PENDING_FAMILIES = {"qwen2_vl": "qwen_vl", "qwen2_5_vl": "qwen_vl", "qwen3_vl": "qwen_vl"}
 _MODELS = Path(__file__).resolve().parent.parent / "models"
 
 
@@ -87,7 +85,7 @@ def family_folder(directory: str) -> str | None:
 
     model_type = str(read_config(directory)[1].get("model_type"))
     family = FAMILIES.get(model_type)
-    return family.runtime if family is not None else _PENDING_FAMILIES.get(model_type)
+    return family.runtime if family is not None else None
 
 
 def _stamp(directory: str) -> tuple[int, ...]:

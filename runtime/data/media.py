@@ -12,13 +12,13 @@ file are the tokens the index counted from the file's header times the encoder's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import import_module
 from typing import Protocol
 
 import torch
 
 from orch.planner.specs import Modality, ModelSpec, ModuleSpec
-from orch.runtime.data.index import MEL_HOP, MEL_RATE, EncoderRule, family_folder, mel_frames, patch_grid
+from orch.runtime.data.index import MEL_HOP, MEL_RATE, EncoderRule, mel_frames, patch_grid
+from orch.runtime.models.hf.build import family_module
 
 N_FFT = 400
 
@@ -27,9 +27,7 @@ class MediaProcessor(Protocol):
     width: int  # values per input row
 
     def inputs(self, files: tuple[str, ...], rule: EncoderRule, max_image_tokens: int) -> list[torch.Tensor]:
-        """One tensor of input rows per file (raises OSError/ValueError on a file that cannot be read). A
-        processor of an encoder whose rule takes videos (`EncoderRule.grids`) is also passed `kinds=`: per
-        file IMAGE or VIDEO, the files being the sample's images and videos in placeholder order."""
+        """One tensor of input rows per file (raises OSError/ValueError on a file that cannot be read)."""
         ...
 
 
@@ -39,12 +37,8 @@ def media_processors(model: ModelSpec) -> dict[str, MediaProcessor]:
     out: dict[str, MediaProcessor] = {}
     for name in model.encoder_names:
         spec, modality = model.modules[name], model.modality(name)
-        if spec.hf is None:
-            out[name] = reference_processor(spec, modality)
-            continue
-        folder = family_folder(spec.hf.path)  # the planner read this directory through the same table
-        assert folder is not None, spec.hf.path
-        out[name] = import_module(f"orch.runtime.models.{folder}").media_processor(spec, modality)
+        family = family_module(spec)
+        out[name] = reference_processor(spec, modality) if family is None else family.media_processor(spec, modality)
     return out
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from orch.planner.specs import DataSpec, ModelSpec, projected_len
-from orch.runtime.data.batch import BatchLengths, GlobalBatch, MediaItem, Sample, encoder_order
+from orch.runtime.data.batch import BatchLengths, GlobalBatch, MediaItem, Sample, encoder_order, item_map
 from orch.runtime.data.decode_cache import DecodeCache
 from orch.runtime.data.index import IGNORE, TextTokens
 from orch.runtime.data.synthetic import SyntheticBatch
@@ -195,6 +195,11 @@ class ConversationBatch(BatchLengths):
             return SequenceLayout.prefix_first(prefix, self.text_tokens[sample_id])
         return conversation_layout(self.model, text.marks, self.text_tokens[sample_id], self.source.media(row))
 
+    def items(self, encoder: str, sample_id: int) -> tuple[MediaItem, ...]:
+        """The sample's images and videos for `encoder` as the index read them from their headers."""
+        got = self.source.items(self.rows[sample_id]).get(encoder)
+        return tuple(got) if got else super().items(encoder, sample_id)
+
     def data_counts(self) -> dict[str, int]:
         """This step's data outcomes on this rank: samples, skipped (no longer parse), truncated, failed
         (media unreadable where this rank decoded them), decoded (the (sample, encoder) inputs it built)."""
@@ -224,6 +229,7 @@ class ConversationBatch(BatchLengths):
             {e: self.decoded.get(sample_id, e).to(device, dtype) for e in wanted},
             torch.tensor(ids, dtype=torch.int64, device=device),
             torch.tensor(targets, dtype=torch.int64, device=device),
+            item_map(self, sample_id, wanted),
         )
 
 

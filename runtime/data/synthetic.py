@@ -20,7 +20,7 @@ import torch
 
 from orch.planner.data import sample_lengths
 from orch.planner.specs import DataSpec, ModelSpec, projected_len
-from orch.runtime.data.batch import BatchLengths, Sample, encoder_order
+from orch.runtime.data.batch import BatchLengths, Sample, encoder_order, item_map
 from orch.runtime.models.sequence import SequenceLayout
 
 
@@ -80,7 +80,7 @@ class SyntheticBatch(BatchLengths):
         n = self.text_tokens[sample_id]
         text = torch.randint(0, vocab, (n,), generator=gen)
         labels = torch.randint(0, vocab, (n,), generator=gen)
-        return Sample(sample_id, feats, text.to(device), labels.to(device))
+        return Sample(sample_id, feats, text.to(device), labels.to(device), item_map(self, sample_id, list(feats)))
 
 
 __all__ = ["SyntheticBatch"]

@@ -10,14 +10,16 @@ How the runtime parallelises either (runtime/parallel/parallelize.py) is read fr
 `tp_plan()` (tensor parallelism as PyTorch's `parallelize_module` takes it, keys relative to the module),
 `after_tp(tp)` (what a family must adjust once sharded), `block_units()` (the transformer blocks: recompute
 and FSDP units), `keep_stage(stage, stages)` (the LLM's pipeline stage) and, for modules built on meta,
-`materialize(device, seed, name)`. A module that does not define one of these gets the default of
-`parallelize.py` (TP over orch's reference `Block`s wherever they occur, blocks found under `layers` /
-`blocks` containers).
+`materialize(device, seed, name)`. Two optional flags: an encoder with `takes_items` is called with each sample's
+media grids (`items=`: a native-resolution tower), an LLM with `takes_layouts` has `run_blocks` called with the
+micro-batch's layouts (`layouts=`: positions other than 0..n-1). A module that does not define one of these
+gets the default of `parallelize.py` (TP over orch's reference `Block`s wherever they occur, blocks found under
+`layers` / `blocks` containers).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -74,6 +76,26 @@ class TensorParallel(Protocol):
     """A module that names its own TP plan (Megatron's: q/k/v and MLP inputs colwise, outputs rowwise)."""
 
     def tp_plan(self) -> dict[str, ParallelStyle]: ...
+
+
+def run_llm_blocks(
+    llm: object, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None, layouts: list[SequenceLayout]
+) -> torch.Tensor:
+    """`llm.run_blocks`, given the micro-batch's layouts where the LLM declares `takes_layouts` (its positions
+    are not 0..n-1: Qwen-VL's M-RoPE reads `SequenceLayout.positions`)."""
+    if getattr(llm, "takes_layouts", False):
+        return llm.run_blocks(x_TD, seqlens, cp, layouts=layouts)  # type: ignore[attr-defined,no-any-return]
+    return llm.run_blocks(x_TD, seqlens, cp)  # type: ignore[attr-defined,no-any-return]
+
+
+def encoder_call(
+    encoder: object, feats_TF: torch.Tensor, seqlens: list[int], cp: CPShard | None, items: list[tuple[Any, ...]]
+) -> torch.Tensor:
+    """The encoder on packed rows, given each sample's media items (`MediaItem`s: grids) where it declares
+    `takes_items` (a native-resolution tower: Qwen-VL's)."""
+    if getattr(encoder, "takes_items", False):
+        return encoder(feats_TF, seqlens, cp, items=items)  # type: ignore[operator,no-any-return]
+    return encoder(feats_TF, seqlens, cp) if cp is not None else encoder(feats_TF, seqlens)  # type: ignore[operator,no-any-return]
 
 
 LLM_METHODS = ("embed_inputs", "run_blocks", "text_logits")

@@ -13,8 +13,10 @@ says where each of them goes:
 
 `source` maps each position to its row of `cat([prefix rows, text rows])` (None when that is the order
 itself); `score[j]` is the position whose logit text token j's label is scored at (-1: none, the sequence's
-first row). Every rank builds the same layouts from the batch's lengths and text, so a pipeline's last stage
-and every CP rank find their rows without being sent anything.
+first row). `positions`: the rotary positions of a family whose positions are not 0..n-1 (Qwen-VL's M-RoPE:
+temporal, height, width per position; runtime/models/qwen_vl/rope.py). Every rank builds the same layouts
+from the batch's lengths, text and media grids, so a pipeline's last stage and every CP rank find their rows
+and positions without being sent anything.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class SequenceLayout:
     text: int  # text tokens
     source: torch.Tensor | None  # [prefix + text] row of cat([prefix, text]) per position; None: that order
     score: torch.Tensor  # [text] position scoring text token j's label, -1 for none
+    positions: torch.Tensor | None = None  # [3, length] M-RoPE positions (Qwen-VL); None: 0..length-1
 
     @property
     def length(self) -> int:

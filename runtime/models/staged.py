@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
+from orch.runtime.models.contract import run_llm_blocks
 from orch.runtime.models.sequence import SequenceLayout, layouts_or_prefix_first, score_rows
 
 if TYPE_CHECKING:
@@ -73,7 +74,8 @@ class StagedDecoder(nn.Module):
         Returns the logits of the scored positions, packed."""
         layouts = layouts_or_prefix_first(layouts, prefixes, texts)
         x_TD, seqlens = self.embed_inputs(prefixes, texts, cp, layouts)
-        return self.text_logits(self.run_blocks(x_TD, seqlens, cp), seqlens, layouts, cp)
+        y_TD = run_llm_blocks(self, x_TD, seqlens, cp, layouts)
+        return self.text_logits(y_TD, seqlens, layouts, cp)
 
 
 def embed_packed(

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from orch.planner.trace import one_f_one_b_order
-from orch.runtime.models.contract import CausalLM
+from orch.runtime.models.contract import CausalLM, run_llm_blocks
 from orch.runtime.models.sequence import SequenceLayout
 from orch.runtime.parallel.context import CPGroup, CPShard
 from orch.runtime.parallel.grid import Grid
@@ -164,7 +164,7 @@ class PipelineStage:
             # an empty micro-batch (EP pads them) is known empty on both sides: nothing to receive
             self._exchange(carry, (received, self.prev, 2 * mb.index) if rows else None, sends)
             x_TD = received.requires_grad_()
-        y_TD = self.llm.run_blocks(x_TD, seqlens, shard)
+        y_TD = run_llm_blocks(self.llm, x_TD, seqlens, shard, list(mb.layouts))
         if self.is_last:
             loss = loss_of(mb, self.llm.text_logits(y_TD, seqlens, list(mb.layouts), shard), shard)
             return (received, loss), loss.detach().to(torch.float64), None

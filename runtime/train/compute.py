@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from orch.runtime.data.batch import Sample
+from orch.runtime.data.batch import Sample, grid_items
+from orch.runtime.models.contract import encoder_call
 from orch.runtime.models.sequence import SequenceLayout, layouts_or_prefix_first, scored_labels
 from orch.runtime.parallel.context import CPGroup
 
@@ -37,9 +38,18 @@ def encode(
         # No tokens of this modality here (text-only samples, or no samples): an empty, shape-correct result.
         width = encoder.output_dim  # the contract's (runtime/models/contract.py)
         return torch.zeros(0, width, dtype=dtype, device=_device_of(encoder))
-    if cp is not None:
-        return encoder(torch.cat(feats), seqlens, cp.shard(seqlens, unit=encoder.projector.downsample))  # type: ignore[union-attr]
-    return encoder(torch.cat(feats), seqlens)
+    items = []
+    if getattr(encoder, "takes_items", False):  # a native-resolution tower: each sample's grids
+        d = encoder_downsample(encoder)
+        items = [s.items.get(name) or grid_items(n, d) for s, n in zip(samples, seqlens, strict=True)]
+    shard = cp.shard(seqlens, unit=encoder.projector.downsample) if cp is not None else None  # type: ignore[union-attr]
+    return encoder_call(encoder, torch.cat(feats), seqlens, shard, items)
+
+
+def encoder_downsample(encoder: nn.Module) -> int:
+    """Encoder tokens per LLM token of a native-resolution tower (merge²), for grids drawn from a length."""
+    merge = getattr(encoder, "merge", None)
+    return int(merge) ** 2 if merge else 1
 
 
 def join_prefix(rows: list[torch.Tensor], width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import TypeVar
 import torch
 
 from orch.planner.plan import Plan
-from orch.runtime.data.batch import GlobalBatch, Sample
+from orch.runtime.data.batch import GlobalBatch, Sample, item_map
 from orch.runtime.parallel.grid import Grid
 from orch.runtime.parallel.pipeline import MicroBatch
 from orch.runtime.parallel.transport import Route, move
@@ -88,7 +88,11 @@ class InputRouter:
         empty = torch.zeros(0, dtype=torch.int64, device=self.device)
         out = []
         for i, part in zip(ids, y.split([rows[i] for i in ids]), strict=True):
-            out.append(Sample(i, {}, part[:, 0], part[:, 1]) if llm else Sample(i, {name: part}, empty, empty))
+            out.append(
+                Sample(i, {}, part[:, 0], part[:, 1])
+                if llm
+                else Sample(i, {name: part}, empty, empty, item_map(batch, i, [name]))
+            )
         return out
 
     def chunks(self, name: str, items: list[T]) -> list[list[T]]:

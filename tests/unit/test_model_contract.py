@@ -31,12 +31,12 @@ def test_every_family_row_names_a_transformers_class_and_a_folder_with_wrap_and_
 
 def test_an_unsupported_model_type_names_the_supported_ones():
     with pytest.raises(SpecError) as err:
-        family_of("qwen2_5_vl", "m/config.json", "model_type", Role.MODEL, Role.LLM)
+        family_of("qwen2_5_omni", "m/config.json", "model_type", Role.MODEL, Role.LLM)
     assert str(err.value) == (
-        "m/config.json: model_type: 'qwen2_5_vl' is not supported; expected one of "
+        "m/config.json: model_type: 'qwen2_5_omni' is not supported; expected one of "
         + ", ".join(types_of(Role.MODEL, Role.LLM))
     )
-    assert types_of(Role.MODEL) == ("llava", "qwen2_audio")
+    assert types_of(Role.MODEL) == ("llava", "qwen2_audio", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 
 def test_the_reference_modules_implement_the_contract():

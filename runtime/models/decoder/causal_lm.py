@@ -24,6 +24,7 @@ from orch.runtime.models.staged import StagedDecoder
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
+    from orch.runtime.models.sequence import SequenceLayout
     from orch.runtime.parallel.context import CPShard
 
 
@@ -50,20 +51,32 @@ class HFCausalLM(HFModule, StagedDecoder):
     def layer_stack(self) -> nn.Module:
         return self.layers
 
-    def run_blocks(self, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
-        dev = x_TD.device
+    def position_ids(
+        self, seqlens: list[int], cp: CPShard | None, layouts: list[SequenceLayout] | None, device: torch.device
+    ) -> torch.Tensor:
+        """[1, rows]: positions restarting at 0 in every sample (under CP: this rank's positions of each)."""
         if cp is not None:
             pos = [cp.mine_on_device(i) for i in range(len(seqlens))]
         else:
-            pos = [torch.arange(n, device=dev) for n in seqlens]
-        position_ids = (torch.cat(pos) if pos else torch.zeros(0, dtype=torch.int64, device=dev)).unsqueeze(0)
+            pos = [torch.arange(n, device=device) for n in seqlens]
+        return (torch.cat(pos) if pos else torch.zeros(0, dtype=torch.int64, device=device)).unsqueeze(0)
+
+    def run_blocks(
+        self,
+        x_TD: torch.Tensor,
+        seqlens: list[int],
+        cp: CPShard | None = None,
+        layouts: list[SequenceLayout] | None = None,
+    ) -> torch.Tensor:
+        position_ids = self.position_ids(seqlens, cp, layouts, x_TD.device)
         hidden = x_TD.unsqueeze(0)
         rotary = self.rotary_emb(hidden, position_ids=position_ids)
+        text_positions = position_ids if position_ids.ndim == 2 else None  # M-RoPE's layers take no 1-D ids
         for layer in self.layers.values():
             hidden = layer(
                 hidden,
                 attention_mask=None,
-                position_ids=position_ids,
+                position_ids=text_positions,
                 position_embeddings=rotary,
                 orch_seqlens=seqlens,
                 orch_cp=cp,

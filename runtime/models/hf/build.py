@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from importlib import import_module
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from torch import nn
 
 from orch.planner.errors import SpecError
 from orch.planner.families import FAMILIES
+from orch.planner.hf_config import read_config
 from orch.planner.specs import ModelSpec, ModuleSpec
 from orch.runtime.models.hf.attention import register
 from orch.runtime.models.hf.meta import meta_parameters
@@ -58,6 +60,15 @@ def build_full(directory: str) -> nn.Module:
     with meta_parameters():
         full = getattr(transformers, family.transformers_class)(config)
     return full  # type: ignore[no-any-return]
+
+
+def family_module(spec: ModuleSpec) -> ModuleType | None:
+    """The folder (runtime/models/<family>/) of the family an HF module comes from, by its config's model_type
+    through planner/families.py; None for orch's own modules."""
+    if spec.hf is None:
+        return None
+    _, config = read_config(spec.hf.path)
+    return import_module(f"orch.runtime.models.{FAMILIES[str(config.get('model_type'))].runtime}")
 
 
 def wrap(full: nn.Module, spec: ModuleSpec, llm_hidden: int) -> HFModule:

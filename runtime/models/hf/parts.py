@@ -3,7 +3,8 @@ its layers, each called as the reference model's Block and bare module are (runt
 
 A layer runs as it runs in training: the LLM's decoder layer on a packed row with orch's varlen attention
 and the model's rotary positions (HFCausalLM.run_blocks with one layer kept); a vision layer on whole
-images of `image_tokens`; an audio layer on clips padded to `clip_tokens` (as the tower pads them).
+images of `image_tokens`; an audio layer on clips padded to `clip_tokens` (as the tower pads them); a family's
+own `run_layer` where it has one (Qwen-VL's tower: each sample one image, its windows and rotary positions).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ class LayerCase(nn.Module):
     def forward(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
         if isinstance(self.module, CausalLM):
             return self.module.run_blocks(x_TD, seqlens)
+        own = getattr(self.module, "run_layer", None)  # a family that runs its first layer itself (Qwen-VL's tower)
+        if callable(own):
+            return own(x_TD, seqlens)  # type: ignore[no-any-return]
         assert self.window is not None
         rows = x_TD.shape[0]
         pad = -rows % self.window

@@ -1,12 +1,40 @@
 """The Qwen-VL family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL): a native-resolution vision tower over packed images and
-videos of any size (module `vision`) feeding a Qwen decoder with M-RoPE positions (module `llm`);
-docs/qwen_vl.md."""
+videos of any size (module `vision`, vision.py) feeding a Qwen decoder with M-RoPE positions (module `llm`,
+language.py; positions: rope.py); docs/qwen_vl.md."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from orch.planner.specs import Modality, ModuleSpec
+from torch import nn
+
+from orch.planner.errors import SpecError
+from orch.planner.specs import Modality, ModelSpec, ModuleSpec
+from orch.runtime.models.hf.module import HFModule
+
+if TYPE_CHECKING:
+    import torch
+
+    from orch.runtime.data.batch import MediaItem
+    from orch.runtime.models.sequence import SequenceLayout
+
+
+def wrap(full: nn.Module, spec: ModuleSpec, llm_hidden: int) -> HFModule:
+    from orch.runtime.models.qwen_vl.language import MRopeCausalLM
+    from orch.runtime.models.qwen_vl.vision import QwenVisionTower
+
+    assert spec.hf is not None
+    config: Any = full.config
+    base: Any = full.model
+    if getattr(config.vision_config, "deepstack_visual_indexes", None):
+        what = "Qwen3-VL's deepstack features are not trained by orch yet (Qwen2-VL and Qwen2.5-VL are)"
+        raise SpecError(f"{spec.hf.path}/config.json", "vision_config.deepstack_visual_indexes", what)
+    if spec.hf.part == "text":
+        return MRopeCausalLM(base.language_model, full.lm_head, config.text_config)
+    if spec.hf.part != "vision":
+        raise SpecError(f"{spec.hf.path}/config.json", spec.hf.part, "a Qwen-VL model gives vision and text")
+    return QwenVisionTower(base.visual, config)
 
 
 def media_processor(spec: ModuleSpec, modality: Modality) -> Any:
@@ -14,3 +42,21 @@ def media_processor(spec: ModuleSpec, modality: Modality) -> Any:
     from orch.runtime.models.qwen_vl.processing import VisionMedia
 
     return VisionMedia(spec)
+
+
+def layout_positions(model: ModelSpec) -> Callable[[SequenceLayout, tuple[MediaItem, ...]], torch.Tensor]:
+    """Each sample's M-RoPE positions from its layout and items (rope.py), with the model's merge size and, for
+    Qwen2.5-VL, its video time scale (`vision_config.tokens_per_second`)."""
+    from orch.planner.hf_config import read_config
+    from orch.runtime.models.qwen_vl.rope import mrope_positions
+
+    assert model.llm.hf is not None
+    _, config = read_config(model.llm.hf.path)
+    vision = config.get("vision_config") or {}
+    merge = int(vision.get("spatial_merge_size", 2))
+    per_second = vision.get("tokens_per_second", 4) if config.get("model_type") == "qwen2_5_vl" else None
+
+    def positions(layout: SequenceLayout, items: tuple[MediaItem, ...]) -> torch.Tensor:
+        return mrope_positions(layout, items, merge, per_second)
+
+    return positions

@@ -1,0 +1,163 @@
+"""The Qwen-VL family's modules against transformers' own model, in one process, float64: orch's vision tower
+over the packed images and videos of several samples, and its M-RoPE LLM over the layouts those samples have,
+give the loss of Qwen2-VL's / Qwen2.5-VL's `ForConditionalGeneration` forward on the same ids, pixels and
+grids (1e-9), and the same gradient for every parameter; the M-RoPE positions equal HF's `get_rope_index`."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from qwen_vl_models import make_qwen_vl
+
+from orch.runtime.data.batch import MediaItem, grid_items
+from orch.runtime.models.qwen_vl.rope import mrope_positions
+from orch.runtime.models.sequence import SequenceLayout
+
+CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
+# Per sample: (text pieces, items between them); an item is (t, h, w, seconds) in patches.
+SAMPLES = [
+    ([5, 3, 4], [(1, 4, 6, 0.0), (1, 8, 8, 0.0)]),  # two images
+    ([7], []),  # text only
+    ([2, 6], [(2, 6, 4, 1.0)]),  # a video of two temporal grids, 1 s each
+    ([3, 2, 5], [(1, 16, 16, 0.0), (3, 4, 4, 0.5)]),  # an image of 64 merged tokens, a video
+]
+
+
+@pytest.fixture(scope="module", params=list(CLASSES))
+def family(request, tmp_path_factory):
+    return request.param, make_qwen_vl(tmp_path_factory.mktemp(request.param), request.param, seed=3)
+
+
+def _hf(directory, family, attention=None):
+    import transformers
+
+    model = getattr(transformers, CLASSES[family]).from_pretrained(directory, dtype=torch.float64)
+    if attention is not None:
+        model.config.text_config._attn_implementation = attention
+    return model
+
+
+def _sequences(config, gen):
+    """Per sample: its HF input_ids, token types, labels; its orch text ids, layout inserts, items and pixels."""
+    start, end = config.vision_start_token_id, config.vision_end_token_id
+    out = []
+    for pieces, items in SAMPLES:
+        text: list[int] = []
+        ids: list[int] = []
+        types: list[int] = []
+        inserts, prefix = [], 0
+        for k, n in enumerate(pieces):
+            words = torch.randint(1, 20, (n,), generator=gen).tolist()
+            text += words
+            ids += words
+            types += [0] * n
+            if k < len(items):
+                t, h, w, s = items[k]
+                rows = t * h * w // 4
+                pad = config.video_token_id if s else config.image_token_id
+                text += [start]
+                ids += [start, *[pad] * rows]
+                types += [0, *[2 if s else 1] * rows]
+                inserts.append((len(text), prefix, rows))
+                prefix += rows
+                text += [end]
+                ids += [end]
+                types += [0]
+        media = [MediaItem((t, h, w), s) for t, h, w, s in items]
+        pixels = [torch.randn(it.patches, 1176, generator=gen, dtype=torch.float64) for it in media]
+        out.append((ids, types, text, inserts, prefix, media, pixels))
+    return out
+
+
+def test_mrope_positions_equal_hf_get_rope_index(family):
+    name, directory = family
+    hf = _hf(directory, name)
+    gen = torch.Generator().manual_seed(0)
+    tps = getattr(hf.config.vision_config, "tokens_per_second", None) if name == "qwen2_5_vl" else None
+    for ids, types, text, inserts, prefix, media, _ in _sequences(hf.config, gen):
+        layout = SequenceLayout.interleaved(prefix, len(text), inserts)
+        got = mrope_positions(layout, media, 2, tps)
+        images = [it.grid for it in media if not it.is_video]
+        videos = [it.grid for it in media if it.is_video]
+        kwargs = {"second_per_grid_ts": torch.tensor([it.seconds for it in media if it.is_video])} if videos else {}
+        if name == "qwen2_vl":
+            kwargs = {}
+        want, _ = hf.model.get_rope_index(
+            torch.tensor([ids]),
+            mm_token_type_ids=torch.tensor([types]),
+            image_grid_thw=torch.tensor(images) if images else None,
+            video_grid_thw=torch.tensor(videos) if videos else None,
+            **kwargs,
+        )
+        assert torch.equal(got, want[:, 0]), (got, want[:, 0])
+
+
+def test_grid_items_cover_the_patches_in_merge_windows():
+    assert grid_items(0, 4) == ()
+    assert grid_items(24, 4) == (MediaItem((1, 4, 6)),)
+    assert grid_items(28, 4) == (MediaItem((1, 2, 14)),)  # 7 units: a prime
+    with pytest.raises(ValueError, match="merge windows"):
+        grid_items(10, 4)
+
+
+def test_loss_and_gradients_equal_hf(family):
+    from orch.runtime.models.hf.attention import register
+    from orch.runtime.models.qwen_vl.language import MRopeCausalLM
+    from orch.runtime.models.qwen_vl.vision import QwenVisionTower
+    from orch.runtime.models.sequence import scored_labels
+
+    name, directory = family
+    hf = _hf(directory, name)
+    mine = _hf(directory, name, attention=register())
+    tower = QwenVisionTower(mine.model.visual, mine.config)
+    llm = MRopeCausalLM(mine.model.language_model, mine.lm_head, mine.config.text_config)
+    tps = getattr(hf.config.vision_config, "tokens_per_second", None) if name == "qwen2_5_vl" else None
+    gen = torch.Generator().manual_seed(1)
+    seqs = _sequences(hf.config, gen)
+    labels_all = []
+    total = torch.zeros((), dtype=torch.float64)
+    count = 0
+    for ids, types, _, _, _, media, pixels in seqs:  # HF: sample by sample, its own forward
+        labels = [i if k % 3 else -100 for k, i in enumerate(ids)]  # some positions untrained
+        labels = [y if t == 0 else -100 for y, t in zip(labels, types, strict=True)]
+        labels_all.append(labels)
+        images = [(it, p) for it, p in zip(media, pixels, strict=True) if not it.is_video]
+        videos = [(it, p) for it, p in zip(media, pixels, strict=True) if it.is_video]
+        kwargs = {}
+        if images:
+            kwargs |= {"pixel_values": torch.cat([p for _, p in images]),
+                       "image_grid_thw": torch.tensor([it.grid for it, _ in images])}  # fmt: skip
+        if videos:
+            kwargs |= {"pixel_values_videos": torch.cat([p for _, p in videos]),
+                       "video_grid_thw": torch.tensor([it.grid for it, _ in videos])}  # fmt: skip
+            if name == "qwen2_5_vl":
+                kwargs["second_per_grid_ts"] = torch.tensor([it.seconds for it, _ in videos])
+        logits = hf(input_ids=torch.tensor([ids]), mm_token_type_ids=torch.tensor([types]), **kwargs).logits[0]
+        target = torch.tensor([*labels[1:], -100])
+        total = total + F.cross_entropy(logits, target, reduction="sum", ignore_index=-100)
+        count += int((target != -100).sum())
+    (total / count).backward()
+
+    # orch: every sample's items through the tower at once, then the LLM over the packed samples.
+    feats = torch.cat([p for *_, pixels in seqs for p in pixels])
+    out = tower(feats, [sum(p.shape[0] for p in s[6]) for s in seqs], items=[s[5] for s in seqs])
+    prefixes = list(out.split([s[4] for s in seqs]))
+    layouts, texts, text_labels = [], [], []
+    for (_, types, text, inserts, prefix, media, _), labels in zip(seqs, labels_all, strict=True):
+        layout = SequenceLayout.interleaved(prefix, len(text), inserts)
+        layouts.append(SequenceLayout(layout.prefix, layout.text, layout.source, layout.score,
+                                      mrope_positions(layout, media, 2, tps)))  # fmt: skip
+        texts.append(torch.tensor(text))
+        text_labels.append(torch.tensor([y for y, t in zip(labels, types, strict=True) if t == 0]))
+    logits = llm(prefixes, texts, None, layouts)
+    loss = F.cross_entropy(logits, torch.cat(scored_labels(text_labels, layouts)), reduction="sum") / count
+    loss.backward()
+    assert abs(loss.item() - (total / count).item()) <= 1e-9 * abs(loss.item())
+    theirs = dict(hf.named_parameters())
+    checked = 0
+    for key, p in mine.named_parameters():
+        if p.grad is None:
+            assert theirs[key].grad is None or not theirs[key].grad.any(), key
+            continue
+        torch.testing.assert_close(p.grad, theirs[key].grad, rtol=1e-9, atol=1e-12, msg=key)
+        checked += 1
+    assert checked == sum(1 for p in mine.parameters())  # every parameter has a gradient (lm_head untied)
