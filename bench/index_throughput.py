@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from orch.runtime.data.conversations import read_conversations  # noqa: E402
-from orch.runtime.data.index import TextCounter, build_index, find_tokenizer  # noqa: E402
+from orch.runtime.data.conversations import read_conversations
+from orch.runtime.data.index import TextCounter, build_index, find_tokenizer
 
 
 def main() -> None:
@@ -49,7 +49,9 @@ def main() -> None:
         for i in range(n):
             kind = i % 6
             img, vid = f"media/{images[(i * 7) % files]}", f"media/{videos[(i * 11) % files]}"
-            rec: dict = {"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "a red circle"}]}
+            rec: dict = {
+                "messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "a red circle"}]
+            }
             if kind in (0, 1):
                 rec["messages"][0]["content"], rec["images"] = "<image>what is in the picture?", [img]
             elif kind in (2, 3):

@@ -4,52 +4,14 @@ videos written with Pillow and PyAV, and conversation files in LLaMA-Factory's l
 import json
 from pathlib import Path
 
-from orch.planner.specs import HFPart, ModelSpec, ModuleSpec
-
-PATCH = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
+from orch.planner.specs import ModelSpec
 
 
-def qwen_vl_spec(directory: Path, family: str = "qwen2_5_vl") -> ModelSpec:
-    """The spec the planner's config reader gives a tiny Qwen-VL directory (written by hand here: a vision tower
-    of 3·temporal_patch·patch² input rows, merge² patches a token, feeding a Qwen decoder)."""
-    try:
-        from orch.planner.hf_config import model_spec_from_dir
+def qwen_vl_spec(directory: Path) -> ModelSpec:
+    """The spec the planner's config reader gives a tiny Qwen-VL directory (`--model DIR`)."""
+    from orch.planner.hf_config import model_spec_from_dir
 
-        return model_spec_from_dir(directory)
-    except Exception:  # the family's config reader is not in this tree yet
-        pass
-    patch = PATCH[family]
-    config = json.loads((Path(directory) / "config.json").read_text())
-    vocab = config.get("text_config", config).get("vocab_size") or config.get("vocab_size")
-    return ModelSpec(
-        name=f"tiny-{family}",
-        modules={
-            "vision": ModuleSpec(kind="encoder", feeds="llm", layers=4, hidden=32, heads=4, ffn=64,
-                                 input_dim=3 * 2 * patch * patch, downsample=4,
-                                 hf=HFPart(path=str(directory), part="vision")),
-            "llm": ModuleSpec(kind="llm", layers=4, hidden=48, heads=4, kv_heads=2, ffn=96, vocab=vocab,
-                              hf=HFPart(path=str(directory), part="text")),
-        },
-    )  # fmt: skip
-
-
-def model_arg(monkeypatch, directory: Path, model: ModelSpec) -> str:
-    """What `--model` takes for the tiny directory: the directory itself, its spec by hand where the planner
-    cannot read the family yet (its `load_model` answers the directory with `model`)."""
-    import orch.planner.loading as loading
-
-    real = loading.load_model
-
-    def load(ref, *args, **kwargs):
-        if str(ref) == str(directory):
-            try:
-                return real(ref, *args, **kwargs)
-            except Exception:  # the family's config reader is not in this tree yet
-                return model
-        return real(ref, *args, **kwargs)
-
-    monkeypatch.setattr(loading, "load_model", load)
-    return str(directory)
+    return model_spec_from_dir(directory)
 
 
 def write_image(path: Path, width: int, height: int, seed: int = 0) -> Path:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from qwen_vl_data import model_arg, qwen_vl_spec, turn, write_conversations, write_image, write_video
+from qwen_vl_data import qwen_vl_spec, turn, write_conversations, write_image, write_video
 from qwen_vl_models import make_qwen_vl
 
 from orch.runtime.data.index import build_index
@@ -114,7 +114,7 @@ def test_video_grid_from_the_header(qwen, tmp_path):
     assert seconds == pytest.approx(2 / (4 / 10 * 4))  # temporal patch over the sampled fps (HF's)
 
 
-def test_index_rows_keep_items_in_placeholder_order(qwen, tmp_path, cli, monkeypatch):
+def test_index_rows_keep_items_in_placeholder_order(qwen, tmp_path, cli):
     """`orch data index`: per sample its items (images and videos interleaved as their placeholders stand),
     its tokens per item, and the LLM's text (with the vision start/end tokens) plus t·h·w/4 rows per item."""
     from tokenizers import Tokenizer
@@ -128,7 +128,7 @@ def test_index_rows_keep_items_in_placeholder_order(qwen, tmp_path, cli, monkeyp
         turn("<video>describe", videos=["v.mp4"]),
         turn("no media"),
     ])  # fmt: skip
-    r = cli("data", "index", str(data), "--model", model_arg(monkeypatch, directory, model))
+    r = cli("data", "index", str(data), "--model", str(directory))
     assert r.exit_code == 0, r.output
     idx = build_index(str(data), model)
     assert idx.cached
@@ -176,7 +176,7 @@ def test_changed_processor_limits_reindex(qwen, tmp_path):
     assert rows[0]["items"]["vision"][0][0] == 1 and rows[0]["lengths"]["vision"] <= 16 * 4
 
 
-def test_inspect_ids_are_hfs(qwen, tmp_path, cli, monkeypatch):
+def test_inspect_ids_are_hfs(qwen, tmp_path, cli):
     """`orch data inspect --json`: input_ids of a conversation with three images and a video equal HF's
     Qwen2_5_VLProcessor's for the same rendered text (the video's pads expanded beforehand by its grid: HF's
     video path needs torchvision), the image rows HF's pixel_values."""
@@ -192,7 +192,7 @@ def test_inspect_ids_are_hfs(qwen, tmp_path, cli, monkeypatch):
     record = turn("<image>see<image>and<video>then<image>", "it is <image>", images=["i0.png", "i1.png", "i2.png",
                   "i1.png"], videos=["v.mp4"])  # fmt: skip
     data = write_conversations(tmp_path / "d.jsonl", [record])
-    r = cli("data", "inspect", str(data), "--model", model_arg(monkeypatch, directory, model), "--json")
+    r = cli("data", "inspect", str(data), "--model", str(directory), "--json")
     assert r.exit_code == 0, r.output
     shown = json.loads(r.output[r.output.index("{") :])
 
@@ -289,7 +289,7 @@ def test_processed_sample_has_the_indexed_tokens(qwen, tmp_path):
     assert len(out.input_ids) + row["lengths"]["vision"] // 4 == row["lengths"]["llm"]
 
 
-def test_llama_factory_video_demo_is_indexed(qwen, tmp_path, cli, monkeypatch):
+def test_llama_factory_video_demo_is_indexed(qwen, tmp_path, cli):
     """LLaMA-Factory's mllm_video_demo.json layout (a JSON list, `messages`, `videos` beside the text's
     `<video>`) and ShareGPT's `conversations`: the videos counted."""
     directory, model = qwen
@@ -304,14 +304,14 @@ def test_llama_factory_video_demo_is_indexed(qwen, tmp_path, cli, monkeypatch):
     ]  # fmt: skip
     data = tmp_path / "mllm_video_demo.json"
     data.write_text(json.dumps(demo))
-    r = cli("data", "index", str(data), "--model", model_arg(monkeypatch, directory, model))
+    r = cli("data", "index", str(data), "--model", str(directory))
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in Path(build_index(str(data), model).manifest).read_text().splitlines()]
     assert [len(r["items"]["vision"]) for r in rows] == [1, 1]
     assert all(r["lengths"]["vision"] > 0 and r["items"]["vision"][0][3] > 0 for r in rows)
 
 
-def test_bad_inputs_are_skipped_and_named(qwen, tmp_path, cli, monkeypatch):
+def test_bad_inputs_are_skipped_and_named(qwen, tmp_path, cli):
     directory, model = qwen
     write_image(tmp_path / "thin.png", 1000, 4)
     write_image(tmp_path / "ok.png", 50, 50)
@@ -327,7 +327,7 @@ def test_bad_inputs_are_skipped_and_named(qwen, tmp_path, cli, monkeypatch):
         turn("<video>x", videos=["one.mp4"]),
         turn("<image>fine", images=["ok.png"]),
     ])  # fmt: skip
-    r = cli("data", "index", str(data), "--model", model_arg(monkeypatch, directory, model))
+    r = cli("data", "index", str(data), "--model", str(directory))
     assert r.exit_code == 1
     assert "d.jsonl:1: images[0]: thin.png: absolute aspect ratio must be smaller than 200, got 250.0" in r.output
     assert "d.jsonl:2: videos[0]: broken.mp4: cannot open (InvalidDataError)" in r.output
@@ -368,11 +368,10 @@ def test_a_model_without_a_video_path_refuses_videos(tmp_path, cli):
     assert r.exit_code == 1 and "mllm_video_demo.json:1: videos: the model takes no video" in r.output
 
 
-def test_qwen3_vl_images_by_its_patch_and_videos_refused(tmp_path, cli, monkeypatch):
+def test_qwen3_vl_images_by_its_patch_and_videos_refused(tmp_path, cli):
     from PIL import Image
 
     directory = make_qwen_vl(tmp_path / "q3", "qwen3_vl")
-    model = qwen_vl_spec(directory, "qwen3_vl")
     rule = read_rule(str(directory), "qwen3_vl")
     hf = _hf_images(directory)
     for w, h in SIZES[:8]:
@@ -382,5 +381,5 @@ def test_qwen3_vl_images_by_its_patch_and_videos_refused(tmp_path, cli, monkeypa
     write_video(tmp_path / "v.mp4", frames=8)
     data = write_conversations(tmp_path / "d.jsonl", [turn("<image>x", images=["a.png"]),
                                                       turn("<video>x", videos=["v.mp4"])])  # fmt: skip
-    r = cli("data", "index", str(data), "--model", model_arg(monkeypatch, directory, model))
+    r = cli("data", "index", str(data), "--model", str(directory))
     assert r.exit_code == 1 and "d.jsonl:2: videos: the model takes no video (Qwen3-VL's per-frame" in r.output
