@@ -176,3 +176,20 @@ def test_loss_and_gradients_equal_hf(family):
         torch.testing.assert_close(p.grad, theirs[key].grad, rtol=1e-9, atol=1e-12, msg=key)
         checked += 1
     assert checked == sum(1 for p in mine.parameters())  # every parameter has a gradient (lm_head untied)
+
+
+def test_a_tower_over_tp2_or_cp2_is_refused_in_one_line(family):
+    from orch.planner.hf_config import model_spec_from_dir
+    from orch.planner.plan import Layout
+    from orch.planner.specs import DataSpec, TaskSpec
+    from orch.runtime.plans import hand_plan
+    from orch.runtime.train.support import UnsupportedPlan, check_supported
+
+    _, directory = family
+    model = model_spec_from_dir(directory)
+    data = DataSpec(global_batch=4, seq_len=64, tasks=[TaskSpec(weight=1, tokens={"vision": 16, "llm": 32})])
+    for layout, want in ((Layout(tp=2, dp=2), "modules.vision.layout.tp: 2: this module takes tensor parallelism up to 1"),
+                         (Layout(cp=2, dp=2), "modules.vision.layout.cp: 2: a tower of fixed windows")):  # fmt: skip
+        plan = hand_plan(model, data, {"llm": (Layout(dp=4), [0, 1, 2, 3]), "vision": (layout, [0, 1, 2, 3])})
+        with pytest.raises(UnsupportedPlan, match=want.replace(".", r"\.").replace("(", r"\(")):
+            check_supported(plan)
