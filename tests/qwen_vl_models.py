@@ -95,5 +95,9 @@ def make_qwen_vl(directory: Path, family: str = "qwen2_5_vl", *, seed: int = 0, 
     video = {**image, "video_processor_type": "Qwen2VLVideoProcessor", "fps": 2.0, "min_frames": 4,
              "max_frames": 16, "min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS}  # fmt: skip
     video.pop("image_processor_type")
+    if family == "qwen3_vl":  # Qwen3VLVideoProcessor: its limits as `size` alone
+        del video["min_pixels"], video["max_pixels"]
+        video |= {"video_processor_type": "Qwen3VLVideoProcessor",
+                  "size": {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}}  # fmt: skip
     (directory / "video_preprocessor_config.json").write_text(json.dumps(video, indent=1))
     return directory

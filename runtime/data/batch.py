@@ -44,7 +44,8 @@ def initial_dp_index(sample_id: int, dp: int) -> int:
 class MediaItem:
     """One image or video of a sample as a native-resolution tower takes it: its patch grid (temporal, height,
     width: patches before the merger; `t·h·w` input rows) and, for a video, the seconds one temporal grid step
-    spans (0 for an image). Known to every rank from the index, as lengths are (docs/qwen_vl.md)."""
+    spans (0 for an image); a Qwen3-VL video is one item per temporal step, its seconds the step's timestamp
+    (the `<t seconds>` of its text). Known to every rank from the index, as lengths are (docs/qwen_vl.md)."""
 
     grid: tuple[int, int, int]
     seconds: float = 0.0

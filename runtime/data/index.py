@@ -18,7 +18,9 @@ Image sizes come from the file header (Pillow opens lazily), audio durations fro
 
 The index is a manifest (planner/data.py reads it: one `{"lengths": {...}, "where": "file:line"}` per
 sample, `"media": {encoder: [tokens per image or clip]}` where a sample has several, and for a grid rule's
-encoder `"items": {encoder: [[t, h, w, seconds], ...]}` per image or video in placeholder order) beside the data,
+encoder `"items": {encoder: [[t, h, w, seconds], ...]}` per item in placeholder order, an image one item and a
+video one or more (its family's rule: Qwen3-VL's, one per temporal step), with `"placeholder_items": {encoder:
+[items of each placeholder]}` where a placeholder has more than one) beside the data,
 under `.orch-index/`, keyed by the data file (path, size, mtime), the token rules and the tokenizer file,
 so a changed file, model or tokenizer is indexed afresh. A mix file's manifest draws each source's rows in
 proportion to its weight. Written atomically with a summary (samples, bad samples with `file:line: what is
@@ -55,25 +57,32 @@ from orch.runtime.data.conversations import (
 MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz, a 10 ms hop
 DEFAULT_MAX_IMAGE_TOKENS = 1024
 INDEX_DIR = ".orch-index"
-INDEX_VERSION = 5  # part of the cache key: an index of another layout is made afresh
+INDEX_VERSION = 6  # part of the cache key: an index of another layout is made afresh
 _MODELS = Path(__file__).resolve().parent.parent / "models"
 
 
 class GridRule(Protocol):
     """A native-resolution family's token rule (its runtime folder's `media.py` `token_rule(spec, modality,
-    model_type)`): each image's or video's patch grid from the file's header, the text around each
-    placeholder's rows, and whether its tower takes videos. A frozen dataclass of JSON values (it keys the
-    index)."""
+    model_type)`): each image's or video's items (patch grids) from the file's header, the text around each
+    item's rows, and whether its tower takes videos. A frozen dataclass of JSON values (it keys the index).
 
-    wrap: tuple[str, str]  # text before and after each image's or video's rows ("" where none)
+    An image is one item; a video one or more, each its own group of rows in the text (Qwen3-VL: one per
+    temporal step, after its timestamp): the k-th `<video>` renders as, per item, `video_prefix(item)`, then
+    `wrap[0]`, the item's rows, `wrap[1]` (`video_texts`, `TextCounter.render`)."""
+
+    wrap: tuple[str, str]  # text before and after each item's rows ("" where none)
     no_video: str  # why the tower takes no video ("" where it does)
 
     def image_item(self, path: str) -> tuple[int, int, int, float]:
         """(t, h, w, seconds) of an image: OSError where it cannot be read, ValueError (its processor's error)."""
         ...
 
-    def video_item(self, path: str) -> tuple[int, int, int, float]:
-        """(t, h, w, seconds per temporal step) of a video; ValueError saying what is wrong."""
+    def video_items(self, path: str) -> tuple[tuple[int, int, int, float], ...]:
+        """The items (t, h, w, seconds) a video becomes, in order; ValueError saying what is wrong."""
+        ...
+
+    def video_prefix(self, item: tuple[int, int, int, float]) -> str:
+        """The text before a video item's `wrap` (its timestamp, say; "" where none)."""
         ...
 
 
@@ -229,6 +238,9 @@ def audio_tokens(rule: EncoderRule, num_samples: int, rate: int) -> int:
 
 
 IGNORE = -100  # a label not trained on (Hugging Face's ignore_index)
+# an item (t, h, w, seconds): a video's seconds per temporal step, or a Qwen3-VL frame group's timestamp
+Item = tuple[int, int, int, float]
+VideoTexts = list[list[str]] | None  # per `<video>`, the text before each of its items' rows (`video_texts`)
 # Stand-ins for the placeholders while the chat template renders (private-use characters no template alters).
 _MARKS = {IMAGE: "\ue000", AUDIO: "\ue001", VIDEO: "\ue002"}
 _PLACEHOLDER_OF = {v: k for k, v in _MARKS.items()}
@@ -290,8 +302,10 @@ class TextCounter:
 
         # each placeholder's stand-in while the template renders, with its family's text around it
         self._stand_in = {tag: mark for tag, mark in _MARKS.items()}
+        self._wraps = {tag: ("", "") for tag in _MARKS}
         for tag, before, after in wraps:
             self._stand_in[tag] = before + _MARKS[tag] + after
+            self._wraps[tag] = (before, after)
 
         self.tokenizer = Tokenizer.from_file(tokenizer_file)
         self.template = template
@@ -342,12 +356,23 @@ class TextCounter:
                 spans.append((a, self._turn_end(text, b, stop)))
         return text, spans
 
-    def render(self, conv: Conversation) -> Rendering:
+    def render(self, conv: Conversation, videos: VideoTexts = None) -> Rendering:
         """The conversation's text (the chat template's rendering, or without one the contents one line each),
-        the spans of its assistant contents and where its placeholders stood, cut out of the text."""
+        the spans of its assistant contents and where its placeholders stood, cut out of the text. `videos`: per
+        `<video>` (text order), the text before each of its items' rows (`video_texts`): the placeholder stands
+        for one mark per item, each after its text and inside the family's wrap; None: one item each."""
         stand_in = self._stand_in
-        messages = [(role, content.replace(IMAGE, stand_in[IMAGE]).replace(VIDEO, stand_in[VIDEO])
-                     .replace(AUDIO, stand_in[AUDIO])) for role, content in conv.messages]  # fmt: skip
+        before, after = self._wraps[VIDEO]
+        expansions = iter(["".join(p + before + _MARKS[VIDEO] + after for p in v) for v in videos or []])
+
+        def video(content: str) -> str:
+            if videos is None:
+                return content.replace(VIDEO, stand_in[VIDEO])
+            first, *rest = content.split(VIDEO)
+            return first + "".join(next(expansions, stand_in[VIDEO]) + piece for piece in rest)
+
+        messages = [(role, video(content.replace(IMAGE, stand_in[IMAGE]).replace(AUDIO, stand_in[AUDIO])))
+                    for role, content in conv.messages]  # fmt: skip
         raw, spans = self._raw(messages)
         if not (conv.images or conv.audios or conv.videos):
             return Rendering(raw, spans, [])
@@ -370,12 +395,16 @@ class TextCounter:
             k += len(c)
         return out
 
-    def count(self, convs: list[Conversation]) -> list[int]:
-        return [sum(len(e.ids) for e in encs) for encs in self._encode([self.render(c) for c in convs])]
+    def count(self, convs: list[Conversation], videos: list[VideoTexts] | None = None) -> list[int]:
+        """Text tokens of each conversation (`videos`: each one's `render` argument)."""
+        per = videos if videos is not None else [None] * len(convs)
+        renderings = [self.render(c, v) for c, v in zip(convs, per, strict=True)]
+        return [sum(len(e.ids) for e in encs) for encs in self._encode(renderings)]
 
-    def tokens(self, conv: Conversation) -> TextTokens:
-        """`conv`'s ids, labels (a token is trained when it lies in an assistant content) and placeholders."""
-        rendering = self.render(conv)
+    def tokens(self, conv: Conversation, videos: VideoTexts = None) -> TextTokens:
+        """`conv`'s ids, labels (a token is trained when it lies in an assistant content) and placeholders (a
+        `<video>` of several items: one mark each, `render`)."""
+        rendering = self.render(conv, videos)
         ids: list[int] = []
         labels: list[int] = []
         marks: list[tuple[int, str]] = []
@@ -437,16 +466,13 @@ class SourceIndex:
     bad: list[str] = field(default_factory=list)
 
 
-Item = tuple[int, int, int, float]  # an image's or video's (t, h, w, seconds per temporal step)
-
-
 def index_source(path: str, rules: TokenRules, counter: TextCounter, source: int = 0, chunk: int = 512) -> SourceIndex:
     out = SourceIndex(path)
-    pending: list[tuple[Conversation, dict[str, list[int]], dict[str, list[Item]]]] = []
-    memo: dict[tuple[str, str, str], Item | str] = {}  # each media file's item, read once per build
+    pending: list[tuple[Conversation, dict[str, list[int]], dict[str, list[tuple[Item, ...]]]]] = []
+    memo: dict[tuple[str, str, str], tuple[Item, ...] | str] = {}  # each media file's items, read once per build
 
     def flush() -> None:
-        texts = counter.count([c for c, _, _ in pending])
+        texts = counter.count([c for c, _, _ in pending], [video_texts(rules, c, i) for c, _, i in pending])
         for (conv, media, items), text in zip(pending, texts, strict=True):
             enc = {name: sum(n) for name, n in media.items()}
             llm = text + sum(projected_len(n, r.downsample) for r in rules.encoders for n in [enc.get(r.name, 0)])
@@ -454,8 +480,10 @@ def index_source(path: str, rules: TokenRules, counter: TextCounter, source: int
                                    "sample": conv.number}  # fmt: skip
             if any(len(n) > 1 for n in media.values()):  # several images or clips: each one's tokens
                 row["media"] = {name: n for name, n in media.items() if n}
-            if any(items.values()):  # a grid rule's encoder: each image's or video's grid, placeholder order
-                row["items"] = {name: [list(i) for i in v] for name, v in items.items() if v}
+            if any(items.values()):  # a grid rule's encoder: each item's grid, placeholder order
+                row["items"] = {name: [list(i) for its in v for i in its] for name, v in items.items() if v}
+            if any(len(its) != 1 for v in items.values() for its in v):  # a video of several items
+                row["placeholder_items"] = {name: [len(its) for its in v] for name, v in items.items() if v}
             out.rows.append(row)
         pending.clear()
 
@@ -471,8 +499,8 @@ def index_source(path: str, rules: TokenRules, counter: TextCounter, source: int
         if isinstance(enc, BadSample):
             out.bad.append(str(enc))
             continue
-        for name, its in items.items():
-            enc[name] = [t * h * w for t, h, w, _ in its]
+        for name, per in items.items():
+            enc[name] = [t * h * w for its in per for t, h, w, _ in its]
         pending.append((item, enc, items))
         if len(pending) >= chunk:
             flush()
@@ -482,12 +510,13 @@ def index_source(path: str, rules: TokenRules, counter: TextCounter, source: int
 
 
 def encoder_items(
-    conv: Conversation, rules: TokenRules, memo: dict[tuple[str, str, str], Item | str] | None = None
-) -> dict[str, list[Item]] | BadSample:
-    """Each grid rule's encoder's items for `conv` (its images and videos in placeholder order, `GridRule`); a
-    BadSample for a file that cannot be read, a size its processor refuses, or a video the model cannot take.
-    `memo` keeps each file's item (or what is wrong with it) across the samples of one index build: a file
-    referenced many times has its header read once."""
+    conv: Conversation, rules: TokenRules, memo: dict[tuple[str, str, str], tuple[Item, ...] | str] | None = None
+) -> dict[str, list[tuple[Item, ...]]] | BadSample:
+    """Each grid rule's encoder's items for `conv`, per placeholder (its images and videos in text order) the
+    items it becomes (`GridRule`: an image one, a video one or more); a BadSample for a file that cannot be
+    read, a size its processor refuses, or a video the model cannot take. `memo` keeps each file's items (or
+    what is wrong with it) across the samples of one index build: a file referenced many times has its header
+    read once."""
     memo = {} if memo is None else memo
     if conv.videos:
         takers = [r for r in rules.encoders if r.grids is not None and not r.grids.no_video]
@@ -496,11 +525,11 @@ def encoder_items(
             why = why or ("its vision encoder takes images only" if any(r.modality == "vision" for r in rules.encoders)
                           else "it has no vision encoder")  # fmt: skip
             return BadSample(conv.where, f"videos: the model takes no video ({why})")
-    out: dict[str, list[Item]] = {}
+    out: dict[str, list[tuple[Item, ...]]] = {}
     for r in rules.encoders:
         if r.grids is None:
             continue
-        items: list[Item] = []
+        items: list[tuple[Item, ...]] = []
         for tag, k, path in conv.visual():
             if (r.name, tag, path) not in memo:
                 memo[(r.name, tag, path)] = _item(r.grids, tag, path)
@@ -512,16 +541,43 @@ def encoder_items(
     return out
 
 
-def _item(rule: GridRule, tag: str, path: str) -> Item | str:
-    """An image's or video's item by the rule, or what is wrong with the file."""
+def _item(rule: GridRule, tag: str, path: str) -> tuple[Item, ...] | str:
+    """An image's or video's items by the rule, or what is wrong with the file."""
     try:
-        return rule.image_item(path) if tag == IMAGE else rule.video_item(path)
+        return (rule.image_item(path),) if tag == IMAGE else tuple(rule.video_items(path))
     except FileNotFoundError:
         return "file not found"
     except ValueError as exc:  # what its processor would refuse, said as the rule says it
         return str(exc)
     except Exception as exc:  # unreadable (OSError, Pillow's DecompressionBombError): never out of the index
         return f"cannot read ({type(exc).__name__})"
+
+
+def video_texts(rules: TokenRules, conv: Conversation, items: dict[str, list[tuple[Item, ...]]]) -> VideoTexts:
+    """Per `<video>` of `conv` (text order), the text before each of its items' rows (`GridRule.video_prefix`:
+    Qwen3-VL's timestamps) by the rule of the encoder taking videos, from its items per placeholder
+    (`encoder_items`, or the index's `placeholder_groups`); None where the sample has no video or no encoder
+    takes videos (each `<video>` then one mark). The index counts the text with these, and every rank makes
+    the same text from the index's items."""
+    if not conv.videos:
+        return None
+    for r in rules.encoders:
+        if r.grids is None or r.grids.no_video or not items.get(r.name):
+            continue
+        placed = zip(conv.visual(), items[r.name], strict=True)
+        return [[r.grids.video_prefix(it) for it in its] for (tag, _, _), its in placed if tag == VIDEO]
+    return None
+
+
+def placeholder_groups(items: list[Item], counts: list[int] | None) -> list[tuple[Item, ...]]:
+    """An index row's items of one encoder per placeholder: `counts` items each (its `placeholder_items`), one
+    each where the row has none."""
+    counts = counts if counts is not None else [1] * len(items)
+    out, k = [], 0
+    for n in counts:
+        out.append(tuple(items[k : k + n]))
+        k += n
+    return out
 
 
 def encoder_lengths(conv: Conversation, rules: TokenRules) -> dict[str, list[int]] | BadSample:

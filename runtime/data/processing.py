@@ -10,7 +10,8 @@ only, and each encoder's input rows, with exactly the token counts the index giv
 * Images, videos and audio: each encoder's input rows by its media processor (runtime/data/media.py: orch's
   for the reference modules, the family's for a Hugging Face tower), one tensor per image or clip; an encoder
   taking `<image>` and `<video>` (a grid rule's) gets the sample's images and videos in placeholder order,
-  with their kinds.
+  with their kinds, and gives one tensor per item (a video of several items, as Qwen3-VL's temporal steps:
+  one each, in order, each after its own mark in the text: `TextCounter.render`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,9 @@ from typing import Any
 import torch
 
 from orch.planner.specs import ModelSpec, projected_len
-from orch.runtime.data.conversations import Conversation
+from orch.runtime.data.conversations import BadSample, Conversation
 from orch.runtime.data.expansion import conversation_layout, expanded, placeholder_ids
-from orch.runtime.data.index import (
-    IGNORE,
-    TextCounter,
-    TokenRules,
-)
+from orch.runtime.data.index import IGNORE, TextCounter, TokenRules, encoder_items, video_texts
 from orch.runtime.data.media import MediaProcessor, media_processors
 
 
@@ -87,7 +84,13 @@ def process(
 ) -> ProcessedSample:
     """`conv` as the model takes it (module docstring); raises OSError/ValueError on a bad file."""
     features, media = encoder_inputs(conv, model, rules, encoders, processors)
-    text = counter.tokens(conv)
+    videos = None
+    if conv.videos:  # the text around each video's items (Qwen3-VL's timestamps), from their headers
+        items = encoder_items(conv, rules)
+        if isinstance(items, BadSample):
+            raise ValueError(str(items))
+        videos = video_texts(rules, conv, items)
+    text = counter.tokens(conv, videos)
     ids, labels = text.ids, text.labels
     prefix = sum(projected_len(f.shape[0] // r.frames_per_token, r.downsample) for r in rules.encoders
                  for f in [features.get(r.name)] if f is not None)  # fmt: skip

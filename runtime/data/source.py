@@ -84,6 +84,7 @@ class ConversationData:
         self.lengths: list[dict[str, int]] = [r["lengths"] for r in raw]  # the index's own rows, read once
         self._media: list[dict[str, list[int]] | None] = [r.get("media") for r in raw]
         self._items: list[dict[str, list[list[float]]] | None] = [r.get("items") for r in raw]
+        self._groups: list[dict[str, list[int]] | None] = [r.get("placeholder_items") for r in raw]
         self._texts: dict[int, TextTokens | None] = {}
         self._orders: dict[tuple[int, int], list[int]] = {}  # (seed, epoch) -> its permutation
 
@@ -98,12 +99,24 @@ class ConversationData:
         return self.files[source].get(number)
 
     def text(self, row: int) -> TextTokens | None:
-        """The row's tokens, labels and placeholders (None: the sample no longer parses)."""
+        """The row's tokens, labels and placeholders (None: the sample no longer parses, or no longer has the
+        images and videos it was indexed with). A video's text around its items (Qwen3-VL's timestamps) is made
+        from the index's items, as the index counted it: no rank opens a video for its text."""
         if row not in self._texts:
             from orch.runtime.data.conversations import BadSample
+            from orch.runtime.data.index import placeholder_groups, video_texts
 
             conv = self.conversation(row)
-            self._texts[row] = None if isinstance(conv, BadSample) else self.counter.tokens(conv)
+            got = None
+            if not isinstance(conv, BadSample):
+                per, groups = self._items[row] or {}, self._groups[row] or {}
+                items = {e: placeholder_groups([(int(t), int(h), int(w), float(s)) for t, h, w, s in v], groups.get(e))
+                         for e, v in per.items()}  # fmt: skip
+                try:
+                    got = self.counter.tokens(conv, video_texts(self.rules, conv, items))
+                except ValueError:  # its placeholders no longer match the indexed items (the file changed)
+                    got = None
+            self._texts[row] = got
         return self._texts[row]
 
     def media(self, row: int) -> dict[str, list[int]]:

@@ -1,8 +1,9 @@
 """The Qwen-VL family's data side against Hugging Face's own processing: image grids by `smart_resize` (HF's
 image processor's `image_grid_thw`, its errors), video grids from container headers (HF's samplers), the
 index's rows (`items` in placeholder order), `orch data inspect --json` ids (HF's Qwen2_5_VLProcessor), the
-video rows (HF's image processor's patches of the same frames), bad inputs skipped with `file:line:`, and a
-`<video>` refused where the model takes none."""
+video rows (HF's image processor's patches of the same frames), bad inputs skipped with `file:line:`, a
+`<video>` refused where the model takes none, and Qwen3-VL's videos (its sampler, resize and timestamps from HF's
+own source, the index's per-step items, the inspected ids against HF's expansion)."""
 
 import json
 from pathlib import Path
@@ -368,7 +369,7 @@ def test_a_model_without_a_video_path_refuses_videos(tmp_path, cli):
     assert r.exit_code == 1 and "mllm_video_demo.json:1: videos: the model takes no video" in r.output
 
 
-def test_qwen3_vl_images_by_its_patch_and_videos_refused(tmp_path, cli):
+def test_qwen3_vl_images_by_its_patch(tmp_path):
     from PIL import Image
 
     directory = make_qwen_vl(tmp_path / "q3", "qwen3_vl")
@@ -377,9 +378,226 @@ def test_qwen3_vl_images_by_its_patch_and_videos_refused(tmp_path, cli):
     for w, h in SIZES[:8]:
         want = hf(images=[Image.new("RGB", (w, h))], return_tensors="np")["image_grid_thw"][0].tolist()
         assert list(rule.image_grid(w, h)) == want
-    write_image(tmp_path / "a.png", 100, 60)
-    write_video(tmp_path / "v.mp4", frames=8)
-    data = write_conversations(tmp_path / "d.jsonl", [turn("<image>x", images=["a.png"]),
-                                                      turn("<video>x", videos=["v.mp4"])])  # fmt: skip
+
+
+# Qwen3-VL's videos. HF's Qwen3VLVideoProcessor needs torchvision (absent here): its `sample_frames`,
+# `get_num_of_video_patches` and its module's `smart_resize` are compiled from transformers' own source file, and
+# Qwen3VLProcessor's `replace_video_token` / `_calculate_timestamps` (importable) write the video's text.
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    directory = make_qwen_vl(tmp_path_factory.mktemp("qwen3-vl") / "model", "qwen3_vl")
+    return directory, qwen_vl_spec(directory)
+
+
+def _hf_qwen3_video_code() -> dict:
+    """transformers 5.24's Qwen3-VL video processor functions, compiled from its source (module comment)."""
+    import ast
+    import logging
+    import math
+
+    import numpy as np
+    import transformers.models.qwen3_vl as package
+
+    tree = ast.parse((Path(package.__file__).parent / "video_processing_qwen3_vl.py").read_text())
+    methods = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Qwen3VLVideoProcessor").body
+    wanted = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "smart_resize"]
+    wanted += [n for n in methods if isinstance(n, ast.FunctionDef) and n.name in ("sample_frames",
+                                                                                   "get_num_of_video_patches")]  # fmt: skip
+    for f in wanted:  # annotations name torch / torchvision types
+        f.returns = None
+        for a in (*f.args.args, *f.args.kwonlyargs):
+            a.annotation = None
+    ns: dict = {"np": np, "math": math, "logger": logging.getLogger("hf")}
+    exec(compile(ast.Module(wanted, []), "video_processing_qwen3_vl.py", "exec"), ns)
+    assert {"smart_resize", "sample_frames", "get_num_of_video_patches"} <= set(ns)
+    return ns
+
+
+def _hf_qwen3_processor(directory, rule):
+    """HF's Qwen3VLProcessor of the directory's PIL image processor and tokenizer; as its video processor, the
+    attributes `replace_video_token` reads (the real one needs torchvision)."""
+    import types
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    check = transformers.ProcessorMixin.check_argument_for_proper_class
+    transformers.ProcessorMixin.check_argument_for_proper_class = lambda self, name, arg: None  # type: ignore
+    try:
+        proc = transformers.Qwen3VLProcessor(image_processor=_hf_images(directory), tokenizer=tokenizer)
+    finally:
+        transformers.ProcessorMixin.check_argument_for_proper_class = check  # type: ignore
+    proc.video_processor = types.SimpleNamespace(merge_size=rule.merge, temporal_patch_size=rule.temporal_patch)
+    return proc
+
+
+def _hf_video_text(proc, rule, head) -> str:
+    """HF's text of one video (Qwen3VLProcessor.replace_video_token) of this header: its grid and metadata as
+    HF's video processor and PyAV reader give them."""
+    import torch
+    from transformers.video_utils import VideoMetadata
+
+    hf = _hf_qwen3_video_code()
+    meta = VideoMetadata(total_num_frames=head.frames, fps=head.rate, width=head.width, height=head.height)
+    meta.frames_indices = hf["sample_frames"](_hf_video_self(rule), meta)
+    t, h, w, _ = rule.video_grid(head)
+    return proc.replace_video_token({"video_grid_thw": torch.tensor([[t, h, w]]), "video_metadata": [meta]}, 0)
+
+
+def _hf_video_self(rule, cap=False):
+    """The attributes of a Qwen3VLVideoProcessor configured as `rule` is."""
+    import types
+
+    return types.SimpleNamespace(fps=rule.fps, min_frames=rule.min_frames, max_frames=rule.max_frames, num_frames=None,
+                                 size={"shortest_edge": rule.video_min_pixels, "longest_edge": rule.video_max_pixels},
+                                 patch_size=rule.patch, merge_size=rule.merge, temporal_patch_size=rule.temporal_patch,
+                                 cap_pixels_per_frame=cap, max_video_tokens=rule.max_video_tokens)  # fmt: skip
+
+
+@pytest.mark.parametrize("cap", [False, True])
+def test_qwen3_vl_video_sampling_grid_and_timestamps_are_hfs(cap):
+    """Qwen3-VL's sampler, its 3-D resize (the frames in the pixel budget; `cap_pixels_per_frame`), the patches and
+    each temporal step's timestamp are HF's (its own source's functions), and a video's items write the text
+    HF's `replace_video_token` writes: per step `<t seconds>` and its pads between vision start and end."""
+    import dataclasses
+    import types
+
+    import torch
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+    from transformers.video_utils import VideoMetadata
+
+    from orch.runtime.models.qwen_vl.media import VideoHeader
+
+    hf = _hf_qwen3_video_code()
+    rule = VisionGrids("qwen3", 16, 2, 2, 4096, 10**6, 4096, 20 * 32 * 32 * 6, fps=2.0, min_frames=4,
+                       max_frames=24, cap_pixels_per_frame=cap, max_video_tokens=12)  # fmt: skip
+    attrs = _hf_video_self(rule, cap)
+
+    def timestamps(indices, fps, merge):
+        return Qwen3VLProcessor._calculate_timestamps(None, indices, fps, merge)
+
+    proc = types.SimpleNamespace(video_processor=attrs, vision_start_token="<|vision_start|>",
+                                 vision_end_token="<|vision_end|>", video_token="<|video_pad|>",
+                                 _calculate_timestamps=timestamps)  # fmt: skip
+    checked = 0
+    for total in (1, 2, 3, 5, 8, 13, 40, 301):
+        for rate in (1.0, 4.0, 7.5, 24.0, 29.97):
+            for w, h in ((64, 48), (48, 640), (1920, 1080), (20, 20), (33, 500)):
+                meta = VideoMetadata(total_num_frames=total, fps=rate)
+                indices = hf["sample_frames"](attrs, meta).tolist()
+                assert rule.frame_indices(total, rate) == indices
+                head = VideoHeader(total, rate, w, h)
+                try:
+                    want = hf["get_num_of_video_patches"](attrs, len(indices), h, w)
+                except ValueError as exc:  # fewer frames than a temporal patch: HF's smart_resize refuses it
+                    with pytest.raises(ValueError, match=str(exc)):
+                        rule.video_grid(head)
+                    continue
+                t, gh, gw, _ = rule.video_grid(head)
+                assert t * gh * gw == want and t == -(-len(indices) // 2)
+                times = timestamps(list(indices), rate, 2)
+                assert rule.timestamps(head) == times
+                items = rule.header_items(head)
+                assert items == tuple((1, gh, gw, at) for at in times)
+                meta.frames_indices = indices
+                grid = {"video_grid_thw": torch.tensor([[t, gh, gw]]), "video_metadata": [meta]}
+                hf_text = Qwen3VLProcessor.replace_video_token(proc, grid, 0)
+                pads = "<|video_pad|>" * (gh * gw // 4)
+                assert hf_text == "".join(f"{rule.video_prefix(i)}<|vision_start|>{pads}<|vision_end|>" for i in items)
+                checked += 1
+    assert checked > 100
+    assert dataclasses.replace(rule, variant="qwen2").video_prefix((2, 4, 4, 1.0)) == ""
+
+
+def test_qwen3_vl_video_limits_are_its_size_alone(qwen3, tmp_path):
+    """Qwen3VLVideoProcessor has no min/max_pixels keys: its `size` sets the limits (else its class defaults)."""
+    import shutil
+
+    directory = Path(shutil.copytree(qwen3[0], tmp_path / "model"))
+    cfg = json.loads((directory / "video_preprocessor_config.json").read_text())
+    assert cfg["video_processor_type"] == "Qwen3VLVideoProcessor"
+    rule = read_rule(str(directory), "qwen3_vl")
+    assert (rule.video_min_pixels, rule.video_max_pixels) == (cfg["size"]["shortest_edge"], cfg["size"]["longest_edge"])
+    del cfg["size"]
+    (directory / "video_preprocessor_config.json").write_text(json.dumps({**cfg, "min_pixels": 1, "max_pixels": 2}))
+    rule = read_rule(str(directory), "qwen3_vl")
+    assert (rule.video_min_pixels, rule.video_max_pixels) == (128 * 32 * 32, 32 * 32 * 768)
+
+
+def test_qwen3_vl_video_index_rows_and_inspect_ids_are_hfs(qwen3, tmp_path, cli):
+    """A conversation with images and a video: the index's items (the video one item per temporal step, its
+    timestamp as seconds), its tokens, and `orch data inspect --json` ids equal to HF's: the chat template's text
+    with each image's pads (Qwen3VLProcessor.replace_image_token on HF's image grids) and the video's text
+    (replace_video_token, HF's sampler's metadata), through HF's tokenizer. The runtime's text (every rank's,
+    from the index's items) is the inspected one; its rows are the video's, step after step; a one-frame video is
+    skipped with HF's own error."""
+    import torch
+    from PIL import Image
+
+    from orch.cli.data_cmd import conversation_data
+    from orch.runtime.data.source import ConversationData
+    from orch.runtime.models.qwen_vl.media import video_header
+
+    directory, model = qwen3
+    for i, (w, h) in enumerate([(100, 60), (30, 500)]):
+        write_image(tmp_path / f"i{i}.png", w, h, seed=i)
+    write_video(tmp_path / "v.mp4", frames=25, width=80, height=60, rate=6)
+    write_video(tmp_path / "one.mp4", frames=1)
+    record = turn("<image>see<video>then<image>", "it is <image>", images=["i0.png", "i1.png", "i0.png"],
+                  videos=["v.mp4"])  # fmt: skip
+    data = write_conversations(tmp_path / "d.jsonl", [record, turn("<video>x", videos=["one.mp4"])])
+    r = cli("data", "inspect", str(data), "--model", str(directory), "--json")
+    assert r.exit_code == 0, r.output
+    shown = json.loads(r.output[r.output.index("{") :])
+
+    rule = read_rule(str(directory), "qwen3_vl")
+    proc = _hf_qwen3_processor(directory, rule)
+    images = [Image.open(tmp_path / f).convert("RGB") for f in record["images"]]
+    got = proc.image_processor(images=images, return_tensors="pt")
+    grids = got["image_grid_thw"]
+    k = iter(range(3))
+    video_text = _hf_video_text(proc, rule, video_header(str(tmp_path / "v.mp4")))
+    messages = []
+    for m in record["messages"]:
+        pieces = m["content"].split("<image>")
+        content = pieces[0] + "".join(
+            "<|vision_start|>" + proc.replace_image_token({"image_grid_thw": grids}, next(k)) + "<|vision_end|>" + p
+            for p in pieces[1:]
+        )
+        messages.append({"role": m["role"], "content": content.replace("<video>", video_text)})
+    text = proc.tokenizer.apply_chat_template(messages, tokenize=False)
+    want = proc.tokenizer(text)["input_ids"]
+    assert shown["input_ids"] == want
+    config = json.loads((directory / "config.json").read_text())
+    t, h, w, _ = rule.video_item(str(tmp_path / "v.mp4"))
+    assert want.count(config["video_token_id"]) == t * h * w // 4 and t == 4 and "<1.4 seconds>" in text
+    assert all(y == -100 for i, y in zip(shown["input_ids"], shown["labels"], strict=True)
+               if i in (config["image_token_id"], config["video_token_id"]))  # fmt: skip
+
+    # the index: the video as t items (1, h, w, timestamp), the text counted with its timestamps
     r = cli("data", "index", str(data), "--model", str(directory))
-    assert r.exit_code == 1 and "d.jsonl:2: videos: the model takes no video (Qwen3-VL's per-frame" in r.output
+    assert r.exit_code == 1 and "d.jsonl:2: videos[0]: one.mp4: t:1 must be larger than temporal_factor:2" in r.output
+    idx = build_index(str(data), model)
+    assert idx.cached and idx.samples == 1
+    row = json.loads(Path(idx.manifest).read_text().splitlines()[0])
+    times = rule.timestamps(video_header(str(tmp_path / "v.mp4")))
+    image_items = [[1, *g[1:], 0.0] for g in grids.tolist()]
+    assert row["items"] == {"vision": [image_items[0], *[[1, h, w, at] for at in times], *image_items[1:]]}
+    assert row["placeholder_items"] == {"vision": [1, t, 1, 1]}
+    assert row["media"] == {"vision": [it[1] * it[2] for it in row["items"]["vision"]]}
+    assert row["lengths"] == {"vision": sum(row["media"]["vision"]), "llm": len(want)}
+
+    # the runtime's text from the index's items: the inspected ids; its rows the inspected inputs
+    source = ConversationData(model, conversation_data(model, str(data), 1, None, None)[0])
+    assert source.text(0).ids == shown["text_ids"]
+    batch = source.batch(0, 0)
+    assert [it.grid for it in batch.items("vision", 0)] == [tuple(it[:3]) for it in row["items"]["vision"]]
+    rows = batch.sample(0, torch.float32).feats["vision"]
+    assert list(rows.shape) == shown["encoder_inputs"]["vision"] == [sum(row["media"]["vision"]), 1536]
+    video = VisionMedia_of(model).video_rows(str(tmp_path / "v.mp4"))
+    first = row["media"]["vision"][0]
+    assert torch.equal(rows[first : first + video.shape[0]], video)  # the steps' rows, step after step
+    assert torch.equal(rows[:first], got["pixel_values"][:first].to(torch.float32))

@@ -13,6 +13,17 @@ processors compute it, without decoding a pixel (torch-free: Pillow for image si
   resized by `smart_resize` under the video limits (Qwen3-VL's counts the frames into its pixel budget);
   `t = ceil(frames / temporal_patch)` (the last frame repeats to fill a temporal patch); `seconds` per
   temporal grid step `temporal_patch / sampled fps` (HF's `second_per_grid_ts`).
+* A video's items (`video_items`): Qwen2-VL / Qwen2.5-VL, one `(t, h, w, seconds per step)`; Qwen3-VL, one
+  `(1, h, w, timestamp)` per temporal step, as Qwen3VLProcessor writes the video into the text: per step
+  `<{timestamp:.1f} seconds>` then the step's pads between `<|vision_start|>` and `<|vision_end|>`
+  (`video_prefix`), the timestamp HF's `_calculate_timestamps`: sampled frame index / the container's frame
+  rate, the indices padded with the last to whole temporal patches, the mean of each patch's first and last.
+  Its tower attends within each frame (per-frame attention lengths, rotary and position-embedding grid) and
+  its `get_rope_index` splits `video_grid_thw` into t grids of (1, h, w): a (T, h, w) video is exactly T items
+  of (1, h, w), so the runtime takes them as it takes images.
+
+Video limits are the video processor's: Qwen2VLVideoProcessor takes `min_pixels` / `max_pixels` over `size`;
+Qwen3VLVideoProcessor has no such keys and reads `size: {shortest_edge, longest_edge}` alone.
 
 An absent video_preprocessor_config.json means the video processor class's defaults of transformers 5.24
 (Qwen2VLVideoProcessor, Qwen3VLVideoProcessor), with the image config's patch, merge and temporal patch.
@@ -222,8 +233,37 @@ class VisionGrids:
         return -(-n // self.temporal_patch), h // self.patch, w // self.patch, self.temporal_patch / sampled_fps
 
     def video_item(self, path: str) -> tuple[int, int, int, float]:
-        """(t, h, w, seconds) of the video at `path` from its container header; ValueError saying what is wrong."""
+        """(t, h, w, seconds) of the video at `path` from its container header (HF's `video_grid_thw`, its
+        `second_per_grid_ts`); ValueError saying what is wrong."""
         return self.video_grid(video_header(path))
+
+    def timestamps(self, head: VideoHeader) -> list[float]:
+        """Each temporal step's time in seconds as Qwen3VLProcessor's `_calculate_timestamps` computes it: the
+        sampled frames' indices over the container's rate, padded with the last index to whole temporal patches,
+        each patch the mean of its first and last frame's."""
+        tp = self.temporal_patch
+        indices = self.frame_indices(head.frames, head.rate)
+        indices += [indices[-1]] * (-len(indices) % tp)
+        times = [i / head.rate for i in indices]
+        return [(times[k] + times[k + tp - 1]) / 2 for k in range(0, len(times), tp)]
+
+    def video_items(self, path: str) -> tuple[tuple[int, int, int, float], ...]:
+        """The items the video at `path` becomes (module docstring): Qwen2/2.5-VL its grid, Qwen3-VL one
+        `(1, h, w, timestamp)` per temporal step; ValueError saying what is wrong."""
+        return self.header_items(video_header(path))
+
+    def header_items(self, head: VideoHeader) -> tuple[tuple[int, int, int, float], ...]:
+        """`video_items` of a video with this header."""
+        t, h, w, seconds = self.video_grid(head)
+        if self.variant != "qwen3":
+            return ((t, h, w, seconds),)
+        times = self.timestamps(head)
+        assert len(times) == t, (times, t)
+        return tuple((1, h, w, at) for at in times)
+
+    def video_prefix(self, item: tuple[int, int, int, float]) -> str:
+        """The text before a video item's `wrap`: Qwen3-VL's `<{timestamp:.1f} seconds>`, else none."""
+        return f"<{item[3]:.1f} seconds>" if self.variant == "qwen3" else ""
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -261,6 +301,8 @@ def read_rule(directory: str, model_type: str) -> VisionGrids:
     tp = int(image.get("temporal_patch_size") or IMAGE_DEFAULTS["temporal_patch_size"])
     lo, hi = _limits(image, IMAGE_DEFAULTS)
     vdef = VIDEO_DEFAULTS[variant]
+    if variant == "qwen3":  # Qwen3VLVideoProcessor reads `size` alone (module docstring)
+        video = {k: v for k, v in video.items() if k not in ("min_pixels", "max_pixels")}
     vlo, vhi = _limits(video, vdef)
     fps = video.get("fps")
     return VisionGrids(
@@ -277,7 +319,6 @@ def read_rule(directory: str, model_type: str) -> VisionGrids:
         max_frames=int(video.get("max_frames") or vdef["max_frames"]),
         cap_pixels_per_frame=bool(video.get("cap_pixels_per_frame") or False),
         max_video_tokens=int(video.get("max_video_tokens") or vdef["max_video_tokens"]),
-        no_video="Qwen3-VL's per-frame timestamps in the text are not implemented yet" if variant == "qwen3" else "",
     )
 
 

@@ -9,7 +9,8 @@ counted (media.py).
   video path resizes with torchvision's kernel, so its values differ by resampling alone), the last frame
   repeated to fill a temporal patch, patched as HF's video processor patches: per temporal step, per merge
   window, per patch, `[C, temporal_patch, patch, patch]` values. The video processor config's mean, std and
-  rescale factor where it gives them (else its class defaults).
+  rescale factor where it gives them (else its class defaults). A Qwen3-VL video is one item per temporal step
+  (media.py `video_items`): its rows split by step, each step's `h·w` rows one tensor.
 """
 
 from __future__ import annotations
@@ -74,11 +75,20 @@ class VisionMedia:
         max_image_tokens: int,
         kinds: tuple[str, ...] | None = None,
     ) -> list[torch.Tensor]:
-        """One tensor of rows per file, `kinds` saying which are videos (all images where not given)."""
+        """One tensor of rows per item: per image, per video its items' (Qwen3-VL: per temporal step), `kinds`
+        saying which files are videos (all images where not given)."""
         kinds = kinds or (IMAGE,) * len(files)
         images = [f for f, k in zip(files, kinds, strict=True) if k == IMAGE]
         image_rows = iter(self.image_rows(images)) if images else iter(())
-        return [next(image_rows) if k == IMAGE else self.video_rows(f) for f, k in zip(files, kinds, strict=True)]
+        out: list[torch.Tensor] = []
+        for f, k in zip(files, kinds, strict=True):
+            out += [next(image_rows)] if k == IMAGE else self.video_item_rows(f)
+        return out
+
+    def video_item_rows(self, path: str) -> list[torch.Tensor]:
+        """The video's rows per item (media.py `video_items`): all of them, or Qwen3-VL's per temporal step."""
+        rows, steps = self._video_patches(path)
+        return list(rows.chunk(steps)) if self.rule.variant == "qwen3" else [rows]
 
     def image_rows(self, files: list[str]) -> list[torch.Tensor]:
         """Each image's rows by HF's image processor (one call for all of a sample's images, split by grid)."""
@@ -117,6 +127,10 @@ class VisionMedia:
 
     def video_rows(self, path: str) -> torch.Tensor:
         """[t·h·w, C·temporal_patch·patch²] rows of the video at `path` (module docstring)."""
+        return self._video_patches(path)[0]
+
+    def _video_patches(self, path: str) -> tuple[torch.Tensor, int]:
+        """The video's rows and its temporal steps t."""
         import numpy as np
         from transformers.image_processing_backends import PilBackend
         from transformers.image_utils import SizeDict
@@ -139,4 +153,4 @@ class VisionMedia:
         c = video.shape[1]
         assert video.shape[0] == t * tp, (video.shape, t)
         patches = video.view(t, tp, c, gh // m, m, p, gw // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
-        return patches.reshape(t * gh * gw, c * tp * p * p).contiguous()
+        return patches.reshape(t * gh * gw, c * tp * p * p).contiguous(), t
