@@ -40,7 +40,8 @@ def _hf(directory, family, attention=None):
 
 
 def _samples(family):
-    """SAMPLES; Qwen3-VL's videos are frames between timestamps in the text (not trained yet): images only."""
+    """SAMPLES; Qwen3-VL's videos are frames between timestamps in the text (tests/unit/test_qwen3_vl_video.py):
+    images only here."""
     if family != "qwen3_vl":
         return SAMPLES
     return [(pieces, [(1, h, w, 0.0) for _, h, w, _ in items]) for pieces, items in SAMPLES]
