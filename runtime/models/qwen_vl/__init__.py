@@ -7,16 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from torch import nn
-
 from orch.planner.errors import SpecError
 from orch.planner.specs import Modality, ModelSpec, ModuleSpec
-from orch.runtime.models.hf.module import HFModule
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch-free at import: the index reads this family's media.py
     import torch
+    from torch import nn
 
     from orch.runtime.data.batch import MediaItem
+    from orch.runtime.models.hf.module import HFModule
     from orch.runtime.models.sequence import SequenceLayout
 
 
