@@ -147,15 +147,15 @@ def calibration_shapes(max_len: int) -> tuple[tuple[int, int], ...]:
 def _calibrate(
     model_json: str, name: str, dtype_name: str, device_name: str = "cpu", max_len: int = 0
 ) -> SampleCost | None:
-    from orch.runtime.models.reference import build_module
     from orch.runtime.profile.fit import fit_compute
 
     model = ModelSpec.model_validate_json(model_json)
     dtype = getattr(torch, dtype_name)
     device = torch.device(device_name)
-    module = build_module(name, model).to(device, dtype)
+    module = whole_module(model, name, dtype, device)
     points = []
-    for k, n in calibration_shapes(max_len):
+    for k, length in calibration_shapes(max_len):
+        n = model.modules[name].round_length(length)  # as the module takes it (whole merge windows, images)
         _time_module(model, name, module, k, n, dtype, device)  # warm-up: first-touch allocations
         seconds = min(_time_module(model, name, module, k, n, dtype, device) for _ in range(CALIBRATION_REPEATS))
         points.append((k, n, seconds))
@@ -163,6 +163,19 @@ def _calibrate(
     if not (cost.constant > 0 or cost.linear > 0 or cost.quadratic > 0):  # a machine too noisy to time
         return None
     return cost
+
+
+def whole_module(model: ModelSpec, name: str, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """Module `name` whole on this rank, weights drawn from a seed, as the calibration times it: a Hugging Face
+    module as its family builds it (its own attention: Qwen2.5-VL's windows, a tower's whole images), orch's
+    reference module otherwise."""
+    if model.modules[name].hf is not None:
+        from orch.runtime.models.hf.parts import build_part
+
+        return build_part(model, name, model.modules[name].layers, dtype, device, 0, None)
+    from orch.runtime.models.reference import build_module
+
+    return build_module(name, model).to(device, dtype)
 
 
 def calibrate_module(
@@ -182,13 +195,11 @@ def warm_up(
     plan's profiled costs spare the calibration: the calibration also grew every rank's heap to the data's
     longest samples before step 0 (`shared_calibration`), and a rank that met them first inside a step
     paid that growth there. A quarter of a calibration's work (no repeats, no fit); no collective."""
-    from orch.runtime.models.reference import build_module
-
     dev = torch.device(device)
     for name in names:
-        module = build_module(name, model).to(dev, dtype)
+        module = whole_module(model, name, dtype, dev)
         for k, n in calibration_shapes(max_lens.get(name, 0)):
-            _time_module(model, name, module, k, n, dtype, dev)
+            _time_module(model, name, module, k, model.modules[name].round_length(n), dtype, dev)
 
 
 def modules_to_calibrate(plan: Plan) -> list[str]:

@@ -194,3 +194,20 @@ def test_a_tower_over_tp2_or_cp2_is_refused_in_one_line(family):
         plan = hand_plan(model, data, {"llm": (Layout(dp=4), [0, 1, 2, 3]), "vision": (layout, [0, 1, 2, 3])})
         with pytest.raises(UnsupportedPlan, match=want.replace(".", r"\.").replace("(", r"\(")):
             check_supported(plan)
+
+
+def test_the_start_up_calibration_times_the_familys_own_modules(family):
+    """The dispatcher's calibrated costs come from the tower as it runs (Qwen2.5-VL's windows), not from orch's
+    reference module of the same shape; lengths as the tower takes them (whole merge windows)."""
+    from orch.planner.hf_config import model_spec_from_dir
+    from orch.runtime.models.qwen_vl.language import MRopeCausalLM
+    from orch.runtime.models.qwen_vl.vision import QwenVisionTower
+    from orch.runtime.train.orchestrator import _time_module, whole_module
+
+    _, directory = family
+    model = model_spec_from_dir(directory)
+    tower = whole_module(model, "vision", torch.float64, torch.device("cpu"))
+    assert isinstance(tower, QwenVisionTower) and len(tower.visual.blocks) == model.modules["vision"].layers
+    assert isinstance(whole_module(model, "llm", torch.float64, torch.device("cpu")), MRopeCausalLM)
+    assert model.modules["vision"].round_length(2) == 4 and model.modules["vision"].round_length(65) == 64
+    assert _time_module(model, "vision", tower, 2, 64, torch.float64) > 0
