@@ -116,7 +116,7 @@ def inspect(
 
     layout = conversation_layout(spec, out.marks, len(out.input_ids), out.media)
     placed: dict[int, list[str]] = {}  # before token j: the expanded placeholders
-    count = {"<image>": 0, "<audio>": 0}
+    count = {"<image>": 0, "<video>": 0, "<audio>": 0}
     for (at, tag), inserts in zip(out.marks, placeholder_inserts(spec, out.marks, out.media)[1], strict=True):
         count[tag] += 1
         placed.setdefault(at, []).append(f"{tag[:-1]} {count[tag]}: {sum(n for _, _, n in inserts)} rows>")

@@ -286,6 +286,13 @@ class ModelSpec(_Spec):
         return self.modules[self.llm_name]
 
     @property
+    def prefix_width(self) -> int:
+        """Values per encoder row an encoder hands the LLM: the LLM's width, times 1 + the deepstack blocks of a
+        tower whose intermediate features ride along (Qwen3-VL: each added into one of the LLM's first layers)."""
+        extra = max((len(self.modules[e].deepstack_blocks or ()) for e in self.encoder_names), default=0)
+        return self.llm.hidden * (1 + extra)
+
+    @property
     def encoder_names(self) -> list[str]:
         return [n for n, m in self.modules.items() if m.kind == ModuleKind.ENCODER]
 

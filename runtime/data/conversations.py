@@ -1,15 +1,16 @@
-"""Users' data files: conversations with images and audio, in the convention LLaMA-Factory, ms-swift and
-VeOmni share, and mix files combining several. Torch-free (orch plan and orch data index read them).
+"""Users' data files: conversations with images, videos and audio, in the convention LLaMA-Factory, ms-swift
+and VeOmni share, and mix files combining several. Torch-free (orch plan and orch data index read them).
 
 A sample (one JSONL line, one element of a JSON list, one parquet row):
 
     {"messages": [{"role": "user", "content": "<image>What is in the picture?"},
                   {"role": "assistant", "content": "A red circle."}],
-     "images": ["img/0001.png"], "audios": []}
+     "images": ["img/0001.png"], "videos": [], "audios": []}
 
-`conversations` with `from`/`value` (ShareGPT: human, gpt, system) is read as `messages`. Image and
-audio paths are relative to the data file. Each `<image>` / `<audio>` placeholder stands for the next
-file of its list, so their counts must match. A mix file (YAML) lists sources, each a data file and
+`conversations` with `from`/`value` (ShareGPT: human, gpt, system) is read as `messages`. Image, video
+and audio paths are relative to the data file. Each `<image>` / `<video>` / `<audio>` placeholder stands
+for the next file of its list (LLaMA-Factory's `mllm_video_demo.json`: `"videos": ["mllm_demo_data/1.mp4"]`
+with a `<video>` in the text), so their counts must match. A mix file (YAML) lists sources, each a data file and
 a weight:
 
     sources:
@@ -24,6 +25,7 @@ the index reports it and the loader skips and counts it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,24 +33,40 @@ from typing import Any
 
 from orch.planner.errors import SpecError
 
-IMAGE, AUDIO = "<image>", "<audio>"
+IMAGE, VIDEO, AUDIO = "<image>", "<video>", "<audio>"
 SUFFIXES = (".jsonl", ".json", ".parquet")
+_VISUAL = re.compile(f"{re.escape(IMAGE)}|{re.escape(VIDEO)}")
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "human": "user", "gpt": "assistant"}
 
 
 @dataclass(frozen=True)
 class Conversation:
-    """One sample: (role, content) turns, and its images' and audio clips' absolute paths."""
+    """One sample: (role, content) turns, and its images', audio clips' and videos' absolute paths."""
 
     where: str  # file:line
     messages: tuple[tuple[str, str], ...]
     images: tuple[str, ...] = ()
     audios: tuple[str, ...] = ()
     number: int = 0  # the sample's place in its file, 1-based (its line in a JSONL file)
+    videos: tuple[str, ...] = ()
 
     @property
     def trained_turns(self) -> int:
         return sum(1 for role, _ in self.messages if role == "assistant")
+
+    def visual(self) -> tuple[tuple[str, int, str], ...]:
+        """Its images and videos in placeholder (text) order: (IMAGE or VIDEO, k, path), the k-th `<image>`
+        being `images[k]` and the k-th `<video>` `videos[k]`, interleaved as the placeholders stand."""
+        out, count = [], {IMAGE: 0, VIDEO: 0}
+        files = {IMAGE: self.images, VIDEO: self.videos}
+        for _, content in self.messages:
+            for m in _VISUAL.finditer(content):
+                tag = m.group(0)
+                k = count[tag]
+                count[tag] += 1
+                if k < len(files[tag]):
+                    out.append((tag, k, files[tag][k]))
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -191,7 +209,7 @@ def parse_sample(raw: Any, where: str, base: Path) -> Conversation | BadSample:
             return BadSample(where, f"messages[{i}].{keys[1]}: expected a string")
         messages.append((ROLES[role], content))
     media: dict[str, tuple[str, ...]] = {}
-    for key, tag in (("images", IMAGE), ("audios", AUDIO)):
+    for key, tag in (("images", IMAGE), ("videos", VIDEO), ("audios", AUDIO)):
         files = raw.get(key) or []
         if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
             return BadSample(where, f"{key}: expected a list of file paths")
@@ -200,7 +218,7 @@ def parse_sample(raw: Any, where: str, base: Path) -> Conversation | BadSample:
             return BadSample(where, f"{len(files)} {key} for {used} {tag} placeholders")
         media[key] = tuple(str((base / f).resolve()) if not Path(f).is_absolute() else f for f in files)
     number = int(where.rsplit(":", 1)[1])
-    return Conversation(where, tuple(messages), media["images"], media["audios"], number)
+    return Conversation(where, tuple(messages), media["images"], media["audios"], number, media["videos"])
 
 
 class SampleFile:

@@ -7,6 +7,11 @@ clips in order: `train/compute.join_prefix`); `conversation_layout` says where e
 (`SequenceLayout.interleaved`), from the index's tokens per image or clip, so every rank knows the layout of
 every sample without decoding one.
 
+A native-resolution family's tower (a grid rule: runtime/data/index.py `GridRule`) takes `<image>` and `<video>`
+alike (`encoder_tags`): its items are the sample's images and videos in text order, and the j-th of those
+placeholders takes its j-th item's rows; the family's text around them (`<|vision_start|>` ... `<|vision_end|>`)
+is part of the text (`TextCounter.render`), so it is tokenized and counted as text.
+
 One image's or clip's share of an encoder's projected rows: the encoder takes all of a sample's images (or
 clips) as one sequence, rounded as the module takes it (`ModuleSpec.round_length`) and pooled by its
 projector's `downsample`; piece i's rows end at the pooled count of the tokens up to and including it (the
@@ -21,13 +26,18 @@ import itertools
 from orch.planner.hf_config import read_config
 from orch.planner.specs import Modality, ModelSpec, ModuleSpec, projected_len
 from orch.runtime.data.batch import encoder_order
-from orch.runtime.data.conversations import AUDIO, IMAGE
+from orch.runtime.data.conversations import AUDIO, IMAGE, VIDEO
+from orch.runtime.data.index import encoder_tags
 from orch.runtime.models.sequence import SequenceLayout
 
 PLACEHOLDER = {Modality.VISION: IMAGE, Modality.AUDIO: AUDIO}
 # A placeholder's id in `orch data inspect` where the model names none (LLaVA's repository marks images -200).
-NO_TOKEN_ID = {IMAGE: -200, AUDIO: -201}
-_CONFIG_KEYS = {IMAGE: ("image_token_id", "image_token_index"), AUDIO: ("audio_token_id", "audio_token_index")}
+NO_TOKEN_ID = {IMAGE: -200, AUDIO: -201, VIDEO: -202}
+_CONFIG_KEYS = {
+    IMAGE: ("image_token_id", "image_token_index"),
+    AUDIO: ("audio_token_id", "audio_token_index"),
+    VIDEO: ("video_token_id", "video_token_index"),
+}
 
 
 def media_rows(tokens: list[int], spec: ModuleSpec) -> list[int]:
@@ -47,7 +57,8 @@ def placeholder_inserts(
     model: ModelSpec, marks: list[tuple[int, str]], media: dict[str, list[int]]
 ) -> tuple[int, list[list[tuple[int, int, int]]]]:
     """The prefix's rows, and per placeholder (`marks` order) its inserts (before token, first prefix row,
-    rows): the k-th `<image>` takes the k-th image's rows of every vision encoder, encoder after encoder."""
+    rows): the k-th `<image>` takes the k-th image's rows of every vision encoder, encoder after encoder (of an
+    encoder taking `<image>` and `<video>`, the j-th of either takes its j-th item)."""
     encoders = encoder_order(model)
     rows = {e: media_rows(media.get(e, []), model.modules[e]) for e in encoders}
     first: dict[tuple[str, int], int] = {}
@@ -56,13 +67,19 @@ def placeholder_inserts(
         for i, n in enumerate(rows[e]):
             first[(e, i)] = prefix
             prefix += n
-    by_tag = {tag: [e for e in encoders if PLACEHOLDER.get(model.modality(e)) == tag] for tag in (IMAGE, AUDIO)}
-    count = {IMAGE: 0, AUDIO: 0}
+    tags = {e: encoder_tags(model, e) for e in encoders}
+    count = dict.fromkeys(encoders, 0)  # per encoder, its items placed so far
     out = []
     for offset, tag in marks:
-        i = count[tag]
-        count[tag] += 1
-        out.append([(offset, first[(e, i)], rows[e][i]) for e in by_tag[tag] if (e, i) in first])
+        inserts = []
+        for e in encoders:
+            if tag not in tags[e]:
+                continue
+            i = count[e]
+            count[e] += 1
+            if (e, i) in first:
+                inserts.append((offset, first[(e, i)], rows[e][i]))
+        out.append(inserts)
     return prefix, out
 
 
@@ -98,12 +115,18 @@ def expanded(
     labels: list[int],
     token_ids: dict[str, int],
     ignore: int,
+    marks: list[tuple[int, str]] | None = None,
 ) -> tuple[list[int], list[int]]:
     """A sample's whole LLM sequence as Hugging Face's processors give it: `input_ids` with each encoder row
-    carrying its placeholder's id, and `labels` aligned with them (`ignore` on the encoder rows)."""
+    carrying its placeholder's id (an item's of an encoder taking `<image>` and `<video>`: the id of the
+    placeholder it stood for, from `marks`), and `labels` aligned with them (`ignore` on the encoder rows)."""
     tags: list[str] = []  # per prefix row, its placeholder
     for e in encoder_order(model):
-        tags += [PLACEHOLDER[model.modality(e)]] * sum(media_rows(media.get(e, []), model.modules[e]))
+        taken = encoder_tags(model, e)
+        per_item = media_rows(media.get(e, []), model.modules[e])
+        kinds = [tag for _, tag in marks or [] if tag in taken] if len(taken) > 1 else []
+        for i, n in enumerate(per_item):
+            tags += [kinds[i] if i < len(kinds) else taken[0]] * n
     order = layout.source.tolist() if layout.source is not None else range(layout.length)
     out_ids, out_labels = [], []
     for src in order:

@@ -5,8 +5,10 @@ Image sizes come from the file header (Pillow opens lazily), audio durations fro
 (`TextCounter.render`). Per sample and module, as the runtime takes them (`ModuleSpec.round_length`):
 
 * a vision encoder: per image, `image_tokens` for a fixed-size tower (the processor resizes every image);
-  else the image's patches at its own resolution (patch side from `input_dim` = 3·side²), the image
-  scaled down where they exceed `max_image_tokens` (as Qwen2-VL's processor caps pixels);
+  a native-resolution family's tower (its folder's `media.py` `token_rule`, e.g. Qwen-VL's): per image or
+  video its patch grid `t·h·w` by the family's rule (`GridRule`), in placeholder order; else the image's
+  patches at its own resolution (patch side from `input_dim` = 3·side²), the image scaled down where they
+  exceed `max_image_tokens`;
 * an audio encoder: log-mel frames (`mel_frames`: 100 a second) over `frames_per_token`; a windowed tower
   (Whisper, Qwen2-Audio: clips of clip_tokens x frames_per_token frames, each padded inside the module)
   takes whole LLM tokens, a multiple of its `downsample` (`ModuleSpec.round_length`);
@@ -15,7 +17,8 @@ Image sizes come from the file header (Pillow opens lazily), audio durations fro
   (its `downsample`).
 
 The index is a manifest (planner/data.py reads it: one `{"lengths": {...}, "where": "file:line"}` per
-sample, and `"media": {encoder: [tokens per image or clip]}` where a sample has several) beside the data,
+sample, `"media": {encoder: [tokens per image or clip]}` where a sample has several, and for a grid rule's
+encoder `"items": {encoder: [[t, h, w, seconds], ...]}` per image or video in placeholder order) beside the data,
 under `.orch-index/`, keyed by the data file (path, size, mtime), the token rules and the tokenizer file,
 so a changed file, model or tokenizer is indexed afresh. A mix file's manifest draws each source's rows in
 proportion to its weight. Written atomically with a summary (samples, bad samples with `file:line: what is
@@ -31,18 +34,111 @@ import json
 import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from importlib import import_module
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from orch.planner.errors import SpecError
 from orch.planner.io import write_text_atomic
-from orch.planner.specs import Modality, ModelSpec, projected_len
-from orch.runtime.data.conversations import AUDIO, IMAGE, BadSample, Conversation, read_conversations, read_sources
+from orch.planner.specs import Modality, ModelSpec, ModuleSpec, projected_len
+from orch.runtime.data.conversations import (
+    AUDIO,
+    IMAGE,
+    VIDEO,
+    BadSample,
+    Conversation,
+    read_conversations,
+    read_sources,
+)
 
 MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz, a 10 ms hop
 DEFAULT_MAX_IMAGE_TOKENS = 1024
 INDEX_DIR = ".orch-index"
-INDEX_VERSION = 4  # part of the cache key: an index of another layout is made afresh
+INDEX_VERSION = 5  # part of the cache key: an index of another layout is made afresh
+_MODELS = Path(__file__).resolve().parent.parent / "models"
+
+
+class GridRule(Protocol):
+    """A native-resolution family's token rule (its runtime folder's `media.py` `token_rule(spec, modality,
+    model_type)`): each image's or video's patch grid from the file's header, the text around each
+    placeholder's rows, and whether its tower takes videos. A frozen dataclass of JSON values (it keys the
+    index)."""
+
+    wrap: tuple[str, str]  # text before and after each image's or video's rows ("" where none)
+    no_video: str  # why the tower takes no video ("" where it does)
+
+    def image_item(self, path: str) -> tuple[int, int, int, float]:
+        """(t, h, w, seconds) of an image: OSError where it cannot be read, ValueError (its processor's error)."""
+        ...
+
+    def video_item(self, path: str) -> tuple[int, int, int, float]:
+        """(t, h, w, seconds per temporal step) of a video; ValueError saying what is wrong."""
+        ...
+
+
+def family_folder(directory: str) -> str | None:
+    """The runtime folder (runtime/models/<folder>) of a Hugging Face directory's family, by its config.json's
+    model_type through the planner's table (None: not a family orch knows)."""
+    from orch.planner.families import FAMILIES
+    from orch.planner.hf_config import read_config
+
+    model_type = str(read_config(directory)[1].get("model_type"))
+    family = FAMILIES.get(model_type)
+    return family.runtime if family is not None else None
+
+
+def _stamp(directory: str) -> tuple[int, ...]:
+    """The processor configs' mtimes: a cached rule is read afresh when they change."""
+    d = Path(directory)
+    names = ("config.json", "preprocessor_config.json", "video_preprocessor_config.json")
+    return tuple((d / n).stat().st_mtime_ns if (d / n).is_file() else 0 for n in names)
+
+
+@lru_cache(maxsize=64)
+def _grid_rule(spec_json: str, modality: str, stamp: tuple[int, ...]) -> GridRule | None:
+    from orch.planner.hf_config import read_config
+
+    spec = ModuleSpec.model_validate_json(spec_json)
+    assert spec.hf is not None
+    folder = family_folder(spec.hf.path)
+    if folder is None or not (_MODELS / folder / "media.py").is_file():  # the folder's package is not imported
+        return None
+    hook = getattr(import_module(f"orch.runtime.models.{folder}.media"), "token_rule", None)
+    if hook is None:
+        return None
+    rule: GridRule | None = hook(spec, Modality(modality), str(read_config(spec.hf.path)[1].get("model_type")))
+    return rule
+
+
+def grid_rule(spec: ModuleSpec, modality: Modality) -> GridRule | None:
+    """A Hugging Face tower's family rule (`GridRule`), None for every other encoder (fixed tokens per image,
+    orch's patches, clips by duration)."""
+    if spec.hf is None or modality != Modality.VISION:
+        return None
+    return _grid_rule(spec.model_dump_json(), modality.value, _stamp(spec.hf.path))
+
+
+def placeholder_wraps(model: ModelSpec) -> tuple[tuple[str, str, str], ...]:
+    """(placeholder, text before, text after) each of its images' or videos' rows, where the family wraps them
+    (Qwen-VL's `<|vision_start|>` ... `<|vision_end|>`: text tokens, counted in the text)."""
+    out: list[tuple[str, str, str]] = []
+    for name in sorted(model.encoder_names):
+        rule = grid_rule(model.modules[name], model.modality(name))
+        if rule is not None and any(rule.wrap):
+            before, after = rule.wrap
+            out += [(IMAGE, before, after)] + ([(VIDEO, before, after)] if not rule.no_video else [])
+    return tuple(dict.fromkeys(out))
+
+
+def encoder_tags(model: ModelSpec, name: str) -> tuple[str, ...]:
+    """The placeholders whose files encoder `name` takes, each in text order: `<audio>`; `<image>`, and `<video>`
+    where its family's rule takes videos (the j-th of them takes the encoder's j-th item)."""
+    modality = model.modality(name)
+    if modality == Modality.AUDIO:
+        return (AUDIO,)
+    rule = grid_rule(model.modules[name], modality)
+    return (IMAGE, VIDEO) if rule is not None and not rule.no_video else (IMAGE,)
 
 
 @dataclass(frozen=True)
@@ -54,6 +150,7 @@ class EncoderRule:
     patch: int | None = None  # a reference vision encoder's patch side
     clip_tokens: int | None = None
     frames_per_token: int = 1
+    grids: Any = None  # a native-resolution family's rule (`GridRule`): per image or video its patch grid
 
 
 @dataclass(frozen=True)
@@ -70,7 +167,10 @@ class TokenRules:
         for name in sorted(model.encoder_names):
             m = model.modules[name]
             modality = model.modality(name)
-            if modality == Modality.VISION:
+            grids = grid_rule(m, modality)
+            if grids is not None:
+                rules.append(EncoderRule(name, "vision", m.downsample, grids=grids))
+            elif modality == Modality.VISION:
                 dim = m.input_dim or Modality.VISION.default_input_dim or 588
                 side = math.isqrt(dim // 3)
                 if side * side * 3 != dim and m.image_tokens is None:
@@ -130,7 +230,7 @@ def audio_tokens(rule: EncoderRule, num_samples: int, rate: int) -> int:
 
 IGNORE = -100  # a label not trained on (Hugging Face's ignore_index)
 # Stand-ins for the placeholders while the chat template renders (private-use characters no template alters).
-_MARKS = {IMAGE: "\ue000", AUDIO: "\ue001"}
+_MARKS = {IMAGE: "\ue000", AUDIO: "\ue001", VIDEO: "\ue002"}
 _PLACEHOLDER_OF = {v: k for k, v in _MARKS.items()}
 
 
@@ -141,7 +241,7 @@ class TextTokens:
 
     ids: list[int]
     labels: list[int]
-    marks: list[tuple[int, str]]  # (token offset, IMAGE or AUDIO)
+    marks: list[tuple[int, str]]  # (token offset, IMAGE, VIDEO or AUDIO)
 
 
 @dataclass(frozen=True)
@@ -161,25 +261,37 @@ class Rendering:
 
 
 class ChatFormat(NamedTuple):
-    """How a model's text is made: its tokenizer file, its chat template (None: contents one a line) and the
-    special tokens the template may name (`bos_token`, `eos_token`, as `apply_chat_template` passes them)."""
+    """How a model's text is made: its tokenizer file, its chat template (None: contents one a line), the
+    special tokens the template may name (`bos_token`, `eos_token`, as `apply_chat_template` passes them) and
+    the text its family puts around a placeholder's rows (`TokenRules.wraps`)."""
 
     tokenizer_file: str
     template: str | None = None
     bos_token: str = ""
     eos_token: str = ""
+    wraps: tuple[tuple[str, str, str], ...] = ()
 
     def key(self) -> str:
-        return "\x00".join((self.template or "", self.bos_token, self.eos_token))
+        return "\x00".join((self.template or "", self.bos_token, self.eos_token, json.dumps(self.wraps)))
 
 
 class TextCounter:
     """Tokens of a conversation's text as the model's tokenizer and chat template make it (`render`)."""
 
     def __init__(
-        self, tokenizer_file: str, template: str | None = None, bos_token: str = "", eos_token: str = ""
+        self,
+        tokenizer_file: str,
+        template: str | None = None,
+        bos_token: str = "",
+        eos_token: str = "",
+        wraps: tuple[tuple[str, str, str], ...] = (),
     ) -> None:
         from tokenizers import Tokenizer
+
+        # each placeholder's stand-in while the template renders, with its family's text around it
+        self._stand_in = {tag: mark for tag, mark in _MARKS.items()}
+        for tag, before, after in wraps:
+            self._stand_in[tag] = before + _MARKS[tag] + after
 
         self.tokenizer = Tokenizer.from_file(tokenizer_file)
         self.template = template
@@ -233,10 +345,11 @@ class TextCounter:
     def render(self, conv: Conversation) -> Rendering:
         """The conversation's text (the chat template's rendering, or without one the contents one line each),
         the spans of its assistant contents and where its placeholders stood, cut out of the text."""
-        messages = [(role, content.replace(IMAGE, _MARKS[IMAGE]).replace(AUDIO, _MARKS[AUDIO]))
-                    for role, content in conv.messages]  # fmt: skip
+        stand_in = self._stand_in
+        messages = [(role, content.replace(IMAGE, stand_in[IMAGE]).replace(VIDEO, stand_in[VIDEO])
+                     .replace(AUDIO, stand_in[AUDIO])) for role, content in conv.messages]  # fmt: skip
         raw, spans = self._raw(messages)
-        if not (conv.images or conv.audios):
+        if not (conv.images or conv.audios or conv.videos):
             return Rendering(raw, spans, [])
         at = [i for i, ch in enumerate(raw) if ch in _PLACEHOLDER_OF]
         marks = [(i - k, _PLACEHOLDER_OF[raw[i]]) for k, i in enumerate(at)]
@@ -311,6 +424,7 @@ def find_tokenizer(model: ModelSpec, tokenizer: str | None) -> ChatFormat:
         template if isinstance(template, str) else None,
         _token_text(config.get("bos_token")),
         _token_text(config.get("eos_token")),
+        placeholder_wraps(model),
     )
 
 
@@ -323,18 +437,25 @@ class SourceIndex:
     bad: list[str] = field(default_factory=list)
 
 
+Item = tuple[int, int, int, float]  # an image's or video's (t, h, w, seconds per temporal step)
+
+
 def index_source(path: str, rules: TokenRules, counter: TextCounter, source: int = 0, chunk: int = 512) -> SourceIndex:
     out = SourceIndex(path)
-    pending: list[tuple[Conversation, dict[str, list[int]]]] = []
+    pending: list[tuple[Conversation, dict[str, list[int]], dict[str, list[Item]]]] = []
+    memo: dict[tuple[str, str, str], Item | str] = {}  # each media file's item, read once per build
 
     def flush() -> None:
-        texts = counter.count([c for c, _ in pending])
-        for (conv, media), text in zip(pending, texts, strict=True):
+        texts = counter.count([c for c, _, _ in pending])
+        for (conv, media, items), text in zip(pending, texts, strict=True):
             enc = {name: sum(n) for name, n in media.items()}
             llm = text + sum(projected_len(n, r.downsample) for r in rules.encoders for n in [enc.get(r.name, 0)])
-            row = {"lengths": {**enc, rules.llm: llm}, "where": conv.where, "source": source, "sample": conv.number}
+            row: dict[str, Any] = {"lengths": {**enc, rules.llm: llm}, "where": conv.where, "source": source,
+                                   "sample": conv.number}  # fmt: skip
             if any(len(n) > 1 for n in media.values()):  # several images or clips: each one's tokens
                 row["media"] = {name: n for name, n in media.items() if n}
+            if any(items.values()):  # a grid rule's encoder: each image's or video's grid, placeholder order
+                row["items"] = {name: [list(i) for i in v] for name, v in items.items() if v}
             out.rows.append(row)
         pending.clear()
 
@@ -342,11 +463,17 @@ def index_source(path: str, rules: TokenRules, counter: TextCounter, source: int
         if isinstance(item, BadSample):
             out.bad.append(str(item))
             continue
+        items = encoder_items(item, rules, memo)
+        if isinstance(items, BadSample):
+            out.bad.append(str(items))
+            continue
         enc = encoder_lengths(item, rules)
         if isinstance(enc, BadSample):
             out.bad.append(str(enc))
             continue
-        pending.append((item, enc))
+        for name, its in items.items():
+            enc[name] = [t * h * w for t, h, w, _ in its]
+        pending.append((item, enc, items))
         if len(pending) >= chunk:
             flush()
     if pending:
@@ -354,15 +481,58 @@ def index_source(path: str, rules: TokenRules, counter: TextCounter, source: int
     return out
 
 
+def encoder_items(
+    conv: Conversation, rules: TokenRules, memo: dict[tuple[str, str, str], Item | str] | None = None
+) -> dict[str, list[Item]] | BadSample:
+    """Each grid rule's encoder's items for `conv` (its images and videos in placeholder order, `GridRule`); a
+    BadSample for a file that cannot be read, a size its processor refuses, or a video the model cannot take.
+    `memo` keeps each file's item (or what is wrong with it) across the samples of one index build: a file
+    referenced many times has its header read once."""
+    memo = {} if memo is None else memo
+    if conv.videos:
+        takers = [r for r in rules.encoders if r.grids is not None and not r.grids.no_video]
+        if not takers:
+            why = next((r.grids.no_video for r in rules.encoders if r.grids is not None), "")
+            why = why or ("its vision encoder takes images only" if any(r.modality == "vision" for r in rules.encoders)
+                          else "it has no vision encoder")  # fmt: skip
+            return BadSample(conv.where, f"videos: the model takes no video ({why})")
+    out: dict[str, list[Item]] = {}
+    for r in rules.encoders:
+        if r.grids is None:
+            continue
+        items: list[Item] = []
+        for tag, k, path in conv.visual():
+            if (r.name, tag, path) not in memo:
+                memo[(r.name, tag, path)] = _item(r.grids, tag, path)
+            got = memo[(r.name, tag, path)]
+            if isinstance(got, str):
+                return BadSample(conv.where, f"{'images' if tag == IMAGE else 'videos'}[{k}]: {Path(path).name}: {got}")
+            items.append(got)
+        out[r.name] = items
+    return out
+
+
+def _item(rule: GridRule, tag: str, path: str) -> Item | str:
+    """An image's or video's item by the rule, or what is wrong with the file."""
+    try:
+        return rule.image_item(path) if tag == IMAGE else rule.video_item(path)
+    except FileNotFoundError:
+        return "file not found"
+    except ValueError as exc:  # what its processor would refuse, said as the rule says it
+        return str(exc)
+    except Exception as exc:  # unreadable (OSError, Pillow's DecompressionBombError): never out of the index
+        return f"cannot read ({type(exc).__name__})"
+
+
 def encoder_lengths(conv: Conversation, rules: TokenRules) -> dict[str, list[int]] | BadSample:
     """Each encoder's tokens for `conv`, per image or clip, from the files' headers; a BadSample for a missing
-    or unreadable file."""
+    or unreadable file (a grid rule's encoder: `encoder_items`)."""
     for files, modality, key in ((conv.images, "vision", "images"), (conv.audios, "audio", "audios")):
         if files and not any(r.modality == modality for r in rules.encoders):
             return BadSample(conv.where, f"{key}: the model has no {modality} encoder to take them")
     sizes: list[tuple[int, int]] = []
     clips: list[tuple[int, int]] = []  # (samples, rate)
-    if any(r.modality == "vision" and r.image_tokens is None for r in rules.encoders):
+    if any(r.modality == "vision" and r.image_tokens is None and r.grids is None for r in rules.encoders):
         from PIL import Image
 
         for i, f in enumerate(conv.images):
@@ -387,6 +557,8 @@ def encoder_lengths(conv: Conversation, rules: TokenRules) -> dict[str, list[int
                 return BadSample(conv.where, f"audios[{i}]: {Path(f).name}: cannot read ({type(exc).__name__})")
     out: dict[str, list[int]] = {}
     for r in rules.encoders:
+        if r.grids is not None:
+            continue  # encoder_items
         if r.modality == "vision":
             out[r.name] = [image_tokens(r, w, h, rules.max_image_tokens) for w, h in sizes]
         else:

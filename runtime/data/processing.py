@@ -7,8 +7,10 @@ only, and each encoder's input rows, with exactly the token counts the index giv
   argument: aligned with `input_ids`, -100 where nothing is trained; a token is trained when it lies in an
   assistant turn's content (character offsets of the rendering). Truncated to what `seq_len` leaves after
   the encoders.
-* Images and audio: each encoder's input rows by its media processor (runtime/data/media.py: orch's for the
-  reference modules, the family's for a Hugging Face tower), one tensor per image or clip.
+* Images, videos and audio: each encoder's input rows by its media processor (runtime/data/media.py: orch's
+  for the reference modules, the family's for a Hugging Face tower), one tensor per image or clip; an encoder
+  taking `<image>` and `<video>` (a grid rule's) gets the sample's images and videos in placeholder order,
+  with their kinds.
 """
 
 from __future__ import annotations
@@ -61,8 +63,14 @@ def encoder_inputs(
         if encoders is not None and r.name not in encoders:  # only these encoders' media decoded
             continue
         proc = processors[r.name]
-        files = conv.images if r.modality == "vision" else conv.audios
-        parts = proc.inputs(files, r, rules.max_image_tokens) if files else []
+        if r.grids is not None and not r.grids.no_video:  # images and videos in placeholder order
+            visual = conv.visual()
+            files = tuple(path for _, _, path in visual)
+            kinds = tuple(tag for tag, _, _ in visual)
+            parts = proc.inputs(files, r, rules.max_image_tokens, kinds=kinds) if files else []
+        else:
+            files = conv.images if r.modality == "vision" else conv.audios
+            parts = proc.inputs(files, r, rules.max_image_tokens) if files else []
         features[r.name] = torch.cat(parts) if parts else torch.zeros(0, proc.width)
         media[r.name] = [p.shape[0] // r.frames_per_token for p in parts]
     return features, media
@@ -94,7 +102,7 @@ def as_json(sample: ProcessedSample, model: ModelSpec, counter: TextCounter) -> 
     `labels` aligned with them), the text alone, and the encoder inputs' shapes."""
     layout = conversation_layout(model, sample.marks, len(sample.input_ids), sample.media)
     ids, labels = expanded(model, layout, sample.media, sample.input_ids, sample.labels,
-                           placeholder_ids(model, counter.tokenizer), IGNORE)  # fmt: skip
+                           placeholder_ids(model, counter.tokenizer), IGNORE, sample.marks)  # fmt: skip
     return {
         "where": sample.where,
         "input_ids": ids,

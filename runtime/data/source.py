@@ -83,6 +83,7 @@ class ConversationData:
         self.rows: list[tuple[int, int]] = [(r["source"], r["sample"]) for r in raw]
         self.lengths: list[dict[str, int]] = [r["lengths"] for r in raw]  # the index's own rows, read once
         self._media: list[dict[str, list[int]] | None] = [r.get("media") for r in raw]
+        self._items: list[dict[str, list[list[float]]] | None] = [r.get("items") for r in raw]
         self._texts: dict[int, TextTokens | None] = {}
         self._orders: dict[tuple[int, int], list[int]] = {}  # (seed, epoch) -> its permutation
 
@@ -110,6 +111,16 @@ class ConversationData:
         per = self._media[row] or {}
         lengths = self.lengths[row]
         return {e: per.get(e) or ([int(lengths[e])] if lengths.get(e) else []) for e in encoder_order(self.model)}
+
+    def items(self, row: int) -> dict[str, list[MediaItem]]:
+        """Each encoder's images and videos of the row as a native-resolution tower takes them (the index's
+        `items`: patch grid and seconds per temporal step, in placeholder order); [] for an encoder without
+        (a fixed-size tower, audio, a sample without media)."""
+        per = self._items[row] or {}
+        return {
+            e: [MediaItem((int(t), int(h), int(w)), float(s)) for t, h, w, s in per.get(e, [])]
+            for e in encoder_order(self.model)
+        }
 
     def decode(self, row: int, encoders: tuple[str, ...]) -> dict[str, torch.Tensor] | None:
         """The row's inputs for `encoders` (its images' and clips' rows), None when the sample or a file of it

@@ -463,7 +463,7 @@ class Orchestrator:
                 "inter_node_bytes": moved.inter,
             }
             table = t.boundary_table(e)  # the unbalanced boundary when nothing is balanced
-            rows = [batch.projected(e, i) * self.model.llm.hidden * self.elem_bytes for i in range(batch.size)]
+            rows = [batch.projected(e, i) * self.model.prefix_width * self.elem_bytes for i in range(batch.size)]
             moved = _leader_bytes(table, grid, self.grids[llm], rows, gpn)
             llm_intra, llm_inter = llm_intra + moved.intra, llm_inter + moved.inter
         if balanced:

@@ -56,7 +56,7 @@ def run_reference(
         }
         rows = {e: [batch.projected(e, i) for i in range(batch.size)] for e in encoder_order(model)}
         per_enc = {e: encoded[e].split(rows[e]) for e in encoder_order(model)}
-        order, width = encoder_order(model), model.llm.hidden
+        order, width = encoder_order(model), model.prefix_width
         prefixes = [
             join_prefix([per_enc[e][i] for e in order], width, dtype, torch.device("cpu")) for i in range(batch.size)
         ]

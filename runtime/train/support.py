@@ -17,6 +17,11 @@ def check_supported(plan: Plan) -> None:
         if mp.layout.pp > 1 and name != plan.model.llm_name:
             raise UnsupportedPlan(f"modules.{name}.layout.pp: {mp.layout.pp}: only the LLM runs pipeline stages")
         spec = plan.model.modules[name]
+        if spec.max_tp is not None and mp.layout.tp > spec.max_tp:
+            raise UnsupportedPlan(
+                f"modules.{name}.layout.tp: {mp.layout.tp}: this module takes tensor parallelism up to {spec.max_tp} "
+                "(a native-resolution tower's fused qkv projection is not sharded)"
+            )
         if not spec.splits_over(mp.layout.tp):
             raise UnsupportedPlan(
                 f"modules.{name}.layout.tp: {mp.layout.tp} does not split {spec.heads} heads, "
@@ -24,8 +29,8 @@ def check_supported(plan: Plan) -> None:
             )
         if spec.windowed and mp.layout.cp > 1:
             raise UnsupportedPlan(
-                f"modules.{name}.layout.cp: {mp.layout.cp}: a tower of fixed windows (whole images, audio clips) "
-                "attends within each and takes no context parallelism"
+                f"modules.{name}.layout.cp: {mp.layout.cp}: a tower of fixed windows (whole images, audio clips, "
+                "a native-resolution tower's images) attends within each and takes no context parallelism"
             )
         layers = spec.layers
         if mp.layout.pp > layers:

@@ -4,7 +4,8 @@ Synthetic batches of native-resolution images (each sample's patches one image o
 `runtime/data/batch.py` `grid_items`; some samples text only). The reference is the HF model in one process,
 sample by sample: its own vision tower on the sample's patches and grid, the merged tokens before the text, the
 language model at the M-RoPE positions orch's layout gives (tests/unit/test_qwen_vl_model.py holds those
-against HF's `get_rope_index`). Every plan gives the same loss (1e-9 relative) and the same gradient of every
+against HF's `get_rope_index`; Qwen3-VL's deepstack features added at the vision rows of its first layers).
+Every plan gives the same loss (1e-9 relative) and the same gradient of every
 parameter (1e-9 of the tensor's largest entry): the tower balanced over DP4 while the LLM runs TP2, CP2 or PP2,
 homogeneous, and disaggregated on 5 ranks.
 """
@@ -24,7 +25,8 @@ from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 
 SEED = 4
-CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
+CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+           "qwen3_vl": "Qwen3VLForConditionalGeneration"}  # fmt: skip
 ALL = [0, 1, 2, 3]
 PLANS = {
     "qwen2_5_vl": {
@@ -36,6 +38,10 @@ PLANS = {
     "qwen2_vl": {
         "vision_dp4_llm_tp2_dp2": {"llm": (Layout(tp=2, dp=2), ALL), "vision": (Layout(dp=4), ALL)},
         "vision_dp4_llm_cp2_dp2": {"llm": (Layout(cp=2, dp=2), ALL), "vision": (Layout(dp=4), ALL)},
+    },
+    "qwen3_vl": {  # deepstack: the features ride along each row, added on the LLM's first stage
+        "vision_dp4_llm_pp2_dp2": {"llm": (Layout(pp=2, dp=2), ALL), "vision": (Layout(dp=4), ALL)},
+        "vision_dp4_llm_cp2_tp2": {"llm": (Layout(cp=2, tp=2), ALL), "vision": (Layout(dp=4), ALL)},
     },
 }
 DISAGGREGATED = {"vision_dp2_llm_dp3": {"llm": (Layout(dp=3), [2, 3, 4]), "vision": (Layout(dp=2), [0, 1])}}
@@ -63,14 +69,21 @@ def hf_reference(directory, family, model, data, seed):
     for i in range(batch.size):
         s = batch.sample(i, torch.float64)
         layout = batch.layout(i)
-        parts = []
+        parts, extra = [], {}
         if s.feats["vision"].shape[0]:
             grid = torch.tensor([it.grid for it in s.items["vision"]])
-            parts.append(hf.model.visual(s.feats["vision"], grid_thw=grid).pooler_output)
+            out = hf.model.visual(s.feats["vision"], grid_thw=grid)
+            parts.append(out.pooler_output)
+            if getattr(out, "deepstack_features", None):  # Qwen3-VL: added at the vision rows of the first layers
+                mask = torch.zeros(1, layout.length, dtype=torch.bool)
+                mask[0, : layout.prefix] = True
+                extra = {"visual_pos_masks": mask, "deepstack_visual_embeds": out.deepstack_features}
         parts.append(hf.get_input_embeddings()(s.text))
         positions = layout.positions if layout.positions is not None else torch.arange(layout.length).expand(3, -1)
-        out = hf(inputs_embeds=torch.cat(parts).unsqueeze(0), position_ids=positions.unsqueeze(1))
-        logits = out.logits[0, layout.prefix :]
+        hidden = hf.model.language_model(
+            inputs_embeds=torch.cat(parts).unsqueeze(0), position_ids=positions.unsqueeze(1), **extra
+        ).last_hidden_state
+        logits = hf.lm_head(hidden)[0, layout.prefix :]
         total = total + F.cross_entropy(logits, s.labels, reduction="sum")
     loss = total / batch.label_tokens
     loss.backward()

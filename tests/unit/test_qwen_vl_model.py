@@ -1,4 +1,5 @@
-"""The Qwen-VL family's modules against transformers' own model, in one process, float64: orch's vision tower
+"""The Qwen-VL family's modules (Qwen2-VL, Qwen2.5-VL, Qwen3-VL with its deepstack) against transformers' own model, in one
+process, float64: orch's vision tower
 over the packed images and videos of several samples, and its M-RoPE LLM over the layouts those samples have,
 give the loss of Qwen2-VL's / Qwen2.5-VL's `ForConditionalGeneration` forward on the same ids, pixels and
 grids (1e-9), and the same gradient for every parameter; the M-RoPE positions equal HF's `get_rope_index`."""
@@ -12,7 +13,9 @@ from orch.runtime.data.batch import MediaItem, grid_items
 from orch.runtime.models.qwen_vl.rope import mrope_positions
 from orch.runtime.models.sequence import SequenceLayout
 
-CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
+CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+           "qwen3_vl": "Qwen3VLForConditionalGeneration"}  # fmt: skip
+PATCH_VALUES = {"qwen2_vl": 1176, "qwen2_5_vl": 1176, "qwen3_vl": 1536}
 # Per sample: (text pieces, items between them); an item is (t, h, w, seconds) in patches.
 SAMPLES = [
     ([5, 3, 4], [(1, 4, 6, 0.0), (1, 8, 8, 0.0)]),  # two images
@@ -36,11 +39,18 @@ def _hf(directory, family, attention=None):
     return model
 
 
-def _sequences(config, gen):
+def _samples(family):
+    """SAMPLES; Qwen3-VL's videos are frames between timestamps in the text (not trained yet): images only."""
+    if family != "qwen3_vl":
+        return SAMPLES
+    return [(pieces, [(1, h, w, 0.0) for _, h, w, _ in items]) for pieces, items in SAMPLES]
+
+
+def _sequences(config, gen, family):
     """Per sample: its HF input_ids, token types, labels; its orch text ids, layout inserts, items and pixels."""
     start, end = config.vision_start_token_id, config.vision_end_token_id
     out = []
-    for pieces, items in SAMPLES:
+    for pieces, items in _samples(family):
         text: list[int] = []
         ids: list[int] = []
         types: list[int] = []
@@ -63,7 +73,8 @@ def _sequences(config, gen):
                 ids += [end]
                 types += [0]
         media = [MediaItem((t, h, w), s) for t, h, w, s in items]
-        pixels = [torch.randn(it.patches, 1176, generator=gen, dtype=torch.float64) for it in media]
+        width = PATCH_VALUES[family]
+        pixels = [torch.randn(it.patches, width, generator=gen, dtype=torch.float64) for it in media]
         out.append((ids, types, text, inserts, prefix, media, pixels))
     return out
 
@@ -73,7 +84,7 @@ def test_mrope_positions_equal_hf_get_rope_index(family):
     hf = _hf(directory, name)
     gen = torch.Generator().manual_seed(0)
     tps = getattr(hf.config.vision_config, "tokens_per_second", None) if name == "qwen2_5_vl" else None
-    for ids, types, text, inserts, prefix, media, _ in _sequences(hf.config, gen):
+    for ids, types, text, inserts, prefix, media, _ in _sequences(hf.config, gen, name):
         layout = SequenceLayout.interleaved(prefix, len(text), inserts)
         got = mrope_positions(layout, media, 2, tps)
         images = [it.grid for it in media if not it.is_video]
@@ -101,7 +112,7 @@ def test_grid_items_cover_the_patches_in_merge_windows():
 
 def test_loss_and_gradients_equal_hf(family):
     from orch.runtime.models.hf.attention import register
-    from orch.runtime.models.qwen_vl.language import MRopeCausalLM
+    from orch.runtime.models.qwen_vl.language import DeepstackCausalLM, MRopeCausalLM
     from orch.runtime.models.qwen_vl.vision import QwenVisionTower
     from orch.runtime.models.sequence import scored_labels
 
@@ -109,10 +120,14 @@ def test_loss_and_gradients_equal_hf(family):
     hf = _hf(directory, name)
     mine = _hf(directory, name, attention=register())
     tower = QwenVisionTower(mine.model.visual, mine.config)
-    llm = MRopeCausalLM(mine.model.language_model, mine.lm_head, mine.config.text_config)
+    deepstack = len(getattr(mine.config.vision_config, "deepstack_visual_indexes", None) or ())
+    if deepstack:  # Qwen3-VL: the tower's deepstack features ride along each row into the LLM's first layers
+        llm = DeepstackCausalLM(mine.model.language_model, mine.lm_head, mine.config.text_config, deepstack)
+    else:
+        llm = MRopeCausalLM(mine.model.language_model, mine.lm_head, mine.config.text_config)
     tps = getattr(hf.config.vision_config, "tokens_per_second", None) if name == "qwen2_5_vl" else None
     gen = torch.Generator().manual_seed(1)
-    seqs = _sequences(hf.config, gen)
+    seqs = _sequences(hf.config, gen, name)
     labels_all = []
     total = torch.zeros((), dtype=torch.float64)
     count = 0
@@ -161,3 +176,20 @@ def test_loss_and_gradients_equal_hf(family):
         torch.testing.assert_close(p.grad, theirs[key].grad, rtol=1e-9, atol=1e-12, msg=key)
         checked += 1
     assert checked == sum(1 for p in mine.parameters())  # every parameter has a gradient (lm_head untied)
+
+
+def test_a_tower_over_tp2_or_cp2_is_refused_in_one_line(family):
+    from orch.planner.hf_config import model_spec_from_dir
+    from orch.planner.plan import Layout
+    from orch.planner.specs import DataSpec, TaskSpec
+    from orch.runtime.plans import hand_plan
+    from orch.runtime.train.support import UnsupportedPlan, check_supported
+
+    _, directory = family
+    model = model_spec_from_dir(directory)
+    data = DataSpec(global_batch=4, seq_len=64, tasks=[TaskSpec(weight=1, tokens={"vision": 16, "llm": 32})])
+    for layout, want in ((Layout(tp=2, dp=2), "modules.vision.layout.tp: 2: this module takes tensor parallelism up to 1"),
+                         (Layout(cp=2, dp=2), "modules.vision.layout.cp: 2: a tower of fixed windows")):  # fmt: skip
+        plan = hand_plan(model, data, {"llm": (Layout(dp=4), [0, 1, 2, 3]), "vision": (layout, [0, 1, 2, 3])})
+        with pytest.raises(UnsupportedPlan, match=want.replace(".", r"\.").replace("(", r"\(")):
+            check_supported(plan)

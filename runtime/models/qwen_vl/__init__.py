@@ -21,15 +21,15 @@ if TYPE_CHECKING:
 
 
 def wrap(full: nn.Module, spec: ModuleSpec, llm_hidden: int) -> HFModule:
-    from orch.runtime.models.qwen_vl.language import MRopeCausalLM
+    from orch.runtime.models.qwen_vl.language import DeepstackCausalLM, MRopeCausalLM
     from orch.runtime.models.qwen_vl.vision import QwenVisionTower
 
     assert spec.hf is not None
     config: Any = full.config
     base: Any = full.model
-    if getattr(config.vision_config, "deepstack_visual_indexes", None):
-        what = "Qwen3-VL's deepstack features are not trained by orch yet (Qwen2-VL and Qwen2.5-VL are)"
-        raise SpecError(f"{spec.hf.path}/config.json", "vision_config.deepstack_visual_indexes", what)
+    deepstack = len(getattr(config.vision_config, "deepstack_visual_indexes", None) or ())
+    if spec.hf.part == "text" and deepstack:
+        return DeepstackCausalLM(base.language_model, full.lm_head, config.text_config, deepstack)
     if spec.hf.part == "text":
         return MRopeCausalLM(base.language_model, full.lm_head, config.text_config)
     if spec.hf.part != "vision":

@@ -6,7 +6,10 @@ A sample's input rows are its items' patches (each `3·temporal_patch·patch²` 
 list per sample, every rank knows them from the index). The tower is called once on all of them with their
 `grid_thw`, as HF's `get_image_features` calls it: its attention stays inside each item (Qwen2.5-VL's windowed
 blocks inside each window of an item), so many samples packed give each sample's rows exactly what it alone
-gives, and the result is the merger's rows, `patches / merge²` per item, in the LLM's width.
+gives, and the result is the merger's rows, `patches / merge²` per item, in the LLM's width. Qwen3-VL's tower
+also merges the outputs of its deepstack blocks, each by a merger of its own: those ride along each row
+(`[merged, deepstack 1, ..., deepstack k]`, k + 1 times the LLM's width) into the LLM, which adds deepstack
+feature i into its hidden states after its layer i (language.py).
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ class QwenVisionTower(HFModule):
         self.visual = visual
         vc = config.vision_config
         self.merge = int(vc.spatial_merge_size)
-        self.output_dim = int(getattr(vc, "out_hidden_size", None) or vc.hidden_size)
+        width = int(getattr(vc, "out_hidden_size", None) or vc.hidden_size)
+        self.deepstack = len(getattr(vc, "deepstack_visual_indexes", None) or ())
+        self.output_dim = width * (1 + self.deepstack)  # Qwen3-VL: its deepstack features ride along each row
 
     def tp_plan(self) -> dict[str, ParallelStyle]:
         return {}  # the fused qkv projection is not sharded: the planner gives this tower TP 1
@@ -59,7 +64,10 @@ class QwenVisionTower(HFModule):
         if sum(t * h * w for t, h, w in grids) != feats_TF.shape[0]:
             raise ValueError(f"grids of {sum(t * h * w for t, h, w in grids)} patches for {feats_TF.shape[0]} rows")
         grid_thw = torch.tensor(grids, dtype=torch.int64, device=feats_TF.device)
-        return self.visual(feats_TF, grid_thw=grid_thw).pooler_output  # type: ignore[no-any-return]
+        out = self.visual(feats_TF, grid_thw=grid_thw)
+        if not self.deepstack:
+            return out.pooler_output  # type: ignore[no-any-return]
+        return torch.cat([out.pooler_output, *out.deepstack_features], dim=-1)
 
     def run_layer(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
         """The tower's first block as it runs in training over samples of `seqlens` patches, each one image of

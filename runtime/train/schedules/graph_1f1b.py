@@ -75,7 +75,7 @@ def _llm_island(ctx: StepContext, work: StepWork, texts: dict[int, Sample], cut:
     """The LLM's stages: micro-batch m's encoder rows arrive point to point as its F(m) starts. The moved rows
     enter the LLM as leaves; after B(m) their gradients go back edge by edge in reversed encoder order, the
     order the encoder islands receive them (NCCL has no tags)."""
-    batch, width = work.batch, ctx.model.llm.hidden
+    batch, width = work.batch, ctx.model.prefix_width
     arrived: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def encoder_rows(mb: MicroBatch) -> dict[str, list[torch.Tensor]]:

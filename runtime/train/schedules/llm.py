@@ -28,7 +28,7 @@ def run_llm(
     assert ctx.stage is not None
     batch, llm_name = work.batch, ctx.model.llm_name
     micro = ctx.router.micro_batches(llm_name, ctx.router.held(llm_name, work.tables), batch)
-    order, width = encoder_order(ctx.model), ctx.model.llm.hidden
+    order, width = encoder_order(ctx.model), ctx.model.prefix_width
 
     def first_inputs(mb: MicroBatch) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         per_encoder = encoder_rows(mb)

@@ -51,7 +51,7 @@ def _encoder_forwards(
             chunks = ctx.router.chunks(e, samples)
             outs[e] = torch.cat([encode(ctx.modules[e], e, c, ctx.dtype, fpt, ctx.cp[e]) for c in chunks])
         else:
-            outs[e] = torch.zeros(0, model.llm.hidden, dtype=ctx.dtype, device=ctx.device)
+            outs[e] = torch.zeros(0, model.prefix_width, dtype=ctx.dtype, device=ctx.device)
         now = time.perf_counter()
         phases[f"{e}.fwd"] = now - t
         if e in ctx.modules:
