@@ -189,15 +189,17 @@ def summarise(records: list[dict], model: ModelSpec) -> dict[str, float]:
     }
 
 
-def _interleaved(plan_json: str, data_json: str, steps: int, dtype: str, out: str, ctx) -> None:
+def _interleaved(plan_json: str, data_json: str, steps: int, dtype: str, out: str, ctx, extra=None) -> None:
     """Both modes in one process group, step k of each back to back (order alternating per step),
-    so that the machine's drifting load hits both alike."""
+    so that the machine's drifting load hits both alike. `extra`: a picklable `extra(ctx, plan, data)`
+    returning more runs {name: step(k)} to interleave with the modes (each step returning what
+    TrainStep.step does: loss, step_time_s, phases, balance), e.g. bench_qwen_vl.py's DDP baseline."""
 
     import torch.distributed as dist
 
     from orch.runtime.train.step import TrainStep
 
-    rank = ctx.env.rank
+    rank, world = ctx.env.rank, ctx.env.world
     plan, data = Plan.model_validate_json(plan_json), DataSpec.model_validate_json(data_json)
     exs = {
         m: TrainStep(
@@ -205,16 +207,20 @@ def _interleaved(plan_json: str, data_json: str, steps: int, dtype: str, out: st
             data,
             TrainConfig(optimizer="sgd", lr=0.1, steps=steps, seed=0, dtype=dtype, balance=m, calibrate=True),
             rank,
-            2,
+            world,
         )
         for m in MODES
     }
-    records: dict[str, list[dict]] = {m: [] for m in MODES}
+    runs = {m: ex.step for m, ex in exs.items()}
+    if extra is not None:
+        runs.update(extra(ctx, plan, data))
+    names = list(runs)
+    records: dict[str, list[dict]] = {m: [] for m in names}
     for k in range(steps):
-        for mode in MODES if k % 2 == 0 else MODES[::-1]:
+        for mode in names if k % 2 == 0 else names[::-1]:
             dist.barrier()
-            m = exs[mode].step(k)
-            everyone: list[dict[str, float] | None] = [None] * 2
+            m = runs[mode](k)
+            everyone: list[dict[str, float] | None] = [None] * world
             dist.all_gather_object(everyone, {**m.phases, "step": m.step_time_s})
             ranks = {str(r): p for r, p in enumerate(everyone) if p}
             step_s = max(p["step"] for p in ranks.values())
