@@ -9,6 +9,11 @@ max cost ÷ lower bound, inter-node bytes ÷ all bytes of the phase, and seconds
     .venv/bin/python bench/bench_balance.py            # the full table (several minutes: KK is slow)
     .venv/bin/python bench/bench_balance.py --quick    # small sizes only
     .venv/bin/python bench/bench_balance.py --size 2560x16 --only-orch --repeat 7   # the 50 ms check, seconds
+    .venv/bin/python bench/bench_balance.py --size 2560x16 --only-orch --baseline main   # before/after, one run
+
+--baseline REF also runs the dispatcher as git commit REF has it (planner/balance/ imported beside
+today's), on the same batches in the same process, just before today's: both tables and a
+before -> after comparison print.
 
 --size RANKSxPER (repeatable) runs only those sizes; --only-orch leaves out the reference modes
 (none, lpt, kk, paper: their columns print '-', and the summary's comparisons with them are left
@@ -26,11 +31,15 @@ how many cases were compared with KK.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -52,8 +61,15 @@ BYTES_PER_TOKEN = {"vision": 2048, "audio": 2560, LLM_PHASE: 2048}
 @dataclass(frozen=True)
 class Task:
     weight: float
-    tokens: dict[str, tuple[int, int]]  # phase -> (mean, cap)
+    tokens: dict[str, tuple[int, int]]  # phase -> (mean, cap): a log-normal draw, clipped to [1, cap]
     sigma: float = 0.7
+    # phase -> (sizes, images): the phase's length is the sum of 1..images draws from a handful of
+    # sizes (fixed-resolution images, or a native-resolution tower's patches from a few resolutions)
+    sizes: dict[str, tuple[tuple[int, ...], int]] = field(default_factory=dict)
+
+
+# a native-resolution tower (14-px patches, 2x2 merged): patches, multiples of 4, of a few common resolutions
+_NATIVE = tuple(4 * (h // 28) * (w // 28) for h, w in ((448, 448), (672, 448), (896, 672), (1344, 896), (224, 224)))
 
 
 MIXES: dict[str, list[Task]] = {
@@ -92,6 +108,25 @@ MIXES: dict[str, list[Task]] = {
         Task(0.20, {LLM_PHASE: (300, 1024)}),
         Task(0.10, {"vision": (1024, 4096), LLM_PHASE: (900, 2048)}),
     ],
+    # tie-heavy mixes (issue 33): many samples of exactly equal size
+    # three-sizes: every image one of 3 sizes (256, 576 or 1024 tokens), one or two per sample
+    "three-sizes": [
+        Task(0.75, {LLM_PHASE: (600, 2048)}, sizes={"vision": ((256, 576, 1024), 2)}),
+        Task(0.15, {LLM_PHASE: (900, 2048)}),
+        Task(0.10, {"audio": (1200, 1500), LLM_PHASE: (400, 1024)}),
+    ],
+    # capped-lengths: long tails clipped low, so a large share of every phase sits exactly at its cap
+    "capped-lengths": [
+        Task(0.60, {"vision": (1024, 1024), LLM_PHASE: (1024, 1024)}, sigma=1.0),
+        Task(0.25, {LLM_PHASE: (2048, 2048)}, sigma=1.0),
+        Task(0.15, {"audio": (1500, 1500), LLM_PHASE: (512, 512)}, sigma=1.0),
+    ],
+    # native-res: a native-resolution vision tower, 1-4 images each from 5 resolutions (patches x4)
+    "native-res": [
+        Task(0.70, {LLM_PHASE: (500, 4096)}, sizes={"vision": (_NATIVE, 4)}),
+        Task(0.20, {LLM_PHASE: (1200, 4096)}),
+        Task(0.10, {LLM_PHASE: (300, 1024)}, sizes={"vision": (_NATIVE, 1)}),
+    ],
 }
 
 SIZES = [(64, 16), (512, 8), (512, 32), (2560, 8), (2560, 16)]
@@ -111,10 +146,16 @@ def make_batch(mix: str, num_ranks: int, per_rank: int, dp_per_node: int = 8, se
     for name, spec in PHASES.items():
         lengths = np.zeros(n, dtype=np.int64)
         for k, task in enumerate(tasks):
+            sel = np.flatnonzero(kind == k)
+            if name in task.sizes:
+                choices, most = task.sizes[name]
+                count = rng.integers(1, most + 1, size=sel.size)
+                draws = rng.choice(np.asarray(choices, dtype=np.int64), size=(sel.size, most))
+                lengths[sel] = (draws * (np.arange(most)[None, :] < count[:, None])).sum(axis=1)
+                continue
             if name not in task.tokens:
                 continue
             mean, cap = task.tokens[name]
-            sel = np.flatnonzero(kind == k)
             draw = mean * np.exp(rng.normal(-(task.sigma**2) / 2, task.sigma, size=sel.size))
             lengths[sel] = np.clip(np.rint(draw), 1, cap).astype(np.int64)
         bytes_ = lengths * BYTES_PER_TOKEN[name]
@@ -130,9 +171,36 @@ def _dest(ph: PhaseArrays, mode: str) -> np.ndarray:
     return dispatch_phase(ph, Mode(mode))
 
 
+def load_baseline(ref: str) -> Callable[[PhaseArrays, Mode], np.ndarray]:
+    """dispatch_phase of planner/balance/ as git commit `ref` has it, imported beside today's (for a
+    before/after in one run): its files copied to a temporary package, their imports of each other renamed."""
+    root = Path(__file__).resolve().parents[1]
+    files = subprocess.run(
+        ["git", "-C", str(root), "ls-tree", "--name-only", f"{ref}:planner/balance"],
+        check=True, capture_output=True, text=True,
+    ).stdout.split()  # fmt: skip
+    name = "orch_baseline_balance"
+    pkg = Path(tempfile.mkdtemp(prefix="bench-balance-")) / name
+    pkg.mkdir()
+    for f in files:
+        if f.endswith(".py"):
+            text = subprocess.run(
+                ["git", "-C", str(root), "show", f"{ref}:planner/balance/{f}"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            (pkg / f).write_text(
+                text.replace("orch.planner.balance.", f"{name}.").replace("orch.planner.balance", name)
+            )
+    sys.path.insert(0, str(pkg.parent))
+    return importlib.import_module(f"{name}.dispatch").dispatch_phase  # type: ignore[no-any-return]
+
+
 def run_case(
-    mix: str, num_ranks: int, per_rank: int, repeat: int, skip_kk_above: int, modes: tuple[str, ...] = MODES
-) -> list[dict]:
+    mix: str, num_ranks: int, per_rank: int, repeat: int, skip_kk_above: int, modes: tuple[str, ...] = MODES,
+    dispatch: Callable[[PhaseArrays, Mode], np.ndarray] = dispatch_phase,
+) -> list[dict]:  # fmt: skip
     phases, origin = make_batch(mix, num_ranks, per_rank)
     rows = []
     orch_total = []
@@ -140,7 +208,7 @@ def run_case(
     for _ in range(repeat):
         start = time.perf_counter()
         cpu = time.process_time()
-        outs = {name: dispatch_phase(ph, Mode.ORCH) for name, ph in phases.items()}
+        outs = {name: dispatch(ph, Mode.ORCH) for name, ph in phases.items()}
         full = {}
         for name, ph in phases.items():
             d = origin.copy()
@@ -162,7 +230,7 @@ def run_case(
             reps = repeat if mode == "orch" else 1
             for _ in range(reps):
                 start = time.perf_counter()
-                dest = _dest(ph, mode)
+                dest = dispatch(ph, Mode.ORCH) if mode == "orch" else _dest(ph, mode)
                 times.append(time.perf_counter() - start)
             costs = rank_costs(ph, dest)
             moved = moved_bytes(ph.origin, dest, ph.bytes, ph.dp_per_node)
@@ -192,7 +260,7 @@ def _fmt(v: dict | None, key: str, pct: bool = False) -> str:
 
 def print_table(rows: list[dict]) -> None:
     head = (
-        f"{'mix':<13} {'N x per':>9} {'phase':<6} | {'none':>6} {'lpt':>6} {'kk':>6} {'paper':>6} {'orch':>6} "
+        f"{'mix':<14} {'N x per':>9} {'phase':<6} | {'none':>6} {'lpt':>6} {'kk':>6} {'paper':>6} {'orch':>6} "
         f"| {'lpt':>6} {'paper':>6} {'orch':>6} | {'lpt ms':>7} {'kk ms':>8} {'paper ms':>8} {'orch ms':>7} {'all':>6} {'cpu':>6}"
     )
     print(
@@ -204,7 +272,7 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         size = f"{r['ranks']}x{r['per_rank']}"
         print(
-            f"{r['mix']:<13} {size:>9} {r['phase']:<6} | "
+            f"{r['mix']:<14} {size:>9} {r['phase']:<6} | "
             + " ".join(f"{_fmt(r[m], 'max_over_lb'):>6}" for m in MODES)
             + " | "
             + " ".join(f"{_fmt(r[m], 'inter_frac', pct=True):>6}" for m in ("lpt", "paper", "orch"))
@@ -212,6 +280,29 @@ def print_table(rows: list[dict]) -> None:
             + f"{_fmt(r['lpt'], 'seconds'):>7} {_fmt(r['kk'], 'seconds'):>8} {_fmt(r['paper'], 'seconds'):>8} "
             + f"{_fmt(r['orch'], 'seconds'):>7} {r['orch_all_phases_seconds'] * 1000:>6.1f}"
             + f" {r['orch_all_phases_cpu_seconds'] * 1000:>6.1f}"
+        )
+
+
+def print_comparison(before: list[dict], after: list[dict]) -> None:
+    """Per mix, size and phase: orch's max / LB, inter-node bytes and ms before and after; all phases' CPU ms."""
+    head = (
+        f"{'mix':<14} {'N x per':>9} {'phase':<6} | {'max/LB':>7} {'->':>7} | {'inter':>6} {'->':>6} "
+        f"| {'ms':>6} {'->':>6} | {'all cpu ms':>10} {'->':>6} {'ratio':>6}"
+    )
+    print("orch before -> after (same batches, same run)")
+    print(head)
+    print("-" * len(head))
+    for b, a in zip(before, after, strict=True):
+        if b["orch"] is None or a["orch"] is None:
+            continue
+        ob, oa = b["orch"], a["orch"]
+        cb, ca = b["orch_all_phases_cpu_seconds"], a["orch_all_phases_cpu_seconds"]
+        print(
+            f"{a['mix']:<14} {str(a['ranks']) + 'x' + str(a['per_rank']):>9} {a['phase']:<6} | "
+            f"{ob['max_over_lb']:>7.4f} {oa['max_over_lb']:>7.4f} | "
+            f"{100 * ob['inter_frac']:>5.1f}% {100 * oa['inter_frac']:>5.1f}% | "
+            f"{1000 * ob['seconds']:>6.1f} {1000 * oa['seconds']:>6.1f} | "
+            f"{1000 * cb:>10.1f} {1000 * ca:>6.1f} {cb / ca if ca else 1.0:>6.2f}"
         )
 
 
@@ -262,20 +353,31 @@ def main() -> None:
     parser.add_argument("--skip-kk-above", type=int, default=50_000, help="skip KK for phases with more samples")
     parser.add_argument("--size", action="append", type=_size, help="only these sizes, RANKSxPER (e.g. 2560x16)")
     parser.add_argument("--only-orch", action="store_true", help="leave out the reference modes (quick)")
+    parser.add_argument("--baseline", default=None, help="git ref: its dispatcher measured too, same run")
     parser.add_argument("--out", default=None, help="JSON written here (default bench/out/bench_balance.json)")
     args = parser.parse_args()
     sizes = args.size or (QUICK_SIZES if args.quick else SIZES)
     modes = ("orch",) if args.only_orch else MODES
     if args.out is None and not args.size and not args.only_orch:
         args.out = str(Path(__file__).parent / "out" / "bench_balance.json")
-    rows = []
+    baseline = load_baseline(args.baseline) if args.baseline else None
+    rows, before = [], []
     for mix in args.mix or list(MIXES):
         for num_ranks, per_rank in sizes:
+            if baseline is not None:  # the same batch, the same process, just before today's code
+                before.extend(run_case(mix, num_ranks, per_rank, args.repeat, args.skip_kk_above, modes, baseline))
             case = run_case(mix, num_ranks, per_rank, args.repeat, args.skip_kk_above, modes)
             rows.extend(case)
             print(f"done {mix} {num_ranks}x{per_rank}", file=sys.stderr, flush=True)
+    if before:
+        print(f"before ({args.baseline}):")
+        print_table(before)
+        print("\nafter (this tree):")
     print_table(rows)
     summary = summarise(rows)
+    if before:
+        print()
+        print_comparison(before, rows)
     print()
     for k, v in summary.items():
         print(f"{k}: {round(v, 4) if isinstance(v, float) else v}")
@@ -283,7 +385,10 @@ def main() -> None:
         return
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
+    doc: dict = {"rows": rows, "summary": summary}
+    if before:
+        doc["baseline"] = {"ref": args.baseline, "rows": before, "summary": summarise(before)}
+    out.write_text(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":
