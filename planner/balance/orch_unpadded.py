@@ -15,9 +15,10 @@ they must go:
    then with the batch's other ranks (settle_over: all or nothing); a local search
    (greedy.improve) then lowers the max rank if one is still over, preferring its own node.
 If C is out of reach (coarse batches), the best global heuristic sets it: M = the better of what
-was reached and LPT, and a second pass runs against M × (1 + SLACK), so nodes keep their samples up
-to that cap (R × the cap per node). If a few ranks stay over, `repair` moves or swaps samples of the
-max rank with any rank that has room, fewest inter-node bytes first, until every rank is under it.
+was reached and LPT; the first pass stands if it is within M × (1 + SLACK), else a second pass
+runs against M × (1 + SLACK), so nodes keep their samples up to that cap (R × the cap per node).
+If a few ranks stay over, `repair` moves or swaps samples of the max rank with any rank that has
+room, fewest inter-node bytes first, until every rank is under it.
 If that falls short too, LPT's own buckets (placed topology-aware) are the fallback: the max is
 never above LPT's × (1 + SLACK).
 
@@ -582,8 +583,11 @@ def settle_over(ph: PhaseArrays, dest: IntArray, target: float, pos: IntArray) -
     the exchange adding the fewest bytes (a sample that goes back to its node saves), kept only if
     every such rank gets one (else the batch is coarse: the passes after the first handle it). An
     exchange fixes its rank and puts no other rank over target, so no round undoes another. A rank
-    none fixes is left to greedy.improve. Respects max_tokens. Numpy over nodes; Python
-    loops over rounds (at most R inside nodes) and the few ranks left.
+    none fixes is left to greedy.improve. Once more ranks than the far step takes have failed a
+    round (they stay over: a rank over target is nobody's partner), the outcome is known: nothing
+    changes, and the rounds stop there (a tie-heavy coarse batch otherwise ran them all for
+    nothing). Respects max_tokens. Numpy over nodes; Python loops over rounds (at most R inside
+    nodes) and the few ranks left.
     """
     if ph.n == 0:
         return
@@ -606,6 +610,11 @@ def settle_over(ph: PhaseArrays, dest: IntArray, target: float, pos: IntArray) -
         partners[partners == r[:, None]] = -1
         got = ex.round(r, partners)
         failed[r[~got]] = True
+        # a rank no round fixed keeps its load (it is over, so never a partner): it is still over
+        # after the last round; more of them than the far step takes, and the outcome is known
+        if int(np.count_nonzero(failed)) > _MAX_ROUNDS:
+            dest[:] = kept
+            return
     left = np.flatnonzero(ex.over() > tol)
     if left.size == 0:
         return
@@ -786,7 +795,7 @@ def orch_unpadded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
 
     When the bound is out of reach (few coarse samples per rank), the best global heuristic sets the
     cap instead: M = the better of what was reached and LPT (exact up to EXACT_LPT_SAMPLES samples, by
-    rounds above). If the first pass reached M, it stands. Else a second pass runs against
+    rounds above). If the first pass reached M × (1 + slack), it stands. Else a second pass runs against
     M × (1 + slack), nodes keeping up to R × that cap, and its local search then tries to bring the
     max down to M; it is kept when its max is at most M × (1 + slack). Else `repair` brings its
     over-cap ranks under M × (1 + slack) by moves and swaps, fewest inter-node bytes first. Else the
@@ -816,10 +825,13 @@ def orch_unpadded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
     if ref is None and tokens is None:
         ref = lpt_rounds(ph.costs, ph.num_ranks)
     ref_max = _max_cost(ph, ref) if ref is not None else np.inf
-    if reached <= ref_max * (1 + 1e-9):  # the first pass already matches the best heuristic
-        return dest
     target = min(reached, ref_max)
     loose = target * (1 + slack)
+    if reached <= ref_max * (1 + slack) * (1 + 1e-9):
+        # the first pass is within the slack of the best heuristic: the cap the second pass would
+        # aim at (M × (1 + slack)), reached already (many equal sizes: a coarse batch the bound is
+        # out of reach for, whose second pass only loosened nodes and landed higher)
+        return dest
     again = _orch_at_cap(ph, loose, dpn * loose, pos, target=target, largest=largest)
     again_max = _max_cost(ph, again)
     if again_max <= loose * (1 + 1e-9):
