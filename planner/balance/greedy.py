@@ -172,12 +172,15 @@ def improve(
         else None
     )
     eps = 1e-9 * max(float(loads.max(initial=0.0)), 1.0)
+    if float(loads.max(initial=0.0)) <= target + eps:
+        return dest
+    members = _RankMembers(dest, num_ranks)
     for _ in range(max_iters):
         top = int(np.argmax(loads))
         peak = float(loads[top])
         if peak <= target + eps:
             break
-        mine = np.flatnonzero(dest == top)
+        mine = members.of(top)
         c = costs[mine]
         best: tuple[float, int, int, int] | None = None  # (new pair max, sample, to rank, swapped sample or -1)
         node = top // dp_per_node
@@ -197,7 +200,7 @@ def improve(
             for t in np.argsort(loads, kind="stable")[:8].tolist():
                 if t == top:
                     continue
-                theirs = np.flatnonzero(dest == t)
+                theirs = members.of(t)
                 if theirs.size == 0:
                     continue
                 delta = c[:, None] - costs[theirs][None, :]
@@ -214,9 +217,33 @@ def improve(
             break
         _, s, t, u = best
         move_sample(dest, loads, tokens, costs, lengths, s, top, t)
+        members.move(s, top, t)
         if u >= 0:  # a swap: the partner comes back
             move_sample(dest, loads, tokens, costs, lengths, u, t, top)
+            members.move(u, t, top)
     return dest
+
+
+class _RankMembers:
+    """The samples of each rank in index order, as np.flatnonzero(dest == rank) gives them, from one
+    stable sort of dest and kept as samples move: a local search's step reads a few ranks, not all of dest."""
+
+    def __init__(self, dest: IntArray, num_ranks: int) -> None:
+        self._order = np.argsort(dest, kind="stable")
+        self._bounds = np.searchsorted(dest[self._order], np.arange(num_ranks + 1))
+        self._moved: dict[int, IntArray] = {}  # ranks whose members changed since the sort
+
+    def of(self, rank: int) -> IntArray:
+        got = self._moved.get(rank)
+        if got is None:
+            return self._order[self._bounds[rank] : self._bounds[rank + 1]]
+        return got
+
+    def move(self, sample: int, src: int, dst: int) -> None:
+        a = self.of(src)
+        self._moved[src] = a[a != sample]
+        b = self.of(dst)
+        self._moved[dst] = np.insert(b, int(np.searchsorted(b, sample)), sample)
 
 
 def _cheapest_subset(lengths: IntArray, costs: FloatArray, lo: int, hi: int) -> tuple[float, IntArray] | None:
