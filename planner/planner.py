@@ -9,48 +9,46 @@ from orch.planner.candidates import SearchInput
 from orch.planner.errors import InfeasibleError, SpecError
 from orch.planner.evaluate import Choice
 from orch.planner.plan import Layout, Placement, Plan
-from orch.planner.search import SolverConfig, search
+from orch.planner.search import Solution, SolverConfig, search
 
 
 def make_plan(inp: SearchInput, solver: SolverConfig = SolverConfig()) -> Plan:
-    """Search the best layout and placement, and the homogeneous baseline beside it."""
+    """Search the best layout and placement, and the homogeneous baseline beside it.
+
+    The candidates of every placement are built once (search.build_candidates) and one search answers
+    the best plan, its runners-up and the best of every placement (Solution.per_placement)."""
     _check_pins(inp)
     try:
         solution, _ = search(inp, solver)
     except InfeasibleError:
         raise _explain_infeasible(inp) from None
-    baseline = _baseline(inp, solver, solution.best)
-    alternatives = _with_every_placement(inp, solver, solution.best, solution.alternatives)
+    baseline = _baseline(inp, solver, solution)
+    alternatives = _with_every_placement(solver, solution)
     return assemble(inp, solution.best, baseline, alternatives)
 
 
-def _with_every_placement(inp: SearchInput, solver: SolverConfig, best: Choice, found: list[Choice]) -> list[Choice]:
+def _with_every_placement(solver: SolverConfig, solution: Solution) -> list[Choice]:
     """Top-k from no-good cuts often differ only in one encoder's layout; add the best plan of
     every other allowed placement, so a user sees what each placement would cost."""
+    found = solution.alternatives
     if solver.alternatives <= 0:
         return found
-    seen = {best.placement, *(c.placement for c in found)}
-    extra = []
-    for placement in inp.placements:
-        if placement in seen:
-            continue
-        try:
-            solution, _ = search(replace(inp, placements=(placement,)), replace(solver, alternatives=0))
-        except InfeasibleError:
-            continue
-        extra.append(solution.best)
+    seen = {solution.best.placement, *(c.placement for c in found)}
+    extra = [c for p, c in solution.per_placement.items() if p not in seen]
     return sorted([*found, *extra], key=lambda c: c.step_s)
 
 
-def _baseline(inp: SearchInput, solver: SolverConfig, best: Choice) -> Choice | None:
-    if best.placement == Placement.HOMOGENEOUS:
-        return best
+def _baseline(inp: SearchInput, solver: SolverConfig, solution: Solution) -> Choice | None:
+    if solution.best.placement == Placement.HOMOGENEOUS:
+        return solution.best
+    if not inp.pins and Placement.HOMOGENEOUS in solution.per_placement:
+        return solution.per_placement[Placement.HOMOGENEOUS]  # the same options the baseline searches
     base_inp = replace(inp, placements=(Placement.HOMOGENEOUS,), pins=())
     try:
-        solution, _ = search(base_inp, replace(solver, alternatives=0))
+        base, _ = search(base_inp, replace(solver, alternatives=0))
     except InfeasibleError:
         return None  # the baseline does not fit at all: heterogeneity is what makes it trainable
-    return solution.best
+    return base.best
 
 
 def _check_pins(inp: SearchInput) -> None:
