@@ -67,7 +67,10 @@ class SearchInput:
     pins: tuple[Pin, ...] = ()
     placements: tuple[Placement, ...] = tuple(Placement)
     cfg: CostConfig = field(default_factory=CostConfig)
-    uneven_boundary: bool = False  # allow DP ratios that are not integers (the runtime's routing handles them)
+    # colocated: also allow DP ratios that are not integers. Disaggregated islands always may (their P2P
+    # boundary runs any ratio: runtime/parallel/boundary.py, tests/distributed 'enc_dp2_llm_dp3'); a colocated
+    # edge keeps DP_src/DP_dst or its inverse an integer unless this is set
+    uneven_boundary: bool = False
 
     @property
     def world(self) -> int:
@@ -342,12 +345,13 @@ def prune_dominated(cands: list[Candidate], is_llm: bool = False) -> list[Candid
     """Keep, per (GPUs, DP), the candidates no other beats on every term the search reads (`_key`).
 
     Same GPUs and DP means the same divisibility and boundary interplay with other modules,
-    so a candidate that is no faster and no smaller than another can never be chosen. Of candidates equal on
+    so a candidate that is no faster and no smaller than another can never be chosen. A disaggregated
+    candidate's DP meets no rule (any ratio crosses its boundary): per GPUs alone. Of candidates equal on
     every term, the first by layout, micro-batch and recompute is kept.
     """
     groups: dict[tuple[int, int], list[tuple[tuple[float, ...], Candidate]]] = defaultdict(list)
     for c in cands:
-        groups[(c.gpus, c.layout.dp)].append((_key(c, is_llm), c))
+        groups[(c.gpus, 0 if c.placement == Placement.DISAGGREGATED else c.layout.dp)].append((_key(c, is_llm), c))
     kept: list[Candidate] = []
     for group in groups.values():
         group.sort(key=lambda kc: (kc[0], kc[1].describe()))

@@ -2,7 +2,7 @@
 
 Variables are one boolean per candidate (planner/candidates.py did the arithmetic and the
 dominance pre-filter); the model adds the combinatorics: exactly one placement, one
-candidate per module, shared GPU memory, encoder islands (grouping and sizes), DP ratios at the boundary,
+candidate per module, shared GPU memory, encoder islands (grouping and sizes), DP ratios at a colocated boundary,
 and the step time of each placement as a linear (or max-of-linear) expression.
 """
 
@@ -311,11 +311,8 @@ class LayoutModel:
         llm = self.inp.model.llm_name
         groups: list[tuple[str, dict[str, list[tuple[Any, Candidate]]]]] = []
         if self.v.colocated:
+            # colocated only: a disaggregated boundary runs any DP ratio (SearchInput.uneven_boundary)
             groups.append(("coloc", self.v.colocated))
-        if self.v.dis_llm:
-            per = {e: self.v.dis_enc_literals((e,)) for e in self.inp.model.encoder_names}
-            per[llm] = [xc for lits in self.v.dis_llm.values() for xc in lits]
-            groups.append(("disagg", per))
         for tag, per_module in groups:
             dst = self._dp_value_literals(per_module[llm], f"{tag},{llm}")
             for e in self.inp.model.encoder_names:
