@@ -428,10 +428,15 @@ class LayoutModel:
         When the last answer was optimal no other assignment is better: its objective bounds the next one
         from below, so a tie (another layout of an encoder off the critical path) is proven at once."""
         solver, last = self._solver, self._last
-        chosen = [x for x in self.v.all_choice_literals() if solver.boolean_value(x)]
-        self.m.add_bool_or([x.Not() for x in chosen])
+        literals = self.v.all_choice_literals()
+        values = [solver.boolean_value(x) for x in literals]
+        self.m.add_bool_or([x.Not() for x, on in zip(literals, values, strict=True) if on])
         if last is not None and last.optimal:
             self.m.add(self.objective >= last.objective)
+        # the runner-up is mostly the last answer with one module changed: start the search beside it
+        self.m.clear_hints()
+        for x, on in zip(literals, values, strict=True):
+            self.m.add_hint(x, on)
         return self._solve()
 
     def _solve(self) -> _Found | None:
