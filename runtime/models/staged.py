@@ -45,10 +45,14 @@ class StagedDecoder(nn.Module):
         """Per sample its encoder rows (prefix) and embedded text tokens where its layout puts them (default:
         the prefix first), packed; and the sequence lengths. With `cp`: only this CP rank's positions and their
         per-sample counts (CPShard.llm_input)."""
+        return embed_packed(self.embedding(), prefixes, texts, cp, layouts)
+
+    def embedding(self) -> nn.Module:
+        """What embeds text ids on the first stage (a subclass may widen its rows: Qwen3-VL's deepstack)."""
         embed = getattr(self, self.PARTS[0])
         if embed is None:
             raise RuntimeError("embed_inputs runs on the first pipeline stage")
-        return embed_packed(embed, prefixes, texts, cp, layouts)
+        return embed  # type: ignore[no-any-return]
 
     def run_blocks(self, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
         raise NotImplementedError

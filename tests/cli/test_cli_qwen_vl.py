@@ -1,5 +1,6 @@
-"""A Qwen2.5-VL directory through the CLI: planned from config.json (its tower at TP 1, no CP), launched, exported
-back bit for bit."""
+"""A Qwen-VL directory (tests/qwen_vl_models.py) through the CLI: `orch plan --model DIR` says what it derived,
+gives the tower TP and CP of 1 (with the LLM at TP 2 when pinned), a bad field in one line; launched at lr 0 and
+exported back bit for bit."""
 
 import json
 
@@ -8,17 +9,17 @@ import yaml
 from qwen_vl_models import make_qwen_vl
 
 DATA = {
-    "global_batch": 4,
-    "seq_len": 96,
+    "global_batch": 8,
+    "seq_len": 128,
     "tasks": [
-        {"name": "text", "weight": 0.3, "tokens": {"llm": 20}, "max": {"llm": 40}},
-        {"name": "image", "weight": 0.7, "tokens": {"vision": 64, "llm": 60}, "max": {"vision": 160, "llm": 96}},
+        {"name": "text", "weight": 0.3, "tokens": {"llm": 40}, "max": {"llm": 80}},
+        {"name": "image", "weight": 0.7, "tokens": {"vision": 64, "llm": 60}, "max": {"vision": 256, "llm": 128}},
     ],
 }
 
 
 @pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
+def qwen2_5_vl(tmp_path_factory):
     return make_qwen_vl(tmp_path_factory.mktemp("hf") / "qwen2_5_vl", "qwen2_5_vl")
 
 
@@ -29,9 +30,41 @@ def data_file(tmp_path):
     return path
 
 
-def test_plan_gives_the_tower_tp1_and_no_cp(cli, qwen, data_file, tmp_path):
+def test_plan_of_a_qwen2_5_vl_directory_says_what_it_derived(cli, qwen2_5_vl, data_file, tmp_path):
     out = tmp_path / "plan.yaml"
-    result = cli("plan", "--model", str(qwen), "--cluster", "local-cpu", "--data", str(data_file), "--out", str(out),
+    result = cli("plan", "--model", str(qwen2_5_vl), "--cluster", "local-cpu", "--data", str(data_file),
+                 "--out", str(out))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    printed = " ".join(result.output.split())  # the console wraps long lines
+    assert (
+        "config.json: vision: 4 blocks (2 full-attention, the rest in 16-patch windows), width 32, 4 heads, ffn 64 "
+        "swiglu, merge 2x2 → 4 patches per LLM token, 1176 values per patch, TP at most 1" in printed
+    )
+    assert "config.json: llm: 4 layers, hidden 48, 4 heads (2 KV), ffn 96" in printed
+    plan = yaml.safe_load(out.read_text())
+    vision = plan["model"]["modules"]["vision"]
+    assert (vision["item_attention"], vision["window_tokens"], vision["full_attention_blocks"]) == (True, 16, [1, 3])
+    assert (vision["max_tp"], vision["projector_hidden"], vision["downsample"]) == (1, 128, 4)
+    layout = plan["modules"]["vision"]["layout"]
+    assert (layout["tp"], layout["cp"]) == (1, 1)
+
+
+def test_plan_with_a_bad_qwen_vl_field_is_one_line(cli, data_file, tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "vision_config": {"depth": 8,
+                                                                                            "fullatt_block_indexes": [3, 8]}}))  # fmt: skip
+    result = cli("plan", "--model", str(d), "--cluster", "local-cpu", "--data", str(data_file))
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        f"error: {d / 'config.json'}: vision_config.fullatt_block_indexes: expected a list of block indices 0..7, "
+        "got [3, 8]"
+    )
+
+
+def test_plan_gives_the_tower_tp1_and_no_cp(cli, qwen2_5_vl, data_file, tmp_path):
+    out = tmp_path / "plan.yaml"
+    result = cli("plan", "--model", str(qwen2_5_vl), "--cluster", "local-cpu", "--data", str(data_file), "--out", str(out),
                  "--placement", "colocated", "--fix", "llm.tp=2")  # fmt: skip
     assert result.exit_code == 0, result.output
     plan = yaml.safe_load(out.read_text())
@@ -40,11 +73,11 @@ def test_plan_gives_the_tower_tp1_and_no_cp(cli, qwen, data_file, tmp_path):
 
 
 @pytest.mark.slow
-def test_launch_lr0_then_export_returns_the_weights_bit_for_bit(cli, qwen, data_file, tmp_path, train_config):
+def test_launch_lr0_then_export_returns_the_weights_bit_for_bit(cli, qwen2_5_vl, data_file, tmp_path, train_config):
     from safetensors.torch import load_file
 
     plan = tmp_path / "plan.yaml"
-    result = cli("plan", "--model", str(qwen), "--cluster", "local-cpu", "--data", str(data_file), "--out", str(plan),
+    result = cli("plan", "--model", str(qwen2_5_vl), "--cluster", "local-cpu", "--data", str(data_file), "--out", str(plan),
                  "--placement", "colocated", "--fix", "llm.tp=2")  # fmt: skip
     assert result.exit_code == 0, result.output
     run = tmp_path / "run"
@@ -55,7 +88,7 @@ def test_launch_lr0_then_export_returns_the_weights_bit_for_bit(cli, qwen, data_
     out = tmp_path / "exported"
     result = cli("export", str(run), "--out", str(out))
     assert result.exit_code == 0, result.output
-    before, after = load_file(qwen / "model.safetensors"), load_file(out / "model.safetensors")
+    before, after = load_file(qwen2_5_vl / "model.safetensors"), load_file(out / "model.safetensors")
     assert set(before) == set(after)
     for key, tensor in before.items():
         assert after[key].dtype == tensor.dtype and after[key].equal(tensor), key

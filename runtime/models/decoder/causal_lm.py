@@ -68,6 +68,11 @@ class HFCausalLM(HFModule, StagedDecoder):
             pos = [torch.arange(n, device=device) for n in seqlens]
         return (torch.cat(pos) if pos else torch.zeros(0, dtype=torch.int64, device=device)).unsqueeze(0)
 
+    def split_rows(self, x_TD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the hidden rows, features added into them after the first layers, k x width: Qwen3-VL's deepstack;
+        none here)."""
+        return x_TD, None
+
     def run_blocks(
         self,
         x_TD: torch.Tensor,
@@ -75,11 +80,13 @@ class HFCausalLM(HFModule, StagedDecoder):
         cp: CPShard | None = None,
         layouts: list[SequenceLayout] | None = None,
     ) -> torch.Tensor:
+        x_TD, added = self.split_rows(x_TD)
+        width = x_TD.shape[1]
         position_ids = self.position_ids(seqlens, cp, layouts, x_TD.device)
         hidden = x_TD.unsqueeze(0)
         rotary = self.rotary_emb(hidden, position_ids=position_ids)
         text_positions = position_ids if position_ids.ndim == 2 else None  # M-RoPE's layers take no 1-D ids
-        for layer in self.layers.values():
+        for key, layer in self.layers.items():
             hidden = layer(
                 hidden,
                 attention_mask=None,
@@ -88,4 +95,7 @@ class HFCausalLM(HFModule, StagedDecoder):
                 orch_seqlens=seqlens,
                 orch_cp=cp,
             )
+            i = int(key)
+            if added is not None and (i + 1) * width <= added.shape[1]:
+                hidden = hidden + added[:, i * width : (i + 1) * width].unsqueeze(0)
         return hidden.squeeze(0)

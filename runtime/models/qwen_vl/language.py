@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from orch.runtime.models.decoder.causal_lm import HFCausalLM
-from orch.runtime.models.staged import embed_packed, stage_layers
+from orch.runtime.models.staged import stage_layers
 
 if TYPE_CHECKING:
     from orch.runtime.models.sequence import SequenceLayout
@@ -59,37 +59,13 @@ class DeepstackCausalLM(MRopeCausalLM):
             )
         super().keep_stage(stage, stages)
 
-    def embed_inputs(
-        self,
-        prefixes: list[torch.Tensor],
-        texts: list[torch.Tensor],
-        cp: CPShard | None = None,
-        layouts: list[SequenceLayout] | None = None,
-    ) -> tuple[torch.Tensor, list[int]]:
-        if self.embed_tokens is None:
-            raise RuntimeError("embed_inputs runs on the first pipeline stage")
-        return embed_packed(_Widened(self.embed_tokens, self.width * self.deepstack), prefixes, texts, cp, layouts)
+    def embedding(self) -> nn.Module:
+        return _Widened(super().embedding(), self.width * self.deepstack)  # type: ignore[return-value]
 
-    def run_blocks(
-        self,
-        x_TD: torch.Tensor,
-        seqlens: list[int],
-        cp: CPShard | None = None,
-        layouts: list[SequenceLayout] | None = None,
-    ) -> torch.Tensor:
+    def split_rows(self, x_TD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         if x_TD.shape[1] == self.width:  # a later pipeline stage: the features were added on the first
-            return super().run_blocks(x_TD, seqlens, cp, layouts)
-        hidden, features = x_TD[:, : self.width], x_TD[:, self.width :]
-        position_ids = self.position_ids(seqlens, cp, layouts, x_TD.device)
-        h = hidden.unsqueeze(0)
-        rotary = self.rotary_emb(h, position_ids=position_ids)
-        for key, layer in self.layers.items():
-            h = layer(h, attention_mask=None, position_ids=None, position_embeddings=rotary,
-                      orch_seqlens=seqlens, orch_cp=cp)  # fmt: skip
-            i = int(key)
-            if i < self.deepstack:
-                h = h + features[:, i * self.width : (i + 1) * self.width].unsqueeze(0)
-        return h.squeeze(0)
+            return x_TD, None
+        return x_TD[:, : self.width], x_TD[:, self.width :]
 
 
 class _Widened:
