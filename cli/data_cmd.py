@@ -152,7 +152,17 @@ def data_spec_for(
 
     if data is not None and is_conversation_data(data):
         return conversation_data(model, data, global_batch, seq_len, tokenizer)
-    return data_for(model, data, verb)
+    spec, hint = data_for(model, data, verb)
+    # a spec or preset takes the overrides too (the planner's batch error names --global-batch)
+    update = {k: v for k, v in (("global_batch", global_batch), ("seq_len", seq_len)) if v is not None}
+    if update:
+        for key, value in update.items():
+            if value <= 0:
+                from orch.planner.errors import SpecError
+
+                raise SpecError(f"--{key.replace('_', '-')}", "", f"expected a positive integer, got {value}")
+        spec = spec.model_copy(update=update)
+    return spec, hint
 
 
 def conversation_data(

@@ -22,8 +22,8 @@ def plan(
     trace: str | None = typer.Option(None, "--trace", help="Write the predicted step as a Chrome trace JSON."),
     top: int = typer.Option(4, "--top", help="Alternatives to list beside the best plan."),
     time_limit: float = typer.Option(10.0, "--time-limit", help="CP-SAT time limit, seconds."),
-    global_batch: int | None = typer.Option(None, "--global-batch", help="Samples per step, with a data file."),
-    seq_len: int | None = typer.Option(None, "--seq-len", help="Cap on LLM tokens per sample, with a data file."),
+    global_batch: int | None = typer.Option(None, "--global-batch", help="Samples per step (overrides the data's)."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Cap on LLM tokens per sample (overrides the data's)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json for a data file (reference model)."),
     data_parallel: str = typer.Option(
         "auto", "--data-parallel", help="fsdp, replicate, or auto (fsdp unless a module is small)."

@@ -27,8 +27,8 @@ def profile(
     data: str | None = typer.Option(
         None, "--data", "-d", help="Data file or mix, or a data spec file or preset (default: the model's)."
     ),
-    global_batch: int | None = typer.Option(None, "--global-batch", help="Samples per step, with a data file."),
-    seq_len: int | None = typer.Option(None, "--seq-len", help="Cap on LLM tokens per sample, with a data file."),
+    global_batch: int | None = typer.Option(None, "--global-batch", help="Samples per step (overrides the data's)."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Cap on LLM tokens per sample (overrides the data's)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json for a data file (reference model)."),
     quick: bool = typer.Option(False, "--quick", help="Fewer lengths, sizes and repetitions (under a minute)."),
     passes: int = typer.Option(

@@ -92,7 +92,9 @@ def _module_plan(inp: SearchInput, choice: Choice, name: str) -> ModulePlan:
     elif choice.placement == Placement.HOMOGENEOUS and (name != inp.model.llm_name or c.layout.pp == 1):
         memory = sum(x.memory_gb for x in choice.modules.values())  # first stage holds the encoders too
     elif choice.placement == Placement.DISAGGREGATED and name != inp.model.llm_name:
-        memory = sum(x.memory_gb for n, x in choice.modules.items() if n != inp.model.llm_name)
+        # the encoders of its island share each GPU (one island of every encoder when none are given)
+        groups = choice.islands.groups if choice.islands is not None else (tuple(inp.model.encoder_names),)
+        memory = sum(choice.modules[e].memory_gb for e in next(g for g in groups if name in g))
     return ModulePlan(
         layout=c.layout,
         ranks=module_ranks(inp, choice, name),

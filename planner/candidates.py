@@ -10,7 +10,18 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from orch.planner.costs import BF16, GB, CostConfig, Links, ModuleCost, module_cost, workload
+from orch.planner.costs import (
+    BF16,
+    GB,
+    CostConfig,
+    Links,
+    ModuleBasis,
+    ModuleCost,
+    layout_cost,
+    layout_memory_gb,
+    module_basis,
+    workload,
+)
 from orch.planner.errors import SpecError
 from orch.planner.plan import Layout, Placement, Recompute
 from orch.planner.profile import Profile
@@ -56,7 +67,10 @@ class SearchInput:
     pins: tuple[Pin, ...] = ()
     placements: tuple[Placement, ...] = tuple(Placement)
     cfg: CostConfig = field(default_factory=CostConfig)
-    uneven_boundary: bool = False  # allow DP ratios that are not integers (the runtime's routing handles them)
+    # colocated: also allow DP ratios that are not integers. Disaggregated islands always may (their P2P
+    # boundary runs any ratio: runtime/parallel/boundary.py, tests/distributed 'enc_dp2_llm_dp3'); a colocated
+    # edge keeps DP_src/DP_dst or its inverse an integer unless this is set
+    uneven_boundary: bool = False
 
     @property
     def world(self) -> int:
@@ -191,6 +205,27 @@ def _micro_batches(inp: SearchInput, layout: Layout) -> list[int]:
     return [b for b in MICRO_BATCHES if per_dp % b == 0]
 
 
+@dataclass(frozen=True)
+class Pricing:
+    """What pricing a candidate reads that does not depend on its layout, computed once per search input
+    (`pricing`) and shared by every placement's candidates: each module's ModuleBasis (planner/costs.py),
+    the links, and each encoder's boundary bytes per step."""
+
+    bases: dict[str, ModuleBasis]
+    links: Links
+    boundary_bytes: dict[str, float]
+
+
+def pricing(inp: SearchInput) -> Pricing:
+    bases = {
+        n: module_basis(inp.model, inp.data, inp.cluster, n, profile=inp.profile, cfg=inp.cfg)
+        for n in inp.model.modules
+    }
+    return Pricing(
+        bases, Links.build(inp.cluster, inp.profile), {e: _boundary_bytes(inp, e) for e in inp.model.encoder_names}
+    )
+
+
 def _boundary_bytes(inp: SearchInput, encoder: str) -> float:
     """Encoder outputs (after the projector) per step, in bytes; gradients come back the same size."""
     return workload(inp.model, inp.data, encoder).out_tokens * inp.model.llm.hidden * BF16
@@ -210,11 +245,12 @@ def _measured_move_s(inp: SearchInput, encoder: str, dp: int) -> float | None:
     return fit.alpha_s + share / (fit.gbps * GB)
 
 
-def _replica_bcast_s(inp: SearchInput, encoder: str, layout: Layout) -> float:
+def _replica_bcast_s(inp: SearchInput, encoder: str, layout: Layout, pr: Pricing | None = None) -> float:
     if layout.tp * layout.cp <= 1:
         return 0.0
-    links = Links.build(inp.cluster, inp.profile)
-    return links.ring(_boundary_bytes(inp, encoder) / layout.dp, 1, layout.tp * layout.cp)
+    links = pr.links if pr is not None else Links.build(inp.cluster, inp.profile)
+    nbytes = pr.boundary_bytes[encoder] if pr is not None else _boundary_bytes(inp, encoder)
+    return links.ring(nbytes / layout.dp, 1, layout.tp * layout.cp)
 
 
 def homogeneous_boundary_s(inp: SearchInput, layout: Layout) -> float:
@@ -228,106 +264,112 @@ def homogeneous_boundary_s(inp: SearchInput, layout: Layout) -> float:
     return total
 
 
-def _send_s(inp: SearchInput, encoder: str, layout: Layout, placement: Placement) -> float:
+def _send_s(inp: SearchInput, encoder: str, layout: Layout, placement: Placement, pr: Pricing | None = None) -> float:
     if placement == Placement.HOMOGENEOUS:
         return 0.0
+    pr = pr if pr is not None else pricing(inp)
     measured = _measured_move_s(inp, encoder, layout.dp)
     if measured is not None:
         return measured
-    links = Links.build(inp.cluster, inp.profile)
-    return 2 * links.p2p(_boundary_bytes(inp, encoder) / layout.dp, _boundary_inter(inp, placement))
+    return 2 * pr.links.p2p(pr.boundary_bytes[encoder] / layout.dp, _boundary_inter(inp, placement))
 
 
-def _recv_s(inp: SearchInput, layout: Layout, placement: Placement) -> tuple[tuple[str, float], ...]:
+def _recv_s(
+    inp: SearchInput, layout: Layout, placement: Placement, pr: Pricing | None = None
+) -> tuple[tuple[str, float], ...]:
     if placement == Placement.HOMOGENEOUS:
         return ()
-    links = Links.build(inp.cluster, inp.profile)
+    pr = pr if pr is not None else pricing(inp)
+    links = pr.links
     out = []
     for e in inp.model.encoder_names:
         measured = _measured_move_s(inp, e, layout.dp)
         if measured is not None:
-            out.append((e, measured + _replica_bcast_s(inp, e, layout)))
+            out.append((e, measured + _replica_bcast_s(inp, e, layout, pr)))
             continue
-        share = _boundary_bytes(inp, e) / layout.dp
+        share = pr.boundary_bytes[e] / layout.dp
         bcast = links.ring(share, 1, layout.tp * layout.cp) if layout.tp * layout.cp > 1 else 0.0
         out.append((e, 2 * links.p2p(share, _boundary_inter(inp, placement)) + bcast))
     return tuple(out)
 
 
 def module_candidates(
-    inp: SearchInput, module: str, gpus: int, placement: Placement, prune: bool = True
+    inp: SearchInput, module: str, gpus: int, placement: Placement, prune: bool = True, pr: Pricing | None = None
 ) -> list[Candidate]:
-    """All candidates of one module on `gpus` GPUs in `placement` that fit memory on their own."""
+    """All candidates of one module on `gpus` GPUs in `placement` that fit memory on their own.
+
+    `pr`: the input's `pricing`, when the caller prices many GPU counts (computed here otherwise)."""
+    pr = pr if pr is not None else pricing(inp)
+    basis = pr.bases[module]
     is_llm = module == inp.model.llm_name
     out = []
     for layout in layouts(inp, module, gpus, allow_pp=is_llm):
+        if is_llm:
+            recv = _recv_s(inp, layout, placement, pr)
+        else:
+            send = _send_s(inp, module, layout, placement, pr)
         for mb in _micro_batches(inp, layout):
             num_mb = samples_per_dp(inp, layout) // mb
             in_flight = layout.pp if is_llm else num_mb
             for rc in Recompute:
-                cost = module_cost(
-                    inp.model,
-                    inp.data,
-                    inp.cluster,
-                    module,
-                    layout,
-                    mb,
-                    rc,
-                    in_flight=min(in_flight, num_mb),
-                    profile=inp.profile,
-                    cfg=inp.cfg,
-                )
-                if cost.memory_gb > inp.capacity_gb:
-                    continue
+                if layout_memory_gb(basis, layout, mb, rc, min(in_flight, num_mb)) > inp.capacity_gb:
+                    continue  # does not fit: not worth pricing its time
+                cost = layout_cost(basis, layout, mb, rc, min(in_flight, num_mb))
                 if is_llm:
-                    c = Candidate(
-                        module, placement, layout, mb, rc, cost, num_mb, recv_s=_recv_s(inp, layout, placement)
-                    )
+                    c = Candidate(module, placement, layout, mb, rc, cost, num_mb, recv_s=recv)
                 else:
-                    send = _send_s(inp, module, layout, placement)
                     c = Candidate(module, placement, layout, mb, rc, cost, num_mb, send_s=send)
                 out.append(c)
-    return prune_dominated(out) if prune else out
+    return prune_dominated(out, is_llm) if prune else out
 
 
-def _key(c: Candidate) -> tuple[float, ...]:
-    # every term the objectives sum with a non-negative weight (planner/evaluate.py), and the micro-batch
-    # count, of which the graph-aware 1F1B wants more (more of the islands' work overlaps)
-    return (
-        c.cost.work_s + c.send_s,
-        c.cost.fixed_s,
-        *(v for _, v in c.recv_s),
-        c.memory_gb,
-        -c.num_micro_batches,
-    )
+def _key(c: Candidate, is_llm: bool) -> tuple[float, ...]:
+    """Every term of the candidate that the search's objective or constraints read, each the smaller the better
+    (planner/evaluate.py; search.LayoutModel).
+
+    Colocated: the module's time (work and fixed alike enter the step's sum), its boundary moves (an encoder's
+    send is the same for every layout of one DP degree), and the GPU memory the modules share. Disaggregated:
+    an island's pipelined work (passes and sends), its once-a-step fixed work, and the memory an island's
+    encoders share; for the LLM its pipelined work with every receive, its gradient sync and optimizer, the
+    orchestrator, and its micro-batch count, of which the graph-aware 1F1B wants more (more of the islands'
+    work overlaps). The LLM's memory and the encoders' micro-batch counts enter no formula."""
+    if c.placement == Placement.DISAGGREGATED:
+        if is_llm:
+            recv = sum(v for _, v in c.recv_s)
+            return (c.cost.work_s + recv, c.cost.overhead_s, c.cost.orchestrator_s, -c.num_micro_batches)
+        return (c.cost.work_s + c.send_s, c.cost.fixed_s, c.memory_gb)
+    return (c.cost.time_s + c.send_s, *(v for _, v in c.recv_s), c.memory_gb)
 
 
-def prune_dominated(cands: list[Candidate]) -> list[Candidate]:
-    """Keep, per (GPUs, DP), the candidates no other beats on every term the search sums.
+def prune_dominated(cands: list[Candidate], is_llm: bool = False) -> list[Candidate]:
+    """Keep, per (GPUs, DP), the candidates no other beats on every term the search reads (`_key`).
 
     Same GPUs and DP means the same divisibility and boundary interplay with other modules,
-    so a candidate that is no faster and no smaller than another can never be chosen.
+    so a candidate that is no faster and no smaller than another can never be chosen. A disaggregated
+    candidate's DP meets no rule (any ratio crosses its boundary): per GPUs alone. Of candidates equal on
+    every term, the first by layout, micro-batch and recompute is kept.
     """
-    groups: dict[tuple[int, int], list[Candidate]] = defaultdict(list)
+    groups: dict[tuple[int, int], list[tuple[tuple[float, ...], Candidate]]] = defaultdict(list)
     for c in cands:
-        groups[(c.gpus, c.layout.dp)].append(c)
+        groups[(c.gpus, 0 if c.placement == Placement.DISAGGREGATED else c.layout.dp)].append((_key(c, is_llm), c))
     kept: list[Candidate] = []
     for group in groups.values():
-        group.sort(key=lambda c: (_key(c), c.describe()))
-        front: list[Candidate] = []
-        for c in group:
-            k = _key(c)
-            if any(all(a <= b for a, b in zip(_key(f), k, strict=True)) for f in front):
+        group.sort(key=lambda kc: (kc[0], kc[1].describe()))
+        front: list[tuple[float, ...]] = []
+        for k, c in group:
+            # sorted: a candidate can only be dominated by one before it
+            if any(all(a <= b for a, b in zip(f, k, strict=True)) for f in front):
                 continue
-            front.append(c)
-        kept.extend(front)
+            front.append(k)
+            kept.append(c)
     return kept
 
 
-def homogeneous_options(inp: SearchInput) -> list[HomogeneousOption]:
+def homogeneous_options(inp: SearchInput, pr: Pricing | None = None) -> list[HomogeneousOption]:
     """Joint options of the baseline: one per LLM layout, encoders on its first stage."""
     n = inp.world
     model = inp.model
+    pr = pr if pr is not None else pricing(inp)
     out = []
     for layout in layouts(inp, model.llm_name, n, allow_pp=True):
         stage0 = Layout(tp=layout.tp, cp=layout.cp, pp=1, dp=layout.dp)
@@ -338,41 +380,19 @@ def homogeneous_options(inp: SearchInput) -> list[HomogeneousOption]:
         for mb in _micro_batches(inp, layout):
             num_mb = samples_per_dp(inp, layout) // mb
             best: HomogeneousOption | None = None
+            encs = []
+            for e in model.encoder_names:
+                # the encoder runs inside stage 0's 1F1B: pp micro-batches in flight
+                opts = []
+                for erc in Recompute:
+                    ec = layout_cost(pr.bases[e], stage0, mb, erc, min(layout.pp, num_mb))
+                    # stage 0 alone does the encoder's math: its GPU count is n / pp
+                    opts.append(Candidate(e, Placement.HOMOGENEOUS, stage0, mb, erc, ec, num_mb))
+                encs.append(opts)
+            moves = homogeneous_boundary_s(inp, layout)
             for rc in Recompute:
-                llm_cost = module_cost(
-                    model,
-                    inp.data,
-                    inp.cluster,
-                    model.llm_name,
-                    layout,
-                    mb,
-                    rc,
-                    in_flight=min(layout.pp, num_mb),
-                    profile=inp.profile,
-                    cfg=inp.cfg,
-                )
+                llm_cost = layout_cost(pr.bases[model.llm_name], layout, mb, rc, min(layout.pp, num_mb))
                 llm = Candidate(model.llm_name, Placement.HOMOGENEOUS, layout, mb, rc, llm_cost, num_mb)
-                encs = []
-                for e in model.encoder_names:
-                    # the encoder runs inside stage 0's 1F1B: pp micro-batches in flight
-                    opts = []
-                    for erc in Recompute:
-                        ec = module_cost(
-                            model,
-                            inp.data,
-                            inp.cluster,
-                            e,
-                            stage0,
-                            mb,
-                            erc,
-                            in_flight=min(layout.pp, num_mb),
-                            profile=inp.profile,
-                            cfg=inp.cfg,
-                        )
-                        # stage 0 alone does the encoder's math: its GPU count is n / pp
-                        opts.append(Candidate(e, Placement.HOMOGENEOUS, stage0, mb, erc, ec, num_mb))
-                    encs.append(opts)
-                moves = homogeneous_boundary_s(inp, layout)
                 for combo in _cheapest_fitting(llm, encs, inp.capacity_gb):
                     option = _homogeneous(llm, combo, num_mb, moves)
                     if best is None or option.step_s < best.step_s:

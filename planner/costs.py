@@ -39,9 +39,13 @@ class CostConfig:
 def choose_data_parallel(m: ModuleSpec, layout: Layout, cfg: CostConfig) -> DataParallel:
     """fsdp unless there is nothing to shard over (dp x cp of 1) or the module is small, where one all-reduce
     beats a gather and a reduce-scatter and the replicated state costs little memory."""
+    return _choose_mode(_local_params(m, layout), layout, cfg)
+
+
+def _choose_mode(params_local: float, layout: Layout, cfg: CostConfig) -> DataParallel:
     if cfg.data_parallel is not None:
         return cfg.data_parallel
-    if layout.dp * layout.cp == 1 or _local_params(m, layout) < cfg.replicate_below_params:
+    if layout.dp * layout.cp == 1 or params_local < cfg.replicate_below_params:
         return DataParallel.REPLICATE
     return DataParallel.FSDP
 
@@ -263,23 +267,12 @@ def gemm_efficiency(m: ModuleSpec, tp: int, tokens_per_gpu: float, cfg: CostConf
 
 
 def _compute_seconds(
-    m: ModuleSpec,
-    llm: ModuleSpec,
-    name: str,
-    w: Workload,
-    layout: Layout,
-    micro_batch: int,
-    recompute: Recompute,
-    cluster: ClusterSpec,
-    profile: Profile | None,
-    cfg: CostConfig,
-    data: DataSpec,
-    llm_name: str,
+    b: ModuleBasis, layout: Layout, micro_batch: int, recompute: Recompute
 ) -> tuple[float, float, float]:
     """(forward+backward seconds, measured fixed seconds per step, orchestrator seconds per step)."""
-    fwd = forward_flops(m, llm, w)
-    layer_share, extra = _recompute_flops(m, w, recompute)
-    passes, scale = _passes(m, fwd, extra)
+    m, w, cluster, profile, name = b.m, b.w, b.cluster, b.profile, b.name
+    fwd = b.fwd
+    layer_share, extra, passes, scale = b.per_recompute[recompute]
     mod = profile.modules.get(name) if profile is not None else None
     fit = mod.block.get(layout.tp) if mod is not None else None
     if mod is not None and fit is not None:
@@ -292,7 +285,7 @@ def _compute_seconds(
         calls = max(w.samples / layout.dp / max(micro_batch, 1), 1.0)  # packed micro-batch calls per DP rank
         # the slowest DP rank sets the pace: the balanced batch's residual max/mean (planner/imbalance.py)
         dp_per_node = max(cluster.gpus_per_node // (layout.tp * layout.cp), 1)
-        slowest = residual_imbalance(data, name, llm_name, layout.dp, dp_per_node, fit.terms())
+        slowest = residual_imbalance(b.data, name, b.llm_name, layout.dp, dp_per_node, fit.terms())
         block = fit.total(samples, per_gpu_tokens, per_gpu_sq) * slowest + fit.call * calls
         layers = m.layers / layout.pp
         if mod.rest is not None:
@@ -311,7 +304,7 @@ def _compute_seconds(
     if fwd * passes + extra == 0:  # no sample of the mix has this module's modality: no work
         return 0.0, 0.0, 0.0
     tokens_per_gpu = micro_batch * w.stats.mean / layout.cp
-    eff = cluster.mfu * gemm_efficiency(m, layout.tp, tokens_per_gpu, cfg)
+    eff = cluster.mfu * gemm_efficiency(m, layout.tp, tokens_per_gpu, b.cfg)
     return (fwd * passes + extra) / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * eff), 0.0, 0.0
 
 
@@ -355,6 +348,64 @@ def profiled_sample_cost(
     return cost
 
 
+@dataclass(frozen=True)
+class ModuleBasis:
+    """What `module_cost` reads of one module whatever its layout: the specs, the step's workload, the links,
+    the FLOPs and the parameter counts. Built once per module (`module_basis`), then priced per layout
+    (`layout_cost`): the search prices thousands of layouts of each module (planner/candidates.py)."""
+
+    name: str
+    m: ModuleSpec
+    llm_name: str
+    w: Workload
+    links: Links
+    cluster: ClusterSpec
+    data: DataSpec
+    profile: Profile | None
+    cfg: CostConfig
+    fwd: float  # forward FLOPs of the step
+    model_flops: float  # train FLOPs of the step (no recompute)
+    per_recompute: dict[Recompute, tuple[float, float, float, float]]  # (layer_share, extra, passes, scale)
+    dense_params: float  # every parameter but the experts' and the two embeddings', over all blocks
+    expert_params: float  # the experts' of every block
+
+
+def module_basis(
+    model: ModelSpec,
+    data: DataSpec,
+    cluster: ClusterSpec,
+    name: str,
+    *,
+    profile: Profile | None = None,
+    cfg: CostConfig = CostConfig(),
+) -> ModuleBasis:
+    m = model.modules[name]
+    llm = model.llm
+    w = workload(model, data, name)
+    fwd = forward_flops(m, llm, w)
+    per_recompute = {}
+    for rc in Recompute:
+        layer_share, extra = _recompute_flops(m, w, rc)
+        per_recompute[rc] = (layer_share, extra, *_passes(m, fwd, extra))
+    experts = _expert_params(m) * m.layers
+    return ModuleBasis(
+        name=name,
+        m=m,
+        llm_name=model.llm_name,
+        w=w,
+        links=Links.build(cluster, profile),
+        cluster=cluster,
+        data=data,
+        profile=profile,
+        cfg=cfg,
+        fwd=fwd,
+        model_flops=train_flops(m, llm, w),
+        per_recompute=per_recompute,
+        dense_params=module_params(m) - experts - (2 * m.vocab * m.hidden if m.vocab else 0),
+        expert_params=experts,
+    )
+
+
 def module_cost(
     model: ModelSpec,
     data: DataSpec,
@@ -374,17 +425,18 @@ def module_cost(
     LLM's first 1F1B stage, every micro-batch of the step for an encoder under the
     three-phase schedule.
     """
-    m = model.modules[name]
-    llm = model.llm
-    w = workload(model, data, name)
-    links = Links.build(cluster, profile)
+    basis = module_basis(model, data, cluster, name, profile=profile, cfg=cfg)
+    return layout_cost(basis, layout, micro_batch, recompute, in_flight)
+
+
+def layout_cost(b: ModuleBasis, layout: Layout, micro_batch: int, recompute: Recompute, in_flight: int) -> ModuleCost:
+    """`module_cost` of the module of `b` (module_basis) under one layout."""
+    m, w, links, cfg, cluster, profile, name = b.m, b.w, b.links, b.cfg, b.cluster, b.profile, b.name
     tp, cp, pp, dp, ep = layout.tp, layout.cp, layout.pp, layout.dp, layout.ep
     per_dp = w.samples // dp
     num_mb = max(per_dp // micro_batch, 1)
 
-    compute, overhead, orchestrator = _compute_seconds(
-        m, llm, name, w, layout, micro_batch, recompute, cluster, profile, cfg, data, model.llm_name
-    )
+    compute, overhead, orchestrator = _compute_seconds(b, layout, micro_batch, recompute)
 
     # tokens one GPU group (one DP index) handles per micro-batch, and per step
     tokens_mb = micro_batch * w.stats.mean
@@ -417,9 +469,10 @@ def module_cost(
 
     # DP over dp x cp: fsdp gathers the parameters (bf16) and reduce-scatters the gradients (fp32) once per
     # step; replicate all-reduces the gradients (twice a reduce-scatter's traffic on a ring).
-    params_local = _local_params(m, layout)
+    params_local = _local_params_of(b.dense_params, b.expert_params, m, layout)
     dp_group = dp * cp
-    mode = choose_data_parallel(m, layout, cfg)
+    mode = _choose_mode(params_local, layout, cfg)
+    params_gb, act_gb = _memory_gb(b, layout, micro_batch, recompute, in_flight, params_local, mode)
     dp_s = 0.0
     if dp_group > 1:
         grads = links.ring(params_local * cfg.grad_bytes, tp, dp_group) if m.trainable else 0.0
@@ -432,10 +485,6 @@ def module_cost(
     work = compute + tp_s + cp_s + ep_s + pp_p2p_s
     bubble = work * (pp - 1) / num_mb if pp > 1 else 0.0
     forward_share = (1.0 / 3.0) if m.trainable else 1.0
-
-    params_gb = params_local * state_bytes_per_param(mode, m.trainable, dp_group) / GB
-
-    act_gb = activation_gb(m, w, layout, micro_batch, recompute, in_flight)
     return ModuleCost(
         compute_s=compute,
         tp_s=tp_s,
@@ -447,11 +496,33 @@ def module_cost(
         forward_s=(compute + tp_s + cp_s + ep_s) * forward_share,
         params_gb=params_gb,
         activations_gb=act_gb,
-        model_flops=train_flops(m, llm, w),
+        model_flops=b.model_flops,
         overhead_s=overhead,
         orchestrator_s=orchestrator,
         data_parallel=mode,
     )
+
+
+def layout_memory_gb(b: ModuleBasis, layout: Layout, micro_batch: int, recompute: Recompute, in_flight: int) -> float:
+    """`layout_cost(...).memory_gb` without pricing the time: the search drops layouts that do not fit first."""
+    params_local = _local_params_of(b.dense_params, b.expert_params, b.m, layout)
+    mode = _choose_mode(params_local, layout, b.cfg)
+    params_gb, act_gb = _memory_gb(b, layout, micro_batch, recompute, in_flight, params_local, mode)
+    return params_gb + act_gb
+
+
+def _memory_gb(
+    b: ModuleBasis,
+    layout: Layout,
+    micro_batch: int,
+    recompute: Recompute,
+    in_flight: int,
+    params_local: float,
+    mode: DataParallel,
+) -> tuple[float, float]:
+    """(training state, activations) per GPU, GB."""
+    params_gb = params_local * state_bytes_per_param(mode, b.m.trainable, layout.dp * layout.cp) / GB
+    return params_gb, activation_gb(b.m, b.w, layout, micro_batch, recompute, in_flight)
 
 
 def _measured_with_tp(profile: Profile | None, name: str, tp: int) -> bool:
@@ -462,7 +533,12 @@ def _measured_with_tp(profile: Profile | None, name: str, tp: int) -> bool:
 def _local_params(m: ModuleSpec, layout: Layout) -> float:
     """Parameters on one GPU: blocks split by TP and PP, experts also by EP, embeddings on one stage."""
     experts = _expert_params(m) * m.layers
-    dense = (module_params(m) - experts - (2 * m.vocab * m.hidden if m.vocab else 0)) / layout.pp
+    return _local_params_of(module_params(m) - experts - (2 * m.vocab * m.hidden if m.vocab else 0), experts, m, layout)
+
+
+def _local_params_of(dense_params: float, experts: float, m: ModuleSpec, layout: Layout) -> float:
+    """`_local_params` from the module's dense and expert parameter counts (module_basis)."""
+    dense = dense_params / layout.pp
     embed = m.vocab * m.hidden if m.vocab else 0.0  # the first (or last) stage holds one of the two
     if layout.pp == 1 and m.vocab:
         embed *= 2

@@ -105,10 +105,19 @@ def token_stats(data: DataSpec, module: str, llm: str, samples: int = 8192, seed
 
 @lru_cache(maxsize=64)
 def _token_stats(data_json: str, module: str, llm: str, samples: int, seed: int) -> TokenStats:
-    values = module_lengths(DataSpec.model_validate_json(data_json), module, llm, samples, seed)
+    data = DataSpec.model_validate_json(data_json)
+    drawn = _drawn(data_json, samples, seed)
+    values = [min(d.get(module, 0), data.seq_len) if module == llm else d.get(module, 0) for d in drawn]
     return TokenStats(
         mean=sum(values) / len(values),
         mean_sq=sum(v * v for v in values) / len(values),
         max=max(values),
         present=sum(1 for v in values if v > 0) / len(values),
     )
+
+
+@lru_cache(maxsize=4)
+def _drawn(data_json: str, samples: int, seed: int) -> tuple[Lengths, ...]:
+    """`sample_lengths` of a data spec (its JSON), drawn once for the moments of all its modules (`_token_stats`).
+    Read only: the dicts are shared by every caller."""
+    return tuple(sample_lengths(DataSpec.model_validate_json(data_json), samples, seed))

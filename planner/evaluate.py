@@ -126,10 +126,10 @@ def evaluate(
     llm_name = inp.model.llm_name
     llm = modules[llm_name]
     encs = [modules[e] for e in inp.model.encoder_names]
-    if not inp.uneven_boundary and any(not dp_compatible(e.layout.dp, llm.layout.dp) for e in encs):
-        return None
     phases: dict[str, float] = {}
     if placement == Placement.COLOCATED:
+        if not inp.uneven_boundary and any(not dp_compatible(e.layout.dp, llm.layout.dp) for e in encs):
+            return None  # disaggregated islands take any ratio (candidates.SearchInput.uneven_boundary)
         if any(c.gpus != inp.world for c in modules.values()):
             return None
         if sum(c.memory_gb for c in modules.values()) > inp.capacity_gb:

@@ -176,4 +176,30 @@ class Plan(_Model):
             bad = [r for r in mp.ranks if not 0 <= r < self.world_size]
             if bad:
                 raise ValueError(f"modules.{name}.ranks: {bad[:3]} outside 0..{self.world_size - 1}")
+        for i, edge in enumerate(self.edges):
+            for end in ("src", "dst"):
+                if getattr(edge, end) not in self.modules:
+                    raise ValueError(
+                        f"edges.{i}.{end}: no module '{getattr(edge, end)}'; expected one of {sorted(self.modules)}"
+                    )
+        used = set().union(*(mp.ranks for mp in self.modules.values()))
+        idle = sorted(set(range(self.world_size)) - used)
+        if idle:
+            # every rank the launcher starts must hold some module's grid
+            held = _ranges(sorted(used))
+            raise ValueError(
+                f"world_size: {self.world_size} ranks, but the modules hold only {held} ({len(used)}); "
+                f"ranks {_ranges(idle)} would start and sit idle"
+            )
         return self
+
+
+def _ranges(ranks: list[int]) -> str:
+    """Sorted ranks as runs: 0-3, 6, 8-9."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else f"{run[0]}" for run in runs)

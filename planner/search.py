@@ -2,7 +2,7 @@
 
 Variables are one boolean per candidate (planner/candidates.py did the arithmetic and the
 dominance pre-filter); the model adds the combinatorics: exactly one placement, one
-candidate per module, shared GPU memory, encoder islands (grouping and sizes), DP ratios at the boundary,
+candidate per module, shared GPU memory, encoder islands (grouping and sizes), DP ratios at a colocated boundary,
 and the step time of each placement as a linear (or max-of-linear) expression.
 """
 
@@ -19,6 +19,7 @@ from orch.planner.candidates import (
     SearchInput,
     homogeneous_options,
     module_candidates,
+    pricing,
 )
 from orch.planner.evaluate import (
     Choice,
@@ -39,6 +40,9 @@ class SolverConfig:
     workers: int = 1
     seed: int = 0
     alternatives: int = 4  # extra solutions after the best (top-k)
+    # CP-SAT's presolve probing: on these models (hundreds of booleans, the disaggregated step's enforced
+    # bounds) it costs 3-4x the deterministic time of the search itself and finds nothing the search does not
+    probing_level: int = 0
 
 
 @dataclass
@@ -70,12 +74,33 @@ class CandidateSet:
         n = len(self.homogeneous) + sum(len(v) for v in self.colocated.values())
         return n + (self.disaggregated.size() if self.disaggregated is not None else 0)
 
+    def placements(self) -> list[Placement]:
+        """The placements that have candidates, in Placement order."""
+        has = {
+            Placement.HOMOGENEOUS: bool(self.homogeneous),
+            Placement.COLOCATED: bool(self.colocated),
+            Placement.DISAGGREGATED: self.disaggregated is not None,
+        }
+        return [p for p in Placement if has[p]]
+
+    def only(self, placement: Placement) -> CandidateSet:
+        """The candidates of one placement (shared, not copied)."""
+        return CandidateSet(
+            homogeneous=self.homogeneous if placement == Placement.HOMOGENEOUS else [],
+            colocated=self.colocated if placement == Placement.COLOCATED else {},
+            disaggregated=self.disaggregated if placement == Placement.DISAGGREGATED else None,
+        )
+
 
 def build_candidates(inp: SearchInput) -> CandidateSet:
-    """Every candidate of every allowed placement; disaggregated ones on the island sizes of IslandSizes.of."""
+    """Every candidate of every allowed placement; disaggregated ones on the island sizes of IslandSizes.of.
+
+    Every module's layout-independent figures are computed once (candidates.pricing) and shared by all
+    placements and island sizes; `make_plan` builds this set once and every search it runs reads it."""
     sizes = IslandSizes.of(inp)
     cs = CandidateSet()
     model = inp.model
+    pr = pricing(inp)
     # the baseline cannot honour island pins, nor encoder degrees that differ from the LLM's
     conflicting = any(
         inp.pinned(e, a) not in (None, inp.pinned(model.llm_name, a))
@@ -83,31 +108,51 @@ def build_candidates(inp: SearchInput) -> CandidateSet:
         for a in ("tp", "cp", "dp")
     )
     if Placement.HOMOGENEOUS in inp.placements and not conflicting and not any(p.axis == "gpus" for p in inp.pins):
-        cs.homogeneous = homogeneous_options(inp)
+        cs.homogeneous = homogeneous_options(inp, pr)
     if Placement.COLOCATED in inp.placements and model.encoder_names:
-        per_module = {n: module_candidates(inp, n, inp.world, Placement.COLOCATED) for n in model.modules}
+        per_module = {n: module_candidates(inp, n, inp.world, Placement.COLOCATED, pr=pr) for n in model.modules}
         if all(per_module.values()):
             cs.colocated = per_module
     if Placement.DISAGGREGATED in inp.placements and model.encoder_names:
+        dis = Placement.DISAGGREGATED
         encs = {
-            e: {k: c for k in sizes.encoders if (c := module_candidates(inp, e, k, Placement.DISAGGREGATED))}
+            e: {k: c for k in sizes.encoders if (c := module_candidates(inp, e, k, dis, pr=pr))}
             for e in model.encoder_names
         }
-        llm = {n: c for n in sizes.llm if (c := module_candidates(inp, model.llm_name, n, Placement.DISAGGREGATED))}
+        llm = {n: c for n in sizes.llm if (c := module_candidates(inp, model.llm_name, n, dis, pr=pr))}
         if all(encs.values()) and llm:
             cs.disaggregated = DisaggregatedCandidates(encs, llm)
     return cs
 
 
 class Solution:
-    """The best choice, its objective and bound, and the runner-up choices."""
+    """The best choice, its objective and bound, the runner-up choices, and the best of every placement."""
 
-    def __init__(self, best: Choice, alternatives: list[Choice], objective_s: float, bound_s: float, status: str):
+    def __init__(
+        self,
+        best: Choice,
+        alternatives: list[Choice],
+        objective_s: float,
+        bound_s: float,
+        status: str,
+        per_placement: dict[Placement, Choice] | None = None,
+    ):
         self.best = best
         self.alternatives = alternatives
         self.objective_s = objective_s
         self.bound_s = bound_s
         self.status = status
+        self.per_placement = per_placement if per_placement is not None else {best.placement: best}
+
+
+@dataclass(frozen=True)
+class _Found:
+    """One solve's answer: the choice, its integer objective, the solver's bound and status."""
+
+    choice: Choice
+    objective: int
+    bound_s: float
+    optimal: bool
 
 
 class _Vars:
@@ -139,7 +184,7 @@ class _Vars:
 class LayoutModel:
     """Builds and solves the CP-SAT model in named steps."""
 
-    def __init__(self, inp: SearchInput, cands: CandidateSet, cfg: SolverConfig) -> None:
+    def __init__(self, inp: SearchInput, cands: CandidateSet, cfg: SolverConfig, unit: float | None = None) -> None:
         from ortools.sat.python import cp_model
 
         self.cp_model = cp_model
@@ -148,7 +193,9 @@ class LayoutModel:
         self.cfg = cfg
         self.m = cp_model.CpModel()
         self.v = _Vars()
-        self.unit = _time_unit(cands)
+        self.unit = unit if unit is not None else _time_unit(cands)
+        self._solver: Any = None
+        self._last: _Found | None = None
         self.mem_unit = 1e-3  # GB -> MB, integers
         self._build()
 
@@ -264,11 +311,8 @@ class LayoutModel:
         llm = self.inp.model.llm_name
         groups: list[tuple[str, dict[str, list[tuple[Any, Candidate]]]]] = []
         if self.v.colocated:
+            # colocated only: a disaggregated boundary runs any DP ratio (SearchInput.uneven_boundary)
             groups.append(("coloc", self.v.colocated))
-        if self.v.dis_llm:
-            per = {e: self.v.dis_enc_literals((e,)) for e in self.inp.model.encoder_names}
-            per[llm] = [xc for lits in self.v.dis_llm.values() for xc in lits]
-            groups.append(("disagg", per))
         for tag, per_module in groups:
             dst = self._dp_value_literals(per_module[llm], f"{tag},{llm}")
             for e in self.inp.model.encoder_names:
@@ -353,30 +397,61 @@ class LayoutModel:
 
     # --- solving ------------------------------------------------------------------------
     def solve(self) -> Solution:
+        """The best choice and `cfg.alternatives` runners-up of this model alone."""
         from orch.planner.errors import InfeasibleError
 
-        solver = self.cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = self.cfg.time_limit_s
-        solver.parameters.num_workers = self.cfg.workers
-        solver.parameters.random_seed = self.cfg.seed
-        status = solver.solve(self.m)
-        if status not in (self.cp_model.OPTIMAL, self.cp_model.FEASIBLE):
+        first = self.first()
+        if first is None:
             raise InfeasibleError("no layout satisfies memory, divisibility and the pins together")
-        best = self._read(solver)
-        objective = solver.objective_value * self.unit
-        bound = solver.best_objective_bound * self.unit
-        status_name = solver.status_name(status)
         alternatives = []
         for _ in range(self.cfg.alternatives):
-            # forbid the assignment just found (no-good cut) and solve again
-            chosen = [x for x in self.v.all_choice_literals() if solver.boolean_value(x)]
-            self.m.add_bool_or([x.Not() for x in chosen])
-            status = solver.solve(self.m)
-            if status not in (self.cp_model.OPTIMAL, self.cp_model.FEASIBLE):
+            found = self.next()
+            if found is None:
                 break
-            alternatives.append(self._read(solver))
+            alternatives.append(found.choice)
         alternatives.sort(key=lambda c: c.step_s)
-        return Solution(best, alternatives, objective, bound, status_name)
+        status = "OPTIMAL" if first.optimal else "FEASIBLE"
+        return Solution(first.choice, alternatives, first.objective * self.unit, first.bound_s, status)
+
+    def first(self) -> _Found | None:
+        """The optimum of the model (None: infeasible)."""
+        self._solver = self.cp_model.CpSolver()
+        self._solver.parameters.max_time_in_seconds = self.cfg.time_limit_s
+        self._solver.parameters.num_workers = self.cfg.workers
+        self._solver.parameters.random_seed = self.cfg.seed
+        self._solver.parameters.cp_model_probing_level = self.cfg.probing_level
+        return self._solve()
+
+    def next(self) -> _Found | None:
+        """The next best assignment: the one just found forbidden (a no-good cut), solved again.
+
+        When the last answer was optimal no other assignment is better: its objective bounds the next one
+        from below, so a tie (another layout of an encoder off the critical path) is proven at once."""
+        solver, last = self._solver, self._last
+        literals = self.v.all_choice_literals()
+        values = [solver.boolean_value(x) for x in literals]
+        self.m.add_bool_or([x.Not() for x, on in zip(literals, values, strict=True) if on])
+        if last is not None and last.optimal:
+            self.m.add(self.objective >= last.objective)
+        # the runner-up is mostly the last answer with one module changed: start the search beside it
+        self.m.clear_hints()
+        for x, on in zip(literals, values, strict=True):
+            self.m.add_hint(x, on)
+        return self._solve()
+
+    def _solve(self) -> _Found | None:
+        solver = self._solver
+        status = solver.solve(self.m)
+        if status not in (self.cp_model.OPTIMAL, self.cp_model.FEASIBLE):
+            self._last = None
+            return None
+        self._last = _Found(
+            self._read(solver),
+            round(solver.objective_value),
+            solver.best_objective_bound * self.unit,
+            status == self.cp_model.OPTIMAL,
+        )
+        return self._last
 
     def _read(self, solver: Any) -> Choice:
         v = self.v
@@ -419,10 +494,51 @@ def _time_unit(cs: CandidateSet) -> float:
     return 10.0 ** (math.floor(math.log10(max(_max_time(cs), 1e-12))) - 7)
 
 
-def search(inp: SearchInput, cfg: SolverConfig = SolverConfig()) -> tuple[Solution, CandidateSet]:
+def search(
+    inp: SearchInput, cfg: SolverConfig = SolverConfig(), cands: CandidateSet | None = None
+) -> tuple[Solution, CandidateSet]:
+    """The best choice over every placement of `cands` (built from `inp` when None), with `cfg.alternatives`
+    runners-up.
+
+    One CP-SAT model per placement, in one time unit: the placements share no variable, so the best of
+    the union is the best of the bests, and its k-th runner-up the k-th of their merged no-good-cut
+    sequences; each model is solved again only when its last answer was taken. A placement whose best is
+    far behind (a large disaggregated model next to a colocated one) is solved once, not k + 1 times."""
     from orch.planner.errors import InfeasibleError
 
-    cands = build_candidates(inp)
+    cands = cands if cands is not None else build_candidates(inp)
     if cands.size() == 0:
         raise InfeasibleError("no candidate layout fits")
-    return LayoutModel(inp, cands, cfg).solve(), cands
+    unit = _time_unit(cands)
+    order = cands.placements()
+    models = {p: LayoutModel(inp, cands.only(p), cfg, unit) for p in order}
+    heads = {p: found for p in order if (found := models[p].first()) is not None}
+    if not heads:
+        raise InfeasibleError("no layout satisfies memory, divisibility and the pins together")
+    per_placement = {p: f.choice for p, f in heads.items()}
+    optimal = all(f.optimal for f in heads.values())
+    bound_s = min(f.bound_s for f in heads.values())
+
+    taken: list[Placement] = []  # the placement whose answer was taken last: solved again when needed
+
+    def take() -> _Found | None:
+        if taken and (again := models[taken[-1]].next()) is not None:
+            heads[taken[-1]] = again
+        if not heads:
+            return None
+        p = min(heads, key=lambda q: (heads[q].objective, order.index(q)))
+        taken.append(p)
+        return heads.pop(p)
+
+    best = take()
+    assert best is not None
+    alternatives = []
+    for _ in range(cfg.alternatives):
+        found = take()
+        if found is None:
+            break
+        alternatives.append(found.choice)
+    alternatives.sort(key=lambda c: c.step_s)
+    status = "OPTIMAL" if optimal else "FEASIBLE"
+    solution = Solution(best.choice, alternatives, best.objective * unit, bound_s, status, per_placement)
+    return solution, cands

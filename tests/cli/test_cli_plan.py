@@ -225,3 +225,30 @@ def test_a_batch_that_no_dp_divides_still_plans(cli, tmp_path):
     plan = Plan.model_validate_json(result.stdout)
     llm = plan.modules["llm"]
     assert llm.layout.dp == 5 and llm.micro_batch * llm.num_micro_batches == 3  # the fullest rank: ceil(12 / 5)
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda d: d["edges"][0].update(src="video"), "edges.0.src: no module 'video'"),
+        (lambda d: d.update(world_size=8), "world_size: 8 ranks, but the modules hold only 0-3 (4); ranks 4-7"),
+    ],
+)
+def test_a_hand_edited_plan_that_disagrees_with_its_modules_is_one_line(cli, tmp_path, edit, expected):
+    """Issue 33: an edge from a module that does not exist, or idle ranks, were accepted."""
+    out = tmp_path / "plan.yaml"
+    assert cli("plan", "-m", "tiny", "-c", "local-cpu", "-o", str(out), "--top", "0").exit_code == 0
+    doc = yaml.safe_load(out.read_text())
+    edit(doc)
+    out.write_text(yaml.safe_dump(doc))
+    result = cli("launch", str(out), "--executor", "local", "--workdir", str(tmp_path / "run"))
+    assert result.exit_code != 0
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], result.output
+
+
+def test_global_batch_overrides_a_data_preset(cli, tmp_path):
+    out = tmp_path / "plan.yaml"
+    result = cli("plan", "-m", "tiny", "-c", "local-cpu", "-o", str(out), "--global-batch", "12", "--top", "0")
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(out.read_text())["data"]["global_batch"] == 12

@@ -1,5 +1,7 @@
 """Encoder islands: every grouping, sizes that fill the cluster, and plans with one island per encoder."""
 
+from dataclasses import replace
+
 import pytest
 
 from orch.planner.candidates import Pin, SearchInput
@@ -122,3 +124,36 @@ modules:
     plan = hand_plan(model, load_data("tiny-mix"), {"llm": (Layout(tp=2, dp=2), [0, 1, 2, 3])})
     with pytest.raises(UnsupportedPlan, match=r"modules\.llm\.layout\.tp: 2 does not split 2 heads, 1 KV heads"):
         check_supported(plan)
+
+
+def test_encoder_islands_at_any_dp_beside_the_llm_at_another():
+    """Issue 33: encoders at DP 2 on islands of 2, the LLM at DP 3 on 3 (a 2:3 boundary, which the runtime's
+    routing runs: tests/distributed 'disaggregated_enc_dp2_llm_dp3') used to be 'no layout satisfies'."""
+    cluster = parse_text(ClusterSpec, "seven", SEVEN)
+    model = load_model("tiny")
+    fixes = ("vision.gpus=2", "audio.gpus=2", "vision.dp=2", "audio.dp=2", "llm.gpus=3", "llm.dp=3")
+    inp = SearchInput(model, cluster, load_data("tiny-mix"), pins=tuple(Pin.parse(t, model) for t in fixes))
+    plan = make_plan(inp, SolverConfig(alternatives=0))
+    assert plan.placement == Placement.DISAGGREGATED
+    assert {n: (m.layout.dp, m.ranks) for n, m in plan.modules.items()} == {
+        "vision": (2, [0, 1]),
+        "audio": (2, [2, 3]),
+        "llm": (3, [4, 5, 6]),
+    }
+    assert {(e.src, e.kind.value) for e in plan.edges} == {("vision", "fan_out"), ("audio", "fan_out")}
+
+
+def test_a_dp_pin_is_checked_against_the_gpus_the_module_gets():
+    """`--fix vision.dp=2` on 7 GPUs: 2 does not divide the cluster, but an island of 2 (or 4, 6) does."""
+    cluster = parse_text(ClusterSpec, "seven", SEVEN)
+    model = load_model("tiny")
+    inp = SearchInput(model, cluster, load_data("tiny-mix"), pins=(Pin.parse("vision.dp=2", model),))
+    plan = make_plan(inp, SolverConfig(alternatives=0))
+    assert plan.placement == Placement.DISAGGREGATED and plan.modules["vision"].layout.dp == 2
+    # without islands the module spans the cluster, and the pin must divide it
+    from orch.planner.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"vision.dp=2: tp\*cp\*pp\*dp = 2 does not divide the module's 7 GPUs$"):
+        make_plan(replace(inp, placements=(Placement.COLOCATED,)))
+    with pytest.raises(SpecError, match=r"dp = 8 does not divide the module's 7 GPUs and leaves no GPU for the others"):
+        make_plan(replace(inp, pins=(Pin.parse("vision.dp=8", model),)))

@@ -153,10 +153,11 @@ def test_conflicting_pins_are_named():
 
 
 def test_boundary_dp_ratio_rule():
+    """Colocated edges keep an integer DP ratio; disaggregated islands take any (test_islands.py)."""
     inp = small_input(nodes=2)
     solution, cands = search(inp, SolverConfig(alternatives=6))
     for choice in [solution.best, *solution.alternatives]:
-        if choice.placement != Placement.HOMOGENEOUS:
+        if choice.placement == Placement.COLOCATED:
             a, b = choice.modules["vision"].layout.dp, choice.modules["llm"].layout.dp
             assert a % b == 0 or b % a == 0
 
@@ -165,6 +166,14 @@ def test_cluster_too_small_is_explained():
     inp = SearchInput(load_model("vit-12b-120b"), load_cluster("h100-80g", 1), load_data("llava-mix"))
     with pytest.raises(SpecError, match=r"gpu.memory_gb: model 'vit-12b-120b' needs about \d+ GB per GPU"):
         make_plan(inp)
+
+
+def test_a_cluster_too_large_for_the_batch_names_the_batch():
+    """Issue 33: 100,000 GPUs with a batch of 1,024 said 'needs about 32 GB per GPU ...; the GPU has 80 GB'."""
+    inp = SearchInput(load_model("omni-84b"), load_cluster("h100-80g", 12500), load_data("omni-mix"))
+    inp = replace(inp, placements=(Placement.HOMOGENEOUS, Placement.COLOCATED))
+    with pytest.raises(SpecError, match=r"global_batch: 1024 samples per step cannot feed 100000 GPUs: .* dp 3125"):
+        make_plan(inp, SolverConfig(alternatives=0))
 
 
 # --- sanity against the papers ------------------------------------------------------------
