@@ -152,8 +152,8 @@ def data_spec(small: bool = False) -> DataSpec:
     )
 
 
-def bench_plan(model: ModelSpec, data: DataSpec) -> Plan:
-    return hand_plan(model, data, {"llm": (Layout(dp=WORLD), list(range(WORLD)))}, micro_batches=1)
+def bench_plan(model: ModelSpec, data: DataSpec, world: int = WORLD) -> Plan:
+    return hand_plan(model, data, {"llm": (Layout(dp=world), list(range(world)))}, micro_batches=1)
 
 
 @dataclass
@@ -289,6 +289,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--small", action="store_true", help="a tiny model and batch (a quick check of the script)")
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        default=WORLD,
+        help="gloo processes (DP degree); more than the machine's cores share them, and then a balanced step's "
+        "ranks all compute at once on fewer cores: set it to the cores to measure what balancing gains",
+    )
     args = parser.parse_args()
     t_start = time.perf_counter()
     # Fewer malloc arenas in the ranks (spawned: they inherit it): three models per rank and varying shapes
@@ -298,7 +305,7 @@ def main() -> None:
         directory = make_model(Path(tmp) / "qwen2_5_vl-bench", SMALL if args.small else WIDE)
         model = model_spec_from_dir(directory)
         data = data_spec(args.small)
-        plan = bench_plan(model, data)
+        plan = bench_plan(model, data, args.ranks)
         params = _params(directory)
         path = Path(tmp) / "records.json"
         body = partial(
@@ -372,7 +379,7 @@ def main() -> None:
     print(
         f"bench_qwen_vl{' --small' if args.small else ''}: Qwen2.5-VL-shaped, {params['total'] / 1e6:.0f}M parameters "
         f"(tower {params['vision'] / 1e6:.0f}M, LLM {params['llm'] / 1e6:.0f}M), {data.name}, global batch "
-        f"{data.global_batch}, {WORLD} gloo processes, {args.dtype}, {args.steps} steps ({WARMUP} warm-up left out), "
+        f"{data.global_batch}, {args.ranks} gloo processes, {args.dtype}, {args.steps} steps ({WARMUP} warm-up left out), "
         f"none / orch / DDP interleaved; {wall:.0f} s in all"
     )
     print(

@@ -49,3 +49,17 @@ def assert_matches_hf(records: dict, name: str, out: Path, keys: dict[str, str],
         err = (got[k] - ref).abs().max().item()
         assert err <= 1e-9 * max(ref.abs().max().item(), floor), f"{name}: {k}: max error {err:.3e}"
     return got
+
+
+def assert_same_gradients(mine, theirs_model) -> None:
+    """Every parameter of `mine` (modules sharing names with the HF model `theirs_model`) has HF's gradient
+    (1e-9 relative, 1e-12 absolute), a parameter without one having none (or zeros) there too."""
+    theirs = dict(theirs_model.named_parameters())
+    checked = 0
+    for key, p in mine.named_parameters():
+        if p.grad is None:
+            assert theirs[key].grad is None or not theirs[key].grad.any(), key
+            continue
+        torch.testing.assert_close(p.grad, theirs[key].grad, rtol=1e-9, atol=1e-12, msg=key)
+        checked += 1
+    assert checked == sum(1 for _ in mine.parameters())  # every parameter has a gradient (lm_head untied)
