@@ -366,7 +366,7 @@ def main() -> None:
     vs_ddp = {
         "DDP (HF modules, padded micro-batch)": {"step_s": ddp_med, "ratio": 1.0, "step_ratio": 1.0},
         **{
-            f"orch homogeneous dp4, --balance {m}": {
+            f"orch homogeneous dp{args.ranks}, --balance {m}": {
                 "step_s": statistics.median(steps[m]),
                 "ratio": statistics.median(steps[m]) / ddp_med,
                 "step_ratio": statistics.median(a / b for a, b in zip(steps[m], ddp_steps, strict=True)),
