@@ -429,7 +429,8 @@ def _token_text(value: object) -> str:
 
 def find_tokenizer(model: ModelSpec, tokenizer: str | None) -> ChatFormat:
     """The model's text format: from `tokenizer` (a file or a directory) or the LLM's HF directory, its
-    tokenizer.json, and the chat template and special tokens of its tokenizer_config.json (or chat_template.jinja)."""
+    tokenizer.json, and the chat template and special tokens of its tokenizer_config.json (or chat_template.jinja, or
+    a processor's chat_template.json)."""
     where = tokenizer or (model.llm.hf.path if model.llm.hf is not None else None)
     if where is None:
         raise SpecError("--tokenizer", "", "orch's reference model counts text with a tokenizer: pass --tokenizer PATH")
@@ -448,6 +449,11 @@ def find_tokenizer(model: ModelSpec, tokenizer: str | None) -> ChatFormat:
     template = config.get("chat_template")
     if template is None and (file.parent / "chat_template.jinja").is_file():
         template = (file.parent / "chat_template.jinja").read_text()
+    if template is None and (file.parent / "chat_template.json").is_file():  # a processor's (Qwen2-VL's on the hub)
+        try:
+            template = json.loads((file.parent / "chat_template.json").read_text()).get("chat_template")
+        except (json.JSONDecodeError, AttributeError):
+            raise SpecError(str(file.parent / "chat_template.json"), "chat_template", "not a JSON object") from None
     return ChatFormat(
         str(file),
         template if isinstance(template, str) else None,

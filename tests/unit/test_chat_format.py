@@ -65,3 +65,14 @@ def test_a_tokenizer_config_that_is_not_json_is_one_line_naming_it(tokenizer_dir
     (tokenizer_dir / "tokenizer_config.json").write_text("{not json")
     with pytest.raises(SpecError, match="tokenizer_config.json"):
         find_tokenizer(load_model("tiny"), str(tokenizer_dir))
+
+
+def test_a_processors_chat_template_json_is_read_where_the_tokenizer_names_none(tokenizer_dir):
+    """Hub Qwen2-VL / Qwen2.5-VL directories keep the template in the processor's chat_template.json."""
+    (tokenizer_dir / "chat_template.json").write_text(json.dumps({"chat_template": CHATML}))
+    chat = find_tokenizer(load_model("tiny"), str(tokenizer_dir))
+    assert chat.template == CHATML
+    assert _trained(TextCounter(*chat)) == ["a", "red", "circle", "<|im_end|>", "a", "tone", "<|im_end|>"]
+    (tokenizer_dir / "chat_template.json").write_text("[1, 2]")
+    with pytest.raises(SpecError, match="chat_template.json: chat_template: not a JSON object"):
+        find_tokenizer(load_model("tiny"), str(tokenizer_dir))
