@@ -30,9 +30,14 @@ def profile(
     global_batch: int | None = typer.Option(None, "--global-batch", help="Samples per step (overrides the data's)."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Cap on LLM tokens per sample (overrides the data's)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json for a data file (reference model)."),
-    quick: bool = typer.Option(False, "--quick", help="Fewer lengths, sizes and repetitions (under a minute)."),
-    passes: int = typer.Option(
-        3, "--passes", help="Passes over all cases; each figure is its median over them (more on a noisy machine)."
+    quick: bool = typer.Option(
+        False, "--quick", help="Fewer lengths, sizes and repetitions, and one pass (under a minute on the tiny preset)."
+    ),
+    passes: int | None = typer.Option(
+        None,
+        "--passes",
+        help="Passes over all cases; each figure is its median over them (more on a noisy machine). "
+        "Default 3, or 1 with --quick.",
     ),
     max_bytes: int = typer.Option(16 << 20, "--max-bytes", help="Largest collective message, bytes."),
     out: str = typer.Option("profile.json", "--out", "-o", help="Where to write the profile (JSON or YAML)."),
@@ -58,6 +63,8 @@ def profile(
         raise SpecError("--nodes", "", "only with --executor slurm; locally, --nproc sets the processes")
     if nproc < 1:
         raise SpecError("--nproc", "", f"expected a positive process count, got {nproc}")
+    if passes is None:
+        passes = 1 if quick else 3
     if passes < 1:
         raise SpecError("--passes", "", f"expected at least one pass, got {passes}")
     if max_bytes < 1024:
