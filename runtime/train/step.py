@@ -31,6 +31,7 @@ from orch.planner.sample_cost import SampleCost
 from orch.planner.specs import DataSpec
 from orch.runtime.data.batch import GlobalBatch, initial_dp_index
 from orch.runtime.data.prefetch import SamplePrefetcher
+from orch.runtime.data.problems import DataProblems
 from orch.runtime.data.source import BatchSource, ConversationBatch
 from orch.runtime.memory import measured_step, parameter_storages, peak_bytes, state_parts
 from orch.runtime.parallel.boundary import Boundary
@@ -84,8 +85,10 @@ class TrainStep:
         world: int,
         device: torch.device | str = "cpu",
         debug: DebugConfig | None = None,
+        problems: DataProblems | None = None,
     ) -> None:
-        """`device`: this rank's device, matching the process group's backend (runtime/device.py `rank_device`)."""
+        """`device`: this rank's device, matching the process group's backend (runtime/device.py `rank_device`);
+        `problems`: where the media this rank cannot read are listed (RUN_DIR/data_problems.jsonl)."""
         check_supported(plan)
         if world != plan.world_size:
             raise ValueError(f"plan needs {plan.world_size} ranks, launched with {world}")
@@ -93,8 +96,9 @@ class TrainStep:
         self.debug = debug or DebugConfig()
         self.device = torch.device(device)
         self.model = model = plan.model
-        self.batches = BatchSource(model, data, cfg.seed)  # synthetic, or the user's data file
-        self.prefetcher = SamplePrefetcher(cfg.loader_workers, (model, data))
+        self.batches = BatchSource(model, data, cfg.seed, problems)  # synthetic, or the user's data file
+        opened = (model, data) if problems is None else (model, data, problems)
+        self.prefetcher = SamplePrefetcher(cfg.loader_workers, opened)
         self._upcoming: GlobalBatch | None = None
         self.grids: dict[str, Grid] = build_grids(plan.modules, self.device.type)
         build_meshes(self.grids)
