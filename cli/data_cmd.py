@@ -106,7 +106,7 @@ def sources_table(data: str, idx: DataIndex, draws: list[dict[str, float]], glob
     mix = idx.mix()
     how = idx.strategy + (", with replacement" if idx.replacement else "") if len(idx.sources) > 1 else "one file"
     t = table(
-        f"sources ({how}): a mix epoch is {mix.epoch_draws()} draws",
+        f"sources ({how}): an epoch is {mix.epoch_draws()} draws, {mix.epoch_draws() / global_batch:.1f} steps",
         [
             ("source", "name"),
             ("rows", "num"),
@@ -191,9 +191,12 @@ def inspect(
     try:
         out = process(found, spec, TokenRules.of(spec), counter, seq_len, processors=media_processors(spec))
     except Exception as exc:  # OSError, ValueError, Pillow's DecompressionBombError: one line naming the file
-        medium = getattr(exc, "filename", None)
-        raise SpecError(found.where, "", f"cannot read its media{f' ({medium})' if medium else ''}: "
-                        f"{type(exc).__name__}: {exc}") from None  # fmt: skip
+        from orch.runtime.data.index import medium_problem
+
+        media = [("image", f) for f in found.images] + [("video", f) for f in found.videos]
+        media += [("audio", f) for f in found.audios]
+        named = next((f"{path}: {why}" for kind, path in media if (why := medium_problem(path, kind))), None)
+        raise SpecError(found.where, "", f"cannot read its media: {named or f'{type(exc).__name__}: {exc}'}") from None
     if json_out:
         print_json_text(json.dumps({"sample": sample, "numbering": SAMPLE_NUMBERS, **as_json(out, spec, counter)}))
         return

@@ -76,7 +76,7 @@ def manifest_row_weights(path: str) -> tuple[float, ...] | None:
     weights: list[float] = []
     for s in sources:
         n = int(s.get("samples", 0))
-        weights += [float(s["share"]) / n] * n
+        weights += [float(s["share"]) / n] * n if n else []
     if len(weights) != total or all(math.isclose(w * total, 1.0) for w in weights):
         return None
     return tuple(weights)

@@ -11,15 +11,17 @@ A mix file (YAML) lists sources with weights, and how to mix them:
 Every row of every source is indexed once; the strategy decides how often each is drawn:
 
 * `concat` (LLaMA-Factory's default): the sources' rows as one pool; each epoch visits every row once, in a
-  permutation seeded by (seed, epoch); weights are not used (a source's share is its rows over all rows).
+  permutation seeded by (seed, epoch), as a single data file is read; weights are not used (a source's share
+  is its rows over all rows). With replacement: each draw any row of the pool, uniformly.
 * `interleave_under` / `interleave_over` (orch's default): a draw takes a source with probability weight / sum
   of weights (sources whose every row was rejected take no share, and the index says so), then that source's
   next row: each source is read through its own permutations (seeded by (seed, source, pass)), every row once
   before any comes back. The two differ in what a mix epoch is, as LLaMA-Factory's `first_exhausted` and
   `all_exhausted` do: until the first source has given all its rows (the larger ones undersampled), or until
-  every source has (the smaller ones repeated). A run is a number of steps, so they draw alike; the epoch is
-  what `orch data index` reports. Unlike a datasets `interleave_datasets`, which cuts the larger sources to
-  their first rows, a source carries on through its permutation, so every row is reached.
+  every source has (the smaller ones repeated). An orch run is a number of steps, not epochs, so the two draw
+  alike: the mix epoch is what `orch data index` reports (in draws and steps), to choose --steps by. Unlike
+  datasets' `interleave_datasets`, which cuts the larger sources to their first rows, a source carries on
+  through its permutation into the next mix epoch, so every row is reached.
 
 Without replacement the sources are drawn in chunks of `CHUNK` draws: each chunk holds every source exactly
 floor(CHUNK * p) or one more times (the one more with probability equal to the fraction, so the expected count is
@@ -144,7 +146,7 @@ class Mix:
         return max(1, math.floor(min(per)) if self.strategy == "interleave_under" else math.ceil(max(per)))
 
     def rows(self, seed: int, step: int, batch: int) -> list[int]:
-        if self.strategy == "concat" or len(self.sizes) == 1:
+        if (self.strategy == "concat" or len(self.sizes) == 1) and not self.replacement:
             return step_rows(self.total, batch, seed, step, self._orders)
         return [self._row(seed, pos) for pos in range(step * batch, (step + 1) * batch)]
 
