@@ -30,6 +30,12 @@ class DataProblems:
     _seen: set[tuple[str, str, str]] = field(default_factory=set, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
+    def __getstate__(self) -> dict[str, object]:  # handed to loader processes: where to write, not what was seen
+        return {"path": self.path, "rank": self.rank}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(state["path"], state["rank"])  # type: ignore[misc, arg-type]
+
     def add(self, where: str, medium: str, error: str, step: int, action: str, every_rank: bool = False) -> None:
         """Append one problem (`where` is file:line); `every_rank`: met alike on every rank, written by rank 0."""
         if self.path is None or (every_rank and self.rank != 0):

@@ -140,14 +140,25 @@ def _resume_cfg(steps, **kw):
 
 
 @pytest.mark.slow
-def test_a_vanished_image_is_counted_not_fatal(dataset, two_ranks):
+def test_a_vanished_image_skips_its_sample_and_is_listed(dataset, two_ranks):
+    from orch.runtime.data.problems import read_problems
+
     _, model, _ = dataset
-    runs, spec, _ = two_ranks
+    runs, spec, base = two_ranks
     records = runs["vanished"]
     assert len(records) == 2 and all(r.loss > 0 for r in records)
-    images = [sum(1 for i in BatchSource(model, spec, SEED).build(r.step).enc_tokens if i["vision"]) for r in records]
-    assert [r.data["failed"] for r in records] == images and sum(images) > 0
-    assert Path(spec.source).is_file()
+    source = BatchSource(model, spec, SEED).files
+    assert source is not None
+    with_images = [[i for i, row in enumerate(source.rows_of_step(SEED, r.step)) if source.conversation(row).images]
+                   for r in records]  # fmt: skip
+    assert [r.data["skipped"] for r in records] == [len(i) for i in with_images] and sum(map(len, with_images)) > 0
+    assert [r.data["failed"] for r in records] == [0, 0]  # skipped on every rank, never trained on zeros
+    listed = read_problems(str(base / "run" / "data_problems.jsonl"))
+    drawn = {source.conversation(source.rows_of_step(SEED, r.step)[i]).where for r, ids in zip(records, with_images,
+             strict=True) for i in ids}  # fmt: skip
+    assert {f"{p['file']}:{p['line']}" for p in listed} == drawn
+    assert all(p["rank"] == 0 and p["action"] == "skipped" and p["error"] == "file not found" for p in listed)
+    assert all(not Path(str(p["medium"])).exists() and str(p["medium"]).endswith(".png") for p in listed)
 
 
 @pytest.mark.slow
