@@ -57,6 +57,11 @@ class DecodeCache:
         with self._lock:
             return self._inputs[(sample_id, encoder)]
 
+    def failed(self) -> set[int]:
+        """The samples with an input that could not be read here."""
+        with self._lock:
+            return set(self._failed)
+
     def counts(self) -> dict[str, int]:
         """failed: samples whose media could not be read here; decoded: the (sample, encoder) inputs held."""
         with self._lock:

@@ -3,10 +3,11 @@
     {"file": "data.jsonl", "line": 7, "medium": "/data/img/7.png", "error": "file not found",
      "step": 12, "rank": 0, "action": "skipped"}
 
-`action` says what the run did with the sample: `skipped` (found when the step's batch was built, on every rank
-alike, so the sample trained nothing and its encoder rows were left out everywhere) or `zeros` (a file that
-passed that check but failed to decode on the rank that loads it: that rank alone knows, so its rows are zeros
-of the indexed shape). Each line is one `write` to a file opened for appending, so lines from several ranks
+`action` says what the run did with the sample: `skipped` (a medium gone or whose header no longer reads, found
+when the step's batch was built, on every rank alike: the sample trains nothing and has no encoder rows) or
+`masked` (a file that passed that check but failed to decode on the rank that loads it: the ranks agree on it
+at the step's start, so it trains nothing anywhere; its rows, already placed, run on zeros no label reaches).
+Each line is one `write` to a file opened for appending, so lines from several ranks
 and loader processes never interleave; each (sample, medium) is written once per process. A problem every rank
 meets is written by rank 0 only.
 """

@@ -18,6 +18,7 @@ batches. With a data file (`DataSpec.source`, its index as `DataSpec.manifest`):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -155,7 +156,7 @@ class ConversationData:
             return encoder_inputs(conv, self.model, self.rules, encoders, self.processors)[0]
         except Exception as exc:  # OSError, ValueError, Pillow's DecompressionBombError: never the end of a run
             medium = getattr(exc, "filename", None) or ", ".join((*conv.images, *conv.videos, *conv.audios))
-            self.problems.add(conv.where, str(medium), f"{type(exc).__name__}: {exc}", step, "zeros")
+            self.problems.add(conv.where, str(medium), f"{type(exc).__name__}: {exc}", step, "masked")
             return None
 
     def batch(self, seed: int, step: int) -> ConversationBatch:
@@ -206,6 +207,7 @@ class ConversationBatch(BatchLengths):
     skipped: tuple[int, ...]  # samples (ids in the batch) that no longer parse or whose media are gone
     truncated: int  # samples cut to seq_len
     decoded: DecodeCache = field(compare=False, repr=False)
+    masked: tuple[int, ...] = ()  # samples whose media failed to decode on some rank: labels all ignored
 
     @property
     def label_tokens(self) -> int:
@@ -227,6 +229,24 @@ class ConversationBatch(BatchLengths):
             return ()
         got = self.source.items(self.rows[sample_id]).get(encoder)
         return tuple(got) if got else super().items(encoder, sample_id)
+
+    def decode(self, wanted: dict[str, list[int]]) -> None:
+        """Decode now what `wanted` (encoder -> sample ids) names that the cache does not hold yet."""
+        for name, ids in wanted.items():
+            for i in ids:
+                missing = self.decoded.missing(i, (name,))
+                if missing:
+                    self.decoded.put(i, missing, self.source.decode(self.rows[i], missing, self.step))
+
+    def without(self, failed: set[int]) -> ConversationBatch:
+        """This batch with the `failed` samples (a medium that passed the header check but did not decode, on
+        whichever rank loads it) training nothing: every label ignored and their tokens out of the loss
+        normaliser. Lengths stay as they are, so the step's tables and collectives stand; their encoder rows
+        are the zeros of the indexed shape, which no label reaches."""
+        if not failed:
+            return self
+        trained = tuple(0 if i in failed else t for i, t in enumerate(self.trained))
+        return dataclasses.replace(self, trained=trained, masked=tuple(sorted(failed)))
 
     def data_counts(self) -> dict[str, int]:
         """This step's data outcomes on this rank: samples, skipped (no longer parse), truncated, failed
@@ -251,7 +271,7 @@ class ConversationBatch(BatchLengths):
         if text is None or sample_id in self.skipped:
             ids, targets = [0] * n, [IGNORE] * n
         else:
-            ids, targets = text.ids[:n], text.labels[:n]
+            ids, targets = text.ids[:n], text.labels[:n] if sample_id not in self.masked else [IGNORE] * n
         return Sample(
             sample_id,
             {e: self.decoded.get(sample_id, e).to(device, dtype) for e in wanted},

@@ -44,6 +44,7 @@ from orch.runtime.train.inputs import InputRouter
 from orch.runtime.train.optim import build_optimizer, clip_grads, global_grad_norm, lr_at, set_lr
 from orch.runtime.train.orchestrator import (
     Orchestrator,
+    StepTables,
     longest_sample,
     modules_to_calibrate,
     shared_calibration,
@@ -151,22 +152,37 @@ class TrainStep:
         dispatcher's tables for it are known: where the samples go, or where they start when loading at the
         origin)."""
         future = self.orch.pending(upcoming.step)
-        router, encoders = self.ctx.router, [n for n in self.modules if n != self.model.llm_name]
 
         def wanted() -> dict[str, list[int]]:
-            tables = future.result() if future is not None else None
-            out = {}
-            for name in encoders:
-                if tables is not None:
-                    out[name] = router.held(name, tables, origin=not router.at_destination)
-                else:  # unbalanced: every sample where it starts
-                    c = self.grids[name].coord(self.rank)
-                    assert c is not None
-                    out[name] = [i for i in range(upcoming.size) if initial_dp_index(i, self.grids[name].dp) == c.dp]
-            return out
+            return self._held(future.result() if future is not None else None, upcoming.size)
 
         self.prefetcher.start(upcoming, wanted)
         self._upcoming = upcoming
+
+    def _held(self, tables: StepTables | None, size: int) -> dict[str, list[int]]:
+        """Per encoder this rank serves, the samples it builds: where the dispatcher puts them when loading at
+        the destination, their origin otherwise (and without tables)."""
+        router, out = self.ctx.router, {}
+        for name in (n for n in self.modules if n != self.model.llm_name):
+            if tables is not None:
+                out[name] = router.held(name, tables, origin=not router.at_destination)
+            else:  # unbalanced: every sample where it starts
+                c = self.grids[name].coord(self.rank)
+                assert c is not None
+                out[name] = [i for i in range(size) if initial_dp_index(i, self.grids[name].dp) == c.dp]
+        return out
+
+    def _agree_on_unreadable(self, batch: ConversationBatch, tables: StepTables) -> ConversationBatch:
+        """Decode what this rank builds (the loader did most of it), then agree with every rank which samples'
+        media failed to decode anywhere (one all-reduce of a flag per sample): those train nothing on every
+        rank, so the loss normaliser and the collectives stay the same everywhere."""
+        batch.decode(self._held(tables, batch.size))
+        flags = torch.zeros(batch.size, dtype=torch.int32)
+        for i in batch.decoded.failed():
+            flags[i] = 1
+        flags = flags.to(self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return batch.without({i for i, f in enumerate(flags.cpu().tolist()) if f})
 
     def step(self, k: int) -> StepMetrics:
         from orch.runtime.train.schedules.graph_1f1b import run_graph_1f1b
@@ -214,6 +230,8 @@ class TrainStep:
             self.optimizer.zero_grad(set_to_none=True)
         t = time.perf_counter()
         tables = self.orch.tables(batch, self.rank, self.world)
+        if isinstance(batch, ConversationBatch):
+            batch = self._agree_on_unreadable(batch, tables)
         if k + 1 < self.cfg.steps:
             upcoming = self.batches.build(self.cfg.data_step(k + 1))
             self.orch.prefetch(upcoming, self.rank, self.world)

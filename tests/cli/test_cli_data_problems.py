@@ -214,9 +214,14 @@ def test_media_gone_at_a_step_skip_the_sample_on_every_rank(dataset, tmp_path):
     assert blue and not set(blue) & set(batches[0].skipped)  # its header passed: decoded where it is loaded
     got = batches[1].sample(blue[0], torch.float32)
     assert not got.feats["vision"].any()
-    zeros = [p for p in read_problems(str(log)) if p["action"] == "zeros"]
+    zeros = [p for p in read_problems(str(log)) if p["action"] == "masked"]
     assert len(zeros) == 1 and zeros[0]["rank"] == 1 and zeros[0]["line"] == 3 and zeros[0]["medium"] == str(corrupt)
     assert batches[1].data_counts()["failed"] == 1 and batches[1].data_counts()["skipped"] == len(dropped)
+    agreed = batches[0].without(batches[1].decoded.failed())  # what every rank makes of it (TrainStep's all-reduce)
+    assert agreed.masked == (blue[0],) and agreed.trained[blue[0]] == 0 < batches[0].trained[blue[0]]
+    assert agreed.label_tokens == batches[0].label_tokens - batches[0].trained[blue[0]]
+    assert (agreed.sample(blue[0], torch.float32).labels == -100).all()
+    assert agreed.enc_tokens == batches[0].enc_tokens  # the step's lengths, and so its tables, stand
 
 
 def _png_header(width: int, height: int) -> bytes:
