@@ -195,9 +195,11 @@ def launch(
     counts = [r.data for r in records if r.data is not None]
     if counts:
         total = {k: sum(c[k] for c in counts) for k in ("samples", "skipped", "truncated", "failed")}
+        listed = Path(workdir) / "data_problems.jsonl"
         out.print(
             f"data: {total['samples']} samples over {len(counts)} steps; {total['skipped']} skipped (no longer "
-            f"parse), {total['truncated']} truncated to seq_len, {total['failed']} with unreadable media"
+            f"parse, or media gone), {total['truncated']} truncated to seq_len, {total['failed']} with media that "
+            "did not decode (trained nothing)" + (f"; the media: {listed}" if listed.is_file() else "")
         )
     out.print(f"metrics written to [bold]{workdir}/metrics.jsonl[/]")
     if cfg.trace is not None and Path(cfg.trace).exists():

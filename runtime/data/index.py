@@ -585,8 +585,8 @@ def _unreadable(exc: BaseException) -> str:
 
 
 def medium_problem(path: str, kind: str) -> str | None:
-    """What is wrong with one image, video or audio file (`kind`), from its header (an image's size, Pillow's
-    decompression limit, a clip's format; a video: that it is there), or None."""
+    """What is wrong with one image, video or audio file (`kind`), from its header (an image's size and
+    Pillow's decompression limit, a clip's format, a video's container), or None."""
     if not os.path.exists(path):
         return "file not found"
     try:
@@ -600,7 +600,10 @@ def medium_problem(path: str, kind: str) -> str | None:
 
             soundfile.info(path)
         else:
-            os.stat(path)
+            import av
+
+            with av.open(path):  # the container's header
+                pass
     except Exception as exc:  # OSError, ValueError, RuntimeError (soundfile), DecompressionBombError
         return _unreadable(exc)
     return None
