@@ -230,17 +230,19 @@ class TrainStep:
             self.optimizer.zero_grad(set_to_none=True)
         t = time.perf_counter()
         tables = self.orch.tables(batch, self.rank, self.world)
-        if isinstance(batch, ConversationBatch):
+        decoding = time.perf_counter()
+        if isinstance(batch, ConversationBatch):  # what the loader did not decode, decoded here: the load phase
             batch = self._agree_on_unreadable(batch, tables)
+        decoding = time.perf_counter() - decoding
         if k + 1 < self.cfg.steps:
             upcoming = self.batches.build(self.cfg.data_step(k + 1))
             self.orch.prefetch(upcoming, self.rank, self.world)
             if isinstance(upcoming, ConversationBatch):
                 self._prefetch_samples(upcoming)
         work = StepWork(batch, tables, self.debug.counter(self._leader))
-        work.phases["dispatch"] = time.perf_counter() - t
+        work.phases["dispatch"] = time.perf_counter() - t - decoding
         if isinstance(batch, ConversationBatch):
-            work.phases["load"] = load_wait  # waiting for this step's samples to be decoded (0: hidden)
+            work.phases["load"] = load_wait + decoding  # this step's samples' decoding not hidden (0: all hidden)
         return work
 
     def _update(self, k: int, work: StepWork) -> tuple[float, float]:
