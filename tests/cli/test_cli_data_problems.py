@@ -273,3 +273,16 @@ def test_sample_numbering_is_said(dataset, cli):
     )
     j = cli("data", "inspect", str(data), "--model", "tiny", "--tokenizer", str(tok), "--sample", "3", "--json")
     assert json.loads(j.stdout)["sample"] == 3 and "file line" in json.loads(j.stdout)["numbering"]
+
+
+def test_launch_warns_of_a_batch_larger_than_the_data(dataset, cli, tmp_path):
+    _, data, tok = dataset
+    n = len(data.read_text().splitlines())
+    plan = tmp_path / "p.yaml"
+    made = cli("plan", "--model", "tiny", "--cluster", "local-cpu", "--data", str(data), "--tokenizer", str(tok),
+               "--global-batch", str(n + 1), "--out", str(plan))  # fmt: skip
+    assert made.exit_code == 0, made.output
+    r = cli("launch", str(plan), "--executor", "torchrun", "--dry-run", "--workdir", str(tmp_path / "run"),
+            "--rdzv-endpoint", "127.0.0.1:29999")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert f"warning: global batch {n + 1} is larger than the {n} samples of {data}" in _one_line(r.stderr)
