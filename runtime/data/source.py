@@ -31,7 +31,7 @@ from orch.planner.specs import DataSpec, ModelSpec, projected_len
 from orch.runtime.data.batch import BatchLengths, GlobalBatch, MediaItem, Sample, encoder_order, item_map
 from orch.runtime.data.decode_cache import DecodeCache
 from orch.runtime.data.index import IGNORE, TextTokens, medium_problem
-from orch.runtime.data.mix import Mix, step_rows  # noqa: F401  (step_rows: re-exported, the sampler's one definition)
+from orch.runtime.data.mix import Mix
 from orch.runtime.data.problems import DataProblems
 from orch.runtime.data.synthetic import SyntheticBatch
 from orch.runtime.models.sequence import SequenceLayout
