@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP
+
 if TYPE_CHECKING:
     from orch.planner.profile import Profile
     from orch.planner.specs import ClusterSpec, ModelSpec
@@ -30,6 +32,8 @@ def profile(
     global_batch: int | None = typer.Option(None, "--global-batch", help="Samples per step (overrides the data's)."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Cap on LLM tokens per sample (overrides the data's)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json for a data file (reference model)."),
+    index_dir: str | None = typer.Option(None, "--index-dir", help=INDEX_DIR_HELP),
+    media_root: str | None = typer.Option(None, "--media-root", help=MEDIA_ROOT_HELP),
     quick: bool = typer.Option(
         False, "--quick", help="Fewer lengths, sizes and repetitions, and one pass (under a minute on the tiny preset)."
     ),
@@ -73,7 +77,9 @@ def profile(
     cluster_spec = load_cluster(cluster)
     from orch.cli.data_cmd import data_spec_for
 
-    data_spec, hint = data_spec_for(model_spec, data, "profiling on", global_batch, seq_len, tokenizer)
+    data_spec, hint = data_spec_for(
+        model_spec, data, "profiling on", global_batch, seq_len, tokenizer, index_dir, media_root
+    )
     if hint is not None:
         from rich.markup import escape
 

@@ -149,14 +149,16 @@ def read_sources(ref: str) -> list[Source]:
     return out
 
 
-def read_conversations(path: str) -> Iterator[Conversation | BadSample]:
-    """Every sample of one data file, in order; a malformed one as a BadSample."""
+def read_conversations(path: str, media_root: str | None = None) -> Iterator[Conversation | BadSample]:
+    """Every sample of one data file, in order; a malformed one as a BadSample. Media paths are relative to
+    `media_root` where given (`--media-root`, LLaMA-Factory's `media_dir`), else to the file's folder."""
     p = Path(path)
+    base = Path(media_root) if media_root is not None else p.parent
     for where, raw in _records(p):
         if isinstance(raw, BadSample):
             yield raw
             continue
-        yield parse_sample(raw, where, p.parent)
+        yield parse_sample(raw, where, base)
 
 
 def _records(p: Path) -> Iterator[tuple[str, Any]]:
@@ -225,8 +227,9 @@ class SampleFile:
     """Random access to one data file's samples by number (the `sample` of its index rows): a JSONL file by
     the byte offset of each line (one pass at open), a JSON list or parquet file held in memory."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, media_root: str | None = None) -> None:
         self.path = Path(path)
+        self.base = Path(media_root) if media_root is not None else self.path.parent  # media paths' folder
         self._offsets: dict[int, int] = {}
         self._records: list[Any] | None = None
         if self.path.suffix == ".jsonl":
@@ -243,7 +246,7 @@ class SampleFile:
         if self._records is not None:
             if not 1 <= number <= len(self._records):
                 return BadSample(where, "no such sample (the file changed since it was indexed)")
-            return parse_sample(self._records[number - 1], where, self.path.parent)
+            return parse_sample(self._records[number - 1], where, self.base)
         if number not in self._offsets:
             return BadSample(where, "no such line (the file changed since it was indexed)")
         with self.path.open("rb") as f:
@@ -253,4 +256,4 @@ class SampleFile:
             raw = json.loads(line)
         except json.JSONDecodeError as exc:
             return BadSample(where, f"not valid JSON ({exc.msg})")
-        return parse_sample(raw, where, self.path.parent)
+        return parse_sample(raw, where, self.base)
