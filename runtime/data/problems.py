@@ -1,15 +1,12 @@
 """`RUN_DIR/data_problems.jsonl`: the media a run could not read, one JSON object a line.
 
-    {"file": "data.jsonl", "line": 7, "medium": "/data/img/7.png", "error": "file not found",
-     "step": 12, "rank": 0, "action": "skipped"}
+    {"file": "data.jsonl", "line": 7, "medium": "/data/img/7.png", "error": "FileNotFoundError: ...",
+     "step": 12, "rank": 0, "action": "masked"}
 
-`action` says what the run did with the sample: `skipped` (a medium gone or whose header no longer reads, found
-when the step's batch was built, on every rank alike: the sample trains nothing and has no encoder rows) or
-`masked` (a file that passed that check but failed to decode on the rank that loads it: the ranks agree on it
-at the step's start, so it trains nothing anywhere; its rows, already placed, run on zeros no label reaches).
-Each line is one `write` to a file opened for appending, so lines from several ranks
-and loader processes never interleave; each (sample, medium) is written once per process. A problem every rank
-meets is written by rank 0 only.
+`action` says what the run did with the sample: `masked` (a medium gone, cut or changed since indexing, found by
+the rank that decodes it: the ranks agree on it at the step's start, so it trains nothing anywhere; its rows,
+already placed, run on zeros no label reaches). Each line is one `write` to a file opened for appending, so lines
+from several ranks and loader processes never interleave; each (sample, medium) is written once per process.
 """
 
 from __future__ import annotations
@@ -37,9 +34,9 @@ class DataProblems:
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__init__(state["path"], state["rank"])  # type: ignore[misc, arg-type]
 
-    def add(self, where: str, medium: str, error: str, step: int, action: str, every_rank: bool = False) -> None:
-        """Append one problem (`where` is file:line); `every_rank`: met alike on every rank, written by rank 0."""
-        if self.path is None or (every_rank and self.rank != 0):
+    def add(self, where: str, medium: str, error: str, step: int, action: str) -> None:
+        """Append one problem (`where` is file:line)."""
+        if self.path is None:
             return
         with self._lock:
             if (where, medium, action) in self._seen:

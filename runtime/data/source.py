@@ -12,15 +12,16 @@ batches. With a data file (`DataSpec.source`, its index as `DataSpec.manifest`):
   so a rank loads what the dispatcher gave it. Each image's or clip's rows go where its placeholder stood
   (`ConversationBatch.layout`, runtime/data/expansion.py); labels are HF's aligned labels (-100 where nothing
   is trained), each scored at the position before its token. A sample that no longer parses (its file
-  changed since it was indexed) trains on nothing (`skipped`); one whose image or clip can no longer be
-  read gets zeros of the indexed shape for it (`failed`, counted per rank), so no step stops on bad data.
+  changed since it was indexed) trains on nothing (`skipped`); one whose image or clip is gone or no longer
+  decodes is found on the rank that loads it (`failed`, counted per rank, listed in data_problems.jsonl), and
+  every rank then masks its labels (one all-reduce a step; its encoder rows are zeros of the indexed shape),
+  so no step stops on bad data.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ import torch
 from orch.planner.specs import DataSpec, ModelSpec, projected_len
 from orch.runtime.data.batch import BatchLengths, GlobalBatch, MediaItem, Sample, encoder_order, item_map
 from orch.runtime.data.decode_cache import DecodeCache
-from orch.runtime.data.index import IGNORE, TextTokens, medium_problem
+from orch.runtime.data.index import IGNORE, TextTokens
 from orch.runtime.data.mix import Mix
 from orch.runtime.data.problems import DataProblems
 from orch.runtime.data.synthetic import SyntheticBatch
@@ -63,8 +64,6 @@ class ConversationData:
         self._items: list[dict[str, list[list[float]]] | None] = [r.get("items") for r in raw]
         self._groups: list[dict[str, list[int]] | None] = [r.get("placeholder_items") for r in raw]
         self._texts: dict[int, TextTokens | None] = {}
-        self._media_files: dict[int, tuple[tuple[str, str], ...]] = {}  # row -> (kind, path) of its media
-        self._checked: dict[tuple[str, int, int], str | None] = {}  # (path, size, mtime) -> its header's problem
         counts = [0] * len(meta["sources"])
         for source, _ in self.rows:
             counts[source] += 1
@@ -77,30 +76,6 @@ class ConversationData:
     def rows_of_step(self, seed: int, step: int) -> list[int]:
         """The index rows step `step` draws: a data file's epochs, or a mix's draws (runtime/data/mix.py)."""
         return self.mix.rows(seed, step, self.data.global_batch)
-
-    def media_problem(self, row: int) -> tuple[str, str] | None:
-        """(medium, what is wrong) for the first of the row's media that is gone or whose header no longer reads
-        (a file unchanged since it was checked is not read again); None when all are there. Every rank asks the
-        same of the same files, so every rank drops the same samples."""
-        if row not in self._media_files:
-            from orch.runtime.data.conversations import BadSample
-
-            conv = self.conversation(row)
-            kinds = () if isinstance(conv, BadSample) else (
-                [("image", f) for f in conv.images] + [("video", f) for f in conv.videos]
-                + [("audio", f) for f in conv.audios])  # fmt: skip
-            self._media_files[row] = tuple(kinds)
-        for kind, path in self._media_files[row]:
-            try:
-                st = os.stat(path)
-            except OSError as exc:
-                return path, "file not found" if isinstance(exc, FileNotFoundError) else f"cannot read ({exc.strerror})"
-            key = (path, st.st_size, st.st_mtime_ns)
-            if key not in self._checked:
-                self._checked[key] = medium_problem(path, kind)
-            if self._checked[key] is not None:
-                return path, str(self._checked[key])
-        return None
 
     def conversation(self, row: int) -> Any:
         source, number = self.rows[row]
@@ -169,11 +144,10 @@ class ConversationData:
             prefix = sum(projected_len(n, self.model.modules[e].downsample) for e, n in enc.items())
             text = self.text(row)
             room = max(1, self.data.seq_len - prefix)
-            problem = self.media_problem(row) if text is not None else None
-            if problem is not None:
-                where = self.conversation(row).where
-                self.problems.add(where, problem[0], problem[1], step, "skipped", every_rank=True)
-            if text is None or problem is not None:  # one untrained token, no encoder rows, on every rank
+            # A medium gone or broken since indexing is found where the sample is decoded, and every rank then
+            # masks the sample (ConversationBatch.without): no rank stats or re-reads the whole batch's media,
+            # which at thousands of ranks would be millions of metadata calls a step on a shared file system.
+            if text is None:  # one untrained token, no encoder rows, on every rank
                 enc = dict.fromkeys(encs, 0)
                 n, t = 1, 0
                 skipped.append(i)
@@ -204,7 +178,7 @@ class ConversationBatch(BatchLengths):
     source: ConversationData
     rows: tuple[int, ...]
     trained: tuple[int, ...]  # per sample, its text positions with a target
-    skipped: tuple[int, ...]  # samples (ids in the batch) that no longer parse or whose media are gone
+    skipped: tuple[int, ...]  # samples (ids in the batch) that no longer parse
     truncated: int  # samples cut to seq_len
     decoded: DecodeCache = field(compare=False, repr=False)
     masked: tuple[int, ...] = ()  # samples whose media failed to decode on some rank: labels all ignored

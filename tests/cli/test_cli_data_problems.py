@@ -1,5 +1,5 @@
 """Data as users have it: a mix's sources reported, the index kept where the user can write, media found under
---media-root and named when missing, media gone at a step skipped on every rank and listed in
+--media-root and named when missing, media gone at a step masked on every rank and listed in
 data_problems.jsonl, and the one-line warnings (no assistant turn, a batch larger than the data, an image over
 Pillow's decompression limit)."""
 
@@ -172,7 +172,7 @@ def test_media_root_and_the_path_tried(dataset, cli, tmp_path):
     assert bad.exit_code == 1 and "--media-root: /nowhere: not a directory" in bad.output
 
 
-def test_media_gone_at_a_step_skip_the_sample_on_every_rank(dataset, tmp_path):
+def test_media_gone_or_cut_at_a_step_mask_the_sample_on_every_rank(dataset, tmp_path):
     root, _, tok = dataset
     copy = _copy(root, tmp_path / "d")
     model = load_model("tiny")
@@ -180,47 +180,34 @@ def test_media_gone_at_a_step_skip_the_sample_on_every_rank(dataset, tmp_path):
     gone = copy / "media" / "img_0001_green_square.png"
     gone.unlink()
     corrupt = copy / "media" / "img_0002_blue_circle.png"  # its header still reads; its pixels do not
-    head = corrupt.read_bytes()[:60]
-    corrupt.write_bytes(head)
+    corrupt.write_bytes(corrupt.read_bytes()[:60])
     log = tmp_path / "data_problems.jsonl"
     ranks = [ConversationData(model, spec, DataProblems(str(log), rank)) for rank in (0, 1)]
     batches = [r.batch(0, 0) for r in ranks]
     rows = batches[0].rows
     where = {i: ranks[0].conversation(row).where for i, row in enumerate(rows)}
-    dropped = [i for i in range(len(rows)) if where[i] == "data.jsonl:2"]
-    assert dropped and batches[0].skipped == batches[1].skipped == tuple(sorted(batches[0].skipped))
-    assert set(dropped) <= set(batches[0].skipped)
-    for b in batches:  # the same lengths on every rank: nothing for the sample's encoders, nothing trained
-        for i in dropped:
-            assert b.enc_tokens[i] == {"audio": 0, "vision": 0} and b.text_tokens[i] == 1 and b.trained[i] == 0
-            assert b.layout(i).length == 1
-            s = b.sample(i, torch.float32)
-            assert s.feats["vision"].shape[0] == 0 and (s.labels == -100).all()
-    assert batches[0].enc_tokens == batches[1].enc_tokens and batches[0].trained == batches[1].trained
-    problems = read_problems(str(log))
-    skipped = [p for p in problems if p["action"] == "skipped"]
-    assert skipped == [
-        {
-            "file": "data.jsonl",
-            "line": 2,
-            "medium": str(gone),
-            "error": "file not found",
-            "step": 0,
-            "rank": 0,
-            "action": "skipped",
-        }
-    ]  # fmt: skip  (once: rank 0 writes it)
+    green = [i for i in range(len(rows)) if where[i] == "data.jsonl:2"]
     blue = [i for i in range(len(rows)) if where[i] == "data.jsonl:3"]
-    assert blue and not set(blue) & set(batches[0].skipped)  # its header passed: decoded where it is loaded
-    got = batches[1].sample(blue[0], torch.float32)
-    assert not got.feats["vision"].any()
-    zeros = [p for p in read_problems(str(log)) if p["action"] == "masked"]
-    assert len(zeros) == 1 and zeros[0]["rank"] == 1 and zeros[0]["line"] == 3 and zeros[0]["medium"] == str(corrupt)
-    assert batches[1].data_counts()["failed"] == 1 and batches[1].data_counts()["skipped"] == len(dropped)
-    agreed = batches[0].without(batches[1].decoded.failed())  # what every rank makes of it (TrainStep's all-reduce)
-    assert agreed.masked == (blue[0],) and agreed.trained[blue[0]] == 0 < batches[0].trained[blue[0]]
-    assert agreed.label_tokens == batches[0].label_tokens - batches[0].trained[blue[0]]
-    assert (agreed.sample(blue[0], torch.float32).labels == -100).all()
+    assert green and blue
+    # nothing is looked at before the dispatcher's destination decodes it: the same lengths on every rank
+    assert batches[0].skipped == batches[1].skipped == ()
+    assert batches[0].enc_tokens == batches[1].enc_tokens and batches[0].trained == batches[1].trained
+    for i in green:  # rank 0 loads the vanished image's samples, rank 1 the cut one's
+        assert not batches[0].sample(i, torch.float32).feats["vision"].any()
+    assert not batches[1].sample(blue[0], torch.float32).feats["vision"].any()
+    problems = read_problems(str(log))
+    assert {(p["rank"], p["line"], p["medium"], p["action"]) for p in problems} == {
+        (0, 2, str(gone), "masked"), (1, 3, str(corrupt), "masked")}  # fmt: skip
+    assert all(p["file"] == "data.jsonl" and p["step"] == 0 for p in problems)
+    assert next(p for p in problems if p["line"] == 2)["error"].startswith("FileNotFoundError")
+    failed = batches[0].decoded.failed() | batches[1].decoded.failed()
+    assert failed == {*green, blue[0]}
+    assert batches[0].data_counts()["failed"] == len(green) and batches[1].data_counts()["failed"] == 1
+    agreed = batches[0].without(failed)  # what every rank makes of it (TrainStep's all-reduce)
+    assert agreed.masked == tuple(sorted(failed))
+    assert all(agreed.trained[i] == 0 < batches[0].trained[i] for i in failed)
+    assert agreed.label_tokens == batches[0].label_tokens - sum(batches[0].trained[i] for i in failed)
+    assert all((agreed.sample(i, torch.float32).labels == -100).all() for i in failed)
     assert agreed.enc_tokens == batches[0].enc_tokens  # the step's lengths, and so its tables, stand
 
 
