@@ -152,6 +152,10 @@ def launch(
         from orch.runtime.train.support import check_hf_plan
 
         check_hf_plan(plan)  # configs, safetensors names and shapes, the layout: here, not in every rank
+    if not dry_run:  # a busy run directory is refused before a job is submitted or a task file written
+        from orch.runtime.run_lock import probe
+
+        probe(workdir)
     if executor == "slurm":
         from orch.cli.jobs_cmd import launch_slurm
         from orch.runtime.launch.sbatch import SlurmOptions

@@ -65,14 +65,18 @@ class LocalLauncher:
             raise OrchError(f"--nproc {nproc}: the plan needs {task.world_size} ranks")
         device = device_kind(task.device, nproc)  # every rank the same kind ("auto" resolved); DeviceError here
         task.prepare()
-        env = RankEnv(0, nproc, 0, nproc, port=free_port(), device=device)
-        if self.start_method == "forkserver":
-            import multiprocessing
+        try:
+            env = RankEnv(0, nproc, 0, nproc, port=free_port(), device=device)
+            if self.start_method == "forkserver":
+                import multiprocessing
 
-            multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the server first starts
-        context = mp.start_processes(
-            _spawned, args=(task, env), nprocs=nproc, join=False, start_method=self.start_method
-        )
+                multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the server first starts
+            context = mp.start_processes(
+                _spawned, args=(task, env), nprocs=nproc, join=False, start_method=self.start_method
+            )
+        except BaseException:
+            task.release()
+            raise
         return LocalHandle(task, context, str(context.pids()[0]) if context.pids() else "local")
 
 
@@ -95,8 +99,11 @@ class LocalHandle(Handle):
             return
         if self._error is None:
             try:
-                while not self.context.join():
-                    pass
+                try:
+                    while not self.context.join():
+                        pass
+                finally:
+                    self.task.release()  # the run directory's lock: the ranks are gone
             except mp.ProcessRaisedException as exc:
                 found = first_failure(self.task.workdir) or (exc.error_index, last_line(str(exc)))
                 self._error = LaunchError(*found)

@@ -1,10 +1,18 @@
 """Checkpoint save/resume through `orch launch`: a resumed run continues the loss trajectory exactly."""
 
 import json
+import shutil
 
 import pytest
 
-from orch.runtime.checkpoint import checkpoint_root, latest_step
+from orch.runtime.checkpoint import checkpoint_root
+from orch.runtime.run_dir import choose_checkpoint
+
+
+def latest_step(workdir):
+    """The step a relaunch would resume from (None: no checkpoint)."""
+    chosen = choose_checkpoint(workdir, None, tell=lambda line: None)
+    return None if chosen is None else chosen.step
 
 
 def _losses(workdir):
@@ -18,34 +26,24 @@ def test_resumed_run_continues_the_loss_trajectory(cli, plan_file, tmp_path, tra
     base = ["launch", str(plan_file), "--nproc", "2", "--seed", "3", "--dtype", "float64"]
     full, part = tmp_path / "full", tmp_path / "part"
     every_step = train_config(checkpoint_every=1)
-    # saved after step 0: step 1 runs on the loaded parameters, step 2 on an update from loaded optimizer state
+    # resumed after step 0: step 1 runs on the loaded parameters, step 2 on an update from loaded optimizer state
     assert (r := cli(*base, "--steps", "3", "--workdir", str(full))).exit_code == 0, r.output
-    assert (r := cli(*base, "--steps", "1", "--workdir", str(part), "--config", every_step)).exit_code == 0, r.output
+    assert (r := cli(*base, "--steps", "2", "--workdir", str(part), "--config", every_step)).exit_code == 0, r.output
     root = checkpoint_root(part)
-    assert (root / "latest").read_text().strip() == "step_00000001"
-    assert latest_step(part) == 1 and not list(root.glob("*.tmp"))
+    assert (root / "latest").read_text().strip() == "step_00000002"
+    assert latest_step(part) == 2 and not list(root.glob("*.tmp"))
+    shutil.rmtree(root / "step_00000002")  # resume from step 1: `latest` names a deleted folder
     (root / "step_00000002.tmp").mkdir()  # an interrupted save: garbage that must never be loaded
     (root / "step_00000002.tmp" / ".metadata").write_text("garbage")
 
     assert (r := cli(*base, "--steps", "3", "--workdir", str(part), "--resume")).exit_code == 0, r.output
+    assert "names step_00000002, which is missing; scanning the step folders" in r.output
+    assert "orch: resuming from step_00000001 (verified)" in r.output
     want_steps, want = _losses(full)
     got_steps, got = _losses(part)
     assert got_steps == want_steps == [0, 1, 2]  # metrics appended
     for g, w in zip(got, want, strict=True):
         assert g == pytest.approx(w, rel=1e-12, abs=0)
-
-
-def test_latest_ignores_tmp_and_unnamed_directories(tmp_path):
-    root = checkpoint_root(tmp_path)
-    (root / "step_00000004.tmp").mkdir(parents=True)
-    assert latest_step(tmp_path) is None  # no `latest`: nothing is complete
-    (root / "latest").write_text("step_00000004.tmp\n")
-    assert latest_step(tmp_path) is None  # never a .tmp, even when named
-    (root / "latest").write_text("step_00000002\n")
-    assert latest_step(tmp_path) is None  # named but missing
-    (root / "step_00000002").mkdir()
-    (root / "step_00000006").mkdir()  # newer but not named in `latest`
-    assert latest_step(tmp_path) == 2
 
 
 @pytest.mark.slow
@@ -84,7 +82,7 @@ def test_resume_with_pipeline_experts_and_context_parallel_shards(tmp_path):
     done = train_runs(runs)
     want, first = [r.loss for r in done["full"]], done["part"]
     assert len(want) == 3 and len(first) == 1
-    assert latest_step(tmp_path / "part") == 1
+    assert latest_step(tmp_path / "part") == 1  # the final checkpoint of a 1-step run
     resumed = train_local(plan, data, cfg(3), tmp_path / "part")
     assert [r.step for r in resumed] == [0, 1, 2]
     assert resumed[:1] == first  # step 0 is the first run's record: the second run started at step 1
