@@ -62,13 +62,13 @@ def save(
     final = root / step_name(step)
     tmp = root / f"{step_name(step)}.tmp"
     rank = dist.get_rank()
-    try:
-        with no_space_guard(root, needs_bytes, "a checkpoint"):
-            _write(tmp, rank, modules, optimizer, files or {}, {"step": step, **(belongs or {})})
-    except BaseException:
+
+    def discard() -> None:  # a .tmp is never loaded; its space is the disk's again before the line says what is free
         if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)  # never loaded, and its space is the disk's again
-        raise
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    with no_space_guard(root, needs_bytes, "a checkpoint", cleanup=discard):
+        _write(tmp, rank, modules, optimizer, files or {}, {"step": step, **(belongs or {})})
     if rank == 0:
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)

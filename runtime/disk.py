@@ -1,9 +1,10 @@
 """A full disk as one line: the path being written, the bytes it needed and the bytes free.
 
 `no_space_guard(path, needed, what)` turns an ENOSPC raised inside it (an OSError, or torch's DCP wrapping
-one) into `NoSpaceError`; `check_free(path, needed, what)` refuses before writing when the filesystem holding
-`path` has less than `needed` free. Both say the same line, so a relaunch onto a disk still full repeats the
-failure's words. Torch-free.
+one, or any error of a write that left the filesystem without space: torch's zip writer reports a short write
+as `unexpected pos`) into `NoSpaceError`; `check_free(path, needed, what)` refuses before writing when the
+filesystem holding `path` has less than `needed` free. Both say the same line, so a relaunch onto a disk still
+full repeats the failure's words. Torch-free.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from orch.planner.errors import OrchError
+
+FULL_BELOW = 1 << 20  # a write failing with less than this free failed for want of space, whatever it raised
 
 
 class NoSpaceError(OrchError):
@@ -68,14 +71,22 @@ def is_no_space(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def no_space_guard(path: str | Path, needed: int, what: str) -> Iterator[None]:
-    """Inside: an ENOSPC becomes NoSpaceError, one line naming `path` and the `needed` bytes."""
+def no_space_guard(
+    path: str | Path, needed: int, what: str, cleanup: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """Inside: an ENOSPC becomes NoSpaceError, one line naming `path` and the `needed` bytes. `cleanup` runs on
+    any error, before the line counts what is free."""
     try:
         yield
-    except NoSpaceError:
+    except (NoSpaceError, KeyboardInterrupt, SystemExit, GeneratorExit):
+        if cleanup is not None:
+            cleanup()
         raise
-    except Exception as exc:
-        if is_no_space(exc):
+    except BaseException as exc:  # DCP's CheckpointException is a BaseException
+        full = is_no_space(exc) or free_bytes(path) < FULL_BELOW
+        if cleanup is not None:
+            cleanup()
+        if full:
             raise NoSpaceError(no_space_line(path, needed, what)) from None
         raise
 

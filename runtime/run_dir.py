@@ -95,7 +95,7 @@ def _latest_note(workdir: Path, folders: list[tuple[int, Path]]) -> str | None:
     except FileNotFoundError:
         return f"{path}: missing; scanning the step folders"
     if not _STEP.fullmatch(text):
-        return f"{path}: {text[:40]!r} is not a step folder's name; scanning the step folders"
+        return f"{path}: {text[:40]!a} is not a step folder's name; scanning the step folders"
     if not (path.parent / text).is_dir():
         return f"{path}: names {text}, which is missing; scanning the step folders"
     if text != folders[0][1].name:
