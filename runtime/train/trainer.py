@@ -92,17 +92,17 @@ class TrainTask:
         return self.cfg.device
 
     def prepare(self) -> None:
-        from orch.runtime.run_dir import open_run
+        from orch.runtime.run_dir import checkpoint_root, open_run
 
         out = Path(self.workdir)
         needs = checkpoint_needs(self.plan, self.cfg)
-        with no_space_guard(out / "checkpoints", needs, "a checkpoint"):
+        with no_space_guard(checkpoint_root(out), needs, "a checkpoint"):
             opened = open_run(
                 out, self.plan, resume=self.cfg.resume, factory=self.cfg.model_factory, checkpoint_needs=needs
             )
         self._lock, self.start = opened.lock, opened.start
         try:
-            with no_space_guard(out / "checkpoints", needs, "a checkpoint"):
+            with no_space_guard(checkpoint_root(out), needs, "a checkpoint"):
                 truncate_after(metrics_path(out), self.start)
                 clear_failures(out)
                 # What ran, for whoever reads the run later (`orch export` finds the model's sources here).

@@ -199,7 +199,7 @@ def test_preempted_job_checkpoints_at_the_signal_and_resumes_there(slurm_cluster
 
     workdir = tmp_path / "run"
     steps = 10
-    # No --checkpoint-every: the only checkpoint is the one saved at the warning signal.
+    # No --checkpoint-every: the checkpoints are the one saved at the warning signal and the final one.
     cfg = TrainConfig(steps=steps, seed=SEED, dtype="float64", balance="none")
     record = submit_train(_plan(specs, HOMOGENEOUS), specs[1], cfg, SlurmOptions(time="10"), workdir=workdir).record
     _wait(record.job_id, lambda s: s.step is not None and s.step >= 1, poll_s=0.2)
