@@ -28,9 +28,10 @@ from pathlib import Path
 
 from orch.planner.errors import OrchError
 from orch.planner.plan import Plan
+from orch.planner.specs import DataSpec
 from orch.runtime.checkpoint_manifest import Manifest, verify
 from orch.runtime.metrics import METRICS_FILE
-from orch.runtime.run_identity import differences, fingerprint, layouts, model_identity
+from orch.runtime.run_identity import data_identity, differences, fingerprint, layouts, model_identity
 from orch.runtime.run_lock import RunLock
 
 CHECKPOINTS = "checkpoints"
@@ -183,7 +184,15 @@ class OpenRun:
     start: int  # completed steps the run continues after (0: a new run)
 
 
-def open_run(workdir: str | Path, plan: Plan, *, resume: bool, factory: str | None, checkpoint_needs: int) -> OpenRun:
+def open_run(
+    workdir: str | Path,
+    plan: Plan,
+    *,
+    resume: bool,
+    factory: str | None,
+    checkpoint_needs: int,
+    data: DataSpec | None = None,
+) -> OpenRun:
     """Steps 1-4 of the module docstring; the caller releases `lock` when the run ends (or exits)."""
     from orch.runtime.disk import check_free
 
@@ -209,6 +218,12 @@ def open_run(workdir: str | Path, plan: Plan, *, resume: bool, factory: str | No
                 say(f"no checkpoint in {checkpoint_root(out)}: starting at step 0; the earlier files moved to {moved}")
             return OpenRun(lock, 0)
         say(f"resuming from {step_name(chosen.step)}" + (" (verified)" if chosen.manifest is not None else ""))
+        if (
+            data is not None
+            and chosen.manifest is not None
+            and chosen.manifest.data != fingerprint(data_identity(data))
+        ):
+            say(f"{step_name(chosen.step)} was trained on another data spec: continuing on this one")
         return OpenRun(lock, chosen.step)
     except BaseException:
         lock.release()

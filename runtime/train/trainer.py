@@ -98,7 +98,12 @@ class TrainTask:
         needs = checkpoint_needs(self.plan, self.cfg)
         with no_space_guard(checkpoint_root(out), needs, "a checkpoint"):
             opened = open_run(
-                out, self.plan, resume=self.cfg.resume, factory=self.cfg.model_factory, checkpoint_needs=needs
+                out,
+                self.plan,
+                resume=self.cfg.resume,
+                factory=self.cfg.model_factory,
+                checkpoint_needs=needs,
+                data=self.data,
             )
         self._lock, self.start = opened.lock, opened.start
         try:

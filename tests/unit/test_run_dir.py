@@ -199,6 +199,12 @@ def test_a_resumed_launch_resumes_and_says_from_where(tmp_path, capsys):
     opened.lock.release()
     assert opened.start == 10
     assert capsys.readouterr().err.strip() == "orch: resuming from step_00000010 (verified)"
+    other_data = plan.data.model_copy(update={"global_batch": 8})  # the checkpoint's manifest says data "d"
+    opened = open_run(tmp_path, plan, resume=True, factory=None, checkpoint_needs=0, data=other_data)
+    opened.lock.release()
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "orch: step_00000010 was trained on another data spec: continuing on this one"
+    )
 
 
 # -- the lock ---------------------------------------------------------------------------------------------
