@@ -29,7 +29,7 @@ from pathlib import Path
 from orch.planner.errors import OrchError
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
-from orch.runtime.checkpoint_manifest import Manifest, verify
+from orch.runtime.checkpoint_manifest import Manifest, read_manifest, verify
 from orch.runtime.metrics import METRICS_FILE
 from orch.runtime.run_identity import data_identity, differences, fingerprint, layouts, model_identity
 from orch.runtime.run_lock import RunLock
@@ -80,6 +80,15 @@ def checkpoint_bytes(plan: Plan, dtype_bytes: int, optimizer_states: int) -> int
         params = module_params(spec) + projector_params(spec, llm)
         total += params * dtype_bytes * (1 + (optimizer_states if spec.trainable else 0))
     return int(total)
+
+
+def saved_bytes(workdir: str | Path) -> int | None:
+    """What the newest checkpoint takes, as its manifest lists it (None: no readable manifest)."""
+    for _, folder in step_folders(workdir):
+        manifest = read_manifest(folder)
+        if not isinstance(manifest, str):
+            return sum(f.bytes for f in manifest.files.values())
+    return None
 
 
 @dataclass

@@ -41,11 +41,15 @@ if TYPE_CHECKING:
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 0}  # tensors a checkpoint holds per trainable parameter, beside it
 
 
-def checkpoint_needs(plan: Plan, cfg: TrainConfig) -> int:
-    """About the bytes of one checkpoint of this run (what a full disk's line asks for)."""
-    from orch.runtime.run_dir import checkpoint_bytes
+def checkpoint_needs(plan: Plan, cfg: TrainConfig, workdir: str | Path) -> int:
+    """About the bytes of one checkpoint of this run (what a full disk's line asks for): the newest checkpoint's
+    size, else the plan's parameters and optimizer states at the run's dtype."""
+    from orch.runtime.run_dir import checkpoint_bytes, saved_bytes
     from orch.runtime.train.config import ELEM_BYTES
 
+    saved = saved_bytes(workdir)
+    if saved is not None:
+        return saved
     return checkpoint_bytes(plan, ELEM_BYTES[cfg.dtype], OPTIMIZER_STATES[cfg.optimizer])
 
 
@@ -95,7 +99,7 @@ class TrainTask:
         from orch.runtime.run_dir import checkpoint_root, open_run
 
         out = Path(self.workdir)
-        needs = checkpoint_needs(self.plan, self.cfg)
+        needs = checkpoint_needs(self.plan, self.cfg, out)
         with no_space_guard(checkpoint_root(out), needs, "a checkpoint"):
             opened = open_run(
                 out,
@@ -166,10 +170,13 @@ class Trainer:
             checkpoint.load(self.workdir, start, step.modules, step.optimizer)
         setup_s = time.perf_counter() - t
         trace = RankTrace(rank, time.perf_counter())  # setup ends in collectives: origins agree closely
-        belonging, needs = belongs(self.plan, self.data, cfg), checkpoint_needs(self.plan, cfg)
+        belonging = belongs(self.plan, self.data, cfg)
+        needs = checkpoint_needs(self.plan, cfg, self.workdir)
 
         def save(done: int) -> None:
+            nonlocal needs
             checkpoint.save(self.workdir, done, step.modules, step.optimizer, self._files(step, done), belonging, needs)
+            needs = checkpoint_needs(self.plan, cfg, self.workdir)  # what the next one takes: this one's size
 
         for k in range(start, cfg.steps):
             m = step.step(k)
