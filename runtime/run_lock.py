@@ -52,6 +52,18 @@ class Holder:
         since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
         return f"pid {self.pid} on {self.host} (job {self.job_id}, since {since})"
 
+    def alive_here(self) -> bool:
+        """A live process of this host (another host's cannot be checked: False)."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
     def is_earlier_incarnation_of(self, other: Holder) -> bool:
         """The same Slurm job before a requeue."""
         return self.job_id == other.job_id and self.job_id.isdigit() and self.restart < other.restart
@@ -78,10 +90,6 @@ class RunLock:
         self.requeue_wait_s, self.poll_s = requeue_wait_s, poll_s
         self._fd: int | None = None
         self.notes: list[str] = []  # what acquiring found (a stale lock taken over, a requeue), for the caller
-
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
 
     def acquire(self) -> None:
         """Take the lock or raise RunLocked naming its holder."""
@@ -114,7 +122,12 @@ class RunLock:
             except OSError as exc:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     # A filesystem without flock (ENOLCK, EOPNOTSUPP): the file's words are all there is.
-                    print(f"orch: {self.path}: cannot lock ({exc.strerror}): not guarded", file=sys.stderr)
+                    holder = read_holder(self.path)
+                    if holder is not None and holder.alive_here():
+                        raise in_use(self.path, holder) from None
+                    print(
+                        f"orch: {self.path}: cannot lock ({exc.strerror}): guarded by its words only", file=sys.stderr
+                    )
                     return
             holder = read_holder(self.path)
             if holder is None or not holder.is_earlier_incarnation_of(me) or time.monotonic() > deadline:

@@ -308,3 +308,29 @@ def test_a_full_disk_is_the_same_one_line_while_writing_and_at_relaunch(tmp_path
     monkeypatch.setattr(disk, "free_bytes", lambda path: 10**12)
     with pytest.raises(ValueError), no_space_guard(where, 5_000_000, "a checkpoint"):  # not a full disk
         raise ValueError("a bug")
+
+
+def test_without_flock_the_file_names_the_holder(tmp_path, monkeypatch, capsys):
+    import fcntl
+
+    import orch.runtime.run_lock as run_lock
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(run_lock.fcntl, "flock", no_flock)
+    assert fcntl.flock is no_flock
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        alive = Holder(os.uname().nodename, sleeper.pid, "local", 0, time.time())
+        lock_path(tmp_path).write_text(json.dumps(alive.__dict__))
+        with pytest.raises(RunLocked, match=f"in use by pid {sleeper.pid} on "):
+            RunLock(tmp_path).acquire()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    lock = RunLock(tmp_path)
+    lock.acquire()  # its holder is gone: taken, saying it is guarded by the file's words only
+    assert "cannot lock (No locks available): guarded by its words only" in capsys.readouterr().err
+    assert lock.notes == [f"{lock_path(tmp_path)}: stale lock of {alive.describe()}, which is gone: taken over"]
+    lock.release()
