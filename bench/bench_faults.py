@@ -168,7 +168,9 @@ def main() -> None:
     ref, ref_tp = losses(ref_dir), losses(tp_dir)
 
     def final_checkpoint() -> Case:
-        case = Case("final checkpoint", "a run without checkpoint_every ends with step_00000006 (export works)")
+        case = Case(
+            "final checkpoint", "a run without checkpoint_every ends with step_00000006 (what orch export reads)"
+        )
         saved = sorted(p.name for p in (ref_dir / "checkpoints").glob("step_*"))
         case.observed = f"checkpoints: {saved}"
         case.ok = saved == ["step_00000006"]
