@@ -98,19 +98,21 @@ class LocalHandle(Handle):
         if self._state == "COMPLETED":
             return
         if self._error is None:
+            # The run directory's lock is freed once the ranks are gone (the context terminates the others when
+            # one fails), not on an interrupt of this wait, when they may still be writing.
             try:
-                try:
-                    while not self.context.join():
-                        pass
-                finally:
-                    self.task.release()  # the run directory's lock: the ranks are gone
+                while not self.context.join():
+                    pass
             except mp.ProcessRaisedException as exc:
+                self.task.release()
                 found = first_failure(self.task.workdir) or (exc.error_index, last_line(str(exc)))
                 self._error = LaunchError(*found)
             except mp.ProcessExitedException as exc:
+                self.task.release()
                 found = first_failure(self.task.workdir) or (exc.error_index, f"exited with code {exc.exit_code}")
                 self._error = LaunchError(*found)
             else:
+                self.task.release()
                 self._state = "COMPLETED"
                 return
         self._state = "FAILED"

@@ -193,3 +193,23 @@ def test_a_full_disk_during_a_save_is_one_line_and_leaves_no_tmp(tmp_path, monke
     root = tmp_path / "checkpoints"
     assert str(err.value).startswith(f"{root}: no space left on device: a checkpoint needs about 4.0 KB (4096 bytes), ")
     assert list(root.iterdir()) == []  # the partial .tmp removed, nothing published
+
+
+@pytest.mark.slow
+def test_the_lock_is_freed_when_a_rank_fails_and_the_relaunch_resumes(tmp_path):
+    from launching import train_local
+
+    from orch.planner.balance.mode import Mode
+    from orch.planner.plan import Layout
+    from orch.runtime.launch.base import LaunchError
+    from orch.runtime.run_lock import lock_path
+    from orch.runtime.train.config import TrainConfig
+    from orch.runtime.train.debug import DebugConfig
+
+    plan, data = _tiny_plan(Layout(dp=2))
+    cfg = TrainConfig(steps=3, seed=5, dtype="float64", lr=0.01, balance=Mode.NONE, checkpoint_every=1)
+    with pytest.raises(LaunchError, match="rank 1 failed: RuntimeError: injected failure at step 2"):
+        train_local(plan, data, cfg, tmp_path, debug=DebugConfig(fail_at=(1, 2)))
+    assert lock_path(tmp_path).read_text() == ""  # released by the launcher, not left to this process's exit
+    records = train_local(plan, data, cfg, tmp_path)
+    assert [r.step for r in records] == [0, 1, 2] and [r.setup_s > 0 for r in records] == [True, False, True]
