@@ -63,7 +63,10 @@ def launch(
         None, "--device", help="auto (CUDA + NCCL if there is a GPU per local rank, else CPU + gloo), cpu or cuda."
     ),
     resume: bool | None = typer.Option(
-        None, "--resume/--no-resume", help="Continue from WORKDIR's newest complete checkpoint, if any."
+        None,
+        "--resume/--no-resume",
+        help="Continue from WORKDIR's newest checkpoint that verifies; --no-resume moves the previous run to "
+        "WORKDIR/previous-<time>/.",
     ),
     partition: str | None = typer.Option(None, "--partition", help="Slurm partition (--executor slurm)."),
     account: str | None = typer.Option(None, "--account", help="Slurm account (--executor slurm)."),
