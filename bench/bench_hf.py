@@ -107,6 +107,9 @@ class DDPTask:
     def prepare(self) -> None:
         Path(self.workdir).mkdir(parents=True, exist_ok=True)
 
+    def release(self) -> None:
+        pass
+
     def run(self, ctx: Any) -> None:
         import torch
         import torch.distributed as dist

@@ -63,7 +63,10 @@ def launch(
         None, "--device", help="auto (CUDA + NCCL if there is a GPU per local rank, else CPU + gloo), cpu or cuda."
     ),
     resume: bool | None = typer.Option(
-        None, "--resume/--no-resume", help="Continue from WORKDIR's newest complete checkpoint, if any."
+        None,
+        "--resume/--no-resume",
+        help="Continue from WORKDIR's newest checkpoint that verifies; --no-resume moves the previous run to "
+        "WORKDIR/previous-<time>/.",
     ),
     partition: str | None = typer.Option(None, "--partition", help="Slurm partition (--executor slurm)."),
     account: str | None = typer.Option(None, "--account", help="Slurm account (--executor slurm)."),
@@ -157,6 +160,10 @@ def launch(
         from orch.runtime.train.support import check_hf_plan
 
         check_hf_plan(plan)  # configs, safetensors names and shapes, the layout: here, not in every rank
+    if not dry_run:  # a busy run directory is refused before a job is submitted or a task file written
+        from orch.runtime.run_lock import probe
+
+        probe(workdir)
     if executor == "slurm":
         from orch.cli.jobs_cmd import launch_slurm
         from orch.runtime.launch.sbatch import SlurmOptions

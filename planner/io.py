@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -22,6 +23,8 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
         p.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise  # a full disk: the caller knows how many bytes its file needs (runtime/disk.py)
         raise SpecError(str(p), "", f"cannot write: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as f:

@@ -2,11 +2,15 @@
 
 Layout under the workdir: checkpoints/step_{k:08d} holds the state after k completed steps;
 checkpoints/latest names the newest complete one. A checkpoint is written into
-step_{k:08d}.tmp by every rank (dcp.save), and only after a barrier does rank 0 rename it and
-rewrite `latest` atomically, so a directory ending in .tmp, or one `latest` does not name, is
-never loaded. Optimizer state is keyed by module and parameter name (not the optimizer's
-parameter index, which differs between ranks serving different modules), so dcp can dedup
-replicas and reshard DTensors by name.
+step_{k:08d}.tmp by every rank (dcp.save); each rank then hashes the shards it wrote, and rank 0 writes
+manifest.json (what the checkpoint belongs to and every file's size and sha256:
+runtime/checkpoint_manifest.py) before it renames the folder and rewrites `latest` atomically, so a
+directory ending in .tmp is never loaded and a published one always carries its manifest. Which one a run
+resumes from is the newest that verifies (runtime/run_dir.py `choose_checkpoint`). Optimizer state is
+keyed by module and parameter name (not the optimizer's parameter index, which differs between ranks
+serving different modules), so dcp can dedup replicas and reshard DTensors by name. A full disk during a
+save is one line naming the folder and the bytes a checkpoint needs (runtime/disk.py); the partial .tmp is
+removed.
 """
 
 from __future__ import annotations
@@ -20,30 +24,11 @@ import torch.distributed as dist
 from torch import nn
 
 from orch.planner.io import write_text_atomic
+from orch.runtime.checkpoint_manifest import MANIFEST, FileSum, Manifest, file_sum
+from orch.runtime.disk import no_space_guard
+from orch.runtime.run_dir import LATEST, checkpoint_root, step_name
 
-LATEST = "latest"
-
-
-def checkpoint_root(workdir: str | Path) -> Path:
-    return Path(workdir) / "checkpoints"
-
-
-def step_name(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-def latest_step(workdir: str | Path) -> int | None:
-    """Completed steps of the newest complete checkpoint, or None (no `latest`, or it names nothing valid)."""
-    root = checkpoint_root(workdir)
-    try:
-        name = (root / LATEST).read_text().strip()
-    except FileNotFoundError:
-        return None
-    if not name.startswith("step_") or name.endswith(".tmp") or not name[5:].isdigit():
-        return None
-    if not (root / name).is_dir():
-        return None
-    return int(name[5:])
+__all__ = ["LATEST", "checkpoint_root", "load", "save", "step_name"]
 
 
 def _state(modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
@@ -67,13 +52,40 @@ def save(
     modules: dict[str, nn.Module],
     optimizer: torch.optim.Optimizer | None,
     files: dict[str, str] | None = None,
+    belongs: dict[str, Any] | None = None,
+    needs_bytes: int = 0,
 ) -> None:
     """Collective: every rank writes its share, then rank 0 publishes step_{step} as the latest, with `files`
-    (name -> text: the training config) beside the tensors."""
+    (name -> text: the training config) beside the tensors and the manifest (`belongs`: its fields other than
+    step and files). `needs_bytes`: what a full disk's line says a checkpoint needs."""
     root = checkpoint_root(workdir)
     final = root / step_name(step)
     tmp = root / f"{step_name(step)}.tmp"
-    if dist.get_rank() == 0:
+    rank = dist.get_rank()
+
+    def discard() -> None:  # a .tmp is never loaded; its space is the disk's again before the line says what is free
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    with no_space_guard(root, needs_bytes, "a checkpoint", cleanup=discard):
+        _write(tmp, rank, modules, optimizer, files or {}, {"step": step, **(belongs or {})})
+    if rank == 0:
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        write_text_atomic(root / LATEST, step_name(step) + "\n")
+    dist.barrier()
+
+
+def _write(
+    tmp: Path,
+    rank: int,
+    modules: dict[str, nn.Module],
+    optimizer: torch.optim.Optimizer | None,
+    files: dict[str, str],
+    belongs: dict[str, Any],
+) -> None:
+    """Every rank's shards into `tmp`, then rank 0's manifest of every file (each rank hashes its own shards)."""
+    if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)  # a leftover of an interrupted save
         tmp.mkdir(parents=True)
     dist.barrier()
@@ -81,13 +93,19 @@ def save(
     # gloo errors surface on the others, and the failure report must name the rank that failed first
 
     dcp.save(_state(modules, optimizer), checkpoint_id=str(tmp))
-    dist.barrier()
-    if dist.get_rank() == 0:
-        for name, text in (files or {}).items():
-            (tmp / name).write_text(text)  # inside .tmp: published with the tensors by the rename
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        write_text_atomic(root / LATEST, step_name(step) + "\n")
+    mine = {p.name: file_sum(p) for p in sorted(tmp.glob(f"__{rank}_*.distcp"))}  # FileSystemWriter's names
+    everyone: list[dict[str, FileSum]] | None = [{} for _ in range(dist.get_world_size())] if rank == 0 else None
+    dist.gather_object(mine, everyone, dst=0)
+    if rank == 0:
+        assert everyone is not None
+        for name, text in files.items():
+            write_text_atomic(tmp / name, text)  # inside .tmp: published with the tensors by the rename
+        sums = {name: s for per_rank in everyone for name, s in per_rank.items()}
+        for p in sorted(tmp.iterdir()):  # .metadata, the files above, and any shard a rank did not claim
+            if p.is_file() and p.name not in sums and p.name != MANIFEST:
+                sums[p.name] = file_sum(p)
+        manifest = Manifest.model_validate({**belongs, "files": sums})
+        write_text_atomic(tmp / MANIFEST, manifest.model_dump_json(indent=1) + "\n")
     dist.barrier()
 
 

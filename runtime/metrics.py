@@ -2,11 +2,16 @@
 
 A versioned pydantic model like every other file orch writes (`orch schema metrics`); `orch validate`,
 `orch status` and the launchers read lines back through `read_metrics`. Torch-free.
+
+A crash while a line is written leaves it torn: the file's last line, without its newline and not JSON. Every
+reader drops such a line (saying so once on stderr); a bad line anywhere else is an error naming it. A full
+disk while appending is one line naming the file and the bytes the record needed (runtime/disk.py).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orch.planner.errors import SpecError
 from orch.planner.io import write_text_atomic
+from orch.runtime.disk import no_space_guard
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -58,17 +64,15 @@ def metrics_path(workdir: str | Path) -> Path:
 
 
 def read_metrics(path: str | Path, *, missing_ok: bool = False) -> list[StepRecord]:
-    """Every record of a metrics file (at least one unless `missing_ok`); a bad line is a SpecError naming the
-    file, the line and the field."""
+    """Every record of a metrics file (at least one unless `missing_ok`); a torn last line is dropped with a
+    note on stderr; any other bad line is a SpecError naming the file, the line and the field."""
     p = Path(path)
     if not p.is_file():
         if missing_ok:
             return []
         raise SpecError(str(path), "", "no such metrics file (expected WORKDIR/metrics.jsonl from `orch launch`)")
     records = []
-    for i, line in enumerate(p.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
+    for i, line in complete_lines(p):
         try:
             raw = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -87,34 +91,68 @@ def read_metrics(path: str | Path, *, missing_ok: bool = False) -> list[StepReco
     return records
 
 
+def complete_lines(path: Path, *, quiet: bool = False) -> list[tuple[int, str]]:
+    """(1-based line number, text) of the file's non-blank lines, a torn last line left out (said on stderr
+    unless `quiet`: a reader polling a file being written sees lines in progress)."""
+    text = path.read_text()
+    lines = [(i, ln) for i, ln in enumerate(text.splitlines(), start=1) if ln.strip()]
+    if lines and not text.endswith("\n") and not _is_json(lines[-1][1]):
+        i, torn = lines.pop()
+        if not quiet:
+            print(
+                f"orch: {path}: line {i} is torn ({len(torn)} bytes without a newline: a crash while writing it); "
+                "dropped",
+                file=sys.stderr,
+            )
+    return lines
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
 def last_record(path: str | Path) -> StepRecord | None:
-    """The newest record, or None when the file is missing, empty or its last line is not a record yet."""
+    """The newest complete record, or None when the file is missing, empty or its last line is not a record."""
     p = Path(path)
     try:
-        lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
+        lines = complete_lines(p, quiet=True)
     except OSError:
         return None
     if not lines:
         return None
     try:
-        return StepRecord.model_validate_json(lines[-1])
+        return StepRecord.model_validate_json(lines[-1][1])
     except ValidationError:
         return None
 
 
 def append_record(path: str | Path, record: StepRecord) -> None:
     """One line appended (rank 0 only; a line is written whole by one write call)."""
-    with open(path, "a") as f:
-        f.write(record.model_dump_json(exclude_none=True) + "\n")
+    line = record.model_dump_json(exclude_none=True) + "\n"
+    with no_space_guard(path, len(line.encode()), "a step's record"), open(path, "a") as f:
+        f.write(line)
 
 
 def truncate_after(path: str | Path, start: int) -> None:
-    """Keep the records of steps before `start` (a resumed run continues after its checkpoint); 0: remove."""
+    """Keep the records of steps before `start` (a resumed run continues after its checkpoint); 0: remove.
+    A torn last line is dropped (a later append would otherwise continue it)."""
     p = Path(path)
     if start == 0:
         p.unlink(missing_ok=True)
         return
     if not p.exists():
         return
-    kept = [ln for ln in p.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] < start]
-    write_text_atomic(p, "".join(ln + "\n" for ln in kept))
+    kept = []
+    for i, line in complete_lines(p):
+        try:
+            step = json.loads(line)["step"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise SpecError(str(p), f"line {i}", "expected a metrics record (`orch schema metrics`)") from None
+        if step < start:
+            kept.append(line)
+    with no_space_guard(p, sum(len(ln) + 1 for ln in kept), "the kept records"):
+        write_text_atomic(p, "".join(ln + "\n" for ln in kept))

@@ -49,6 +49,10 @@ class Task(Protocol):
     def result(self) -> Any:
         """What the ranks produced, read from the workdir once they are done."""
 
+    def release(self) -> None:
+        """What `prepare` holds for the run's life (the run directory's lock), freed once the ranks ended, in the
+        process that prepared (a process's exit frees it too)."""
+
 
 class Handle(ABC):
     job_id: str
@@ -98,6 +102,9 @@ class FunctionTask:
     def result(self) -> None:
         return None
 
+    def release(self) -> None:
+        pass
+
 
 @dataclass
 class TaskSequence:
@@ -140,3 +147,7 @@ class TaskSequence:
 
     def result(self) -> list[Any]:
         return [t.result() for t in self.tasks]
+
+    def release(self) -> None:
+        for t in self.tasks:
+            t.release()

@@ -6,12 +6,14 @@ Torch-free (torch is imported only to recognise its out-of-memory error).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
 import traceback
 from pathlib import Path
 
+from orch.planner.errors import OrchError
 from orch.planner.io import write_text_atomic
 
 # What allocators say when a request cannot be met: torch's CPU allocator raises a plain RuntimeError.
@@ -39,14 +41,15 @@ def is_out_of_memory(exc: BaseException) -> bool:
 def record_failure(workdir: str | Path, rank: int, exc: BaseException) -> None:
     """Write when and why `rank` failed, with its whole traceback."""
     text = "".join(traceback.format_exception(exc))
-    error = last_line(text)
+    error = str(exc) if isinstance(exc, OrchError) else last_line(text)  # a user's problem: its own one line
     kind = "oom" if is_out_of_memory(exc) else "error"
     if kind == "oom":
         error = f"out of memory: {error}"
     record = {"time": time.time(), "rank": rank, "error": error, "kind": kind, "traceback": text}
     folder = failure_dir(workdir)
-    folder.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(folder / f"rank{rank}.json", json.dumps(record))
+    with contextlib.suppress(OSError, OrchError):  # a full disk: the rank's own error still reaches the launcher
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(folder / f"rank{rank}.json", json.dumps(record))
 
 
 def first_failure_record(workdir: str | Path) -> dict[str, object] | None:

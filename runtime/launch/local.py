@@ -65,14 +65,18 @@ class LocalLauncher:
             raise OrchError(f"--nproc {nproc}: the plan needs {task.world_size} ranks")
         device = device_kind(task.device, nproc)  # every rank the same kind ("auto" resolved); DeviceError here
         task.prepare()
-        env = RankEnv(0, nproc, 0, nproc, port=free_port(), device=device)
-        if self.start_method == "forkserver":
-            import multiprocessing
+        try:
+            env = RankEnv(0, nproc, 0, nproc, port=free_port(), device=device)
+            if self.start_method == "forkserver":
+                import multiprocessing
 
-            multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the server first starts
-        context = mp.start_processes(
-            _spawned, args=(task, env), nprocs=nproc, join=False, start_method=self.start_method
-        )
+                multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the server first starts
+            context = mp.start_processes(
+                _spawned, args=(task, env), nprocs=nproc, join=False, start_method=self.start_method
+            )
+        except BaseException:
+            task.release()
+            raise
         return LocalHandle(task, context, str(context.pids()[0]) if context.pids() else "local")
 
 
@@ -94,16 +98,21 @@ class LocalHandle(Handle):
         if self._state == "COMPLETED":
             return
         if self._error is None:
+            # The run directory's lock is freed once the ranks are gone (the context terminates the others when
+            # one fails), not on an interrupt of this wait, when they may still be writing.
             try:
                 while not self.context.join():
                     pass
             except mp.ProcessRaisedException as exc:
+                self.task.release()
                 found = first_failure(self.task.workdir) or (exc.error_index, last_line(str(exc)))
                 self._error = LaunchError(*found)
             except mp.ProcessExitedException as exc:
+                self.task.release()
                 found = first_failure(self.task.workdir) or (exc.error_index, f"exited with code {exc.exit_code}")
                 self._error = LaunchError(*found)
             else:
+                self.task.release()
                 self._state = "COMPLETED"
                 return
         self._state = "FAILED"

@@ -30,12 +30,12 @@ def main(argv: list[str] | None = None) -> int:
         task = read_task(args[0])
         if env.world != task.world_size:
             raise OrchError(f"WORLD_SIZE={env.world}: the task in {args[0]} needs {task.world_size} ranks")
+        env = replace(env, device=task.device)  # "auto" is chosen on this rank's node (runtime/device.py)
+        if env.rank == 0:
+            task.prepare()  # before the rendezvous: no rank has started its body yet (a workdir in use: refused)
     except OrchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    env = replace(env, device=task.device)  # "auto" is chosen on this rank's node (runtime/device.py)
-    if env.rank == 0:
-        task.prepare()  # before the rendezvous: no rank has started its body yet
     run_rank(task, env)
     # As a local rank does (runtime/launch/local.py): done, files written, group destroyed; leave without the
     # interpreter's teardown, where a finished gloo rank now and then aborts on a joinable C++ thread.

@@ -52,6 +52,9 @@ class ProfileTask:
             write_text_atomic(self.raw_path, json.dumps(raw))
         dist.barrier()
 
+    def release(self) -> None:
+        pass
+
     def result(self) -> Profile:
         try:
             raw = json.loads(self.raw_path.read_text())

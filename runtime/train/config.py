@@ -75,9 +75,16 @@ class TrainSpec(BaseModel):
     balance: Mode = Field(default=DEFAULT_BALANCE, description="post-balancing mode (runtime/train/orchestrator.py)")
     # -- the run options ---------------------------------------------------------------------------------------
     checkpoint_every: int = Field(
-        default=0, ge=0, description="save a checkpoint to WORKDIR/checkpoints every K steps (0: never)"
+        default=0,
+        ge=0,
+        description="save a checkpoint to WORKDIR/checkpoints every K steps (0: only at the end; every run ends "
+        "with one)",
     )
-    resume: bool = Field(default=True, description="continue from WORKDIR's newest complete checkpoint, if any")
+    resume: bool = Field(
+        default=True,
+        description="continue from WORKDIR's newest checkpoint that verifies, if any (false: the previous run is "
+        "moved to WORKDIR/previous-<time>/)",
+    )
     trace: str | None = Field(default=None, description="write a Chrome trace of the measured phases here")
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="auto: CUDA + NCCL with a GPU per local rank, else CPU + gloo (runtime/device.py)"

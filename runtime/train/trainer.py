@@ -1,14 +1,17 @@
 """The training loop: the one every launcher runs and every distributed test drives.
 
-`TrainTask` is the launchers' task (runtime/launch/base.py): `prepare` (once, before the ranks start)
-trims metrics.jsonl back to the checkpoint the run resumes from and clears old failure records; `run`
-(every rank) is `Trainer.run`; `result` reads the StepRecords back.
+`TrainTask` is the launchers' task (runtime/launch/base.py): `prepare` (once, before the ranks start, and
+before anything is written) opens the run directory (runtime/run_dir.py: its lock, the checks of what it
+holds, the checkpoint to resume from or the previous run moved aside), trims metrics.jsonl back to that
+checkpoint and clears old failure records; `run` (every rank) is `Trainer.run`; `result` reads the
+StepRecords back; `release` frees the run directory's lock (the launcher, once the ranks ended).
 
-`Trainer.run`, on each rank: resume from the newest complete checkpoint of the workdir (or start at 0),
-build the rank's `TrainStep`, then per step: run it, gather every rank's phase times, rank 0 appends
-the step's record (runtime/metrics.py), save a checkpoint every `checkpoint_every` steps, and stop at a
-step boundary when the ranks agree on a stop request (Slurm's warning signal: runtime/preemption.py),
-having saved there. At the end, the Chrome trace of the measured phases (rank 0 writes it).
+`Trainer.run`, on each rank: resume from the checkpoint rank 0's `prepare` chose (or start at 0), build the
+rank's `TrainStep`, then per step: run it, gather every rank's phase times, rank 0 appends the step's record
+(runtime/metrics.py), save a checkpoint every `checkpoint_every` steps, and stop at a step boundary when
+the ranks agree on a stop request (Slurm's warning signal: runtime/preemption.py), having saved there. The
+last step is always saved too, so `orch export` works after any run. At the end, the Chrome trace of the
+measured phases (rank 0 writes it).
 """
 
 from __future__ import annotations
@@ -22,25 +25,45 @@ from typing import TYPE_CHECKING, Any
 from orch.planner.io import write_text_atomic
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
+from orch.runtime.disk import no_space_guard
 from orch.runtime.launch.failures import clear_failures
 from orch.runtime.metrics import StepRecord, append_record, metrics_path, read_metrics, truncate_after
+from orch.runtime.run_dir import PLAN_FILE, TRAIN_FILE
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig
 
 if TYPE_CHECKING:
     from orch.runtime.launch.rank import RankContext
+    from orch.runtime.run_lock import RunLock
     from orch.runtime.train.step import StepMetrics, TrainStep
 
 
-def resume_step(workdir: str | Path, cfg: TrainConfig) -> int:
-    """Completed steps the run continues after: the newest complete checkpoint's (with `resume`), else 0."""
-    from orch.runtime.checkpoint import latest_step
-
-    return (latest_step(workdir) if cfg.resume else None) or 0
+OPTIMIZER_STATES = {"adamw": 2, "sgd": 0}  # tensors a checkpoint holds per trainable parameter, beside it
 
 
-PLAN_FILE = "plan.json"  # the plan a run directory was trained under
-TRAIN_FILE = "train.json"  # the training config it ran with (also in every checkpoint)
+def checkpoint_needs(plan: Plan, cfg: TrainConfig, workdir: str | Path) -> int:
+    """About the bytes of one checkpoint of this run (what a full disk's line asks for): the newest checkpoint's
+    size, else the plan's parameters and optimizer states at the run's dtype."""
+    from orch.runtime.run_dir import checkpoint_bytes, saved_bytes
+    from orch.runtime.train.config import ELEM_BYTES
+
+    saved = saved_bytes(workdir)
+    if saved is not None:
+        return saved
+    return checkpoint_bytes(plan, ELEM_BYTES[cfg.dtype], OPTIMIZER_STATES[cfg.optimizer])
+
+
+def belongs(plan: Plan, data: DataSpec, cfg: TrainConfig) -> dict[str, Any]:
+    """A checkpoint manifest's fields saying what it belongs to (runtime/run_identity.py)."""
+    from orch.runtime.run_identity import data_identity, fingerprint, layouts, model_identity
+
+    identity = model_identity(plan.model, cfg.model_factory)
+    return {
+        "model": fingerprint(identity),
+        "model_identity": identity,
+        "layouts": layouts(plan),
+        "data": fingerprint(data_identity(data)),
+    }
 
 
 def train_file_text(cfg: TrainConfig) -> str:
@@ -58,6 +81,11 @@ class TrainTask:
     workdir: str
     debug: DebugConfig = field(default_factory=DebugConfig)
     timeout_s: float = 60.0
+    start: int = field(default=0, init=False)  # set by `prepare`: completed steps the run continues after
+    _lock: RunLock | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_lock": None}  # the lock stays with the process that took it
 
     @property
     def world_size(self) -> int:
@@ -68,16 +96,42 @@ class TrainTask:
         return self.cfg.device
 
     def prepare(self) -> None:
+        from orch.runtime.run_dir import checkpoint_root, open_run
+
         out = Path(self.workdir)
-        out.mkdir(parents=True, exist_ok=True)
-        truncate_after(metrics_path(out), resume_step(out, self.cfg))
-        clear_failures(out)
-        # What ran, for whoever reads the run later (`orch export` finds the model's sources here).
-        write_text_atomic(out / PLAN_FILE, self.plan.model_dump_json(indent=2) + "\n")
-        write_text_atomic(out / TRAIN_FILE, train_file_text(self.cfg))
+        needs = checkpoint_needs(self.plan, self.cfg, out)
+        with no_space_guard(checkpoint_root(out), needs, "a checkpoint"):
+            opened = open_run(
+                out,
+                self.plan,
+                resume=self.cfg.resume,
+                factory=self.cfg.model_factory,
+                checkpoint_needs=needs,
+                data=self.data,
+            )
+        self._lock, self.start = opened.lock, opened.start
+        try:
+            with no_space_guard(checkpoint_root(out), needs, "a checkpoint"):
+                truncate_after(metrics_path(out), self.start)
+                clear_failures(out)
+                # What ran, for whoever reads the run later (`orch export` finds the model's sources here).
+                write_text_atomic(out / PLAN_FILE, self.plan.model_dump_json(indent=2) + "\n")
+                write_text_atomic(out / TRAIN_FILE, train_file_text(self.cfg))
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def run(self, ctx: RankContext) -> None:
-        Trainer(self.plan, self.data, self.cfg, self.workdir, ctx, self.debug).run()
+        import torch.distributed as dist
+
+        start = [self.start]
+        dist.broadcast_object_list(start, src=0)  # rank 0 prepared the run (on Slurm and torchrun, it alone)
+        Trainer(self.plan, self.data, self.cfg, self.workdir, ctx, self.debug, int(start[0])).run()
 
     def result(self) -> list[StepRecord]:
         return read_metrics(metrics_path(self.workdir), missing_ok=True)
@@ -87,9 +141,17 @@ class Trainer:
     """One rank's run of a plan: the loop around `TrainStep` (module docstring)."""
 
     def __init__(
-        self, plan: Plan, data: DataSpec, cfg: TrainConfig, workdir: str, ctx: RankContext, debug: DebugConfig
+        self,
+        plan: Plan,
+        data: DataSpec,
+        cfg: TrainConfig,
+        workdir: str,
+        ctx: RankContext,
+        debug: DebugConfig,
+        start: int = 0,
     ) -> None:
         self.plan, self.data, self.cfg, self.workdir, self.ctx, self.debug = plan, data, cfg, workdir, ctx, debug
+        self.start = start  # completed steps of the checkpoint to resume from (0: none)
 
     def run(self) -> None:
         import torch.distributed as dist
@@ -98,8 +160,7 @@ class Trainer:
         from orch.runtime.train.step import TrainStep
         from orch.runtime.train.trace import RankTrace, write_trace
 
-        rank, world, cfg = self.ctx.env.rank, self.ctx.env.world, self.cfg
-        start = resume_step(self.workdir, cfg)
+        rank, world, cfg, start = self.ctx.env.rank, self.ctx.env.world, self.cfg, self.start
         if start >= cfg.steps:
             return
         t = time.perf_counter()
@@ -112,17 +173,29 @@ class Trainer:
             checkpoint.load(self.workdir, start, step.modules, step.optimizer)
         setup_s = time.perf_counter() - t
         trace = RankTrace(rank, time.perf_counter())  # setup ends in collectives: origins agree closely
+        belonging = belongs(self.plan, self.data, cfg)
+        needs = checkpoint_needs(self.plan, cfg, self.workdir)
+
+        def save(done: int) -> None:
+            nonlocal needs
+            checkpoint.save(self.workdir, done, step.modules, step.optimizer, self._files(step, done), belonging, needs)
+            needs = checkpoint_needs(self.plan, cfg, self.workdir)  # what the next one takes: this one's size
+
         for k in range(start, cfg.steps):
             m = step.step(k)
             trace.add(k, m.spans)
             self._record(m, setup_s if k == start else 0.0)
-            saved = cfg.checkpoint_every > 0 and (k + 1) % cfg.checkpoint_every == 0
+            done = k + 1
+            if done == cfg.steps:
+                save(done)  # always: `orch export` works after any run
+                break
+            saved = cfg.checkpoint_every > 0 and done % cfg.checkpoint_every == 0
             if saved:
-                checkpoint.save(self.workdir, k + 1, step.modules, step.optimizer, self._files(step, k + 1))
-            if k + 1 < cfg.steps and self.ctx.preemption.agreed():
+                save(done)
+            if self.ctx.preemption.agreed():
                 if not saved:
-                    checkpoint.save(self.workdir, k + 1, step.modules, step.optimizer, self._files(step, k + 1))
-                self.ctx.preemption.mark_stopped(k + 1)
+                    save(done)
+                self.ctx.preemption.mark_stopped(done)
                 step.orch.close()
                 return
         if cfg.trace is not None:

@@ -91,3 +91,26 @@ def test_launch_trace_covers_every_rank_and_module(cli, plan_file, tmp_path):
     names = {e["name"] for e in events}
     assert {"forward", "backward", "boundary", "grad_sync", "optimizer"} <= names
     assert {e["args"]["step"] for e in events} == {0, 1}
+
+
+def test_a_workdir_in_use_is_refused_before_a_task_is_written_or_submitted(cli, plan_file, tmp_path):
+    import os
+
+    from orch.runtime.run_lock import RunLock
+
+    path, _, _ = plan_file
+    work = tmp_path / "busy"
+    held = RunLock(work)  # a running launch's lock (this process's own descriptor: flock is per open file)
+    held.acquire()
+    try:
+        for executor in ("torchrun", "slurm", "local"):
+            result = cli("launch", str(path), "--executor", executor, "--workdir", str(work))
+            assert result.exit_code == 1, result.output
+            assert result.output.strip() == (
+                f"error: {work}: in use by pid {os.getpid()} on {os.uname().nodename} (job local, since "
+                f"{result.output.split('since ')[1].split(')')[0]}) ({work / 'run.lock'}); wait for it to end, stop "
+                "it, or choose another --workdir"
+            )
+        assert sorted(p.name for p in work.iterdir()) == ["run.lock"]  # no task.pkl, no plan.json, no job record
+    finally:
+        held.release()

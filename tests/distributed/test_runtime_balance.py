@@ -244,6 +244,9 @@ class MoveCheck:
     def result(self) -> None:
         return None
 
+    def release(self) -> None:
+        pass
+
 
 @pytest.fixture(scope="module")
 def gloo(specs, tmp_path_factory):

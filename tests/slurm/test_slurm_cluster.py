@@ -195,11 +195,11 @@ def test_preempted_job_checkpoints_at_the_signal_and_resumes_there(slurm_cluster
 
     import submitit
 
-    from orch.runtime.checkpoint import checkpoint_root, latest_step, step_name
+    from orch.runtime.checkpoint import checkpoint_root, step_name
 
     workdir = tmp_path / "run"
     steps = 10
-    # No --checkpoint-every: the only checkpoint is the one saved at the warning signal.
+    # No --checkpoint-every: the checkpoints are the one saved at the warning signal and the final one.
     cfg = TrainConfig(steps=steps, seed=SEED, dtype="float64", balance="none")
     record = submit_train(_plan(specs, HOMOGENEOUS), specs[1], cfg, SlurmOptions(time="10"), workdir=workdir).record
     _wait(record.job_id, lambda s: s.step is not None and s.step >= 1, poll_s=0.2)
@@ -213,9 +213,11 @@ def test_preempted_job_checkpoints_at_the_signal_and_resumes_there(slurm_cluster
     saved = [int(n) for n in re.findall(r"orch: warning signal: saved checkpoint step (\d+)", log)]
     assert len(saved) == 1 and 1 < saved[0] < steps, log
     at = saved[0]
-    # The checkpoint saved at the signal is the one the requeued job resumed from (and the only one).
-    assert latest_step(workdir) == at
-    assert sorted(p.name for p in checkpoint_root(workdir).glob("step_*")) == [step_name(at)]
+    # The checkpoint saved at the signal is the one the requeued job resumed from, taking the run directory's
+    # lock over from its own first incarnation; the other checkpoint is the final one.
+    assert f"orch: resuming from {step_name(at)} (verified)" in log
+    assert f"taken over from job {record.job_id}'s previous incarnation (requeued)" in log
+    assert sorted(p.name for p in checkpoint_root(workdir).glob("step_*")) == [step_name(at), step_name(steps)]
     records = _metrics(workdir)
     # Every step exactly once: the requeued job recomputed nothing, and its first step is the saved one.
     assert [r["step"] for r in records] == list(range(steps))

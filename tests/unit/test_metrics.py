@@ -28,7 +28,7 @@ def test_last_record_ignores_a_line_being_written(tmp_path):
     append_record(path, _record(0))
     with open(path, "a") as f:
         f.write('{"step": 1, "lo')
-    assert last_record(path) is None  # the partial line is not a record yet
+    assert last_record(path) == _record(0)  # the partial line is not a record yet: the newest complete one
     path.write_text(_record(3).model_dump_json() + "\n")
     assert last_record(path) == _record(3)
 
@@ -41,3 +41,61 @@ def test_a_bad_line_names_the_file_the_line_and_the_field(tmp_path):
     path.write_text('{"step": 0, "loss": 1, "tokens": 1, "step_time_s": 1, "version": 2}\n')
     with pytest.raises(SpecError, match="line 1: .*version"):
         read_metrics(path)  # a newer format is refused, not misread
+
+
+def test_a_torn_last_line_is_dropped_with_one_line_and_resume_trims_it(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    for k in range(3):
+        append_record(path, _record(k))
+    with open(path, "a") as f:
+        f.write('{"step": 3, "loss": 0.2')  # a crash while writing step 3's record
+    assert read_metrics(path) == [_record(k) for k in range(3)]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"orch: {path}: line 4 is torn") and err[0].endswith("dropped")
+    truncate_after(path, 2)  # the relaunch's trim: no JSONDecodeError, the torn line gone
+    assert path.read_text() == "".join(_record(k).model_dump_json(exclude_none=True) + "\n" for k in range(2))
+    assert read_metrics(path) == [_record(0), _record(1)]
+
+
+def test_only_the_last_line_may_be_torn(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(_record(0).model_dump_json() + '\n{"step": 1, "lo\n' + _record(2).model_dump_json() + "\n")
+    with pytest.raises(SpecError, match="line 2: not JSON"):
+        read_metrics(path)
+    with pytest.raises(SpecError, match="line 2: expected a metrics record"):
+        truncate_after(path, 5)
+    path.write_text(_record(0).model_dump_json() + '\n{"step": 1, "lo\n')  # ends in a newline: written whole
+    with pytest.raises(SpecError, match="line 2: not JSON"):
+        read_metrics(path)
+
+
+def test_a_full_disk_while_appending_names_the_file_and_the_bytes(tmp_path, monkeypatch):
+    import builtins
+    import errno
+
+    from orch.runtime.disk import NoSpaceError
+
+    path = tmp_path / "metrics.jsonl"
+    real_open = builtins.open
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(
+        builtins, "open", lambda p, *a, **k: Full(real_open(p, *a, **k)) if p == path else real_open(p, *a, **k)
+    )
+    line = _record(0).model_dump_json(exclude_none=True) + "\n"
+    with pytest.raises(NoSpaceError) as err:
+        append_record(path, _record(0))
+    assert str(err.value).startswith(f"{path}: no space left on device: a step's record needs about")
+    assert f"({len(line)} bytes)" in str(err.value) and str(err.value).endswith(" free")

@@ -55,19 +55,24 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     from safetensors.torch import load_file, save_file
 
     from orch.planner.loading import load_json_file
-    from orch.runtime.checkpoint import checkpoint_root, latest_step, step_name
+    from orch.runtime.checkpoint_manifest import verify
     from orch.runtime.models.hf.build import build_full, build_hf_modules
     from orch.runtime.models.hf.weights import Checkpoint
-    from orch.runtime.train.trainer import PLAN_FILE
+    from orch.runtime.run_dir import PLAN_FILE, checkpoint_root, choose_checkpoint, step_name
 
     run = Path(run_dir)
     plan = load_json_file(Plan, str(run / PLAN_FILE))
-    chosen = step if step is not None else latest_step(run)
-    if chosen is None:
-        raise SpecError(str(run), "checkpoints", "no complete checkpoint; train with --checkpoint-every N")
-    step_dir = checkpoint_root(run) / step_name(chosen)
+    if step is None:
+        found = choose_checkpoint(run, None)  # plan.json is this run's own: its checkpoints are its model's
+        if found is None:
+            raise SpecError(str(run), "checkpoints", "no checkpoint (a run saves one when it ends)")
+        step = found.step
+    step_dir = checkpoint_root(run) / step_name(step)
     if not step_dir.is_dir():
-        raise SpecError(str(run), "--step", f"no checkpoint of step {chosen}")
+        raise SpecError(str(run), "--step", f"no checkpoint of step {step}")
+    problem = verify(step_dir)
+    if isinstance(problem, str) and problem != "no manifest.json":
+        raise SpecError(str(step_dir), "", f"{problem}: not exported")
     sources: dict[str, list[str]] = {}
     for name, spec in plan.model.modules.items():
         if spec.hf is None:

@@ -1,0 +1,345 @@
+"""The faults a run directory meets, each provoked for real through `orch launch` (tiny preset, 2 local ranks,
+float64, AdamW): what orch should do, and what it did.
+
+    python bench/bench_faults.py [--keep DIR]
+
+A reference run trains 6 steps uninterrupted; a base run trains 4 steps saving every 2 (step_2, step_4). Each
+resume case copies the base run, breaks it, relaunches for 6 steps and compares every loss of metrics.jsonl
+with the reference's (1e-12 relative: a resume must recompute nothing differently). The full disk is a 8 MB
+tmpfs (needs root; said `not run` otherwise). Prints a table and writes bench/out/faults.json; exit 1 if a
+case did not behave.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ORCH = str(Path(sys.executable).with_name("orch"))
+RTOL = 1e-12
+
+
+@dataclass
+class Case:
+    name: str
+    expected: str
+    observed: str = ""
+    ok: bool = False
+    seconds: float = 0.0
+
+
+def plans(out: Path) -> dict[str, Path]:
+    from orch.planner.loading import load_data, load_model
+    from orch.planner.plan import Layout
+    from orch.runtime.plans import hand_plan
+
+    model = load_model("tiny")
+    data = load_data("tiny-mix").model_copy(update={"global_batch": 4, "seq_len": 64})
+    small = dict(model.modules)
+    small["llm"] = small["llm"].model_copy(update={"layers": 2})
+    files = {}
+    for name, llm, m in (
+        ("dp", Layout(dp=2), model),
+        ("tp", Layout(tp=2), model),
+        ("llm2", Layout(dp=2), model.model_copy(update={"modules": small})),
+    ):
+        plan = hand_plan(m, data, {"llm": (llm, [0, 1]), "vision": (Layout(dp=2), [0, 1])})
+        files[name] = out / f"plan-{name}.json"
+        files[name].write_text(plan.model_dump_json())
+    return files
+
+
+class Runs:
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.plans = plans(out)
+        self.config = out / "every2.yaml"
+        self.config.write_text("checkpoint_every: 2\nlr: 0.01\nbalance: none\n")
+        self.plain = out / "plain.yaml"
+        self.plain.write_text("lr: 0.01\nbalance: none\n")
+
+    def args(self, workdir: Path, steps: int, plan: str = "dp", every2: bool = False, *extra: str) -> list[str]:
+        cfg = self.config if every2 else self.plain
+        return [ORCH, "launch", str(self.plans[plan]), "--workdir", str(workdir), "--steps", str(steps),
+                "--dtype", "float64", "--seed", "7", "--config", str(cfg), *extra]  # fmt: skip
+
+    def launch(self, workdir: Path, steps: int, plan: str = "dp", every2: bool = False, *extra: str) -> tuple[int, str]:
+        done = subprocess.run(self.args(workdir, steps, plan, every2, *extra), capture_output=True, text=True)
+        return done.returncode, done.stdout + done.stderr
+
+    def start(self, workdir: Path, steps: int, *extra: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.args(workdir, steps, "dp", False, *extra),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,  # its ranks in its process group: killed with it
+        )
+
+
+def losses(workdir: Path) -> list[tuple[int, float, float]]:
+    """(step, loss, setup_s) per metrics line."""
+    out = []
+    for line in (workdir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        out.append((r["step"], r["loss"], r.get("setup_s", 0.0)))
+    return out
+
+
+def max_rel(got: list[tuple[int, float, float]], want: list[tuple[int, float, float]]) -> float:
+    if [g[0] for g in got] != [w[0] for w in want]:
+        return float("inf")
+    return max(abs(g[1] - w[1]) / abs(w[1]) for g, w in zip(got, want, strict=True))
+
+
+def orch_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith(("orch:", "error:"))]
+
+
+def flip(path: Path, n: int = 4096) -> None:
+    with open(path, "r+b") as f:
+        f.seek(64)
+        data = f.read(n)
+        f.seek(64)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 120.0) -> None:
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout_s:
+            raise TimeoutError
+        time.sleep(0.1)
+
+
+def kill(proc: subprocess.Popen[str]) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def resume_case(runs: Runs, base: Path, ref: list, name: str, expected: str, want_from: int,
+                break_it: Callable[[Path], None], said: str, plan: str = "dp", tol: float = RTOL) -> Case:  # fmt: skip
+    """Copy the base run, break it, relaunch for 6 steps: resumed from `want_from`, `said` in the output, every
+    loss equal to the reference's."""
+    case = Case(name, expected)
+    work = runs.out / name.replace(" ", "-")
+    shutil.copytree(base, work)
+    break_it(work)
+    rc, text = runs.launch(work, 6, plan)
+    got = losses(work)
+    restarted = [s for s, _, setup in got if setup > 0]
+    rel = max_rel(got, ref)
+    lines = orch_lines(text)
+    case.observed = f"rc {rc}; " + " | ".join(lines) + f"; resumed at step {restarted}; max rel diff {rel:.1e}"
+    case.ok = rc == 0 and restarted == [0, want_from] and rel <= tol and any(said in ln for ln in lines)
+    return case
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--keep", default=None, help="write the runs here (default: a temporary directory)")
+    args = parser.parse_args()
+    out = Path(args.keep or tempfile.mkdtemp(prefix="orch-faults-"))
+    out.mkdir(parents=True, exist_ok=True)
+    runs = Runs(out)
+    cases: list[Case] = []
+
+    def timed(fn: Callable[[], Case]) -> None:
+        t0 = time.perf_counter()
+        case = fn()
+        case.seconds = time.perf_counter() - t0
+        cases.append(case)
+        print(f"{'ok ' if case.ok else 'BAD'} {case.name}: {case.observed}", flush=True)
+
+    ref_dir, tp_dir, base = out / "reference", out / "reference-tp", out / "base"
+    assert runs.launch(ref_dir, 6)[0] == 0 and runs.launch(tp_dir, 6, "tp")[0] == 0
+    assert runs.launch(base, 4, "dp", True)[0] == 0
+    ref, ref_tp = losses(ref_dir), losses(tp_dir)
+
+    def final_checkpoint() -> Case:
+        case = Case(
+            "final checkpoint", "a run without checkpoint_every ends with step_00000006 (what orch export reads)"
+        )
+        saved = sorted(p.name for p in (ref_dir / "checkpoints").glob("step_*"))
+        case.observed = f"checkpoints: {saved}"
+        case.ok = saved == ["step_00000006"]
+        return case
+
+    timed(final_checkpoint)
+    ckpt = "checkpoints"
+    timed(lambda: resume_case(
+        runs, base, ref, "latest garbage", "scan the step folders, resume from step_4", 4,
+        lambda w: (w / ckpt / "latest").write_bytes(os.urandom(24)), "is not a step folder's name"))  # fmt: skip
+    timed(lambda: resume_case(
+        runs, base, ref, "latest names a deleted folder", "scan, resume from step_2", 2,
+        lambda w: shutil.rmtree(w / ckpt / "step_00000004"), "names step_00000004, which is missing"))  # fmt: skip
+    timed(lambda: resume_case(
+        runs, base, ref, "4 KB flipped in a shard", "step_4 skipped (checksum), resume from step_2", 2,
+        lambda w: flip(w / ckpt / "step_00000004" / "__1_0.distcp"),
+        "skipping step_00000004: shard __1_0.distcp: checksum mismatch"))  # fmt: skip
+    timed(lambda: resume_case(
+        runs, base, ref, "truncated shard", "step_4 skipped (size), resume from step_2", 2,
+        lambda w: os.truncate(w / ckpt / "step_00000004" / "__0_0.distcp", 1000),
+        "skipping step_00000004: shard __0_0.distcp: 1000 bytes"))  # fmt: skip
+    timed(lambda: resume_case(
+        runs, base, ref, "deleted shard", "step_4 skipped (missing), resume from step_2", 2,
+        lambda w: (w / ckpt / "step_00000004" / "__1_0.distcp").unlink(),
+        "skipping step_00000004: shard __1_0.distcp: missing"))  # fmt: skip
+    timed(lambda: resume_case(
+        runs, base, ref, "bad .metadata", "step_4 skipped (.metadata), resume from step_2", 2,
+        lambda w: flip(w / ckpt / "step_00000004" / ".metadata", 256),
+        "skipping step_00000004: metadata .metadata: checksum mismatch"))  # fmt: skip
+
+    def torn(w: Path) -> None:
+        with open(w / "metrics.jsonl", "a") as f:
+            f.write('{"version": 1, "step": 4, "lo')
+
+    timed(lambda: resume_case(
+        runs, base, ref, "torn metrics line", "dropped with one line, resume from step_4", 4, torn,
+        "line 5 is torn"))  # fmt: skip
+    timed(lambda: resume_case(
+        runs, base, ref_tp, "new layout (DP -> TP)", "same model: resume step_4 re-sharded onto TP", 4,
+        lambda w: None, "the same model on a new layout", plan="tp"))  # fmt: skip
+
+    def other_model() -> Case:
+        case = Case("another model into the workdir", "refused in one line naming what differs; plan.json kept")
+        work = out / "other-model"
+        shutil.copytree(base, work)
+        before = (work / "plan.json").read_bytes()
+        rc, text = runs.launch(work, 6, "llm2")
+        lines = orch_lines(text)
+        case.observed = f"rc {rc}; " + " | ".join(lines)
+        case.ok = (
+            rc != 0
+            and lines == [ln for ln in lines if ln.startswith("error:")]
+            and len(lines) == 1
+            and "modules.llm.layers: 4 then, 2 now" in lines[0]
+            and (work / "plan.json").read_bytes() == before
+            and "Traceback" not in text
+        )
+        return case
+
+    timed(other_model)
+
+    def two_launches() -> Case:
+        case = Case("two launches, one workdir", "the second refused naming the holder; a killed holder's lock "
+                    "taken over")  # fmt: skip
+        work = out / "two-launches"
+        first = runs.start(work, 400)
+        try:
+            wait_for(lambda: (work / "metrics.jsonl").exists())
+            rc, text = runs.launch(work, 2)
+        finally:
+            kill(first)
+        rc2, text2 = runs.launch(work, 2)
+        lines, lines2 = orch_lines(text), orch_lines(text2)
+        rel = max_rel(losses(work), ref[:2])  # killed before any checkpoint: the relaunch starts at step 0
+        case.observed = (
+            f"second: rc {rc}; {' | '.join(lines)}; after kill -9: rc {rc2}; {' | '.join(lines2)}; "
+            f"max rel diff {rel:.1e}"
+        )
+        case.ok = (
+            rc != 0
+            and len(lines) == 1
+            and f"in use by pid {first.pid} on" in lines[0]
+            and rc2 == 0
+            and any(f"stale lock of pid {first.pid}" in ln for ln in lines2)
+            and rel <= RTOL
+        )
+        return case
+
+    timed(two_launches)
+
+    def no_resume_crash() -> Case:
+        case = Case("--no-resume, crash before its first checkpoint", "old run moved aside (named); a plain relaunch "
+                    "starts at step 0, not at the old step_4")  # fmt: skip
+        work = out / "no-resume"
+        shutil.copytree(base, work)
+        proc = runs.start(work, 400, "--no-resume")
+        try:
+            # the old run moved aside by the new launch, then the new run's first step recorded
+            wait_for(lambda: any(work.glob("previous-*")) and (work / "metrics.jsonl").exists())
+        finally:
+            kill(proc)
+        moved = sorted(p.name for p in work.glob("previous-*"))
+        rc, text = runs.launch(work, 2)
+        got = losses(work)
+        rel = max_rel(got, ref[:2])
+        case.observed = (
+            f"moved to {moved}; relaunch rc {rc}: {' | '.join(orch_lines(text))}; steps {[s for s, _, _ in got]}, "
+            f"max rel diff {rel:.1e}"
+        )
+        case.ok = (
+            len(moved) == 1
+            and (work / moved[0] / "checkpoints" / "step_00000004").is_dir()
+            and rc == 0
+            and [s for s, _, setup in got if setup > 0] == [0]
+            and rel <= RTOL
+        )
+        return case
+
+    timed(no_resume_crash)
+
+    def full_disk() -> Case:
+        case = Case("full disk during a checkpoint", "one line naming the path and the bytes needed, rc != 0; the "
+                    "relaunch while still full: the same line, no traceback")  # fmt: skip
+        mount = out / "tmpfs"
+        mount.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True)
+        if done.returncode != 0:
+            case.observed = f"not run: cannot mount a tmpfs ({done.stderr.decode().strip()})"
+            return case
+        try:
+            work = mount / "run"
+            every1 = out / "every1.yaml"
+            every1.write_text("checkpoint_every: 1\nlr: 0.01\nbalance: none\n")
+            cmd = [*runs.args(work, 4)[:-2], "--config", str(every1)]
+            first = subprocess.run(cmd, capture_output=True, text=True)
+            again = subprocess.run(cmd, capture_output=True, text=True)
+        finally:
+            subprocess.run(["umount", str(mount)], check=False)
+        a, b = orch_lines(first.stdout + first.stderr), orch_lines(again.stdout + again.stderr)
+        case.observed = f"rc {first.returncode}: {' | '.join(a)}; relaunch rc {again.returncode}: {' | '.join(b)}"
+        said = [
+            re.search(r"\S+/checkpoints: no space left on device: a checkpoint needs about .*? bytes\)", ln)
+            for ln in a + b
+        ]
+        case.ok = (
+            first.returncode != 0
+            and again.returncode != 0
+            and len(a) == len(b) == 1
+            and all(said)
+            and said[0].group(0) == said[1].group(0)  # type: ignore[union-attr]
+            and "Traceback" not in again.stdout + again.stderr
+        )
+        return case
+
+    timed(full_disk)
+
+    width = max(len(c.name) for c in cases)
+    print()
+    print(f"{'case':<{width}}  ok   seconds  expected")
+    for c in cases:
+        print(f"{c.name:<{width}}  {'yes' if c.ok else 'NO ':<3}  {c.seconds:7.1f}  {c.expected}")
+    target = Path(__file__).parent / "out" / "faults.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps([c.__dict__ for c in cases], indent=1) + "\n")
+    print(f"\nwritten to {target}; runs in {out}")
+    if not args.keep:
+        shutil.rmtree(out, ignore_errors=True)
+    sys.exit(0 if all(c.ok for c in cases) else 1)
+
+
+if __name__ == "__main__":
+    main()
