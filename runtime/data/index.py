@@ -53,6 +53,7 @@ from orch.runtime.data.conversations import (
     read_conversations,
     read_sources,
 )
+from orch.runtime.models.hf.processor import CONFIG_FILES
 
 MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz, a 10 ms hop
 DEFAULT_MAX_IMAGE_TOKENS = 1024
@@ -100,12 +101,23 @@ def family_folder(directory: str) -> str | None:
 def _stamp(directory: str) -> tuple[int, ...]:
     """The processor configs' mtimes: a cached rule is read afresh when they change."""
     d = Path(directory)
-    names = ("config.json", "preprocessor_config.json", "video_preprocessor_config.json")
+    names = ("config.json", *CONFIG_FILES)
     return tuple((d / n).stat().st_mtime_ns if (d / n).is_file() else 0 for n in names)
 
 
+class ClipRule(Protocol):
+    """An audio family's token rule (its folder's `media.py` `token_rule`, e.g. Qwen2-Audio's): a clip's encoder
+    tokens from its length, and the text around its rows. A frozen dataclass of JSON values (it keys the index)."""
+
+    wrap: tuple[str, str]  # text before and after each clip's rows ("" where none)
+
+    def tokens(self, num_samples: int, rate: int) -> int:
+        """Encoder tokens of a clip of `num_samples` at `rate` Hz."""
+        ...
+
+
 @lru_cache(maxsize=64)
-def _grid_rule(spec_json: str, modality: str, stamp: tuple[int, ...]) -> GridRule | None:
+def _family_rule(spec_json: str, modality: str, stamp: tuple[int, ...]) -> Any:
     from orch.planner.hf_config import read_config
 
     spec = ModuleSpec.model_validate_json(spec_json)
@@ -116,8 +128,7 @@ def _grid_rule(spec_json: str, modality: str, stamp: tuple[int, ...]) -> GridRul
     hook = getattr(import_module(f"orch.runtime.models.{folder}.media"), "token_rule", None)
     if hook is None:
         return None
-    rule: GridRule | None = hook(spec, Modality(modality), str(read_config(spec.hf.path)[1].get("model_type")))
-    return rule
+    return hook(spec, Modality(modality), str(read_config(spec.hf.path)[1].get("model_type")))
 
 
 def grid_rule(spec: ModuleSpec, modality: Modality) -> GridRule | None:
@@ -125,14 +136,27 @@ def grid_rule(spec: ModuleSpec, modality: Modality) -> GridRule | None:
     orch's patches, clips by duration)."""
     if spec.hf is None or modality != Modality.VISION:
         return None
-    return _grid_rule(spec.model_dump_json(), modality.value, _stamp(spec.hf.path))
+    rule: GridRule | None = _family_rule(spec.model_dump_json(), modality.value, _stamp(spec.hf.path))
+    return rule
+
+
+def clip_rule(spec: ModuleSpec, modality: Modality) -> ClipRule | None:
+    """A Hugging Face audio tower's family rule (`ClipRule`), None for every other encoder (clips by duration)."""
+    if spec.hf is None or modality != Modality.AUDIO:
+        return None
+    rule: ClipRule | None = _family_rule(spec.model_dump_json(), modality.value, _stamp(spec.hf.path))
+    return rule
 
 
 def placeholder_wraps(model: ModelSpec) -> tuple[tuple[str, str, str], ...]:
-    """(placeholder, text before, text after) each of its images' or videos' rows, where the family wraps them
-    (Qwen-VL's `<|vision_start|>` ... `<|vision_end|>`: text tokens, counted in the text)."""
+    """(placeholder, text before, text after) each of its images', videos' or clips' rows, where the family wraps
+    them (Qwen-VL's `<|vision_start|>` ... `<|vision_end|>`, Qwen2-Audio's `<|audio_bos|>` ... `<|audio_eos|>`:
+    text tokens, counted in the text)."""
     out: list[tuple[str, str, str]] = []
     for name in sorted(model.encoder_names):
+        clips = clip_rule(model.modules[name], model.modality(name))
+        if clips is not None and any(clips.wrap):
+            out.append((AUDIO, *clips.wrap))
         rule = grid_rule(model.modules[name], model.modality(name))
         if rule is not None and any(rule.wrap):
             before, after = rule.wrap
@@ -160,6 +184,7 @@ class EncoderRule:
     clip_tokens: int | None = None
     frames_per_token: int = 1
     grids: Any = None  # a native-resolution family's rule (`GridRule`): per image or video its patch grid
+    clips: Any = None  # an audio family's rule (`ClipRule`): a clip's tokens from its length
 
 
 @dataclass(frozen=True)
@@ -195,6 +220,7 @@ class TokenRules:
                         m.downsample,
                         clip_tokens=m.clip_tokens,
                         frames_per_token=modality.frames_per_token,
+                        clips=clip_rule(m, modality),
                     )
                 )
             else:
@@ -230,7 +256,9 @@ def mel_frames(num_samples: int, rate: int) -> int:
 
 
 def audio_tokens(rule: EncoderRule, num_samples: int, rate: int) -> int:
-    """Encoder tokens of one clip (module docstring)."""
+    """Encoder tokens of one clip (module docstring; its family's rule where it has one)."""
+    if rule.clips is not None:
+        return int(rule.clips.tokens(num_samples, rate))
     tokens = max(1, mel_frames(num_samples, rate) // rule.frames_per_token)
     if rule.clip_tokens is not None:  # whole LLM tokens: a multiple of the pooling (ModuleSpec.round_length)
         return max(1, round(tokens / rule.downsample)) * rule.downsample
