@@ -99,7 +99,8 @@ def inspect(
         raise SpecError(data, "", "inspect reads one data file, not a mix (name one of its sources)")
     if sample < 1:
         raise SpecError("--sample", "", f"expected a sample number from 1, got {sample}")
-    found = next((c for i, c in enumerate(read_conversations(sources[0].path), start=1) if i == sample), None)
+    found = next((c for i, c in enumerate(read_conversations(sources[0].path, sources[0]), start=1) if i == sample),
+                 None)  # fmt: skip
     if found is None:
         raise SpecError(data, "--sample", f"no sample {sample}")
     if isinstance(found, BadSample):

@@ -47,12 +47,15 @@ from orch.planner.specs import Modality, ModelSpec, ModuleSpec, projected_len
 from orch.runtime.data.conversations import (
     AUDIO,
     IMAGE,
+    TRAINED_ROLES,
     VIDEO,
     BadSample,
     Conversation,
+    Source,
     read_conversations,
     read_sources,
 )
+from orch.runtime.data.layouts import tool_calls
 from orch.runtime.models.hf.processor import CONFIG_FILES
 
 MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz, a 10 ms hop
@@ -342,9 +345,9 @@ class TextCounter:
         self._ends = sorted((specials | {eos_token}) - {""}, key=len, reverse=True)  # the longest match first
         self._compiled: Any = None
         if template is not None:
-            import jinja2
+            from transformers.utils.chat_template_utils import _compile_jinja_template
 
-            self._compiled = jinja2.Environment(autoescape=False).from_string(template)
+            self._compiled = _compile_jinja_template(template)  # apply_chat_template's own environment and filters
 
     def _turn_end(self, text: str, start: int, stop: int) -> int:
         """Where an assistant turn's training ends: after the special token (end of turn, eos) that the template
@@ -357,21 +360,39 @@ class TextCounter:
                 return at + len(token)
         return start
 
-    def _raw(self, messages: list[tuple[str, str]]) -> tuple[str, list[tuple[int, int]]]:
-        """The rendering with the placeholders' marks in it, and the assistant contents' spans (through the
-        template's end-of-turn token)."""
+    def _raw(self, messages: list[tuple[str, str]], tools: str = "") -> tuple[str, list[tuple[int, int]]]:
+        """The rendering with the placeholders' marks in it, and the trained turns' spans (assistant contents and
+        tool calls, through the template's end-of-turn token)."""
         if self._compiled is None:
             text, spans = "", []
             for role, content in messages:
-                if role == "assistant":
+                if role in TRAINED_ROLES:
                     spans.append((len(text), len(text) + len(content)))
                 text += content + "\n"
             return text, spans
-        text = self._compiled.render(messages=[{"role": r, "content": c} for r, c in messages],
-                                     add_generation_prompt=False, **self.specials)  # fmt: skip
+        extra = {"tools": json.loads(tools)} if tools else {}
+        turns = [self._turn(role, content) for role, content in messages]
+
+        def rendered(upto: list[dict[str, Any]]) -> str:
+            import jinja2
+
+            try:
+                return str(self._compiled.render(messages=upto, add_generation_prompt=False, **self.specials, **extra))
+            except jinja2.TemplateError as exc:  # the template's raise_exception: a sample it refuses
+                raise ValueError(f"the chat template refuses it: {exc}") from None
+
+        text = rendered(turns)
         found: list[tuple[str, int, int]] = []
         start = 0
-        for role, content in messages:
+        for k, (role, content) in enumerate(messages):
+            if "tool_calls" in turns[k]:  # a call as the template writes it (rendering diffs, no text to find)
+                call = self._call_span(rendered, turns, k, text)
+                if call is not None:
+                    found.append((role, *call))
+                    start = call[1]
+                    continue
+                turns[k] = {"role": "assistant", "content": content}  # a template without tool calls: the JSON text
+                text = rendered(turns)
             at = text.find(content, start) if content else -1
             if at < 0:
                 continue
@@ -379,10 +400,36 @@ class TextCounter:
             start = at + len(content)
         spans = []
         for k, (role, a, b) in enumerate(found):
-            if role == "assistant":
+            if role in TRAINED_ROLES:
                 stop = found[k + 1][1] if k + 1 < len(found) else len(text)
                 spans.append((a, self._turn_end(text, b, stop)))
         return text, spans
+
+    @staticmethod
+    def _turn(role: str, content: str) -> dict[str, Any]:
+        """A turn as chat templates take it: a function_call turn as an assistant turn's `tool_calls`, an
+        observation as role `tool` (HF's and OpenAI's convention)."""
+        if role == "function_call":
+            calls = tool_calls(content)
+            if calls is not None:
+                return {"role": "assistant", "content": "", "tool_calls": calls}
+            return {"role": "assistant", "content": content}
+        return {"role": role, "content": content}
+
+    @staticmethod
+    def _call_span(rendered: Any, turns: list[dict[str, Any]], k: int, text: str) -> tuple[int, int] | None:
+        """Where turn k's tool calls stand in `text`: what the template adds for them beyond an empty assistant
+        turn (the turn's header and end are what both share); None where the template writes no call (its name
+        absent) or a turn's rendering is no prefix of the whole."""
+        before = rendered(turns[:k])
+        empty = rendered([*turns[:k], {"role": "assistant", "content": ""}])
+        upto = rendered(turns[: k + 1])
+        names = [c["function"]["name"] for c in turns[k]["tool_calls"]]
+        if not (upto.startswith(before) and text.startswith(upto)) or not all(n in upto[len(before) :] for n in names):
+            return None
+        head = _shared(empty, upto)
+        tail = _shared(empty[head:][::-1], upto[head:][::-1])
+        return head, len(upto) - tail
 
     def render(self, conv: Conversation, videos: VideoTexts = None) -> Rendering:
         """The conversation's text (the chat template's rendering, or without one the contents one line each),
@@ -401,7 +448,7 @@ class TextCounter:
 
         messages = [(role, video(content.replace(IMAGE, stand_in[IMAGE]).replace(AUDIO, stand_in[AUDIO])))
                     for role, content in conv.messages]  # fmt: skip
-        raw, spans = self._raw(messages)
+        raw, spans = self._raw(messages, conv.tools)
         if not (conv.images or conv.audios or conv.videos):
             return Rendering(raw, spans, [])
         at = [i for i, ch in enumerate(raw) if ch in _PLACEHOLDER_OF]
@@ -446,6 +493,12 @@ class TextCounter:
                 labels.append(tid if trained else IGNORE)
             ids += enc.ids
         return TextTokens(ids, labels, marks)
+
+
+def _shared(a: str, b: str) -> int:
+    """The length of the prefix `a` and `b` share."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def _token_text(value: object) -> str:
@@ -500,14 +553,23 @@ class SourceIndex:
     bad: list[str] = field(default_factory=list)
 
 
-def index_source(path: str, rules: TokenRules, counter: TextCounter, source: int = 0, chunk: int = 512) -> SourceIndex:
+def index_source(
+    path: str, rules: TokenRules, counter: TextCounter, source: int = 0, chunk: int = 512, read: Source | None = None
+) -> SourceIndex:
+    """One data file's rows (`read`: its layout and media folder, where a dataset description gives them)."""
     out = SourceIndex(path)
     pending: list[tuple[Conversation, dict[str, list[int]], dict[str, list[tuple[Item, ...]]]]] = []
     memo: dict[tuple[str, str, str], tuple[Item, ...] | str] = {}  # each media file's items, read once per build
 
     def flush() -> None:
-        texts = counter.count([c for c, _, _ in pending], [video_texts(rules, c, i) for c, _, i in pending])
+        try:
+            videos = [video_texts(rules, c, i) for c, _, i in pending]
+            texts: list[int | None] = list(counter.count([c for c, _, _ in pending], videos))
+        except ValueError:  # a sample the chat template refuses: each counted alone, that one left out
+            texts = [_count_one(counter, c, video_texts(rules, c, i), out.bad) for c, _, i in pending]
         for (conv, media, items), text in zip(pending, texts, strict=True):
+            if text is None:
+                continue
             enc = {name: sum(n) for name, n in media.items()}
             llm = text + sum(projected_len(n, r.downsample) for r in rules.encoders for n in [enc.get(r.name, 0)])
             row: dict[str, Any] = {"lengths": {**enc, rules.llm: llm}, "where": conv.where, "source": source,
@@ -521,7 +583,7 @@ def index_source(path: str, rules: TokenRules, counter: TextCounter, source: int
             out.rows.append(row)
         pending.clear()
 
-    for item in read_conversations(path):
+    for item in read_conversations(path, read):
         if isinstance(item, BadSample):
             out.bad.append(str(item))
             continue
@@ -541,6 +603,15 @@ def index_source(path: str, rules: TokenRules, counter: TextCounter, source: int
     if pending:
         flush()
     return out
+
+
+def _count_one(counter: TextCounter, conv: Conversation, videos: VideoTexts, bad: list[str]) -> int | None:
+    """One conversation's text tokens, or None with what is wrong added to `bad`."""
+    try:
+        return counter.count([conv], [videos])[0]
+    except ValueError as exc:
+        bad.append(str(BadSample(conv.where, str(exc))))
+        return None
 
 
 def encoder_items(
@@ -688,7 +759,7 @@ def build_index(
         rules.key(),
         _file_key(chat.tokenizer_file),
         chat.key(),
-        *(f"{_file_key(s.path)}:{s.weight}" for s in sources),
+        *(f"{_file_key(s.path)}:{s.key()}" for s in sources),
     ):
         digest.update(part.encode())
     key = digest.hexdigest()[:16]
@@ -699,12 +770,12 @@ def build_index(
         meta = json.loads(summary.read_text())
         return DataIndex(str(manifest), meta["samples"], tuple(meta["sources"]), cached=True)
     counter = TextCounter(*chat)
-    indexed = [index_source(s.path, rules, counter, k) for k, s in enumerate(sources)]
+    indexed = [index_source(s.path, rules, counter, k, read=s) for k, s in enumerate(sources)]
     rows = list(_mixed(indexed, [s.weight for s in sources]))
     if not rows:
         raise SpecError(data, "", "no usable sample: " + ("; ".join(b for i in indexed for b in i.bad[:3]) or "empty"))
     meta_sources = tuple(
-        {"path": i.path, "weight": s.weight, "samples": len(i.rows), "bad": i.bad}
+        {"path": i.path, "weight": s.weight, "samples": len(i.rows), "bad": i.bad, **s.as_json()}
         for i, s in zip(indexed, sources, strict=True)
     )
     folder.mkdir(exist_ok=True)

@@ -75,7 +75,7 @@ class ConversationData:
         meta = json.loads(manifest.with_suffix(".json").read_text())
         self.rules = TokenRules.of(model, meta.get("max_image_tokens", 1024))
         self.counter = TextCounter(*find_tokenizer(model, data.tokenizer))
-        self.files = [SampleFile(s["path"]) for s in meta["sources"]]
+        self.files = [SampleFile.of(s) for s in meta["sources"]]
         from orch.runtime.data.media import media_processors
 
         self.processors = media_processors(model)  # each encoder's: its family's, or orch's
