@@ -275,6 +275,7 @@ VideoTexts = list[list[str]] | None  # per `<video>`, the text before each of it
 # Stand-ins for the placeholders while the chat template renders (private-use characters no template alters).
 _MARKS = {IMAGE: "\ue000", AUDIO: "\ue001", VIDEO: "\ue002"}
 _PLACEHOLDER_OF = {v: k for k, v in _MARKS.items()}
+_PROBE = "\ue003"  # an assistant turn's content that shares no character with a tool call's text
 
 
 @dataclass
@@ -418,17 +419,17 @@ class TextCounter:
 
     @staticmethod
     def _call_span(rendered: Any, turns: list[dict[str, Any]], k: int, text: str) -> tuple[int, int] | None:
-        """Where turn k's tool calls stand in `text`: what the template adds for them beyond an empty assistant
-        turn (the turn's header and end are what both share); None where the template writes no call (its name
-        absent) or a turn's rendering is no prefix of the whole."""
+        """Where turn k's tool calls stand in `text`: what the template writes for them in place of an assistant
+        turn of one private-use character (the turn's header and end are what both share); None where the template
+        writes no call (its name absent) or a turn's rendering is no prefix of the whole."""
         before = rendered(turns[:k])
-        empty = rendered([*turns[:k], {"role": "assistant", "content": ""}])
+        probe = rendered([*turns[:k], {"role": "assistant", "content": _PROBE}])
         upto = rendered(turns[: k + 1])
         names = [c["function"]["name"] for c in turns[k]["tool_calls"]]
         if not (upto.startswith(before) and text.startswith(upto)) or not all(n in upto[len(before) :] for n in names):
             return None
-        head = _shared(empty, upto)
-        tail = _shared(empty[head:][::-1], upto[head:][::-1])
+        head = _shared(probe, upto)
+        tail = _shared(probe[head:][::-1], upto[head:][::-1])
         return head, len(upto) - tail
 
     def render(self, conv: Conversation, videos: VideoTexts = None) -> Rendering:
