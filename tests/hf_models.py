@@ -7,6 +7,24 @@ TEXT = {"hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 4, "num
 VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
           "image_size": 28, "patch_size": 7}  # fmt: skip
 IMAGE_TOKEN = 127
+CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+SPECIALS = ["<|im_start|>", "<|im_end|>", "<image>", "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"]
+
+
+def make_chat_tokenizer(directory: Path):
+    """A fast tokenizer over the demo's words with the LLaVA and Qwen2-Audio special tokens (a model's processor
+    takes it; its chat template is the processor's)."""
+    import transformers
+    from tokenizers import Tokenizer
+
+    from orch.runtime.data.demo_data import make_tokenizer as demo_tokenizer
+
+    path = demo_tokenizer(Path(directory) / "tokenizer.json")
+    tok = Tokenizer.from_file(str(path))
+    tok.add_special_tokens(SPECIALS)
+    tok.save(str(path))
+    transformers.logging.set_verbosity_error()
+    return transformers.PreTrainedTokenizerFast(tokenizer_file=str(path), unk_token="[UNK]", eos_token="<|im_end|>")
 
 
 def save(model, directory) -> None:

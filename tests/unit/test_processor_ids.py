@@ -10,28 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hf_models import make_llava, make_qwen2_audio
+from hf_models import CHATML, make_llava, make_qwen2_audio
+from hf_models import make_chat_tokenizer as tokenizer
 
-from orch.runtime.data.demo_data import make_tokenizer as demo_tokenizer
-
-CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-SPECIALS = ["<|im_start|>", "<|im_end|>", "<image>", "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"]
 # clip lengths (16 kHz samples) whose log-mel frames l = ceil(n / 160) are 100, 101, 102, 103, 107 and 73: every
 # remainder of l mod 4 ((l + 1) // 4 tokens), and lengths where counting whole frames rounds otherwise
 CLIPS = [16000, 16001, 16161, 16330, 16990, 11530]
-
-
-def tokenizer(directory: Path):
-    """A fast tokenizer over the demo's words with the families' special tokens."""
-    import transformers
-    from tokenizers import Tokenizer
-
-    path = demo_tokenizer(directory / "tokenizer.json")
-    tok = Tokenizer.from_file(str(path))
-    tok.add_special_tokens(SPECIALS)
-    tok.save(str(path))
-    transformers.logging.set_verbosity_error()
-    return transformers.PreTrainedTokenizerFast(tokenizer_file=str(path), unk_token="[UNK]", eos_token="<|im_end|>")
 
 
 def save_processor(processor, directory: Path, layout: str) -> None:
