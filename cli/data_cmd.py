@@ -20,7 +20,12 @@ data_app = typer.Typer(help="Users' data: conversations with images and audio (J
 
 @data_app.command("index")
 def index(
-    data: str = typer.Argument(..., metavar="DATA", help="A .jsonl/.json/.parquet data file or a mix file (YAML)."),
+    data: str = typer.Argument(
+        ...,
+        metavar="DATA",
+        help="A .jsonl/.json/.parquet data file, a mix file (YAML), a "
+        "directory of data files, or DIR/dataset_info.json:NAME[,NAME] (LLaMA-Factory's).",
+    ),
     model: str = typer.Option(..., "--model", "-m", help="Model spec file, preset, or Hugging Face model directory."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json (default: the LLM's HF directory)."),
     max_image_tokens: int = typer.Option(1024, "--max-image-tokens", help="Cap on a reference tower's patches."),
@@ -74,7 +79,9 @@ def index(
 
 @data_app.command("inspect")
 def inspect(
-    data: str = typer.Argument(..., metavar="DATA", help="A .jsonl/.json/.parquet data file."),
+    data: str = typer.Argument(
+        ..., metavar="DATA", help="A .jsonl/.json/.parquet data file (or one dataset: DIR/dataset_info.json:NAME)."
+    ),
     model: str = typer.Option(..., "--model", "-m", help="Model spec file or preset."),
     sample: int = typer.Option(1, "--sample", help="Which sample, 1-based (the line of a JSONL file)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json (default: the LLM's HF directory)."),
