@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from orch.planner.errors import SpecError
-from orch.runtime.data.layouts import AUDIO, IMAGE, MEDIA_KEYS, VIDEO, Layout, LayoutError, read_record
+from orch.runtime.data.layouts import AUDIO as AUDIO  # the placeholders: the index and the loader import them here
+from orch.runtime.data.layouts import IMAGE, MEDIA_KEYS, VIDEO, Layout, LayoutError, read_record
 
-__all__ = ["AUDIO", "IMAGE", "VIDEO"]
 SUFFIXES = (".jsonl", ".json", ".parquet")
 _VISUAL = re.compile(f"{re.escape(IMAGE)}|{re.escape(VIDEO)}")
 TRAINED_ROLES = ("assistant", "function_call")  # the turns whose tokens train (LLaMA-Factory's)
@@ -88,9 +88,8 @@ class BadSample:
 class Source:
     path: str
     weight: float = 1.0
-    layout: Layout = field(
-        default_factory=Layout
-    )  # how its records name their fields (a dataset description's columns and tags)
+    # how its records name their fields (a dataset description's columns and tags)
+    layout: Layout = field(default_factory=Layout)
     media_dir: str | None = None  # where its media paths are relative to (else the data file's folder)
 
     def key(self) -> str:

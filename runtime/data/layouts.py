@@ -11,10 +11,11 @@ Found by their keys (`Layout()`), or named by LLaMA-Factory's dataset descriptio
 * `query` / `response` (ms-swift) and `instruction` / `input` / `output` (alpaca), with `history` (a list of
   [query, response] pairs before them) and `system`.
 
-Roles: user / human, assistant / gpt, system, function_call (a tool call: its content the call's JSON, `{"name",
-"arguments"}` or a list of them; an OpenAI assistant turn's `tool_calls` is read as one), observation / tool (a
-tool's answer). A first turn of role system, else the record's `system`, is the system prompt. `tools` (a list of
-function definitions, or its JSON text) is passed to the chat template as `tools`.
+Roles: user / human, assistant / gpt, system, function_call / tool_call (ms-swift's) (a tool call: its content the
+call's JSON, `{"name", "arguments"}` or a list of them; an OpenAI assistant turn's `tool_calls` is read as one),
+observation / tool / tool_response (ms-swift's) / function (a tool's answer). A first turn of role system, else
+the record's `system`, is the system prompt. `tools` (a list of function definitions, or its JSON text) is passed
+to the chat template as `tools`.
 
 A turn's content is a string (its `<image>`, `<video>` and `<audio>` placeholders standing for the next file of
 the record's `images`, `videos`, `audios`), or a list of typed parts: `{"type": "text", "text": ...}`, and
@@ -41,7 +42,8 @@ ACCEPTED = (
 # every role name a layout may use, as orch keeps it
 ROLES = {
     "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system",
-    "function_call": "function_call", "observation": "tool", "tool": "tool",
+    "function_call": "function_call", "tool_call": "function_call", "observation": "tool", "tool": "tool",
+    "tool_response": "tool", "function": "tool",
 }  # fmt: skip
 _PART_KINDS = {
     "image": IMAGE, "image_url": IMAGE, "video": VIDEO, "video_url": VIDEO, "audio": AUDIO, "audio_url": AUDIO,

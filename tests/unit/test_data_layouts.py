@@ -237,6 +237,13 @@ def test_tool_turns_render_as_the_template_writes_them_and_calls_train(hf_tokeni
     other = parse_sample(openai, "d:2", BASE)
     assert isinstance(other, Conversation)
     assert counter.render(other).text == want
+    swift = {"system": "You cook.", "tools": json.dumps(TOOLS), "messages": [  # ms-swift's agent layout
+        {"role": "user", "content": "I have chicken and rice."},
+        {"role": "tool_call", "content": GLAIVE["conversations"][1]["value"]},
+        {"role": "tool_response", "content": '{"recipes": ["stir fry"]}'},
+        {"role": "assistant", "content": "Try a stir fry."}]}  # fmt: skip
+    third = parse_sample(swift, "d:3", BASE)
+    assert isinstance(third, Conversation) and third.messages == conv.messages and counter.render(third).text == want
 
     ids = counter.tokens(conv)
     trained_ids = [t for t, y in zip(ids.ids, ids.labels, strict=True) if y != IGNORE]
