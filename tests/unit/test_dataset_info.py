@@ -75,3 +75,29 @@ def test_what_a_bad_entry_is_told(tmp_path, entry, what):
     with pytest.raises(SpecError) as err:
         read_sources(f"{info}:d")
     assert what in str(err.value) and str(err.value).startswith(info)
+
+
+def test_a_run_reads_a_described_dataset_as_the_index_did(tmp_path):
+    """What a training rank opens (BatchSource over the plan's data spec) reads each row by its source's layout and
+    media folder, and tokenizes it to the text the index counted."""
+    from orch.cli.data_cmd import conversation_data
+    from orch.planner.data import read_manifest
+    from orch.planner.loading import load_model
+    from orch.runtime.data.demo_data import make_tokenizer
+    from orch.runtime.data.source import BatchSource
+
+    records = [{"ask": f"what is {w}", "say": f"a {w} circle", "sys": "be brief"} for w in ("red", "blue", "green")]
+    (tmp_path / "d.json").write_text(json.dumps(records))
+    info = _describe(tmp_path, {"d": {"file_name": "d.json", "columns": {"prompt": "ask", "response": "say",
+                                                                          "system": "sys"}}})  # fmt: skip
+    tok = make_tokenizer(tmp_path / "tok" / "tokenizer.json")
+    model = load_model("tiny")
+    data, _ = conversation_data(model, f"{info}:d", 3, None, str(tok))
+    files = BatchSource(model, data, seed=0).files
+    assert files is not None
+    rows = read_manifest(data.manifest)
+    for row in range(3):
+        conv = files.conversation(row)
+        assert isinstance(conv, Conversation) and conv.messages[0] == ("system", "be brief")
+        text = files.text(row)
+        assert text is not None and len(text.ids) == dict(rows[row])["llm"]
