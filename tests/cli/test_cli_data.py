@@ -68,7 +68,7 @@ def test_bad_samples_are_named_and_the_rest_indexed(dataset, cli, tmp_path):
     assert "bad.jsonl:15: images[0]: corrupt.png: cannot read (UnidentifiedImageError)" in r.output
     assert (
         "bad.jsonl:16: messages[0].role: expected one of user, human, assistant, gpt, system, function_call, "
-        "observation, tool, got 'robot'"
+        "tool_call, observation, tool, tool_response, function, got 'robot'"
     ) in r.output
     assert "5 malformed samples" in r.output and "Traceback" not in r.output
     assert build_index(str(bad), load_model("tiny"), str(tok)).samples == 11  # the good ones, cached
