@@ -127,25 +127,26 @@ def is_conversation_data(ref: str) -> bool:
 
 
 def _first_record_is_a_conversation(p: Path) -> bool:
-    """Whether the file's first sample has messages or conversations (a manifest of lengths has neither)."""
+    """Whether the file holds samples: a JSON list (a data spec is a mapping), or a JSONL file whose first record is
+    no manifest row (module -> token count, or `lengths`); a sample in no layout is then told which keys orch reads."""
     if not p.is_file():
         return True  # named as data: reading it reports that it is missing
     with p.open(encoding="utf-8", errors="replace") as f:
         if p.suffix == ".json":
-            head = f.read(1 << 16).lstrip()
-            return head.startswith("[") and any(f'"{k}"' in head for k in _CONVERSATION_KEYS)
+            return f.read(1 << 16).lstrip().startswith("[")
         for line in f:
             if line.strip():
                 try:
                     first = json.loads(line)
                 except json.JSONDecodeError:
                     return True  # malformed: the index reports it
-                return isinstance(first, dict) and any(k in first for k in _CONVERSATION_KEYS)
+                return isinstance(first, dict) and not _is_manifest_row(first)
     return False
 
 
-# keys that make a record a conversation in some layout (runtime/data/layouts.py); a manifest of lengths has none
-_CONVERSATION_KEYS = ("messages", "conversations", "conversation", "instruction", "query")
+def _is_manifest_row(row: dict[str, Any]) -> bool:
+    """A row of lengths (planner/data.py `read_manifest`): `lengths`, or token counts by module name."""
+    return "lengths" in row or (bool(row) and all(isinstance(v, int) for v in row.values()))
 
 
 def read_sources(ref: str) -> list[Source]:

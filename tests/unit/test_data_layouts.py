@@ -281,3 +281,17 @@ def test_a_sample_the_template_refuses_is_a_bad_sample(tmp_path, hf_tokenizer):
     idx = build_index(str(data), load_model("tiny"), str(folder))
     assert idx.samples == 1
     assert idx.bad == ["d.jsonl:2: the chat template refuses it: a user must speak first"]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_data_file_in_no_layout_is_told_the_keys_orch_reads(cli, tmp_path, suffix):
+    """Given to `orch plan --data`, samples in an unknown layout are read as samples (not as a data spec's
+    fields), and the one line says which keys orch accepts and which the record has."""
+    record = {"prompt": "hi", "answer": "yo"}
+    data = tmp_path / f"d{suffix}"
+    data.write_text(json.dumps(record) + "\n" if suffix == ".jsonl" else json.dumps([record]))
+    tok = demo_tokenizer(tmp_path / "tok" / "tokenizer.json")
+    r = cli("plan", "--model", "tiny", "--cluster", "local-cpu", "--data", str(data), "--tokenizer", str(tok))
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert f"d{suffix}:1: no conversation: expected messages or conversations" in r.output
+    assert "the record has answer, prompt" in r.output and "unknown field" not in r.output
