@@ -18,10 +18,11 @@ the record's `system`, is the system prompt. `tools` (a list of function definit
 to the chat template as `tools`.
 
 A turn's content is a string (its `<image>`, `<video>` and `<audio>` placeholders standing for the next file of
-the record's `images`, `videos`, `audios`), or a list of typed parts: `{"type": "text", "text": ...}`, and
-`{"type": "image", "image": PATH}` / `{"type": "image_url", "image_url": {"url": PATH}}` (or `"value"`, as in
-LLaMA-Factory's v1_multimodal_demo.jsonl), the same for `audio` / `audio_url` / `input_audio` and `video` /
-`video_url`: each media part becomes its placeholder where it stands, and its file the next of its list. A media
+the record's `images`, `videos`, `audios`: paths, or ms-swift's `{"path": ...}` objects), or a list of typed
+parts: `{"type": "text", "text": ...}`, and `{"type": "image", "image": PATH}` / `{"type": "image_url",
+"image_url": {"url": PATH}}` (or `"value"`, as in LLaMA-Factory's v1_multimodal_demo.jsonl), the same for
+`audio` / `audio_url` / `input_audio` and `video` / `video_url`: each media part becomes its placeholder where it
+stands, and its file the next of its list. A media
 part without a path is a placeholder for the next file of the record's list.
 """
 
@@ -117,8 +118,10 @@ def read_record(raw: Any, layout: Layout) -> Record:
             files = []
         if isinstance(files, str):
             files = [files]
+        if isinstance(files, list):  # ms-swift's {"path": ...} entries
+            files = [f.get("path") if isinstance(f, dict) else f for f in files]
         if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-            raise LayoutError(f"{column}: expected a list of file paths")
+            raise LayoutError(f"{column}: expected a list of file paths (or of {{path}} objects)")
         media[key] = list(files)
     out: list[tuple[str, str]] = [("system", system)] if system else []
     parted = {key: 0 for key in MEDIA_KEYS}  # media parts with a path, per key

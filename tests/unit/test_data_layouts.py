@@ -79,6 +79,10 @@ SAME = {
             {"role": "assistant", "content": [{"type": "text", "value": "a blue square"}]},
         ]
     },
+    "swift path objects": {
+        "messages": [{"role": r, "content": c} for r, c in TURNS],
+        "images": [{"path": "a.png"}],
+    },
     "parts without paths": {
         "messages": [
             {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what is in the picture?"}]},
