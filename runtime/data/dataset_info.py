@@ -1,5 +1,6 @@
 """LLaMA-Factory's dataset description (`dataset_info.json`) as DATA: `--data DIR/dataset_info.json:NAME[,NAME]`
-reads the named datasets as LLaMA-Factory reads them. Torch-free.
+(or `DIR:NAME[,NAME]`, LLaMA-Factory's dataset_dir and dataset) reads the named datasets as LLaMA-Factory reads
+them. Torch-free.
 
 Each entry's `file_name` (a data file or a folder of them, relative to the description's folder), `formatting`
 (alpaca, the default; sharegpt; openai), `columns` (orch's names: messages, prompt, query, response, history,
@@ -29,10 +30,13 @@ _ENTRY = ("file_name", *_HUB)
 
 
 def split_ref(ref: str) -> tuple[str, list[str]] | None:
-    """`FILE:NAME[,NAME]` as (FILE, names) where FILE is a dataset description; None for anything else."""
+    """`FILE:NAME[,NAME]` as (FILE, names) where FILE is a dataset description, or `DIR:NAME[,NAME]` where DIR holds
+    one (LLaMA-Factory's dataset_dir and dataset); None for anything else."""
     if ":" not in ref or Path(ref).exists():
         return None
     path, _, names = ref.rpartition(":")
+    if Path(path).is_dir():
+        path = str(Path(path) / "dataset_info.json")
     if not is_dataset_info(path):
         return None
     return path, [n.strip() for n in names.split(",") if n.strip()]
