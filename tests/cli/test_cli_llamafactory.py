@@ -1,7 +1,7 @@
 """LLaMA-Factory's own demo data (tests/data/llamafactory: its files as they are, its dataset_info.json entries)
 through `orch data index` and `orch data inspect`, by `--data dataset_info.json:NAME`, by file and by directory,
 with a LLaVA (SigLIP + Qwen2), a Qwen2-Audio and a Qwen2-VL whose processors transformers saved. The media they
-name are written here (images, clips and videos of those names). The token ids of every image and audio sample
+name are written here (images, clips and videos of those names). The token ids of every sample
 equal each family's HF processor's; the refusals are the documented ones (a video or audio the model has no
 encoder for, a hub dataset, preference data)."""
 
@@ -14,6 +14,8 @@ import pytest
 from hf_models import CHATML, make_chat_tokenizer, make_llava, make_qwen2_audio
 from qwen_vl_data import hf_processor, write_image, write_video
 from qwen_vl_models import make_qwen_vl
+
+from orch.runtime.models.qwen_vl.media import read_rule
 
 DEMO = Path(__file__).resolve().parent.parent / "data" / "llamafactory"
 CLIPS = {"1.mp3": 16000, "2.wav": 21930, "3.flac": 11690, "4.mp3": 8000}  # 16 kHz samples
@@ -112,10 +114,19 @@ def test_qwen2_vl_takes_the_images_and_videos(demo, cli):
     root, models = demo
     info = str(root / "data" / "dataset_info.json")
     assert "3 samples" in _ok(cli, "data", "index", f"{info}:mllm_video_demo", "--model", str(models["qwen"]))
-    for k in (1, 2, 3):
-        shown = _inspect(cli, f"{info}:mllm_video_demo", models["qwen"], k)
-        assert shown["encoder_inputs"]["vision"][0] > 0 and shown["trained_tokens"] > 0
     processor = hf_processor(models["qwen"], "Qwen2VLProcessor")
+    video_id = json.loads((models["qwen"] / "config.json").read_text())["video_token_id"]
+    rule = read_rule(str(models["qwen"]), "qwen2_vl")
+    for k, record in enumerate(_records(root / "data" / "mllm_video_demo.json"), start=1):
+        # HF's processor around the video (its video processor needs torchvision): the text before and after it,
+        # and the video's pads by its grid between <|vision_start|> and <|vision_end|>
+        messages = [{**m, "content": m["content"].replace("<video>", "<|vision_start|>\x00<|vision_end|>")}
+                    for m in record["messages"]]  # fmt: skip
+        before, after = processor.tokenizer.apply_chat_template(messages, tokenize=False).split("\x00")
+        t, h, w, _ = rule.video_item(str(root / "data" / record["videos"][0]))
+        want = [*processor(text=[before])["input_ids"][0], *[video_id] * (t * h * w // 4),
+                *processor(text=[after])["input_ids"][0]]  # fmt: skip
+        assert _inspect(cli, f"{info}:mllm_video_demo", models["qwen"], k)["input_ids"] == want
     for k, record in enumerate(_records(root / "data" / "mllm_demo.json"), start=1):
         messages = [{**m, "content": m["content"].replace("<image>", "<|vision_start|><|image_pad|><|vision_end|>")}
                     for m in record["messages"]]  # fmt: skip
