@@ -1,9 +1,9 @@
 """LLaMA-Factory's own demo data (tests/data/llamafactory: its files as they are, its dataset_info.json entries)
 through `orch data index` and `orch data inspect`, by `--data dataset_info.json:NAME`, by file and by directory,
-with a LLaVA (SigLIP + Qwen2), a Qwen2-Audio and a Qwen2-VL whose processors transformers saved. The media they
-name are written here (images, clips and videos of those names). The token ids of every sample
-equal each family's HF processor's; the refusals are the documented ones (a video or audio the model has no
-encoder for, a hub dataset, preference data)."""
+with a LLaVA (SigLIP + Qwen2) and a Qwen2-Audio whose processors transformers saved, and a Qwen2-VL
+(tests/qwen_vl_models.py). The media they name are written here (images, clips and videos of those names). The
+token ids of every image, audio and video sample equal each family's HF processor's; the refusals are the
+documented ones (a video or audio the model has no encoder for, a hub dataset, preference data)."""
 
 import json
 import shutil
