@@ -176,12 +176,15 @@ def test_a_directory_reads_its_data_files_or_says_what_it_expected(demo, cli, tm
     folder = tmp_path / "two"
     folder.mkdir()
     shutil.copy(root / "data" / "mllm_demo.json", folder)
-    shutil.copy(root / "data" / "alpaca_en_demo.json", folder)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(_records(root / "data" / "alpaca_en_demo.json")), folder / "alpaca.parquet")
     (folder / "mllm_demo_data").symlink_to(root / "data" / "mllm_demo_data")
     out = _ok(cli, "data", "index", str(folder), "--model", str(models["llava"]), "--json")
     sources = json.loads(out[out.index("{") :])["sources"]
     assert [(Path(s["path"]).name, s["samples"]) for s in sources] == [
-        ("alpaca_en_demo.json", 3),
+        ("alpaca.parquet", 3),
         ("mllm_demo.json", 6),
     ]
     empty = tmp_path / "empty"
