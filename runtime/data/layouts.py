@@ -35,7 +35,6 @@ from typing import Any
 
 IMAGE, VIDEO, AUDIO = "<image>", "<video>", "<audio>"
 MEDIA_KEYS = {"images": IMAGE, "videos": VIDEO, "audios": AUDIO}
-LIST_KEYS = ("messages", "conversations", "conversation")
 ACCEPTED = (
     "messages or conversations (turns of role/content or from/value), conversation ({human, assistant} pairs), "
     "query/response, or instruction/output"
