@@ -88,7 +88,8 @@ def run_case(work: Path, model: str, data: str, steps: int, rounds: int) -> list
     (work / "data.yaml").write_text(data)
     m, d = str(work / "model.yaml"), str(work / "data.yaml")
     prof = work / "profile.json"
-    _orch("profile", "-m", m, "-d", d, "--nproc", "4", "--quick", "--max-bytes", str(1 << 20),
+    # three passes, as the sweep's rows were measured with before --quick meant one
+    _orch("profile", "-m", m, "-d", d, "--nproc", "4", "--quick", "--passes", "3", "--max-bytes", str(1 << 20),
           "--out", str(prof), "--workdir", str(work / "prof"))  # fmt: skip
     plans: list[tuple[str, Path, dict[str, object]]] = []
     seen: list[dict[str, object]] = []

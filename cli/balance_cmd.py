@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP
 from orch.cli.output import console, print_json, table
 
 MODES = ("orch", "paper", "lpt", "none")
@@ -100,6 +101,8 @@ def analyze(
     json_out: bool = typer.Option(False, "--json", help="Print the numbers as JSON."),
     model: str | None = typer.Option(None, "--model", "-m", help="With a conversation data file: the model."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="With a data file: tokenizer.json."),
+    index_dir: str | None = typer.Option(None, "--index-dir", help=INDEX_DIR_HELP),
+    media_root: str | None = typer.Option(None, "--media-root", help=MEDIA_ROOT_HELP),
 ) -> None:
     """How much time imbalance wastes per phase on a dataset, and what each balancing mode gains."""
     from orch.planner.balance.analyze import analyze as run
@@ -113,7 +116,10 @@ def analyze(
 
         if model is None:
             raise SpecError(manifest, "", "a conversation data file is counted for a model: pass --model")
-        rows = read_manifest(build_index(manifest, load_model(model), tokenizer).manifest)
+        spec = load_model(model)
+        rows = read_manifest(
+            build_index(manifest, spec, tokenizer, index_dir=index_dir, media_root=media_root).manifest
+        )
     else:
         rows = read_manifest(manifest)
     result = run(rows, dp, dp_per_node, micro_batch, steps=steps, seed=seed, source=manifest)

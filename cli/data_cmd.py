@@ -3,7 +3,7 @@ and `orch analyze` make of it (runtime/data/index.py)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -11,9 +11,15 @@ from orch.cli.output import console, print_json_text, table
 
 if TYPE_CHECKING:
     from orch.planner.specs import DataSpec, ModelSpec
+    from orch.runtime.data.index import DataIndex
 
 DEFAULT_GLOBAL_BATCH = 256
+DEFAULT_STEPS = 1000  # the run `orch data index` counts a mix's epochs over, unless --steps says
 SEQ_LEN_UNIT = 128
+LISTED = 20  # malformed or untrained samples listed one a line; the rest counted
+SAMPLE_NUMBERS = "numbered by file line from 1 (a JSON list's or parquet file's elements from 1), as skip messages are"
+INDEX_DIR_HELP = "Where the index is kept (default: .orch-index/ beside the data if writable, else ~/.cache/orch)."
+MEDIA_ROOT_HELP = "Folder media paths are relative to (default: each data file's folder; LLaMA-Factory's media_dir)."
 
 data_app = typer.Typer(help="Users' data: conversations with images and audio (JSONL, JSON, parquet, mix files).")
 
@@ -30,19 +36,31 @@ def index(
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json (default: the LLM's HF directory)."),
     max_image_tokens: int = typer.Option(1024, "--max-image-tokens", help="Cap on a reference tower's patches."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    index_dir: str | None = typer.Option(None, "--index-dir", help=INDEX_DIR_HELP),
+    media_root: str | None = typer.Option(None, "--media-root", help=MEDIA_ROOT_HELP),
+    global_batch: int = typer.Option(
+        DEFAULT_GLOBAL_BATCH, "--global-batch", help="Samples per step of the run the epochs are counted for."
+    ),
+    steps: int = typer.Option(DEFAULT_STEPS, "--steps", help="Steps of the run the epochs are counted for."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 when a sample is malformed or trains no token."),
 ) -> None:
-    """Count every sample's tokens per module from the files' headers; cache the index beside the data.
-    Exits 1 when a sample is malformed (each listed as file:line: what is wrong)."""
+    """Count every sample's tokens per module from the files' headers; cache the index (beside the data if
+    writable). Each source's rows, share of the draws and epochs in a run of --steps x --global-batch samples.
+    Malformed samples and samples that train no token are listed as warnings (file:line: what) and skipped;
+    --strict makes them an error (exit 1)."""
     import json
     import statistics
-    import sys
 
     from orch.planner.data import read_manifest
+    from orch.planner.errors import SpecError
     from orch.planner.loading import load_model
     from orch.runtime.data.index import build_index
 
+    for flag, value in (("--global-batch", global_batch), ("--steps", steps)):
+        if value <= 0:
+            raise SpecError(flag, "", f"expected a positive integer, got {value}")
     spec = load_model(model)
-    idx = build_index(data, spec, tokenizer, max_image_tokens)
+    idx = build_index(data, spec, tokenizer, max_image_tokens, index_dir, media_root)
     rows = read_manifest(idx.manifest)
     modules = [*sorted(spec.encoder_names), spec.llm_name]
     stats = {}
@@ -56,9 +74,12 @@ def index(
             "p99": present[min(len(present) - 1, int(0.99 * len(present)))] if present else 0,
             "max": values[-1],
         }
+    draws = mix_draws(idx, global_batch, steps)
     if json_out:
+        run = {"steps": steps, "global_batch": global_batch}
         print_json_text(json.dumps({"manifest": idx.manifest, "samples": idx.samples, "sources": idx.sources,
-                                    "modules": stats}))  # fmt: skip
+                                    "strategy": idx.strategy, "replacement": idx.replacement, "modules": stats,
+                                    "run": run, "draws": draws}))  # fmt: skip
     else:
         out = console()
         t = table(
@@ -69,12 +90,68 @@ def index(
         for m, s in stats.items():
             t.add_row(m, str(s["samples_with"]), f"{s['mean']:.0f}", str(s["p50"]), str(s["p99"]), str(s["max"]))
         out.print(t)
+        out.print(sources_table(data, idx, draws, global_batch, steps))
         out.print(f"index: {idx.manifest}")
-    for line in idx.bad:
-        print(f"error: {line}", file=sys.stderr)
-    if idx.bad:
-        print(f"error: {len(idx.bad)} malformed samples (skipped in training)", file=sys.stderr)
+    if report_skips(data, idx, strict) and strict:
         raise typer.Exit(1)
+
+
+def mix_draws(idx: DataIndex, global_batch: int, steps: int) -> list[dict[str, float]]:
+    """Per source: its share of the draws, and the draws and epochs of it in a run of steps x global_batch."""
+    mix = idx.mix()
+    total = global_batch * steps
+    return [{"share": share, "draws": share * total, "epochs": share * total / n if n else 0.0}
+            for share, n in zip(mix.shares(), mix.sizes, strict=True)]  # fmt: skip
+
+
+def sources_table(data: str, idx: DataIndex, draws: list[dict[str, float]], global_batch: int, steps: int) -> Any:
+    """Each source's rows, weight, share of the draws and epochs over a run (`mix_draws`)."""
+    from pathlib import Path
+
+    mix = idx.mix()
+    how = idx.strategy + (", with replacement" if idx.replacement else "") if len(idx.sources) > 1 else "one file"
+    t = table(
+        f"sources ({how}): an epoch is {mix.epoch_draws()} draws, {mix.epoch_draws() / global_batch:.1f} steps",
+        [
+            ("source", "name"),
+            ("rows", "num"),
+            ("weight", "num"),
+            ("share", "num"),
+            ("epochs", "num"),
+            ("skipped", "num"),
+        ],
+        caption=f"epochs: of each source in {steps} steps x {global_batch} samples (--steps, --global-batch)",
+    )
+    for s, d in zip(idx.sources, draws, strict=True):
+        skipped = len(s["bad"]) + len(s.get("untrained", []))
+        t.add_row(Path(s["path"]).name, str(s["samples"]), f"{s['weight']:g}", f"{d['share']:.1%}",
+                  f"{d['epochs']:.2f}", str(skipped))  # fmt: skip
+    return t
+
+
+def report_skips(data: str, idx: DataIndex, strict: bool = False) -> int:
+    """One line on stderr per skipped sample (malformed, or training no token: at most LISTED of each, then
+    a count), and per source whose every row was skipped; `strict` says `error:`. The number skipped."""
+    import sys
+
+    level = "error" if strict else "warning"
+    for kind, lines in (("malformed", idx.bad), ("untrained", [f"{u}: no assistant turn: trains no token"
+                                                              for u in idx.untrained])):  # fmt: skip
+        for line in lines[:LISTED]:
+            print(f"{level}: {line}", file=sys.stderr)
+        if len(lines) > LISTED:
+            print(f"{level}: ... and {len(lines) - LISTED} more {kind} samples", file=sys.stderr)
+    for k, s in enumerate(idx.sources):
+        if not s["samples"]:
+            left = " (the others' shares grow to fill its)" if len(idx.sources) > 1 else ""
+            print(f"{level}: {data}: sources[{k}]: {s['path']}: every row was skipped{left}", file=sys.stderr)
+    skipped = len(idx.bad) + len(idx.untrained)
+    if skipped:
+        parts = [f"{n} {what}" for n, what in ((len(idx.bad), "malformed"), (len(idx.untrained),
+                 "training no token")) if n]  # fmt: skip
+        then = "" if strict else " (--strict: exit 1)"
+        print(f"{level}: {skipped} samples skipped: {', '.join(parts)}{then}", file=sys.stderr)
+    return skipped
 
 
 @data_app.command("inspect")
@@ -83,13 +160,17 @@ def inspect(
         ..., metavar="DATA", help="A .jsonl/.json/.parquet data file (or one dataset: DIR/dataset_info.json:NAME)."
     ),
     model: str = typer.Option(..., "--model", "-m", help="Model spec file or preset."),
-    sample: int = typer.Option(1, "--sample", help="Which sample, 1-based (the line of a JSONL file)."),
+    sample: int = typer.Option(1, "--sample", help=f"Which sample: {SAMPLE_NUMBERS}."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json (default: the LLM's HF directory)."),
     seq_len: int = typer.Option(8192, "--seq-len", help="Cap on LLM tokens per sample."),
     json_out: bool = typer.Option(False, "--json", help="input_ids, labels (-100: not trained) and input shapes."),
+    media_root: str | None = typer.Option(None, "--media-root", help=MEDIA_ROOT_HELP),
 ) -> None:
-    """How one sample is tokenized and which of its tokens are trained on (shown highlighted)."""
+    """How one sample is tokenized and which of its tokens are trained on (shown highlighted). --sample numbers
+    the file's lines from 1 (a JSON list's or parquet file's elements), the file:line the index and the skip
+    messages name."""
     import json
+    from pathlib import Path
 
     from rich.text import Text
 
@@ -106,19 +187,25 @@ def inspect(
         raise SpecError(data, "", "inspect reads one data file, not a mix (name one of its sources)")
     if sample < 1:
         raise SpecError("--sample", "", f"expected a sample number from 1, got {sample}")
-    found = next((c for i, c in enumerate(read_conversations(sources[0].path, sources[0]), start=1) if i == sample),
-                 None)  # fmt: skip
+    if media_root is not None and not Path(media_root).is_dir():
+        raise SpecError("--media-root", "", f"{media_root}: not a directory")
+    found = next((c for c in read_conversations(sources[0].path, sources[0], media_root) if _line(c) == sample), None)
     if found is None:
-        raise SpecError(data, "--sample", f"no sample {sample}")
+        raise SpecError(data, "--sample", f"no sample at line {sample} ({SAMPLE_NUMBERS})")
     if isinstance(found, BadSample):
         raise SpecError(found.where, "", found.what)
     counter = TextCounter(*find_tokenizer(spec, tokenizer))
     try:
         out = process(found, spec, TokenRules.of(spec), counter, seq_len, processors=media_processors(spec))
-    except (OSError, ValueError) as exc:
-        raise SpecError(found.where, "", f"cannot read its media ({type(exc).__name__}: {exc})") from None
+    except Exception as exc:  # OSError, ValueError, Pillow's DecompressionBombError: one line naming the file
+        from orch.runtime.data.index import medium_problem
+
+        media = [("image", f) for f in found.images] + [("video", f) for f in found.videos]
+        media += [("audio", f) for f in found.audios]
+        named = next((f"{path}: {why}" for kind, path in media if (why := medium_problem(path, kind))), None)
+        raise SpecError(found.where, "", f"cannot read its media: {named or f'{type(exc).__name__}: {exc}'}") from None
     if json_out:
-        print_json_text(json.dumps(as_json(out, spec, counter)))
+        print_json_text(json.dumps({"sample": sample, "numbering": SAMPLE_NUMBERS, **as_json(out, spec, counter)}))
         return
     from orch.runtime.data.expansion import conversation_layout, placeholder_inserts
 
@@ -137,12 +224,18 @@ def inspect(
         piece = counter.tokenizer.id_to_token(tid) or f"<{tid}>"
         shown.append(piece + " ", style="bold green" if label != IGNORE else "dim")
     c = console()
+    c.print(f"--sample {sample}: {out.where} (samples are {SAMPLE_NUMBERS})")
     c.print(f"{out.where}: {layout.length} LLM tokens: {len(out.input_ids)} text, {out.trained_tokens} trained"
             " (green), images and clips (cyan) where their placeholders stood"
             + (", truncated to --seq-len" if out.truncated else ""))  # fmt: skip
     c.print(shown)
     for name, rows in out.features.items():
         c.print(f"{name}: input {list(rows.shape)}")
+
+
+def _line(sample: Any) -> int:
+    """A sample's (or BadSample's) line in its file (`file:line`)."""
+    return int(str(sample.where).rsplit(":", 1)[1])
 
 
 def data_spec_for(
@@ -152,6 +245,8 @@ def data_spec_for(
     global_batch: int | None = None,
     seq_len: int | None = None,
     tokenizer: str | None = None,
+    index_dir: str | None = None,
+    media_root: str | None = None,
 ) -> tuple[DataSpec, str | None]:
     """What `--data` names, wherever a command takes it: a conversation data file or mix (its index), else a
     data spec file or preset (or the model's default); and the hint line to print."""
@@ -159,7 +254,7 @@ def data_spec_for(
     from orch.runtime.data.conversations import is_conversation_data
 
     if data is not None and is_conversation_data(data):
-        return conversation_data(model, data, global_batch, seq_len, tokenizer)
+        return conversation_data(model, data, global_batch, seq_len, tokenizer, index_dir, media_root)
     spec, hint = data_for(model, data, verb)
     # a spec or preset takes the overrides too (the planner's batch error names --global-batch)
     update = {k: v for k, v in (("global_batch", global_batch), ("seq_len", seq_len)) if v is not None}
@@ -174,16 +269,23 @@ def data_spec_for(
 
 
 def conversation_data(
-    model: ModelSpec, data: str, global_batch: int | None, seq_len: int | None, tokenizer: str | None
+    model: ModelSpec,
+    data: str,
+    global_batch: int | None,
+    seq_len: int | None,
+    tokenizer: str | None,
+    index_dir: str | None = None,
+    media_root: str | None = None,
 ) -> tuple[DataSpec, str]:
-    """The DataSpec of a conversation data file (its index as the manifest) and the hint line that says so."""
+    """The DataSpec of a conversation data file (its index as the manifest) and the hint line that says so; a
+    warning line each for samples skipped and a global batch larger than the data."""
     from pathlib import Path
 
     from orch.planner.data import read_manifest
     from orch.planner.specs import DataSpec
     from orch.runtime.data.index import build_index
 
-    idx = build_index(data, model, tokenizer)
+    idx = build_index(data, model, tokenizer, index_dir=index_dir, media_root=media_root)
     longest = max(dict(r).get(model.llm_name, 0) for r in read_manifest(idx.manifest))
     seq = seq_len or -(-longest // SEQ_LEN_UNIT) * SEQ_LEN_UNIT
     batch = global_batch or DEFAULT_GLOBAL_BATCH
@@ -195,7 +297,9 @@ def conversation_data(
         source=str(Path(data).resolve()),
         tokenizer=str(Path(tokenizer).resolve()) if tokenizer else None,
     )
-    bad = f", {len(idx.bad)} malformed skipped (orch data index lists them)" if idx.bad else ""
+    skipped = len(idx.bad) + len(idx.untrained)
+    bad = f", {skipped} skipped (orch data index lists them)" if skipped else ""
+    warn_batch_over_data(batch, idx.samples, data)
     hint = (
         f"data: {idx.samples} samples of {data}{bad}; global batch {batch}"
         + ("" if global_batch else " (--global-batch)")
@@ -203,6 +307,13 @@ def conversation_data(
         + ("" if seq_len else " (--seq-len; the longest sample)")
     )
     return spec, hint
+
+
+def warn_batch_over_data(global_batch: int, samples: int, data: str) -> None:
+    """One line on stderr where a step holds more samples than the data has (each step repeats samples)."""
+    if global_batch > samples:
+        typer.echo(f"warning: global batch {global_batch} is larger than the {samples} samples of {data}: every "
+                   f"step repeats samples ({global_batch / samples:.1f} epochs a step)", err=True)  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

@@ -124,6 +124,11 @@ def launch(
     plan = load_json_file(Plan, plan_file)
     data_spec = load_data(data) if data else plan.data
     check_data_against_model(data_spec, plan.model, data or plan_file)
+    if data_spec.source is not None and data_spec.manifest is not None:
+        from orch.cli.data_cmd import warn_batch_over_data
+        from orch.planner.data import read_manifest
+
+        warn_batch_over_data(data_spec.global_batch, len(read_manifest(data_spec.manifest)), data_spec.source)
     world = nproc if nproc is not None else plan.world_size
     if world != plan.world_size:
         raise SpecError("--nproc", "", f"the plan needs {plan.world_size} processes, got {world}")
@@ -190,9 +195,11 @@ def launch(
     counts = [r.data for r in records if r.data is not None]
     if counts:
         total = {k: sum(c[k] for c in counts) for k in ("samples", "skipped", "truncated", "failed")}
+        listed = Path(workdir) / "data_problems.jsonl"
         out.print(
             f"data: {total['samples']} samples over {len(counts)} steps; {total['skipped']} skipped (no longer "
-            f"parse), {total['truncated']} truncated to seq_len, {total['failed']} with unreadable media"
+            f"parse, or media gone), {total['truncated']} truncated to seq_len, {total['failed']} with media that "
+            "did not decode (trained nothing)" + (f"; the media: {listed}" if listed.is_file() else "")
         )
     out.print(f"metrics written to [bold]{workdir}/metrics.jsonl[/]")
     if cfg.trace is not None and Path(cfg.trace).exists():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP
 from orch.cli.output import console, print_json
 
 PLACEMENTS = ("auto", "homogeneous", "colocated", "disaggregated")
@@ -31,6 +32,8 @@ def plan(
     global_batch: int | None = typer.Option(None, "--global-batch", help="Samples per step (overrides the data's)."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Cap on LLM tokens per sample (overrides the data's)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json for a data file (reference model)."),
+    index_dir: str | None = typer.Option(None, "--index-dir", help=INDEX_DIR_HELP),
+    media_root: str | None = typer.Option(None, "--media-root", help=MEDIA_ROOT_HELP),
     data_parallel: str = typer.Option(
         "auto", "--data-parallel", help="fsdp, replicate, or auto (fsdp unless a module is small)."
     ),
@@ -62,7 +65,9 @@ def plan(
     cluster_spec = load_cluster(cluster, nodes)
     from orch.cli.data_cmd import data_spec_for
 
-    data_spec, hint = data_spec_for(model_spec, data, "planned on", global_batch, seq_len, tokenizer)
+    data_spec, hint = data_spec_for(
+        model_spec, data, "planned on", global_batch, seq_len, tokenizer, index_dir, media_root
+    )
     if hint is not None:
         from rich.markup import escape
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP
+
 if TYPE_CHECKING:
     from orch.planner.profile import Profile
     from orch.planner.specs import ClusterSpec, ModelSpec
@@ -30,9 +32,16 @@ def profile(
     global_batch: int | None = typer.Option(None, "--global-batch", help="Samples per step (overrides the data's)."),
     seq_len: int | None = typer.Option(None, "--seq-len", help="Cap on LLM tokens per sample (overrides the data's)."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json for a data file (reference model)."),
-    quick: bool = typer.Option(False, "--quick", help="Fewer lengths, sizes and repetitions (under a minute)."),
-    passes: int = typer.Option(
-        3, "--passes", help="Passes over all cases; each figure is its median over them (more on a noisy machine)."
+    index_dir: str | None = typer.Option(None, "--index-dir", help=INDEX_DIR_HELP),
+    media_root: str | None = typer.Option(None, "--media-root", help=MEDIA_ROOT_HELP),
+    quick: bool = typer.Option(
+        False, "--quick", help="Fewer lengths, sizes and repetitions, and one pass (under a minute on the tiny preset)."
+    ),
+    passes: int | None = typer.Option(
+        None,
+        "--passes",
+        help="Passes over all cases; each figure is its median over them (more on a noisy machine). "
+        "Default 3, or 1 with --quick.",
     ),
     max_bytes: int = typer.Option(16 << 20, "--max-bytes", help="Largest collective message, bytes."),
     out: str = typer.Option("profile.json", "--out", "-o", help="Where to write the profile (JSON or YAML)."),
@@ -58,6 +67,8 @@ def profile(
         raise SpecError("--nodes", "", "only with --executor slurm; locally, --nproc sets the processes")
     if nproc < 1:
         raise SpecError("--nproc", "", f"expected a positive process count, got {nproc}")
+    if passes is None:
+        passes = 1 if quick else 3
     if passes < 1:
         raise SpecError("--passes", "", f"expected at least one pass, got {passes}")
     if max_bytes < 1024:
@@ -66,7 +77,9 @@ def profile(
     cluster_spec = load_cluster(cluster)
     from orch.cli.data_cmd import data_spec_for
 
-    data_spec, hint = data_spec_for(model_spec, data, "profiling on", global_batch, seq_len, tokenizer)
+    data_spec, hint = data_spec_for(
+        model_spec, data, "profiling on", global_batch, seq_len, tokenizer, index_dir, media_root
+    )
     if hint is not None:
         from rich.markup import escape
 

@@ -159,9 +159,9 @@ class Degrees:
 
 def degrees(inp: SearchInput, module: str, allow_pp: bool) -> Degrees:
     m = inp.model.modules[module]
-    tps = [t for t in _powers_of_two(min(inp.cluster.gpus_per_node, m.heads)) if m.splits_over(t)]
-    pps = [p for p in _divisors(m.layers) if p <= MAX_PP] if allow_pp else [1]
-    cps = [1] if m.windowed else _powers_of_two(MAX_CP)  # images and clips attend within themselves
+    tps = [t for t in _powers_of_two(min(inp.cluster.gpus_per_node, m.heads)) if not m.refuses("tp", t)]
+    pps = [p for p in _divisors(m.layers) if p <= MAX_PP and not m.refuses("pp", p)] if allow_pp else [1]
+    cps = [c for c in _powers_of_two(MAX_CP) if not m.refuses("cp", c)]
     return Degrees(
         tuple(t for t in tps if _allowed(inp, module, "tp", t)),
         tuple(c for c in cps if _allowed(inp, module, "cp", c)),

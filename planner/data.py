@@ -59,6 +59,29 @@ def read_manifest(path: str) -> tuple[tuple[tuple[str, int], ...], ...]:
     return tuple(rows)
 
 
+@lru_cache(maxsize=16)
+def manifest_row_weights(path: str) -> tuple[float, ...] | None:
+    """Each manifest row's chance of a draw where a mix draws its sources by weight (the summary beside a
+    conversation index: per source its rows, in order, and its share); None where every row is as likely."""
+    summary = Path(path).with_suffix(".json")
+    if not summary.is_file():
+        return None
+    try:
+        sources = json.loads(summary.read_text()).get("sources")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(sources, list) or any(not isinstance(s, dict) or "share" not in s for s in sources):
+        return None
+    total = sum(int(s.get("samples", 0)) for s in sources)
+    weights: list[float] = []
+    for s in sources:
+        n = int(s.get("samples", 0))
+        weights += [float(s["share"]) / n] * n if n else []
+    if len(weights) != total or all(math.isclose(w * total, 1.0) for w in weights):
+        return None
+    return tuple(weights)
+
+
 def _draw_task_lengths(task: TaskSpec, rng: random.Random) -> Lengths:
     out: Lengths = {}
     sigma = task.sigma
@@ -83,6 +106,9 @@ def sample_lengths(data: DataSpec, n: int, seed: int) -> list[Lengths]:
     rng = random.Random(seed)
     if data.manifest is not None:
         rows = read_manifest(data.manifest)
+        shares = manifest_row_weights(data.manifest)
+        if shares is not None and len(shares) == len(rows):  # a mix's sources by their shares
+            return [dict(r) for r in rng.choices(rows, weights=shares, k=n)]
         return [dict(rows[rng.randrange(len(rows))]) for _ in range(n)]
     weights = [t.weight for t in data.tasks]
     tasks = rng.choices(data.tasks, weights=weights, k=n)

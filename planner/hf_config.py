@@ -281,16 +281,26 @@ def model_spec_from_dir(directory: str | Path) -> ModelSpec:
     top = HFConfig(source, "", raw)
     family = family_of(top.model_type, source, "model_type", Role.MODEL, Role.LLM)
     assert family.read is not None  # every MODEL and LLM row has one
+    modules = family.read(top, path)
+    if ties_embeddings(raw):
+        modules = {n: m.model_copy(update={"tied_embeddings": m.kind == ModuleKind.LLM}) for n, m in modules.items()}
     try:
-        return ModelSpec(name=Path(path).name, modules=family.read(top, path))
+        return ModelSpec(name=Path(path).name, modules=modules)
     except ValidationError as exc:  # a shape the readers do not check field by field: one line, not a traceback
         err = exc.errors()[0]
         raise SpecError(source, "", str(err["msg"]).removeprefix("Value error, ")) from None
 
 
+def ties_embeddings(raw: dict[str, Any]) -> bool:
+    """Whether the language model's head is its input embedding: `tie_word_embeddings` at the top or in
+    text_config (transformers reads one or the other by family; either true keeps the LLM on one stage)."""
+    text = raw.get("text_config")
+    return bool(raw.get("tie_word_embeddings")) or (isinstance(text, dict) and bool(text.get("tie_word_embeddings")))
+
+
 # What a composed spec's module takes from its hf source; the spec may not set these itself.
 DERIVED = ("kind", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "mlp", "vocab", "input_dim",
-           "image_tokens", "clip_tokens", "experts", "top_k")  # fmt: skip
+           "image_tokens", "clip_tokens", "experts", "top_k", "tied_embeddings")  # fmt: skip
 BARE_ENCODER_TYPES = (*VISION_TYPES, "whisper")  # CLIPVisionModel / SiglipVisionModel / Whisper (part: encoder)
 
 
@@ -327,6 +337,7 @@ def composed_module(name: str, entry: dict[str, Any], base: Path, source: str) -
         raise SpecError(source, f"{where}.hf", f"{directory} holds a {family} model; {role} needs one of {need}")
     if family in TEXT_TYPES:
         spec = text_module(top, HFPart(path=str(directory), part="text"))
+        spec = spec.model_copy(update={"tied_embeddings": ties_embeddings(raw)})
     elif family == "whisper":
         if ref.get("part") != "encoder":
             raise SpecError(
@@ -358,6 +369,8 @@ def describe(model: ModelSpec) -> list[str]:
         what += f", ffn {m.ffn}"
         if m.vocab:
             what += f", vocab {m.vocab}"
+        if m.tied_embeddings:
+            what += ", tied embedding and head (one pipeline stage)"
         if m.image_tokens:
             what += f", {m.image_tokens} tokens per image ({m.input_dim} values per patch)"
         elif m.kind == ModuleKind.ENCODER:

@@ -62,6 +62,10 @@ def _check_pins(inp: SearchInput) -> None:
             raise SpecError(
                 "--fix", f"{p.module}.gpus={p.value}", f"an island must leave GPUs for the others (world {inp.world})"
             )
+        module = inp.model.modules.get(p.module)
+        why = module.refuses(p.axis, p.value) if module is not None and p.axis in ("tp", "cp", "pp") else None
+        if why is not None:
+            raise SpecError("--fix", f"{p.module}.{p.axis}={p.value}", why)
     by_module: dict[str, dict[str, int]] = {}
     for p in inp.pins:
         by_module.setdefault(p.module, {})[p.axis] = p.value

@@ -149,6 +149,11 @@ class ModuleSpec(_Spec):
         description="the largest tensor-parallel degree the runtime can shard this module over (1: Qwen-VL's "
         "towers, whose fused qkv projection it cannot split yet); default: any degree that splits heads and FFN",
     )
+    tied_embeddings: bool = Field(
+        default=False,
+        description="the LLM's input embedding and output head are one matrix (tie_word_embeddings: Qwen2-0.5B, "
+        "Llama-3.2-1B): both stay on one pipeline stage, so the module takes no pipeline parallelism",
+    )
     hf: HFPart | None = Field(default=None, description="the Hugging Face directory this module is built from")
 
     @model_validator(mode="after")
@@ -229,6 +234,32 @@ class ModuleSpec(_Spec):
         if self.max_tp is not None and tp > self.max_tp:
             return False
         return self.heads % tp == 0 and self.num_kv_heads % tp == 0 and self.ffn % tp == 0
+
+    def refuses(self, axis: str, degree: int) -> str | None:
+        """Why the runtime cannot run this module at `degree` on `axis` (tp, cp, pp), or None: the one list of
+        the module-shape rules that the planner's pins, its search and the runtime's launch check all apply."""
+        if degree <= 1:
+            return None
+        if axis == "tp" and self.max_tp is not None and degree > self.max_tp:
+            return (
+                f"this module takes tensor parallelism up to {self.max_tp} "
+                "(a native-resolution tower's fused qkv projection is not sharded)"
+            )
+        if axis == "tp" and not self.splits_over(degree):
+            return f"does not split {self.heads} heads, {self.num_kv_heads} KV heads and FFN {self.ffn} evenly"
+        if axis == "cp" and self.windowed:
+            return (
+                "a tower of fixed windows (whole images, audio clips, a native-resolution tower's images) attends "
+                "within each and takes no context parallelism"
+            )
+        if axis == "pp" and self.tied_embeddings:
+            return (
+                "the model ties its embedding and head (tie_word_embeddings), which a pipeline would split over "
+                "two stages"
+            )
+        if axis == "pp" and degree > self.layers:
+            return f"more stages than its {self.layers} layers"
+        return None
 
     @property
     def windowed(self) -> bool:

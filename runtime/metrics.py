@@ -44,8 +44,9 @@ class StepRecord(BaseModel):
     )
     data: dict[str, int] | None = Field(
         default=None,
-        description="with a data file: samples, skipped (no longer parse), truncated (to seq_len), failed (media "
-        "unreadable, replaced by zeros), decoded ((sample, encoder) inputs built); the last two summed over ranks",
+        description="with a data file: samples, skipped (no longer parse, or media gone), truncated (to seq_len), "
+        "failed (media that did not decode: the sample trained nothing), decoded ((sample, encoder) inputs built); "
+        "the last two summed over ranks; the media named in data_problems.jsonl",
     )
     processed: dict[str, dict[str, dict[str, int]]] | None = Field(
         default=None, description="rank -> module -> sample id -> tokens (tests' token counts; absent otherwise)"

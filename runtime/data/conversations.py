@@ -202,11 +202,14 @@ def data_files(folder: Path, ref: str) -> list[str]:
     return files
 
 
-def read_conversations(path: str, source: Source | None = None) -> Iterator[Conversation | BadSample]:
+def read_conversations(
+    path: str, source: Source | None = None, media_root: str | None = None
+) -> Iterator[Conversation | BadSample]:
     """Every sample of one data file, in order (read by `source`'s layout where given); a malformed one as a
-    BadSample."""
+    BadSample. Media paths are relative to `media_root` where given (`--media-root`), else to the source's
+    `media_dir` (a dataset description's), else to the file's folder."""
     p = Path(path)
-    layout, base = _recipe(p, source)
+    layout, base = _recipe(p, source, media_root)
     for where, raw in _records(p):
         if isinstance(raw, BadSample):
             yield raw
@@ -214,11 +217,13 @@ def read_conversations(path: str, source: Source | None = None) -> Iterator[Conv
         yield parse_sample(raw, where, base, layout)
 
 
-def _recipe(p: Path, source: Source | None) -> tuple[Layout, Path]:
-    """The layout a file's records are read by and the folder their media paths are relative to."""
-    if source is None:
-        return Layout(), p.parent
-    return source.layout, Path(source.media_dir) if source.media_dir else p.parent
+def _recipe(p: Path, source: Source | None, media_root: str | None = None) -> tuple[Layout, Path]:
+    """The layout a file's records are read by and the folder their media paths are relative to (`media_root`,
+    else the source's `media_dir`, else the file's folder)."""
+    layout = source.layout if source is not None else Layout()
+    if media_root is not None:
+        return layout, Path(media_root)
+    return layout, Path(source.media_dir) if source is not None and source.media_dir else p.parent
 
 
 def _records(p: Path) -> Iterator[tuple[str, Any]]:
@@ -273,9 +278,9 @@ class SampleFile:
     """Random access to one data file's samples by number (the `sample` of its index rows): a JSONL file by
     the byte offset of each line (one pass at open), a JSON list or parquet file held in memory."""
 
-    def __init__(self, path: str, source: Source | None = None) -> None:
+    def __init__(self, path: str, source: Source | None = None, media_root: str | None = None) -> None:
         self.path = Path(path)
-        self.layout, self.base = _recipe(self.path, source)
+        self.layout, self.base = _recipe(self.path, source, media_root)  # how its records read, media paths' folder
         self._offsets: dict[int, int] = {}
         self._records: list[Any] | None = None
         if self.path.suffix == ".jsonl":
@@ -305,7 +310,8 @@ class SampleFile:
         return parse_sample(raw, where, self.base, self.layout)
 
     @classmethod
-    def of(cls, summary: dict[str, Any]) -> SampleFile:
+    def of(cls, summary: dict[str, Any], media_root: str | None = None) -> SampleFile:
         """The file of one source of an index's summary (its path, and the layout and media folder it was read by)."""
         layout = Layout.from_json(summary.get("layout"))
-        return cls(summary["path"], Source(summary["path"], layout=layout, media_dir=summary.get("media_dir")))
+        source = Source(summary["path"], layout=layout, media_dir=summary.get("media_dir"))
+        return cls(summary["path"], source, media_root)

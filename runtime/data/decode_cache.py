@@ -19,11 +19,15 @@ from orch.planner.specs import ModelSpec
 class DecodeCache:
     """Decoded encoder inputs of one step's samples, with the samples whose media could not be read."""
 
-    def __init__(self, model: ModelSpec, enc_tokens: tuple[dict[str, int], ...]) -> None:
+    def __init__(self, model: ModelSpec, enc_tokens: tuple[dict[str, int], ...], empty: tuple[int, ...] = ()) -> None:
+        """`empty`: samples with no encoder input (skipped when the batch was built): nothing to decode."""
         self._model, self._enc_tokens = model, enc_tokens
         self._lock = threading.Lock()
-        self._inputs: dict[tuple[int, str], torch.Tensor] = {}
+        self._inputs: dict[tuple[int, str], torch.Tensor] = {
+            (i, e): torch.zeros(0, model.modules[e].input_dim or 1) for i in empty for e in enc_tokens[i]
+        }
         self._failed: set[int] = set()
+        self._held = len(self._inputs)  # not decoded: `counts` leaves them out
 
     def missing(self, sample_id: int, encoders: tuple[str, ...]) -> tuple[str, ...]:
         """The encoders among `encoders` whose inputs of the sample are not here yet."""
@@ -53,7 +57,12 @@ class DecodeCache:
         with self._lock:
             return self._inputs[(sample_id, encoder)]
 
+    def failed(self) -> set[int]:
+        """The samples with an input that could not be read here."""
+        with self._lock:
+            return set(self._failed)
+
     def counts(self) -> dict[str, int]:
         """failed: samples whose media could not be read here; decoded: the (sample, encoder) inputs held."""
         with self._lock:
-            return {"failed": len(self._failed), "decoded": len(self._inputs)}
+            return {"failed": len(self._failed), "decoded": len(self._inputs) - self._held}

@@ -21,20 +21,23 @@ sample, `"media": {encoder: [tokens per image or clip]}` where a sample has seve
 encoder `"items": {encoder: [[t, h, w, seconds], ...]}` per item in placeholder order, an image one item and a
 video one or more (its family's rule: Qwen3-VL's, one per temporal step), with `"placeholder_items": {encoder:
 [items of each placeholder]}` where a placeholder has more than one) beside the data,
-under `.orch-index/`, keyed by the data file (path, size, mtime), the token rules and the tokenizer file,
-so a changed file, model or tokenizer is indexed afresh. A mix file's manifest draws each source's rows in
-proportion to its weight. Written atomically with a summary (samples, bad samples with `file:line: what is
-wrong`).
+under `.orch-index/` where the data's folder is writable, else under `$XDG_CACHE_HOME/orch/index` (default
+`~/.cache/orch/index`), or in `--index-dir`; keyed by the data file (path, size, mtime), the token rules, the
+tokenizer file, the media root and the mix, so a changed file, model or tokenizer is indexed afresh. A mix
+file's manifest holds every valid row of every source once, source after source; how they are drawn is the
+mix's (runtime/data/mix.py). Written atomically with a summary (samples; per source its weight, rows, bad
+samples with `file:line: what is wrong`, and samples that train no token).
 """
 
 from __future__ import annotations
 
 import bisect
+import errno
 import hashlib
 import itertools
 import json
 import math
-from collections.abc import Iterator
+import os
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib import import_module
@@ -61,7 +64,7 @@ from orch.runtime.models.hf.processor import CONFIG_FILES
 MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz, a 10 ms hop
 DEFAULT_MAX_IMAGE_TOKENS = 1024
 INDEX_DIR = ".orch-index"
-INDEX_VERSION = 6  # part of the cache key: an index of another layout is made afresh
+INDEX_VERSION = 7  # part of the cache key: an index of another layout is made afresh
 _MODELS = Path(__file__).resolve().parent.parent / "models"
 
 
@@ -552,12 +555,20 @@ class SourceIndex:
     path: str
     rows: list[dict[str, Any]] = field(default_factory=list)
     bad: list[str] = field(default_factory=list)
+    untrained: list[str] = field(default_factory=list)  # file:line of samples without an assistant turn
 
 
 def index_source(
-    path: str, rules: TokenRules, counter: TextCounter, source: int = 0, chunk: int = 512, read: Source | None = None
+    path: str,
+    rules: TokenRules,
+    counter: TextCounter,
+    source: int = 0,
+    chunk: int = 512,
+    media_root: str | None = None,
+    read: Source | None = None,
 ) -> SourceIndex:
-    """One data file's rows (`read`: its layout and media folder, where a dataset description gives them)."""
+    """One data file's rows (`media_root`: where its media paths are relative to, else the file's folder; `read`:
+    its layout and media folder, where a dataset description gives them)."""
     out = SourceIndex(path)
     pending: list[tuple[Conversation, dict[str, list[int]], dict[str, list[tuple[Item, ...]]]]] = []
     memo: dict[tuple[str, str, str], tuple[Item, ...] | str] = {}  # each media file's items, read once per build
@@ -584,7 +595,7 @@ def index_source(
             out.rows.append(row)
         pending.clear()
 
-    for item in read_conversations(path, read):
+    for item in read_conversations(path, read, media_root):
         if isinstance(item, BadSample):
             out.bad.append(str(item))
             continue
@@ -595,6 +606,9 @@ def index_source(
         enc = encoder_lengths(item, rules)
         if isinstance(enc, BadSample):
             out.bad.append(str(enc))
+            continue
+        if not item.trained_turns:  # well formed, but nothing to learn: left out, listed apart
+            out.untrained.append(item.where)
             continue
         for name, per in items.items():
             enc[name] = [t * h * w for its in per for t, h, w, _ in its]
@@ -641,7 +655,7 @@ def encoder_items(
                 memo[(r.name, tag, path)] = _item(r.grids, tag, path)
             got = memo[(r.name, tag, path)]
             if isinstance(got, str):
-                return BadSample(conv.where, f"{'images' if tag == IMAGE else 'videos'}[{k}]: {Path(path).name}: {got}")
+                return BadSample(conv.where, f"{'images' if tag == IMAGE else 'videos'}[{k}]: {path}: {got}")
             items.append(got)
         out[r.name] = items
     return out
@@ -656,7 +670,42 @@ def _item(rule: GridRule, tag: str, path: str) -> tuple[Item, ...] | str:
     except ValueError as exc:  # what its processor would refuse, said as the rule says it
         return str(exc)
     except Exception as exc:  # unreadable (OSError, Pillow's DecompressionBombError): never out of the index
-        return f"cannot read ({type(exc).__name__})"
+        return _unreadable(exc)
+
+
+def _unreadable(exc: BaseException) -> str:
+    """What is wrong with a medium whose header cannot be read, in one line."""
+    if type(exc).__name__ == "DecompressionBombError":  # Pillow's: over Image.MAX_IMAGE_PIXELS
+        return f"too large to decode ({exc})"
+    if isinstance(exc, FileNotFoundError):
+        return "file not found"
+    why = f": {exc.strerror}" if isinstance(exc, OSError) and exc.strerror else ""
+    return f"cannot read ({type(exc).__name__}{why})"
+
+
+def medium_problem(path: str, kind: str) -> str | None:
+    """What is wrong with one image, video or audio file (`kind`), from its header (an image's size and
+    Pillow's decompression limit, a clip's format, a video's container), or None."""
+    if not os.path.exists(path):
+        return "file not found"
+    try:
+        if kind == "image":
+            from PIL import Image
+
+            with Image.open(path):
+                pass
+        elif kind == "audio":
+            import soundfile
+
+            soundfile.info(path)
+        else:
+            import av
+
+            with av.open(path):  # the container's header
+                pass
+    except Exception as exc:  # OSError, ValueError, RuntimeError (soundfile), DecompressionBombError
+        return _unreadable(exc)
+    return None
 
 
 def video_texts(rules: TokenRules, conv: Conversation, items: dict[str, list[tuple[Item, ...]]]) -> VideoTexts:
@@ -694,29 +743,28 @@ def encoder_lengths(conv: Conversation, rules: TokenRules) -> dict[str, list[int
             return BadSample(conv.where, f"{key}: the model has no {modality} encoder to take them")
     sizes: list[tuple[int, int]] = []
     clips: list[tuple[int, int]] = []  # (samples, rate)
-    if any(r.modality == "vision" and r.image_tokens is None and r.grids is None for r in rules.encoders):
+    if conv.images and any(r.modality == "vision" and r.grids is None for r in rules.encoders):
         from PIL import Image
 
-        for i, f in enumerate(conv.images):
+        for i, f in enumerate(conv.images):  # the header: its size, and Pillow's decompression limit
             try:
                 with Image.open(f) as im:
                     sizes.append(im.size)
-            except (OSError, ValueError) as exc:
-                return BadSample(conv.where, f"images[{i}]: {Path(f).name}: cannot read ({type(exc).__name__})")
+            except Exception as exc:  # OSError, ValueError, DecompressionBombError: the sample skipped, named
+                return BadSample(conv.where, f"images[{i}]: {f}: {_unreadable(exc)}")
     else:
-        for i, f in enumerate(conv.images):
-            if not Path(f).is_file():
-                return BadSample(conv.where, f"images[{i}]: {Path(f).name}: file not found")
-            sizes.append((0, 0))
+        sizes = [(0, 0)] * len(conv.images)
     if conv.audios:
         import soundfile
 
         for i, f in enumerate(conv.audios):
+            if not os.path.exists(f):
+                return BadSample(conv.where, f"audios[{i}]: {f}: file not found")
             try:
                 info = soundfile.info(f)
                 clips.append((int(info.frames), int(info.samplerate)))
             except (OSError, RuntimeError, ValueError) as exc:
-                return BadSample(conv.where, f"audios[{i}]: {Path(f).name}: cannot read ({type(exc).__name__})")
+                return BadSample(conv.where, f"audios[{i}]: {f}: {_unreadable(exc)}")
     out: dict[str, list[int]] = {}
     for r in rules.encoders:
         if r.grids is not None:
@@ -730,16 +778,29 @@ def encoder_lengths(conv: Conversation, rules: TokenRules) -> dict[str, list[int
 
 @dataclass(frozen=True)
 class DataIndex:
-    """What `build_index` returns: the manifest the planner reads, and per source its counts."""
+    """What `build_index` returns: the manifest the planner reads, the mix, and per source its counts."""
 
     manifest: str
     samples: int
-    sources: tuple[dict[str, Any], ...]  # path, weight, samples, bad (file:line: what)
+    sources: tuple[dict[str, Any], ...]  # path, weight, samples, share, bad (file:line: what), untrained
     cached: bool
+    strategy: str = "interleave_over"
+    replacement: bool = False
 
     @property
     def bad(self) -> list[str]:
         return [b for s in self.sources for b in s["bad"]]
+
+    @property
+    def untrained(self) -> list[str]:
+        return [u for s in self.sources for u in s.get("untrained", [])]
+
+    def mix(self) -> Any:
+        """The run's draws over these sources (runtime/data/mix.py `Mix`)."""
+        from orch.runtime.data.mix import Mix
+
+        sizes = tuple(int(s["samples"]) for s in self.sources)
+        return Mix(sizes, tuple(float(s["weight"]) for s in self.sources), self.strategy, self.replacement)
 
 
 def _file_key(path: str) -> str:
@@ -747,11 +808,53 @@ def _file_key(path: str) -> str:
     return f"{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}"
 
 
+def user_cache_dir() -> Path:
+    """Where indexes go when the data's folder is not writable: $XDG_CACHE_HOME/orch/index (~/.cache/...)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "orch" / "index"
+
+
+def make_index_dir(folder: Path) -> bool:
+    """Create `folder` (and its parents) and prove a file can be written in it: False on a read-only mount or a
+    folder this user may not write (permission bits do not stop root, so it tries)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST):
+            return False
+        raise
+    return True
+
+
+def index_places(data: str, index_dir: str | None) -> list[Path]:
+    """Where the index of `data` may be, in the order looked in: `index_dir` alone where given; else beside the
+    data (`.orch-index/`), then the user's cache."""
+    if index_dir is not None:
+        return [Path(index_dir).expanduser().resolve()]
+    return [Path(data).resolve().parent / INDEX_DIR, user_cache_dir()]
+
+
 def build_index(
-    data: str, model: ModelSpec, tokenizer: str | None = None, max_image_tokens: int = DEFAULT_MAX_IMAGE_TOKENS
+    data: str,
+    model: ModelSpec,
+    tokenizer: str | None = None,
+    max_image_tokens: int = DEFAULT_MAX_IMAGE_TOKENS,
+    index_dir: str | None = None,
+    media_root: str | None = None,
 ) -> DataIndex:
-    """Index `data` (a data file or a mix file) for `model`, or reuse the cached index of the same inputs."""
+    """Index `data` (a data file or a mix file) for `model`, or reuse the cached index of the same inputs.
+    `media_root`: the folder media paths are relative to (else each data file's folder); `index_dir`: where
+    the index is kept (else beside the data where writable, else the user's cache: `index_places`)."""
+    from orch.runtime.data.mix import read_mix_spec
+
     sources = read_sources(data)
+    mix = read_mix_spec(data)
+    if media_root is not None and not Path(media_root).is_dir():
+        raise SpecError("--media-root", "", f"{media_root}: not a directory")
+    root = str(Path(media_root).resolve()) if media_root is not None else None
     rules = TokenRules.of(model, max_image_tokens)
     chat = find_tokenizer(model, tokenizer)
     digest = hashlib.sha256()
@@ -760,42 +863,49 @@ def build_index(
         rules.key(),
         _file_key(chat.tokenizer_file),
         chat.key(),
+        f"{mix.strategy}:{mix.replacement}:{root}",
         *(f"{_file_key(s.path)}:{s.key()}" for s in sources),
     ):
         digest.update(part.encode())
-    key = digest.hexdigest()[:16]
-    folder = Path(data).resolve().parent / INDEX_DIR
-    manifest = folder / f"{Path(data).stem}-{key}.jsonl"
-    summary = folder / f"{Path(data).stem}-{key}.json"
-    if manifest.is_file() and summary.is_file():
-        meta = json.loads(summary.read_text())
-        return DataIndex(str(manifest), meta["samples"], tuple(meta["sources"]), cached=True)
+    name = f"{Path(data).stem}-{digest.hexdigest()[:16]}"
+    places = index_places(data, index_dir)
+    for folder in places:
+        manifest, summary = folder / f"{name}.jsonl", folder / f"{name}.json"
+        if manifest.is_file() and summary.is_file():
+            meta = json.loads(summary.read_text())
+            return DataIndex(str(manifest), meta["samples"], tuple(meta["sources"]), True, mix.strategy,
+                             mix.replacement)  # fmt: skip
+    folder = next((f for f in places if make_index_dir(f)), None)
+    if folder is None:
+        where = "--index-dir" if index_dir is not None else " or ".join(str(f) for f in places)
+        raise SpecError(str(places[0]) if index_dir is not None else data, "",
+                        f"cannot write the index ({where}): pass --index-dir DIR where you can write")  # fmt: skip
     counter = TextCounter(*chat)
-    indexed = [index_source(s.path, rules, counter, k, read=s) for k, s in enumerate(sources)]
-    rows = list(_mixed(indexed, [s.weight for s in sources]))
+    indexed = [index_source(s.path, rules, counter, k, media_root=root, read=s) for k, s in enumerate(sources)]
+    rows = [r for i in indexed for r in i.rows]  # every valid row once, source after source
     if not rows:
-        raise SpecError(data, "", "no usable sample: " + ("; ".join(b for i in indexed for b in i.bad[:3]) or "empty"))
+        wrong = [*(b for i in indexed for b in i.bad[:3]), *(f"{u}: no assistant turn" for i in indexed
+                                                             for u in i.untrained[:3])]  # fmt: skip
+        raise SpecError(data, "", "no usable sample: " + ("; ".join(wrong) or "empty"))
+    from orch.runtime.data.mix import Mix
+
+    shares = Mix(tuple(len(i.rows) for i in indexed), tuple(s.weight for s in sources), mix.strategy,
+                 mix.replacement).shares()  # fmt: skip
     meta_sources = tuple(
-        {"path": i.path, "weight": s.weight, "samples": len(i.rows), "bad": i.bad, **s.as_json()}
-        for i, s in zip(indexed, sources, strict=True)
+        dict(
+            path=i.path,
+            weight=s.weight,
+            samples=len(i.rows),
+            share=share,
+            bad=i.bad,
+            untrained=i.untrained,
+            **s.as_json(),
+        )
+        for i, s, share in zip(indexed, sources, shares, strict=True)
     )
-    folder.mkdir(exist_ok=True)
+    manifest, summary = folder / f"{name}.jsonl", folder / f"{name}.json"
     write_text_atomic(manifest, "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
-    meta = {"samples": len(rows), "sources": meta_sources, "max_image_tokens": max_image_tokens}
+    meta = {"samples": len(rows), "sources": meta_sources, "max_image_tokens": max_image_tokens,
+            "strategy": mix.strategy, "replacement": mix.replacement, "media_root": root}  # fmt: skip
     write_text_atomic(summary, json.dumps(meta, indent=1))
-    return DataIndex(str(manifest), len(rows), meta_sources, cached=False)
-
-
-def _mixed(indexed: list[SourceIndex], weights: list[float]) -> Iterator[dict[str, Any]]:
-    """One source's rows as they are; several: each source's share of the total rows by its weight."""
-    if len(indexed) == 1:
-        yield from indexed[0].rows
-        return
-    total = sum(len(i.rows) for i in indexed)
-    share = sum(weights)
-    for i, w in zip(indexed, weights, strict=True):
-        if not i.rows:
-            continue
-        n = max(1, round(total * w / share))
-        for k in range(n):
-            yield i.rows[k % len(i.rows)]
+    return DataIndex(str(manifest), len(rows), meta_sources, False, mix.strategy, mix.replacement)

@@ -22,26 +22,29 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from orch.runtime.data.problems import DataProblems
 from orch.runtime.data.source import ConversationBatch, ConversationData
 
 if TYPE_CHECKING:
     from orch.planner.specs import DataSpec, ModelSpec
 
+Opened = tuple["ModelSpec", "DataSpec"] | tuple["ModelSpec", "DataSpec", DataProblems]
 _WORKER_DATA: list[ConversationData] = []  # the worker process's own opened data file (one per process)
 
 
-def _open_in_worker(model: ModelSpec, data: DataSpec) -> None:
+def _open_in_worker(model: ModelSpec, data: DataSpec, problems: DataProblems | None = None) -> None:
     torch.set_num_threads(1)
-    _WORKER_DATA.append(ConversationData(model, data))
+    _WORKER_DATA.append(ConversationData(model, data, problems))  # its problems appended as the rank's
 
 
-def _decode_in_worker(row: int, encoders: tuple[str, ...]) -> dict[str, torch.Tensor] | None:
-    return _WORKER_DATA[0].decode(row, encoders)
+def _decode_in_worker(row: int, encoders: tuple[str, ...], step: int) -> dict[str, torch.Tensor] | None:
+    return _WORKER_DATA[0].decode(row, encoders, step)
 
 
 class SamplePrefetcher:
-    def __init__(self, workers: int = 0, opened: tuple[ModelSpec, DataSpec] | None = None) -> None:
-        """`workers` processes decoding (0: one thread); `opened`: the model and data they open."""
+    def __init__(self, workers: int = 0, opened: Opened | None = None) -> None:
+        """`workers` processes decoding (0: one thread); `opened`: the model and data they open (and where they
+        append the media they cannot read)."""
         self._thread: ThreadPoolExecutor | None = None
         self._procs: ProcessPoolExecutor | None = None
         self._workers, self._opened = workers, opened
@@ -78,9 +81,9 @@ class SamplePrefetcher:
             ]
             if procs is None:
                 for i, encoders in items:
-                    cache.put(i, encoders, batch.source.decode(batch.rows[i], encoders))
+                    cache.put(i, encoders, batch.source.decode(batch.rows[i], encoders, batch.step))
                 return
-            futures = [procs.submit(_decode_in_worker, batch.rows[i], encoders) for i, encoders in items]
+            futures = [procs.submit(_decode_in_worker, batch.rows[i], encoders, batch.step) for i, encoders in items]
             for (i, encoders), fut in zip(items, futures, strict=True):
                 cache.put(i, encoders, fut.result())
 

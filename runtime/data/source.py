@@ -12,15 +12,16 @@ batches. With a data file (`DataSpec.source`, its index as `DataSpec.manifest`):
   so a rank loads what the dispatcher gave it. Each image's or clip's rows go where its placeholder stood
   (`ConversationBatch.layout`, runtime/data/expansion.py); labels are HF's aligned labels (-100 where nothing
   is trained), each scored at the position before its token. A sample that no longer parses (its file
-  changed since it was indexed) trains on nothing (`skipped`); one whose image or clip can no longer be
-  read gets zeros of the indexed shape for it (`failed`, counted per rank), so no step stops on bad data.
+  changed since it was indexed) trains on nothing (`skipped`); one whose image or clip is gone or no longer
+  decodes is found on the rank that loads it (`failed`, counted per rank, listed in data_problems.jsonl), and
+  every rank then masks its labels (one all-reduce a step; its encoder rows are zeros of the indexed shape),
+  so no step stops on bad data.
 """
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import json
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,41 +32,16 @@ from orch.planner.specs import DataSpec, ModelSpec, projected_len
 from orch.runtime.data.batch import BatchLengths, GlobalBatch, MediaItem, Sample, encoder_order, item_map
 from orch.runtime.data.decode_cache import DecodeCache
 from orch.runtime.data.index import IGNORE, TextTokens
+from orch.runtime.data.mix import Mix
+from orch.runtime.data.problems import DataProblems
 from orch.runtime.data.synthetic import SyntheticBatch
 from orch.runtime.models.sequence import SequenceLayout
-
-
-def _seed(*parts: object) -> int:
-    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little")
-
-
-def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    """The order epoch `epoch` visits n samples in: a permutation seeded by (seed, epoch)."""
-    order = list(range(n))
-    random.Random(_seed("epoch", seed, epoch)).shuffle(order)
-    return order
-
-
-def step_rows(
-    n: int, batch: int, seed: int, step: int, cache: dict[tuple[int, int], list[int]] | None = None
-) -> list[int]:
-    """The samples of step `step`: positions step·batch .. + batch - 1 of the epochs' orders laid end to end."""
-    cache = {} if cache is None else cache
-    out = []
-    for pos in range(step * batch, (step + 1) * batch):
-        epoch, at = divmod(pos, n)
-        if (seed, epoch) not in cache:
-            cache.clear()  # one epoch at a time (two at an epoch's end)
-            cache[(seed, epoch)] = epoch_order(n, seed, epoch)
-        out.append(cache[(seed, epoch)][at])
-    return out
 
 
 class ConversationData:
     """A data file's index and samples, opened once per process (module docstring)."""
 
-    def __init__(self, model: ModelSpec, data: DataSpec) -> None:
+    def __init__(self, model: ModelSpec, data: DataSpec, problems: DataProblems | None = None) -> None:
         from orch.runtime.data.conversations import SampleFile
         from orch.runtime.data.index import TextCounter, TokenRules, find_tokenizer
 
@@ -75,7 +51,9 @@ class ConversationData:
         meta = json.loads(manifest.with_suffix(".json").read_text())
         self.rules = TokenRules.of(model, meta.get("max_image_tokens", 1024))
         self.counter = TextCounter(*find_tokenizer(model, data.tokenizer))
-        self.files = [SampleFile.of(s) for s in meta["sources"]]
+        media_root = meta.get("media_root")
+        self.files = [SampleFile.of(s, media_root) for s in meta["sources"]]
+        self.problems = problems or DataProblems(None)
         from orch.runtime.data.media import media_processors
 
         self.processors = media_processors(model)  # each encoder's: its family's, or orch's
@@ -86,13 +64,18 @@ class ConversationData:
         self._items: list[dict[str, list[list[float]]] | None] = [r.get("items") for r in raw]
         self._groups: list[dict[str, list[int]] | None] = [r.get("placeholder_items") for r in raw]
         self._texts: dict[int, TextTokens | None] = {}
-        self._orders: dict[tuple[int, int], list[int]] = {}  # (seed, epoch) -> its permutation
+        counts = [0] * len(meta["sources"])
+        for source, _ in self.rows:
+            counts[source] += 1
+        self.mix = Mix(tuple(counts), tuple(float(s.get("weight", 1.0)) for s in meta["sources"]),
+                       meta.get("strategy", "interleave_over"), bool(meta.get("replacement", False)))  # fmt: skip
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def rows_of_step(self, seed: int, step: int) -> list[int]:
-        return step_rows(len(self.rows), self.data.global_batch, seed, step, self._orders)
+        """The index rows step `step` draws: a data file's epochs, or a mix's draws (runtime/data/mix.py)."""
+        return self.mix.rows(seed, step, self.data.global_batch)
 
     def conversation(self, row: int) -> Any:
         source, number = self.rows[row]
@@ -135,9 +118,9 @@ class ConversationData:
             for e in encoder_order(self.model)
         }
 
-    def decode(self, row: int, encoders: tuple[str, ...]) -> dict[str, torch.Tensor] | None:
+    def decode(self, row: int, encoders: tuple[str, ...], step: int = -1) -> dict[str, torch.Tensor] | None:
         """The row's inputs for `encoders` (its images' and clips' rows), None when the sample or a file of it
-        cannot be read now."""
+        cannot be read now (the file is named in the run's data_problems.jsonl)."""
         from orch.runtime.data.conversations import BadSample
         from orch.runtime.data.processing import encoder_inputs
 
@@ -146,22 +129,28 @@ class ConversationData:
             return None
         try:
             return encoder_inputs(conv, self.model, self.rules, encoders, self.processors)[0]
-        except (OSError, ValueError):
+        except Exception as exc:  # OSError, ValueError, Pillow's DecompressionBombError: never the end of a run
+            medium = getattr(exc, "filename", None) or ", ".join((*conv.images, *conv.videos, *conv.audios))
+            self.problems.add(conv.where, str(medium), f"{type(exc).__name__}: {exc}", step, "masked")
             return None
 
     def batch(self, seed: int, step: int) -> ConversationBatch:
         rows = self.rows_of_step(seed, step)
         encs = encoder_order(self.model)
         enc_tokens, text_tokens, trained, skipped, truncated = [], [], [], [], 0
-        for row in rows:
+        for i, row in enumerate(rows):
             lengths = self.lengths[row]
             enc = {e: self.model.modules[e].round_length(int(lengths.get(e, 0))) for e in encs}
             prefix = sum(projected_len(n, self.model.modules[e].downsample) for e, n in enc.items())
             text = self.text(row)
             room = max(1, self.data.seq_len - prefix)
-            if text is None:
+            # A medium gone or broken since indexing is found where the sample is decoded, and every rank then
+            # masks the sample (ConversationBatch.without): no rank stats or re-reads the whole batch's media,
+            # which at thousands of ranks would be millions of metadata calls a step on a shared file system.
+            if text is None:  # one untrained token, no encoder rows, on every rank
+                enc = dict.fromkeys(encs, 0)
                 n, t = 1, 0
-                skipped.append(row)
+                skipped.append(i)
             else:
                 n = max(1, min(len(text.ids), room))
                 truncated += len(text.ids) > room
@@ -174,7 +163,7 @@ class ConversationData:
         return ConversationBatch(
             self.model, seed, step, tuple(enc_tokens), tuple(text_tokens), source=self, rows=tuple(rows),
             trained=tuple(trained), skipped=tuple(skipped), truncated=truncated,
-            decoded=DecodeCache(self.model, tuple(enc_tokens)),
+            decoded=DecodeCache(self.model, tuple(enc_tokens), empty=tuple(skipped)),
         )  # fmt: skip
 
 
@@ -189,9 +178,10 @@ class ConversationBatch(BatchLengths):
     source: ConversationData
     rows: tuple[int, ...]
     trained: tuple[int, ...]  # per sample, its text positions with a target
-    skipped: tuple[int, ...]  # rows whose sample could not be read
+    skipped: tuple[int, ...]  # samples (ids in the batch) that no longer parse
     truncated: int  # samples cut to seq_len
     decoded: DecodeCache = field(compare=False, repr=False)
+    masked: tuple[int, ...] = ()  # samples whose media failed to decode on some rank: labels all ignored
 
     @property
     def label_tokens(self) -> int:
@@ -203,15 +193,34 @@ class ConversationBatch(BatchLengths):
 
         row = self.rows[sample_id]
         text = self.source.text(row)
-        if text is None:  # no longer parses: trained on nothing, the indexed rows first
-            prefix = sum(self.projected(e, sample_id) for e in encoder_order(self.model))
-            return SequenceLayout.prefix_first(prefix, self.text_tokens[sample_id])
+        if text is None or sample_id in self.skipped:  # trained on nothing: one text row, no encoder rows
+            return SequenceLayout.prefix_first(0, self.text_tokens[sample_id])
         return conversation_layout(self.model, text.marks, self.text_tokens[sample_id], self.source.media(row))
 
     def items(self, encoder: str, sample_id: int) -> tuple[MediaItem, ...]:
         """The sample's images and videos for `encoder` as the index read them from their headers."""
+        if sample_id in self.skipped:
+            return ()
         got = self.source.items(self.rows[sample_id]).get(encoder)
         return tuple(got) if got else super().items(encoder, sample_id)
+
+    def decode(self, wanted: dict[str, list[int]]) -> None:
+        """Decode now what `wanted` (encoder -> sample ids) names that the cache does not hold yet."""
+        for name, ids in wanted.items():
+            for i in ids:
+                missing = self.decoded.missing(i, (name,))
+                if missing:
+                    self.decoded.put(i, missing, self.source.decode(self.rows[i], missing, self.step))
+
+    def without(self, failed: set[int]) -> ConversationBatch:
+        """This batch with the `failed` samples (a medium that passed the header check but did not decode, on
+        whichever rank loads it) training nothing: every label ignored and their tokens out of the loss
+        normaliser. Lengths stay as they are, so the step's tables and collectives stand; their encoder rows
+        are the zeros of the indexed shape, which no label reaches."""
+        if not failed:
+            return self
+        trained = tuple(0 if i in failed else t for i, t in enumerate(self.trained))
+        return dataclasses.replace(self, trained=trained, masked=tuple(sorted(failed)))
 
     def data_counts(self) -> dict[str, int]:
         """This step's data outcomes on this rank: samples, skipped (no longer parse), truncated, failed
@@ -232,11 +241,11 @@ class ConversationBatch(BatchLengths):
         wanted = tuple(encoder_order(self.model)) if encoders is None else encoders
         missing = self.decoded.missing(sample_id, wanted)
         if missing:
-            self.decoded.put(sample_id, missing, src.decode(row, missing))
-        if text is None:
+            self.decoded.put(sample_id, missing, src.decode(row, missing, self.step))
+        if text is None or sample_id in self.skipped:
             ids, targets = [0] * n, [IGNORE] * n
         else:
-            ids, targets = text.ids[:n], text.labels[:n]
+            ids, targets = text.ids[:n], text.labels[:n] if sample_id not in self.masked else [IGNORE] * n
         return Sample(
             sample_id,
             {e: self.decoded.get(sample_id, e).to(device, dtype) for e in wanted},
@@ -249,9 +258,9 @@ class ConversationBatch(BatchLengths):
 class BatchSource:
     """The batches of a run: `build(step)`; synthetic unless the data spec names a conversation source."""
 
-    def __init__(self, model: ModelSpec, data: DataSpec, seed: int) -> None:
+    def __init__(self, model: ModelSpec, data: DataSpec, seed: int, problems: DataProblems | None = None) -> None:
         self.model, self.data, self.seed = model, data, seed
-        self.files = ConversationData(model, data) if data.source is not None else None
+        self.files = ConversationData(model, data, problems) if data.source is not None else None
 
     def build(self, step: int) -> GlobalBatch:
         if self.files is not None:

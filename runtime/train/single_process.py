@@ -11,7 +11,7 @@ import torch
 
 from orch.planner.specs import DataSpec, ModelSpec
 from orch.runtime.data.batch import encoder_order
-from orch.runtime.data.source import BatchSource
+from orch.runtime.data.source import BatchSource, ConversationBatch
 from orch.runtime.models.build import build_modules
 from orch.runtime.train.compute import encode, join_prefix, text_loss
 from orch.runtime.train.config import TrainConfig
@@ -50,6 +50,9 @@ def run_reference(
     grads: dict[str, torch.Tensor] = {}
     for step in range(steps):
         batch = batches.build(cfg.data_step(step))
+        if isinstance(batch, ConversationBatch):  # as the ranks agree: media that do not decode train nothing
+            batch.decode({e: list(range(batch.size)) for e in encoder_order(model)})
+            batch = batch.without(batch.decoded.failed())
         samples = [batch.sample(i, dtype) for i in range(batch.size)]
         encoded = {
             e: encode(modules[e], e, samples, dtype, model.modality(e).frames_per_token) for e in encoder_order(model)

@@ -31,6 +31,7 @@ from orch.planner.sample_cost import SampleCost
 from orch.planner.specs import DataSpec
 from orch.runtime.data.batch import GlobalBatch, initial_dp_index
 from orch.runtime.data.prefetch import SamplePrefetcher
+from orch.runtime.data.problems import DataProblems
 from orch.runtime.data.source import BatchSource, ConversationBatch
 from orch.runtime.memory import measured_step, parameter_storages, peak_bytes, state_parts
 from orch.runtime.parallel.boundary import Boundary
@@ -43,6 +44,7 @@ from orch.runtime.train.inputs import InputRouter
 from orch.runtime.train.optim import build_optimizer, clip_grads, global_grad_norm, lr_at, set_lr
 from orch.runtime.train.orchestrator import (
     Orchestrator,
+    StepTables,
     longest_sample,
     modules_to_calibrate,
     shared_calibration,
@@ -84,8 +86,10 @@ class TrainStep:
         world: int,
         device: torch.device | str = "cpu",
         debug: DebugConfig | None = None,
+        problems: DataProblems | None = None,
     ) -> None:
-        """`device`: this rank's device, matching the process group's backend (runtime/device.py `rank_device`)."""
+        """`device`: this rank's device, matching the process group's backend (runtime/device.py `rank_device`);
+        `problems`: where the media this rank cannot read are listed (RUN_DIR/data_problems.jsonl)."""
         check_supported(plan)
         if world != plan.world_size:
             raise ValueError(f"plan needs {plan.world_size} ranks, launched with {world}")
@@ -93,8 +97,9 @@ class TrainStep:
         self.debug = debug or DebugConfig()
         self.device = torch.device(device)
         self.model = model = plan.model
-        self.batches = BatchSource(model, data, cfg.seed)  # synthetic, or the user's data file
-        self.prefetcher = SamplePrefetcher(cfg.loader_workers, (model, data))
+        self.batches = BatchSource(model, data, cfg.seed, problems)  # synthetic, or the user's data file
+        opened = (model, data) if problems is None else (model, data, problems)
+        self.prefetcher = SamplePrefetcher(cfg.loader_workers, opened)
         self._upcoming: GlobalBatch | None = None
         self.grids: dict[str, Grid] = build_grids(plan.modules, self.device.type)
         build_meshes(self.grids)
@@ -147,22 +152,37 @@ class TrainStep:
         dispatcher's tables for it are known: where the samples go, or where they start when loading at the
         origin)."""
         future = self.orch.pending(upcoming.step)
-        router, encoders = self.ctx.router, [n for n in self.modules if n != self.model.llm_name]
 
         def wanted() -> dict[str, list[int]]:
-            tables = future.result() if future is not None else None
-            out = {}
-            for name in encoders:
-                if tables is not None:
-                    out[name] = router.held(name, tables, origin=not router.at_destination)
-                else:  # unbalanced: every sample where it starts
-                    c = self.grids[name].coord(self.rank)
-                    assert c is not None
-                    out[name] = [i for i in range(upcoming.size) if initial_dp_index(i, self.grids[name].dp) == c.dp]
-            return out
+            return self._held(future.result() if future is not None else None, upcoming.size)
 
         self.prefetcher.start(upcoming, wanted)
         self._upcoming = upcoming
+
+    def _held(self, tables: StepTables | None, size: int) -> dict[str, list[int]]:
+        """Per encoder this rank serves, the samples it builds: where the dispatcher puts them when loading at
+        the destination, their origin otherwise (and without tables)."""
+        router, out = self.ctx.router, {}
+        for name in (n for n in self.modules if n != self.model.llm_name):
+            if tables is not None:
+                out[name] = router.held(name, tables, origin=not router.at_destination)
+            else:  # unbalanced: every sample where it starts
+                c = self.grids[name].coord(self.rank)
+                assert c is not None
+                out[name] = [i for i in range(size) if initial_dp_index(i, self.grids[name].dp) == c.dp]
+        return out
+
+    def _agree_on_unreadable(self, batch: ConversationBatch, tables: StepTables) -> ConversationBatch:
+        """Decode what this rank builds (the loader did most of it), then agree with every rank which samples'
+        media failed to decode anywhere (one all-reduce of a flag per sample): those train nothing on every
+        rank, so the loss normaliser and the collectives stay the same everywhere."""
+        batch.decode(self._held(tables, batch.size))
+        flags = torch.zeros(batch.size, dtype=torch.int32)
+        for i in batch.decoded.failed():
+            flags[i] = 1
+        flags = flags.to(self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return batch.without({i for i, f in enumerate(flags.cpu().tolist()) if f})
 
     def step(self, k: int) -> StepMetrics:
         from orch.runtime.train.schedules.graph_1f1b import run_graph_1f1b
@@ -210,15 +230,19 @@ class TrainStep:
             self.optimizer.zero_grad(set_to_none=True)
         t = time.perf_counter()
         tables = self.orch.tables(batch, self.rank, self.world)
+        decoding = time.perf_counter()
+        if isinstance(batch, ConversationBatch):  # what the loader did not decode, decoded here: the load phase
+            batch = self._agree_on_unreadable(batch, tables)
+        decoding = time.perf_counter() - decoding
         if k + 1 < self.cfg.steps:
             upcoming = self.batches.build(self.cfg.data_step(k + 1))
             self.orch.prefetch(upcoming, self.rank, self.world)
             if isinstance(upcoming, ConversationBatch):
                 self._prefetch_samples(upcoming)
         work = StepWork(batch, tables, self.debug.counter(self._leader))
-        work.phases["dispatch"] = time.perf_counter() - t
+        work.phases["dispatch"] = time.perf_counter() - t - decoding
         if isinstance(batch, ConversationBatch):
-            work.phases["load"] = load_wait  # waiting for this step's samples to be decoded (0: hidden)
+            work.phases["load"] = load_wait + decoding  # this step's samples' decoding not hidden (0: all hidden)
         return work
 
     def _update(self, k: int, work: StepWork) -> tuple[float, float]:

@@ -17,24 +17,11 @@ def check_supported(plan: Plan) -> None:
         if mp.layout.pp > 1 and name != plan.model.llm_name:
             raise UnsupportedPlan(f"modules.{name}.layout.pp: {mp.layout.pp}: only the LLM runs pipeline stages")
         spec = plan.model.modules[name]
-        if spec.max_tp is not None and mp.layout.tp > spec.max_tp:
-            raise UnsupportedPlan(
-                f"modules.{name}.layout.tp: {mp.layout.tp}: this module takes tensor parallelism up to {spec.max_tp} "
-                "(a native-resolution tower's fused qkv projection is not sharded)"
-            )
-        if not spec.splits_over(mp.layout.tp):
-            raise UnsupportedPlan(
-                f"modules.{name}.layout.tp: {mp.layout.tp} does not split {spec.heads} heads, "
-                f"{spec.num_kv_heads} KV heads and FFN {spec.ffn} evenly"
-            )
-        if spec.windowed and mp.layout.cp > 1:
-            raise UnsupportedPlan(
-                f"modules.{name}.layout.cp: {mp.layout.cp}: a tower of fixed windows (whole images, audio clips, "
-                "a native-resolution tower's images) attends within each and takes no context parallelism"
-            )
-        layers = spec.layers
-        if mp.layout.pp > layers:
-            raise UnsupportedPlan(f"modules.{name}.layout.pp: {mp.layout.pp} stages for {layers} layers")
+        for axis in ("tp", "cp", "pp"):
+            degree = getattr(mp.layout, axis)
+            refused = spec.refuses(axis, degree)
+            if refused is not None:
+                raise UnsupportedPlan(f"modules.{name}.layout.{axis}: {degree}: {refused}")
         why = unsupported_ep(name, mp, plan.model.modules[name].experts, name == plan.model.llm_name)
         if why is not None:
             raise UnsupportedPlan(why)
@@ -53,8 +40,8 @@ def check_hf_plan(plan: Plan) -> None:
         layout = plan.modules[name].layout
         if layout.ep > 1:
             raise UnsupportedPlan(f"modules.{name}.layout.ep: {layout.ep}: the HF families orch builds are dense")
-        if getattr(module, "tied", False) and layout.pp > 1:  # a decoder tying its embedding and head
-            raise UnsupportedPlan(
-                f"modules.{name}.layout.pp: {layout.pp}: the model ties its embedding and head "
-                "(tie_word_embeddings), which a pipeline would split over two stages"
-            )
+        if getattr(module, "tied", False):  # a plan file written before specs recorded tied_embeddings
+            tied = plan.model.modules[name].model_copy(update={"tied_embeddings": True})
+            refused = tied.refuses("pp", layout.pp)
+            if refused is not None:
+                raise UnsupportedPlan(f"modules.{name}.layout.pp: {layout.pp}: {refused}")

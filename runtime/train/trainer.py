@@ -103,7 +103,10 @@ class Trainer:
         if start >= cfg.steps:
             return
         t = time.perf_counter()
-        step = TrainStep(self.plan, self.data, cfg, rank, world, self.ctx.device, self.debug)
+        from orch.runtime.data.problems import PROBLEMS_FILE, DataProblems
+
+        problems = DataProblems(str(Path(self.workdir) / PROBLEMS_FILE), rank)
+        step = TrainStep(self.plan, self.data, cfg, rank, world, self.ctx.device, self.debug, problems)
         if start > 0:
             check_data_position(checkpoint.checkpoint_root(self.workdir) / checkpoint.step_name(start), step, start)
             checkpoint.load(self.workdir, start, step.modules, step.optimizer)

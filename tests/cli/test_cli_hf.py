@@ -89,15 +89,46 @@ def test_safetensors_shape_mismatch_is_one_line_before_any_rank(cli, llava, data
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
-def test_tied_embeddings_under_a_pipeline_are_refused_at_launch(cli, data_file, tmp_path):
+def test_tied_embeddings_keep_the_llm_on_one_stage(cli, data_file, tmp_path):
+    """A tied head (Qwen2-0.5B, Llama-3.2-1B) cannot be split from its embedding: the planner never gives the
+    LLM a pipeline (its pins say why), and a plan file edited to one is refused before any rank starts."""
     tied = make_llava(tmp_path / "tied", "siglip", "qwen2", tie_word_embeddings=True)
-    plan_of(cli, tied, data_file, tmp_path / "plan.yaml", "--fix", "llm.pp=2", "--placement", "colocated")
-    result = cli("launch", str(tmp_path / "plan.yaml"), "--workdir", str(tmp_path / "run"))
-    assert result.exit_code == 1
-    assert result.output.strip() == (
-        "error: modules.llm.layout.pp: 2: the model ties its embedding and head (tie_word_embeddings), "
-        "which a pipeline would split over two stages"
-    )
+    why = "the model ties its embedding and head (tie_word_embeddings), which a pipeline would split over two stages"
+    pinned = cli("plan", "--model", str(tied), "--cluster", "local-cpu", "--data", str(data_file),
+                 "--fix", "llm.pp=2", "--placement", "colocated")  # fmt: skip
+    assert pinned.exit_code == 1
+    assert pinned.output.strip().splitlines()[-1] == f"error: --fix: llm.pp=2: {why}"
+    result = plan_of(cli, tied, data_file, tmp_path / "plan.yaml", "--placement", "colocated")
+    assert "tied embedding and head (one pipeline stage)" in " ".join(result.output.split())
+    plan = yaml.safe_load((tmp_path / "plan.yaml").read_text())
+    assert plan["model"]["modules"]["llm"]["tied_embeddings"] is True
+    assert plan["modules"]["llm"]["layout"]["pp"] == 1
+    layout = plan["modules"]["llm"]["layout"]
+    layout["pp"], layout["dp"] = 2, layout["dp"] // 2
+    (tmp_path / "edited.yaml").write_text(yaml.safe_dump(plan))
+    launched = cli("launch", str(tmp_path / "edited.yaml"), "--workdir", str(tmp_path / "run"))
+    assert launched.exit_code == 1
+    assert launched.output.strip() == f"error: modules.llm.layout.pp: 2: {why}"
+    # a plan file from before specs recorded the tie: the built module's shared weight still refuses it
+    plan["model"]["modules"]["llm"].pop("tied_embeddings")
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(plan))
+    launched = cli("launch", str(tmp_path / "old.yaml"), "--workdir", str(tmp_path / "run"))
+    assert launched.exit_code == 1
+    assert launched.output.strip() == f"error: modules.llm.layout.pp: 2: {why}"
+
+
+def test_an_untied_llm_may_take_a_pipeline(tmp_path):
+    from orch.planner.candidates import SearchInput, degrees
+    from orch.planner.hf_config import model_spec_from_dir
+    from orch.planner.loading import load_cluster, load_data
+
+    untied = model_spec_from_dir(make_llava(tmp_path / "untied", "siglip", "qwen2"))
+    tied = model_spec_from_dir(make_llava(tmp_path / "tied", "siglip", "qwen2", tie_word_embeddings=True))
+    assert not untied.modules["llm"].tied_embeddings and tied.modules["llm"].tied_embeddings
+    assert not tied.modules["vision"].tied_embeddings
+    for spec, want in ((untied, (1, 2, 4)), (tied, (1,))):
+        inp = SearchInput(spec, load_cluster("h100-80g"), load_data("tiny-mix"))
+        assert degrees(inp, "llm", allow_pp=True).pp == want
 
 
 def test_not_a_model_directory(cli, tmp_path, data_file):

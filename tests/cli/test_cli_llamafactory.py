@@ -182,7 +182,9 @@ def test_a_directory_reads_its_data_files_or_says_what_it_expected(demo, cli, tm
     pq.write_table(pa.Table.from_pylist(_records(root / "data" / "alpaca_en_demo.json")), folder / "alpaca.parquet")
     (folder / "mllm_demo_data").symlink_to(root / "data" / "mllm_demo_data")
     out = _ok(cli, "data", "index", str(folder), "--model", str(models["llava"]), "--json")
-    sources = json.loads(out[out.index("{") :])["sources"]
+    summary = json.loads(out[out.index("{") :])
+    sources = summary["sources"]
+    assert summary["samples"] == 9  # a folder's files concatenated, as LLaMA-Factory reads a folder
     assert [(Path(s["path"]).name, s["samples"]) for s in sources] == [
         ("alpaca.parquet", 3),
         ("mllm_demo.json", 6),

@@ -1,7 +1,7 @@
 """Training on a data file (conversations with images and audio, runtime/data/source.py) under every placement:
 float64 losses (1e-9) and parameters (1e-8) equal the single-process reference on the same samples; every
 sample of a global batch runs once per module with all its tokens; loading at the destination moves no input
-byte and trains the same as loading at the origin; a sample whose image vanished is counted, not fatal."""
+byte and trains the same as loading at the origin; a sample whose image vanished is masked and listed, not fatal."""
 
 import shutil
 from pathlib import Path
@@ -113,14 +113,21 @@ def test_loading_at_the_destination_moves_no_input_byte(launched):
 @pytest.fixture(scope="module")
 def two_ranks(dataset, tmp_path_factory):
     """The 2-rank runs of the tests below, in ONE launch: a copy of the data whose images all vanished after
-    indexing, and the 4-step run and the 2-step checkpointed run the resume test continues."""
+    indexing but one of step 0's, cut to its header (it opens, its pixels do not decode), and the 4-step run and
+    the 2-step checkpointed run the resume test continues."""
     root, model, data = dataset
     base = tmp_path_factory.mktemp("two-ranks")
     copy = base / "data"
     shutil.copytree(root, copy, ignore=shutil.ignore_patterns(".orch-index"))
     spec, _ = conversation_data(model, str(copy / "data.jsonl"), 8, None, str(copy / "tok" / "tokenizer.json"))
+    source = BatchSource(model, spec, SEED).files
+    assert source is not None
+    first = next(Path(c.images[0]) for row in source.rows_of_step(SEED, 0) if (c := source.conversation(row)).images)
     for image in sorted((copy / "media").glob("img_*.png")):
-        image.unlink()  # every image gone after indexing
+        if image == first:
+            image.write_bytes(image.read_bytes()[:60])
+        else:
+            image.unlink()  # gone after indexing
     dp2 = {"llm": (Layout(dp=2), [0, 1])}
     runs = {
         "vanished": (
@@ -140,14 +147,33 @@ def _resume_cfg(steps, **kw):
 
 
 @pytest.mark.slow
-def test_a_vanished_image_is_counted_not_fatal(dataset, two_ranks):
+def test_a_vanished_or_cut_image_masks_its_sample_and_is_listed(dataset, two_ranks):
+    from orch.runtime.data.problems import read_problems
+
     _, model, _ = dataset
-    runs, spec, _ = two_ranks
+    runs, spec, base = two_ranks
     records = runs["vanished"]
     assert len(records) == 2 and all(r.loss > 0 for r in records)
-    images = [sum(1 for i in BatchSource(model, spec, SEED).build(r.step).enc_tokens if i["vision"]) for r in records]
-    assert [r.data["failed"] for r in records] == images and sum(images) > 0
-    assert Path(spec.source).is_file()
+    ref = run_reference(model, spec, seed=SEED, steps=2, dtype=torch.float64, optimizer="sgd", lr=0.1)
+    assert [r.loss for r in records] == pytest.approx(ref.losses, rel=1e-9)  # the same samples left out
+    source = BatchSource(model, spec, SEED).files
+    assert source is not None
+    cut = [p for p in (Path(spec.source).parent / "media").glob("img_*.png")]
+    assert len(cut) == 1
+    # every sample with an image is found where it is decoded (all but one image vanished, that one cut)
+    masked = [[i for i, row in enumerate(source.rows_of_step(SEED, r.step)) if source.conversation(row).images]
+              for r in records]  # fmt: skip
+    assert all(masked) and [r.data["skipped"] for r in records] == [0, 0]
+    assert [r.data["failed"] for r in records] == [len(m) for m in masked]
+    built = [BatchSource(model, spec, SEED).build(r.step) for r in records]
+    assert [r.tokens for r in records] == [b.without(set(m)).label_tokens for b, m in zip(built, masked, strict=True)]
+    assert records[0].tokens < built[0].label_tokens  # the masked samples trained nothing
+    listed = read_problems(str(base / "run" / "data_problems.jsonl"))
+    assert listed and all(p["action"] == "masked" for p in listed)
+    drawn = {source.conversation(source.rows_of_step(SEED, r.step)[i]).where
+             for r, ids in zip(records, masked, strict=True) for i in ids}  # fmt: skip
+    assert {f"{p['file']}:{p['line']}" for p in listed} == drawn
+    assert {p["medium"] for p in listed if Path(str(p["medium"])).exists()} == {str(cut[0])}
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orch.runtime.data.source import step_rows
+from orch.runtime.data.mix import step_rows
 
 
 @settings(max_examples=60, deadline=None)

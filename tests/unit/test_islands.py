@@ -122,7 +122,7 @@ modules:
     assert {lay.tp for lay in layouts(inp, "llm", 4, allow_pp=True)} == {1}
     assert tp_degrees(model, "llm", 4, 2) == [1] and tp_degrees(model, "vision", 4, 2) == [1, 2]
     plan = hand_plan(model, load_data("tiny-mix"), {"llm": (Layout(tp=2, dp=2), [0, 1, 2, 3])})
-    with pytest.raises(UnsupportedPlan, match=r"modules\.llm\.layout\.tp: 2 does not split 2 heads, 1 KV heads"):
+    with pytest.raises(UnsupportedPlan, match=r"modules\.llm\.layout\.tp: 2: does not split 2 heads, 1 KV heads"):
         check_supported(plan)
 
 

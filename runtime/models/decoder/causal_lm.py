@@ -38,7 +38,8 @@ class HFCausalLM(HFModule, StagedDecoder):
         self.norm: nn.Module | None = decoder.norm
         self.rotary_emb = decoder.rotary_emb
         self.lm_head: nn.Module | None = lm_head
-        self.tied = bool(getattr(config, "tie_word_embeddings", False))
+        # tied as transformers tied them (its config rule differs by family): one Parameter in two places
+        self.tied = getattr(lm_head, "weight", None) is getattr(decoder.embed_tokens, "weight", False)
 
     def tp_plan(self) -> dict[str, ParallelStyle]:
         from torch.distributed.tensor.parallel import SequenceParallel
