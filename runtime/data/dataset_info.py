@@ -7,9 +7,10 @@ Each entry's `file_name` (a data file or a folder of them, relative to the descr
 system, tools, images, videos, audios -> the records' keys) and `tags` (role_tag, content_tag, user_tag,
 assistant_tag, observation_tag, function_tag, system_tag) become each source's `Layout` (runtime/data/layouts.py).
 Media paths are relative to `media_dir` where the entry names one (relative to the description's folder), else
-to the description's folder (LLaMA-Factory's default media_dir, its dataset_dir). Several names are several
-sources of weight 1 each, mixed as a mix file's are. Refused, each in one line: a hub dataset (hf_hub_url,
-ms_hub_url, ...: orch reads local files), ranking (preference) data, num_samples.
+to the description's folder (LLaMA-Factory's default media_dir, its dataset_dir; `--media-root` wins over both).
+Several names are several sources of weight 1 each, concatenated (runtime/data/mix.py `read_mix_spec`:
+LLaMA-Factory's default mix_strategy). Refused, each in one line: a hub dataset (hf_hub_url, ms_hub_url, ...: orch
+reads local files), ranking (preference) data, num_samples.
 """
 
 from __future__ import annotations
