@@ -38,6 +38,10 @@ def test_columns_tags_and_media_dir(tmp_path):
     # without the description the same file is no conversation; its recipe in the index's summary reads it again
     assert not isinstance(next(read_conversations(chat.path)), Conversation)
     assert SampleFile.of({"path": chat.path, **chat.as_json()}).get(1) == first
+    # --media-root wins over the description's media_dir
+    moved = next(read_conversations(chat.path, chat, media_root=str(tmp_path / "elsewhere")))
+    assert isinstance(moved, Conversation) and moved.images == (str(tmp_path / "elsewhere" / "a.png"),)
+    assert SampleFile.of({"path": chat.path, **chat.as_json()}, str(tmp_path / "elsewhere")).get(1) == moved
 
 
 def test_a_folder_as_file_name_and_the_index_keeps_the_layout(tmp_path):
