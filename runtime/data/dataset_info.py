@@ -43,6 +43,13 @@ def split_ref(ref: str) -> tuple[str, list[str]] | None:
     return path, [n.strip() for n in names.split(",") if n.strip()]
 
 
+def index_anchor(ref: str) -> str:
+    """The path the index of `ref` is kept beside and named after: a description's own for its names (`DIR:NAME`
+    included), `ref` itself otherwise."""
+    named = split_ref(ref)
+    return named[0] if named is not None else ref
+
+
 def is_dataset_info(path: str) -> bool:
     """Whether `path` is a dataset description: a JSON object of entries, each naming a file or a hub dataset."""
     p = Path(path)

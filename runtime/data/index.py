@@ -867,8 +867,11 @@ def build_index(
         *(f"{_file_key(s.path)}:{s.key()}" for s in sources),
     ):
         digest.update(part.encode())
-    name = f"{Path(data).stem}-{digest.hexdigest()[:16]}"
-    places = index_places(data, index_dir)
+    from orch.runtime.data.dataset_info import index_anchor
+
+    anchor = index_anchor(data)  # a dataset description's names: beside the description, named after it
+    name = f"{Path(anchor).stem}-{digest.hexdigest()[:16]}"
+    places = index_places(anchor, index_dir)
     for folder in places:
         manifest, summary = folder / f"{name}.jsonl", folder / f"{name}.json"
         if manifest.is_file() and summary.is_file():

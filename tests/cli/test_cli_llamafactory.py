@@ -78,8 +78,11 @@ def test_images_by_dataset_info_file_and_v1_parts_equal_llava_processors(demo, c
     root, models = demo
     info = str(root / "data" / "dataset_info.json")
     assert "6 samples" in _ok(cli, "data", "index", f"{info}:mllm_demo", "--model", str(models["llava"]))
-    # LLaMA-Factory's dataset_dir and dataset name the same
-    assert "6 samples" in _ok(cli, "data", "index", f"{root / 'data'}:mllm_demo", "--model", str(models["llava"]))
+    # LLaMA-Factory's dataset_dir and dataset name the same, its index kept beside the description
+    out = _ok(cli, "data", "index", f"{root / 'data'}:mllm_demo", "--model", str(models["llava"]), "--json")
+    summary = json.loads(out[out.index("{") :])
+    assert summary["samples"] == 6 and Path(summary["manifest"]).parent == root / "data" / ".orch-index"
+    assert Path(summary["manifest"]).name.startswith("dataset_info-")
     processor = transformers.AutoProcessor.from_pretrained(models["llava"])
     for k, record in enumerate(_records(root / "data" / "mllm_demo.json"), start=1):
         text = processor.apply_chat_template(record["messages"], tokenize=False)
