@@ -26,7 +26,12 @@ data_app = typer.Typer(help="Users' data: conversations with images and audio (J
 
 @data_app.command("index")
 def index(
-    data: str = typer.Argument(..., metavar="DATA", help="A .jsonl/.json/.parquet data file or a mix file (YAML)."),
+    data: str = typer.Argument(
+        ...,
+        metavar="DATA",
+        help="A .jsonl/.json/.parquet data file, a mix file (YAML), a "
+        "directory of data files, or DIR/dataset_info.json:NAME[,NAME] (LLaMA-Factory's).",
+    ),
     model: str = typer.Option(..., "--model", "-m", help="Model spec file, preset, or Hugging Face model directory."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json (default: the LLM's HF directory)."),
     max_image_tokens: int = typer.Option(1024, "--max-image-tokens", help="Cap on a reference tower's patches."),
@@ -151,7 +156,9 @@ def report_skips(data: str, idx: DataIndex, strict: bool = False) -> int:
 
 @data_app.command("inspect")
 def inspect(
-    data: str = typer.Argument(..., metavar="DATA", help="A .jsonl/.json/.parquet data file."),
+    data: str = typer.Argument(
+        ..., metavar="DATA", help="A .jsonl/.json/.parquet data file (or one dataset: DIR/dataset_info.json:NAME)."
+    ),
     model: str = typer.Option(..., "--model", "-m", help="Model spec file or preset."),
     sample: int = typer.Option(1, "--sample", help=f"Which sample: {SAMPLE_NUMBERS}."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json (default: the LLM's HF directory)."),
@@ -182,7 +189,7 @@ def inspect(
         raise SpecError("--sample", "", f"expected a sample number from 1, got {sample}")
     if media_root is not None and not Path(media_root).is_dir():
         raise SpecError("--media-root", "", f"{media_root}: not a directory")
-    found = next((c for c in read_conversations(sources[0].path, media_root) if _line(c) == sample), None)
+    found = next((c for c in read_conversations(sources[0].path, sources[0], media_root) if _line(c) == sample), None)
     if found is None:
         raise SpecError(data, "--sample", f"no sample at line {sample} ({SAMPLE_NUMBERS})")
     if isinstance(found, BadSample):

@@ -14,7 +14,13 @@ def plan(
     model: str = typer.Option(..., "--model", "-m", help="Model spec file, preset, or Hugging Face model directory."),
     cluster: str = typer.Option(..., "--cluster", "-c", help="Cluster spec file or preset."),
     nodes: int | None = typer.Option(None, "--nodes", "-n", help="Override the cluster's node count."),
-    data: str | None = typer.Option(None, "--data", "-d", help="Data spec file or preset (default: the model's)."),
+    data: str | None = typer.Option(
+        None,
+        "--data",
+        "-d",
+        help="Conversation data (a file, mix file, directory, or dataset_info.json:NAME[,NAME]), "
+        "or a data spec file or preset (default: the model's).",
+    ),
     profile: str | None = typer.Option(None, "--profile", help="Measured costs from `orch profile`."),
     out: str = typer.Option("plan.yaml", "--out", "-o", help="Where to write the plan (YAML)."),
     json_out: bool = typer.Option(False, "--json", help="Print the plan as JSON on stdout."),

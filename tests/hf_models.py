@@ -7,6 +7,24 @@ TEXT = {"hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 4, "num
 VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
           "image_size": 28, "patch_size": 7}  # fmt: skip
 IMAGE_TOKEN = 127
+CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+SPECIALS = ["<|im_start|>", "<|im_end|>", "<image>", "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"]
+
+
+def make_chat_tokenizer(directory: Path):
+    """A fast tokenizer over the demo's words with the LLaVA and Qwen2-Audio special tokens (a model's processor
+    takes it; its chat template is the processor's)."""
+    import transformers
+    from tokenizers import Tokenizer
+
+    from orch.runtime.data.demo_data import make_tokenizer as demo_tokenizer
+
+    path = demo_tokenizer(Path(directory) / "tokenizer.json")
+    tok = Tokenizer.from_file(str(path))
+    tok.add_special_tokens(SPECIALS)
+    tok.save(str(path))
+    transformers.logging.set_verbosity_error()
+    return transformers.PreTrainedTokenizerFast(tokenizer_file=str(path), unk_token="[UNK]", eos_token="<|im_end|>")
 
 
 def save(model, directory) -> None:
@@ -21,7 +39,15 @@ def save(model, directory) -> None:
     model.save_pretrained(directory)
 
 
-def make_llava(directory: Path, vision: str = "clip", text: str = "llama", *, seed: int = 0, **text_extra) -> Path:
+def make_llava(
+    directory: Path,
+    vision: str = "clip",
+    text: str = "llama",
+    *,
+    seed: int = 0,
+    image_token: int = IMAGE_TOKEN,
+    **text_extra,
+) -> Path:
     """A LlavaForConditionalGeneration of `vision` (clip, siglip) and `text` (llama, qwen2, mistral), saved
     with safetensors; returns the directory."""
     import torch
@@ -33,7 +59,7 @@ def make_llava(directory: Path, vision: str = "clip", text: str = "llama", *, se
     config = transformers.LlavaConfig(
         vision_config=vision_cls(**VISION),
         text_config=text_cls(**{**TEXT, **text_extra}),
-        image_token_id=IMAGE_TOKEN,
+        image_token_id=image_token,
         vision_feature_select_strategy="default" if vision == "clip" else "full",
         tie_word_embeddings=bool(text_extra.get("tie_word_embeddings", False)),
     )
@@ -47,15 +73,18 @@ AUDIO = {"d_model": 32, "encoder_layers": 2, "encoder_attention_heads": 4, "enco
          "num_mel_bins": 16, "max_source_positions": 20}  # fmt: skip
 
 
-def make_qwen2_audio(directory: Path, *, seed: int = 0) -> Path:
-    """A Qwen2AudioForConditionalGeneration (clips of 20 encoder tokens) with a Qwen2 LLM, saved with safetensors."""
+def make_qwen2_audio(
+    directory: Path, *, seed: int = 0, audio_token: int = IMAGE_TOKEN, vocab: int | None = None, **audio_extra
+) -> Path:
+    """A Qwen2AudioForConditionalGeneration (clips of 20 encoder tokens unless `audio_extra` says otherwise) with a
+    Qwen2 LLM, saved with safetensors."""
     import torch
     import transformers
 
     config = transformers.Qwen2AudioConfig(
-        audio_config=transformers.Qwen2AudioEncoderConfig(**AUDIO),
-        text_config=transformers.Qwen2Config(**TEXT),
-        audio_token_id=IMAGE_TOKEN,
+        audio_config=transformers.Qwen2AudioEncoderConfig(**{**AUDIO, **audio_extra}),
+        text_config=transformers.Qwen2Config(**{**TEXT, **({"vocab_size": vocab} if vocab else {})}),
+        audio_token_id=audio_token,
     )
     torch.manual_seed(seed)
     model = transformers.Qwen2AudioForConditionalGeneration(config)

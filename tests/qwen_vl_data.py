@@ -7,6 +7,29 @@ from pathlib import Path
 from orch.planner.specs import ModelSpec
 
 
+def hf_images(directory, **kwargs):
+    """HF's PIL Qwen2-VL image processor of a directory."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers.Qwen2VLImageProcessorPil.from_pretrained(directory, **kwargs)
+
+
+def hf_processor(directory, cls: str = "Qwen2_5_VLProcessor"):
+    """HF's processor `cls` of the directory's PIL image processor and tokenizer (its video processor needs
+    torchvision, absent here: the processor is built without one)."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    check = transformers.ProcessorMixin.check_argument_for_proper_class
+    transformers.ProcessorMixin.check_argument_for_proper_class = lambda self, name, arg: None  # type: ignore
+    try:
+        return getattr(transformers, cls)(image_processor=hf_images(directory), tokenizer=tokenizer)
+    finally:
+        transformers.ProcessorMixin.check_argument_for_proper_class = check  # type: ignore
+
+
 def qwen_vl_spec(directory: Path) -> ModelSpec:
     """The spec the planner's config reader gives a tiny Qwen-VL directory (`--model DIR`)."""
     from orch.planner.hf_config import model_spec_from_dir

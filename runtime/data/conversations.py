@@ -7,8 +7,10 @@ A sample (one JSONL line, one element of a JSON list, one parquet row):
                   {"role": "assistant", "content": "A red circle."}],
      "images": ["img/0001.png"], "videos": [], "audios": []}
 
-`conversations` with `from`/`value` (ShareGPT: human, gpt, system) is read as `messages`. Image, video
-and audio paths are relative to the data file. Each `<image>` / `<video>` / `<audio>` placeholder stands
+Every layout LLaMA-Factory and ms-swift write is read as `messages` (runtime/data/layouts.py: ShareGPT's
+`conversations` of from/value, ms-swift's `conversation`, query/response, alpaca, content as typed parts, a
+`system` key, tool calls and their answers). Image, video and audio paths are relative to the data file (or a
+dataset description's `media_dir`). Each `<image>` / `<video>` / `<audio>` placeholder stands
 for the next file of its list (LLaMA-Factory's `mllm_video_demo.json`: `"videos": ["mllm_demo_data/1.mp4"]`
 with a `<video>` in the text), so their counts must match. A mix file (YAML) lists sources, each a data file and
 a weight:
@@ -25,23 +27,26 @@ the index reports it and the loader skips and counts it.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orch.planner.errors import SpecError
+from orch.runtime.data.layouts import AUDIO as AUDIO  # the placeholders: the index and the loader import them here
+from orch.runtime.data.layouts import IMAGE, MEDIA_KEYS, VIDEO, Layout, LayoutError, read_record
 
-IMAGE, VIDEO, AUDIO = "<image>", "<video>", "<audio>"
 SUFFIXES = (".jsonl", ".json", ".parquet")
 _VISUAL = re.compile(f"{re.escape(IMAGE)}|{re.escape(VIDEO)}")
-ROLES = {"user": "user", "assistant": "assistant", "system": "system", "human": "user", "gpt": "assistant"}
+TRAINED_ROLES = ("assistant", "function_call")  # the turns whose tokens train (LLaMA-Factory's)
 
 
 @dataclass(frozen=True)
 class Conversation:
-    """One sample: (role, content) turns, and its images', audio clips' and videos' absolute paths."""
+    """One sample: (role, content) turns (role system, user, assistant, function_call or tool), its images', audio
+    clips' and videos' absolute paths, and the tool definitions its chat template is given (JSON text)."""
 
     where: str  # file:line
     messages: tuple[tuple[str, str], ...]
@@ -49,10 +54,11 @@ class Conversation:
     audios: tuple[str, ...] = ()
     number: int = 0  # the sample's place in its file, 1-based (its line in a JSONL file)
     videos: tuple[str, ...] = ()
+    tools: str = ""
 
     @property
     def trained_turns(self) -> int:
-        return sum(1 for role, _ in self.messages if role == "assistant")
+        return sum(1 for role, _ in self.messages if role in TRAINED_ROLES)
 
     def visual(self) -> tuple[tuple[str, int, str], ...]:
         """Its images and videos in placeholder (text) order: (IMAGE or VIDEO, k, path), the k-th `<image>`
@@ -82,11 +88,29 @@ class BadSample:
 class Source:
     path: str
     weight: float = 1.0
+    # how its records name their fields (a dataset description's columns and tags)
+    layout: Layout = field(default_factory=Layout)
+    media_dir: str | None = None  # where its media paths are relative to (else the data file's folder)
+
+    def key(self) -> str:
+        """What of it keys the index beside the file itself."""
+        return json.dumps([self.weight, self.layout.as_json(), self.media_dir], sort_keys=True)
+
+    def as_json(self) -> dict[str, Any]:
+        """Its reading recipe as the index's summary keeps it (`SampleFile.of`)."""
+        return {"layout": self.layout.as_json(), "media_dir": self.media_dir}
 
 
 def is_conversation_data(ref: str) -> bool:
-    """A data file orch reads as conversations (by suffix), or a mix file of them (YAML with `sources`)."""
+    """A data file orch reads as conversations (by suffix), a mix file of them (YAML with `sources`), a directory
+    of them, or LLaMA-Factory's dataset description (`dataset_info.json[:NAME,...]`)."""
+    from orch.runtime.data.dataset_info import is_dataset_info, split_ref
+
+    if split_ref(ref) is not None or is_dataset_info(ref):
+        return True
     p = Path(ref)
+    if p.is_dir():
+        return True
     if p.suffix == ".parquet":
         return True
     if p.suffix in (".jsonl", ".json"):
@@ -103,26 +127,39 @@ def is_conversation_data(ref: str) -> bool:
 
 
 def _first_record_is_a_conversation(p: Path) -> bool:
-    """Whether the file's first sample has messages or conversations (a manifest of lengths has neither)."""
+    """Whether the file holds samples: a JSON list (a data spec is a mapping), or a JSONL file whose first record is
+    no manifest row (module -> token count, or `lengths`); a sample in no layout is then told which keys orch reads."""
     if not p.is_file():
         return True  # named as data: reading it reports that it is missing
     with p.open(encoding="utf-8", errors="replace") as f:
         if p.suffix == ".json":
-            head = f.read(1 << 16).lstrip()
-            return head.startswith("[") and ('"messages"' in head or '"conversations"' in head)
+            return f.read(1 << 16).lstrip().startswith("[")
         for line in f:
             if line.strip():
                 try:
                     first = json.loads(line)
                 except json.JSONDecodeError:
                     return True  # malformed: the index reports it
-                return isinstance(first, dict) and ("messages" in first or "conversations" in first)
+                return isinstance(first, dict) and not _is_manifest_row(first)
     return False
 
 
+def _is_manifest_row(row: dict[str, Any]) -> bool:
+    """A row of lengths (planner/data.py `read_manifest`): `lengths`, or token counts by module name."""
+    return "lengths" in row or (bool(row) and all(isinstance(v, int) for v in row.values()))
+
+
 def read_sources(ref: str) -> list[Source]:
-    """The data files of `ref` with their weights: itself (weight 1), or a mix file's sources."""
+    """The data files of `ref` with their weights: itself (weight 1), a mix file's sources, a directory's data files
+    (weight 1 each), or the datasets LLaMA-Factory's description names (runtime/data/dataset_info.py)."""
+    from orch.runtime.data.dataset_info import is_dataset_info, read_dataset_info, split_ref
+
+    named = split_ref(ref)
+    if named is not None or is_dataset_info(ref):
+        return read_dataset_info(*(named or (ref, [])))
     p = Path(ref)
+    if p.is_dir():
+        return [Source(f) for f in data_files(p, ref)]
     if p.suffix in SUFFIXES:
         if not p.is_file():
             raise SpecError(ref, "", "data file not found")
@@ -149,16 +186,44 @@ def read_sources(ref: str) -> list[Source]:
     return out
 
 
-def read_conversations(path: str, media_root: str | None = None) -> Iterator[Conversation | BadSample]:
-    """Every sample of one data file, in order; a malformed one as a BadSample. Media paths are relative to
-    `media_root` where given (`--media-root`, LLaMA-Factory's `media_dir`), else to the file's folder."""
+def data_files(folder: Path, ref: str) -> list[str]:
+    """A directory's data files (.jsonl, .json, .parquet; not a dataset description), in name order, as LLaMA-Factory
+    reads a folder named as a dataset; SpecError saying what it expected where it holds none."""
+    from orch.runtime.data.dataset_info import is_dataset_info
+
+    files = sorted(str(f.resolve()) for f in folder.iterdir() if f.is_file() and f.suffix in SUFFIXES
+                   and not f.name.startswith(".") and not is_dataset_info(str(f)))  # fmt: skip
+    if not files:
+        hint = (f"; it holds a dataset description: name its datasets, {ref.rstrip(os.sep)}/dataset_info.json:NAME"
+                if (folder / "dataset_info.json").is_file() else "")  # fmt: skip
+        raise SpecError(
+            ref, "", f"a directory as DATA: expected .jsonl, .json or .parquet data files in it, found none{hint}"
+        )
+    return files
+
+
+def read_conversations(
+    path: str, source: Source | None = None, media_root: str | None = None
+) -> Iterator[Conversation | BadSample]:
+    """Every sample of one data file, in order (read by `source`'s layout where given); a malformed one as a
+    BadSample. Media paths are relative to `media_root` where given (`--media-root`), else to the source's
+    `media_dir` (a dataset description's), else to the file's folder."""
     p = Path(path)
-    base = Path(media_root) if media_root is not None else p.parent
+    layout, base = _recipe(p, source, media_root)
     for where, raw in _records(p):
         if isinstance(raw, BadSample):
             yield raw
             continue
-        yield parse_sample(raw, where, base)
+        yield parse_sample(raw, where, base, layout)
+
+
+def _recipe(p: Path, source: Source | None, media_root: str | None = None) -> tuple[Layout, Path]:
+    """The layout a file's records are read by and the folder their media paths are relative to (`media_root`,
+    else the source's `media_dir`, else the file's folder)."""
+    layout = source.layout if source is not None else Layout()
+    if media_root is not None:
+        return layout, Path(media_root)
+    return layout, Path(source.media_dir) if source is not None and source.media_dir else p.parent
 
 
 def _records(p: Path) -> Iterator[tuple[str, Any]]:
@@ -190,46 +255,32 @@ def _records(p: Path) -> Iterator[tuple[str, Any]]:
             yield f"{name}:{i}", raw
 
 
-def parse_sample(raw: Any, where: str, base: Path) -> Conversation | BadSample:
-    """One record as a Conversation, or what is wrong with it."""
-    if not isinstance(raw, dict):
-        return BadSample(where, "expected an object with messages")
-    turns = raw.get("messages")
-    keys = ("role", "content")
-    if turns is None and "conversations" in raw:
-        turns, keys = raw["conversations"], ("from", "value")
-    if not isinstance(turns, list) or not turns:
-        return BadSample(where, "messages: expected a non-empty list of {role, content}")
-    messages = []
-    for i, turn in enumerate(turns):
-        if not isinstance(turn, dict):
-            return BadSample(where, f"messages[{i}]: expected an object with {keys[0]} and {keys[1]}")
-        role, content = turn.get(keys[0]), turn.get(keys[1])
-        if role not in ROLES:
-            return BadSample(where, f"messages[{i}].{keys[0]}: expected user, assistant or system, got {role!r}")
-        if not isinstance(content, str):
-            return BadSample(where, f"messages[{i}].{keys[1]}: expected a string")
-        messages.append((ROLES[role], content))
+def parse_sample(raw: Any, where: str, base: Path, layout: Layout | None = None) -> Conversation | BadSample:
+    """One record as a Conversation (in `layout`, else any layout by its keys), or what is wrong with it."""
+    try:
+        record = read_record(raw, layout or Layout())
+    except LayoutError as exc:
+        return BadSample(where, str(exc))
+    messages = record.turns
     media: dict[str, tuple[str, ...]] = {}
-    for key, tag in (("images", IMAGE), ("videos", VIDEO), ("audios", AUDIO)):
-        files = raw.get(key) or []
-        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-            return BadSample(where, f"{key}: expected a list of file paths")
+    for key, tag in MEDIA_KEYS.items():
+        files = record.media[key]
         used = sum(content.count(tag) for _, content in messages)
         if used != len(files):
             return BadSample(where, f"{len(files)} {key} for {used} {tag} placeholders")
         media[key] = tuple(str((base / f).resolve()) if not Path(f).is_absolute() else f for f in files)
     number = int(where.rsplit(":", 1)[1])
-    return Conversation(where, tuple(messages), media["images"], media["audios"], number, media["videos"])
+    return Conversation(where, tuple(messages), media["images"], media["audios"], number, media["videos"],
+                        record.tools)  # fmt: skip
 
 
 class SampleFile:
     """Random access to one data file's samples by number (the `sample` of its index rows): a JSONL file by
     the byte offset of each line (one pass at open), a JSON list or parquet file held in memory."""
 
-    def __init__(self, path: str, media_root: str | None = None) -> None:
+    def __init__(self, path: str, source: Source | None = None, media_root: str | None = None) -> None:
         self.path = Path(path)
-        self.base = Path(media_root) if media_root is not None else self.path.parent  # media paths' folder
+        self.layout, self.base = _recipe(self.path, source, media_root)  # how its records read, media paths' folder
         self._offsets: dict[int, int] = {}
         self._records: list[Any] | None = None
         if self.path.suffix == ".jsonl":
@@ -246,7 +297,7 @@ class SampleFile:
         if self._records is not None:
             if not 1 <= number <= len(self._records):
                 return BadSample(where, "no such sample (the file changed since it was indexed)")
-            return parse_sample(self._records[number - 1], where, self.base)
+            return parse_sample(self._records[number - 1], where, self.base, self.layout)
         if number not in self._offsets:
             return BadSample(where, "no such line (the file changed since it was indexed)")
         with self.path.open("rb") as f:
@@ -256,4 +307,11 @@ class SampleFile:
             raw = json.loads(line)
         except json.JSONDecodeError as exc:
             return BadSample(where, f"not valid JSON ({exc.msg})")
-        return parse_sample(raw, where, self.base)
+        return parse_sample(raw, where, self.base, self.layout)
+
+    @classmethod
+    def of(cls, summary: dict[str, Any], media_root: str | None = None) -> SampleFile:
+        """The file of one source of an index's summary (its path, and the layout and media folder it was read by)."""
+        layout = Layout.from_json(summary.get("layout"))
+        source = Source(summary["path"], layout=layout, media_dir=summary.get("media_dir"))
+        return cls(summary["path"], source, media_root)

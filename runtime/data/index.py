@@ -50,12 +50,16 @@ from orch.planner.specs import Modality, ModelSpec, ModuleSpec, projected_len
 from orch.runtime.data.conversations import (
     AUDIO,
     IMAGE,
+    TRAINED_ROLES,
     VIDEO,
     BadSample,
     Conversation,
+    Source,
     read_conversations,
     read_sources,
 )
+from orch.runtime.data.layouts import tool_calls
+from orch.runtime.models.hf.processor import CONFIG_FILES
 
 MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz, a 10 ms hop
 DEFAULT_MAX_IMAGE_TOKENS = 1024
@@ -103,12 +107,23 @@ def family_folder(directory: str) -> str | None:
 def _stamp(directory: str) -> tuple[int, ...]:
     """The processor configs' mtimes: a cached rule is read afresh when they change."""
     d = Path(directory)
-    names = ("config.json", "preprocessor_config.json", "video_preprocessor_config.json")
+    names = ("config.json", *CONFIG_FILES)
     return tuple((d / n).stat().st_mtime_ns if (d / n).is_file() else 0 for n in names)
 
 
+class ClipRule(Protocol):
+    """An audio family's token rule (its folder's `media.py` `token_rule`, e.g. Qwen2-Audio's): a clip's encoder
+    tokens from its length, and the text around its rows. A frozen dataclass of JSON values (it keys the index)."""
+
+    wrap: tuple[str, str]  # text before and after each clip's rows ("" where none)
+
+    def tokens(self, num_samples: int, rate: int) -> int:
+        """Encoder tokens of a clip of `num_samples` at `rate` Hz."""
+        ...
+
+
 @lru_cache(maxsize=64)
-def _grid_rule(spec_json: str, modality: str, stamp: tuple[int, ...]) -> GridRule | None:
+def _family_rule(spec_json: str, modality: str, stamp: tuple[int, ...]) -> Any:
     from orch.planner.hf_config import read_config
 
     spec = ModuleSpec.model_validate_json(spec_json)
@@ -119,8 +134,7 @@ def _grid_rule(spec_json: str, modality: str, stamp: tuple[int, ...]) -> GridRul
     hook = getattr(import_module(f"orch.runtime.models.{folder}.media"), "token_rule", None)
     if hook is None:
         return None
-    rule: GridRule | None = hook(spec, Modality(modality), str(read_config(spec.hf.path)[1].get("model_type")))
-    return rule
+    return hook(spec, Modality(modality), str(read_config(spec.hf.path)[1].get("model_type")))
 
 
 def grid_rule(spec: ModuleSpec, modality: Modality) -> GridRule | None:
@@ -128,14 +142,27 @@ def grid_rule(spec: ModuleSpec, modality: Modality) -> GridRule | None:
     orch's patches, clips by duration)."""
     if spec.hf is None or modality != Modality.VISION:
         return None
-    return _grid_rule(spec.model_dump_json(), modality.value, _stamp(spec.hf.path))
+    rule: GridRule | None = _family_rule(spec.model_dump_json(), modality.value, _stamp(spec.hf.path))
+    return rule
+
+
+def clip_rule(spec: ModuleSpec, modality: Modality) -> ClipRule | None:
+    """A Hugging Face audio tower's family rule (`ClipRule`), None for every other encoder (clips by duration)."""
+    if spec.hf is None or modality != Modality.AUDIO:
+        return None
+    rule: ClipRule | None = _family_rule(spec.model_dump_json(), modality.value, _stamp(spec.hf.path))
+    return rule
 
 
 def placeholder_wraps(model: ModelSpec) -> tuple[tuple[str, str, str], ...]:
-    """(placeholder, text before, text after) each of its images' or videos' rows, where the family wraps them
-    (Qwen-VL's `<|vision_start|>` ... `<|vision_end|>`: text tokens, counted in the text)."""
+    """(placeholder, text before, text after) each of its images', videos' or clips' rows, where the family wraps
+    them (Qwen-VL's `<|vision_start|>` ... `<|vision_end|>`, Qwen2-Audio's `<|audio_bos|>` ... `<|audio_eos|>`:
+    text tokens, counted in the text)."""
     out: list[tuple[str, str, str]] = []
     for name in sorted(model.encoder_names):
+        clips = clip_rule(model.modules[name], model.modality(name))
+        if clips is not None and any(clips.wrap):
+            out.append((AUDIO, *clips.wrap))
         rule = grid_rule(model.modules[name], model.modality(name))
         if rule is not None and any(rule.wrap):
             before, after = rule.wrap
@@ -163,6 +190,7 @@ class EncoderRule:
     clip_tokens: int | None = None
     frames_per_token: int = 1
     grids: Any = None  # a native-resolution family's rule (`GridRule`): per image or video its patch grid
+    clips: Any = None  # an audio family's rule (`ClipRule`): a clip's tokens from its length
 
 
 @dataclass(frozen=True)
@@ -198,6 +226,7 @@ class TokenRules:
                         m.downsample,
                         clip_tokens=m.clip_tokens,
                         frames_per_token=modality.frames_per_token,
+                        clips=clip_rule(m, modality),
                     )
                 )
             else:
@@ -233,7 +262,9 @@ def mel_frames(num_samples: int, rate: int) -> int:
 
 
 def audio_tokens(rule: EncoderRule, num_samples: int, rate: int) -> int:
-    """Encoder tokens of one clip (module docstring)."""
+    """Encoder tokens of one clip (module docstring; its family's rule where it has one)."""
+    if rule.clips is not None:
+        return int(rule.clips.tokens(num_samples, rate))
     tokens = max(1, mel_frames(num_samples, rate) // rule.frames_per_token)
     if rule.clip_tokens is not None:  # whole LLM tokens: a multiple of the pooling (ModuleSpec.round_length)
         return max(1, round(tokens / rule.downsample)) * rule.downsample
@@ -247,6 +278,7 @@ VideoTexts = list[list[str]] | None  # per `<video>`, the text before each of it
 # Stand-ins for the placeholders while the chat template renders (private-use characters no template alters).
 _MARKS = {IMAGE: "\ue000", AUDIO: "\ue001", VIDEO: "\ue002"}
 _PLACEHOLDER_OF = {v: k for k, v in _MARKS.items()}
+_PROBE = "\ue003"  # an assistant turn's content that shares no character with a tool call's text
 
 
 @dataclass
@@ -317,9 +349,9 @@ class TextCounter:
         self._ends = sorted((specials | {eos_token}) - {""}, key=len, reverse=True)  # the longest match first
         self._compiled: Any = None
         if template is not None:
-            import jinja2
+            from transformers.utils.chat_template_utils import _compile_jinja_template
 
-            self._compiled = jinja2.Environment(autoescape=False).from_string(template)
+            self._compiled = _compile_jinja_template(template)  # apply_chat_template's own environment and filters
 
     def _turn_end(self, text: str, start: int, stop: int) -> int:
         """Where an assistant turn's training ends: after the special token (end of turn, eos) that the template
@@ -332,21 +364,39 @@ class TextCounter:
                 return at + len(token)
         return start
 
-    def _raw(self, messages: list[tuple[str, str]]) -> tuple[str, list[tuple[int, int]]]:
-        """The rendering with the placeholders' marks in it, and the assistant contents' spans (through the
-        template's end-of-turn token)."""
+    def _raw(self, messages: list[tuple[str, str]], tools: str = "") -> tuple[str, list[tuple[int, int]]]:
+        """The rendering with the placeholders' marks in it, and the trained turns' spans (assistant contents and
+        tool calls, through the template's end-of-turn token)."""
         if self._compiled is None:
             text, spans = "", []
             for role, content in messages:
-                if role == "assistant":
+                if role in TRAINED_ROLES:
                     spans.append((len(text), len(text) + len(content)))
                 text += content + "\n"
             return text, spans
-        text = self._compiled.render(messages=[{"role": r, "content": c} for r, c in messages],
-                                     add_generation_prompt=False, **self.specials)  # fmt: skip
+        extra = {"tools": json.loads(tools)} if tools else {}
+        turns = [self._turn(role, content) for role, content in messages]
+
+        def rendered(upto: list[dict[str, Any]]) -> str:
+            import jinja2
+
+            try:
+                return str(self._compiled.render(messages=upto, add_generation_prompt=False, **self.specials, **extra))
+            except jinja2.TemplateError as exc:  # the template's raise_exception: a sample it refuses
+                raise ValueError(f"the chat template refuses it: {exc}") from None
+
+        text = rendered(turns)
         found: list[tuple[str, int, int]] = []
         start = 0
-        for role, content in messages:
+        for k, (role, content) in enumerate(messages):
+            if "tool_calls" in turns[k]:  # a call as the template writes it (rendering diffs, no text to find)
+                call = self._call_span(rendered, turns, k, text)
+                if call is not None:
+                    found.append((role, *call))
+                    start = call[1]
+                    continue
+                turns[k] = {"role": "assistant", "content": content}  # a template without tool calls: the JSON text
+                text = rendered(turns)
             at = text.find(content, start) if content else -1
             if at < 0:
                 continue
@@ -354,10 +404,36 @@ class TextCounter:
             start = at + len(content)
         spans = []
         for k, (role, a, b) in enumerate(found):
-            if role == "assistant":
+            if role in TRAINED_ROLES:
                 stop = found[k + 1][1] if k + 1 < len(found) else len(text)
                 spans.append((a, self._turn_end(text, b, stop)))
         return text, spans
+
+    @staticmethod
+    def _turn(role: str, content: str) -> dict[str, Any]:
+        """A turn as chat templates take it: a function_call turn as an assistant turn's `tool_calls`, an
+        observation as role `tool` (HF's and OpenAI's convention)."""
+        if role == "function_call":
+            calls = tool_calls(content)
+            if calls is not None:
+                return {"role": "assistant", "content": "", "tool_calls": calls}
+            return {"role": "assistant", "content": content}
+        return {"role": role, "content": content}
+
+    @staticmethod
+    def _call_span(rendered: Any, turns: list[dict[str, Any]], k: int, text: str) -> tuple[int, int] | None:
+        """Where turn k's tool calls stand in `text`: what the template writes for them in place of an assistant
+        turn of one private-use character (the turn's header and end are what both share); None where the template
+        writes no call (its name absent) or a turn's rendering is no prefix of the whole."""
+        before = rendered(turns[:k])
+        probe = rendered([*turns[:k], {"role": "assistant", "content": _PROBE}])
+        upto = rendered(turns[: k + 1])
+        names = [c["function"]["name"] for c in turns[k]["tool_calls"]]
+        if not (upto.startswith(before) and text.startswith(upto)) or not all(n in upto[len(before) :] for n in names):
+            return None
+        head = _shared(probe, upto)
+        tail = _shared(probe[head:][::-1], upto[head:][::-1])
+        return head, len(upto) - tail
 
     def render(self, conv: Conversation, videos: VideoTexts = None) -> Rendering:
         """The conversation's text (the chat template's rendering, or without one the contents one line each),
@@ -376,7 +452,7 @@ class TextCounter:
 
         messages = [(role, video(content.replace(IMAGE, stand_in[IMAGE]).replace(AUDIO, stand_in[AUDIO])))
                     for role, content in conv.messages]  # fmt: skip
-        raw, spans = self._raw(messages)
+        raw, spans = self._raw(messages, conv.tools)
         if not (conv.images or conv.audios or conv.videos):
             return Rendering(raw, spans, [])
         at = [i for i, ch in enumerate(raw) if ch in _PLACEHOLDER_OF]
@@ -421,6 +497,12 @@ class TextCounter:
                 labels.append(tid if trained else IGNORE)
             ids += enc.ids
         return TextTokens(ids, labels, marks)
+
+
+def _shared(a: str, b: str) -> int:
+    """The length of the prefix `a` and `b` share."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def _token_text(value: object) -> str:
@@ -483,15 +565,23 @@ def index_source(
     source: int = 0,
     chunk: int = 512,
     media_root: str | None = None,
+    read: Source | None = None,
 ) -> SourceIndex:
-    """One data file's rows (`media_root`: where its media paths are relative to, else the file's folder)."""
+    """One data file's rows (`media_root`: where its media paths are relative to, else the file's folder; `read`:
+    its layout and media folder, where a dataset description gives them)."""
     out = SourceIndex(path)
     pending: list[tuple[Conversation, dict[str, list[int]], dict[str, list[tuple[Item, ...]]]]] = []
     memo: dict[tuple[str, str, str], tuple[Item, ...] | str] = {}  # each media file's items, read once per build
 
     def flush() -> None:
-        texts = counter.count([c for c, _, _ in pending], [video_texts(rules, c, i) for c, _, i in pending])
+        try:
+            videos = [video_texts(rules, c, i) for c, _, i in pending]
+            texts: list[int | None] = list(counter.count([c for c, _, _ in pending], videos))
+        except ValueError:  # a sample the chat template refuses: each counted alone, that one left out
+            texts = [_count_one(counter, c, video_texts(rules, c, i), out.bad) for c, _, i in pending]
         for (conv, media, items), text in zip(pending, texts, strict=True):
+            if text is None:
+                continue
             enc = {name: sum(n) for name, n in media.items()}
             llm = text + sum(projected_len(n, r.downsample) for r in rules.encoders for n in [enc.get(r.name, 0)])
             row: dict[str, Any] = {"lengths": {**enc, rules.llm: llm}, "where": conv.where, "source": source,
@@ -505,7 +595,7 @@ def index_source(
             out.rows.append(row)
         pending.clear()
 
-    for item in read_conversations(path, media_root):
+    for item in read_conversations(path, read, media_root):
         if isinstance(item, BadSample):
             out.bad.append(str(item))
             continue
@@ -528,6 +618,15 @@ def index_source(
     if pending:
         flush()
     return out
+
+
+def _count_one(counter: TextCounter, conv: Conversation, videos: VideoTexts, bad: list[str]) -> int | None:
+    """One conversation's text tokens, or None with what is wrong added to `bad`."""
+    try:
+        return counter.count([conv], [videos])[0]
+    except ValueError as exc:
+        bad.append(str(BadSample(conv.where, str(exc))))
+        return None
 
 
 def encoder_items(
@@ -765,11 +864,14 @@ def build_index(
         _file_key(chat.tokenizer_file),
         chat.key(),
         f"{mix.strategy}:{mix.replacement}:{root}",
-        *(f"{_file_key(s.path)}:{s.weight}" for s in sources),
+        *(f"{_file_key(s.path)}:{s.key()}" for s in sources),
     ):
         digest.update(part.encode())
-    name = f"{Path(data).stem}-{digest.hexdigest()[:16]}"
-    places = index_places(data, index_dir)
+    from orch.runtime.data.dataset_info import index_anchor
+
+    anchor = index_anchor(data)  # a dataset description's names: beside the description, named after it
+    name = f"{Path(anchor).stem}-{digest.hexdigest()[:16]}"
+    places = index_places(anchor, index_dir)
     for folder in places:
         manifest, summary = folder / f"{name}.jsonl", folder / f"{name}.json"
         if manifest.is_file() and summary.is_file():
@@ -782,7 +884,7 @@ def build_index(
         raise SpecError(str(places[0]) if index_dir is not None else data, "",
                         f"cannot write the index ({where}): pass --index-dir DIR where you can write")  # fmt: skip
     counter = TextCounter(*chat)
-    indexed = [index_source(s.path, rules, counter, k, media_root=root) for k, s in enumerate(sources)]
+    indexed = [index_source(s.path, rules, counter, k, media_root=root, read=s) for k, s in enumerate(sources)]
     rows = [r for i in indexed for r in i.rows]  # every valid row once, source after source
     if not rows:
         wrong = [*(b for i in indexed for b in i.bad[:3]), *(f"{u}: no assistant turn" for i in indexed
@@ -793,7 +895,15 @@ def build_index(
     shares = Mix(tuple(len(i.rows) for i in indexed), tuple(s.weight for s in sources), mix.strategy,
                  mix.replacement).shares()  # fmt: skip
     meta_sources = tuple(
-        dict(path=i.path, weight=s.weight, samples=len(i.rows), share=share, bad=i.bad, untrained=i.untrained)
+        dict(
+            path=i.path,
+            weight=s.weight,
+            samples=len(i.rows),
+            share=share,
+            bad=i.bad,
+            untrained=i.untrained,
+            **s.as_json(),
+        )
         for i, s, share in zip(indexed, sources, shares, strict=True)
     )
     manifest, summary = folder / f"{name}.jsonl", folder / f"{name}.json"

@@ -86,8 +86,13 @@ class MixSpec:
 
 
 def read_mix_spec(ref: str) -> MixSpec:
-    """The strategy and replacement of a mix file (defaults for a data file)."""
+    """The strategy and replacement of a mix file (defaults for a data file; `concat` for a directory's files or a
+    dataset description's names, as LLaMA-Factory's mix_strategy and a folder of files mean them)."""
+    from orch.runtime.data.dataset_info import is_dataset_info, split_ref
+
     p = Path(ref)
+    if p.is_dir() or split_ref(ref) is not None or is_dataset_info(ref):
+        return MixSpec("concat")
     if p.suffix not in (".yaml", ".yml"):
         return MixSpec()
     import yaml

@@ -52,7 +52,7 @@ class ConversationData:
         self.rules = TokenRules.of(model, meta.get("max_image_tokens", 1024))
         self.counter = TextCounter(*find_tokenizer(model, data.tokenizer))
         media_root = meta.get("media_root")
-        self.files = [SampleFile(s["path"], media_root) for s in meta["sources"]]
+        self.files = [SampleFile.of(s, media_root) for s in meta["sources"]]
         self.problems = problems or DataProblems(None)
         from orch.runtime.data.media import media_processors
 

@@ -71,7 +71,10 @@ def test_bad_samples_are_named_and_the_rest_indexed(dataset, cli, tmp_path):
         "bad.jsonl:15: images[0]: " + str(root / "media" / "corrupt.png") + ": cannot read (UnidentifiedImageError)"
         in out
     )
-    assert "warning: bad.jsonl:16: messages[0].role: expected user, assistant or system, got 'robot'" in out
+    assert (
+        "warning: bad.jsonl:16: messages[0].role: expected one of user, human, assistant, gpt, system, function_call,"
+        " tool_call, observation, tool, tool_response, function, got 'robot'"
+    ) in out
     assert "warning: 5 samples skipped: 5 malformed (--strict: exit 1)" in out and "Traceback" not in out
     strict = cli("data", "index", str(bad), "--model", "tiny", "--tokenizer", str(tok), "--strict")
     assert strict.exit_code == 1 and "error: bad.jsonl:13: not valid JSON" in strict.output

@@ -158,7 +158,7 @@ def hf_audio_loss(model_dir, model, data) -> float:
         shown = inspected(source, row)
         parts = []
         for f in conv.audios:
-            mel = extractor(waveform_16k(f).numpy(), sampling_rate=16000, padding="longest", truncation=False,
+            mel = extractor(waveform_16k(f).numpy(), sampling_rate=16000, padding="max_length", truncation=False,
                             return_tensors="pt")["input_features"][0].T.to(torch.float64)  # fmt: skip
             want = 2 * batch.enc_tokens[i]["audio"]
             mel = mel[:want] if mel.shape[0] >= want else torch.cat([mel, mel.min().expand(want - mel.shape[0], 16)])

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-from qwen_vl_data import qwen_vl_spec, turn, write_conversations, write_image, write_video
+from qwen_vl_data import hf_images as _hf_images
+from qwen_vl_data import hf_processor, qwen_vl_spec, turn, write_conversations, write_image, write_video
 from qwen_vl_models import make_qwen_vl
 
 from orch.runtime.data.index import build_index
@@ -26,26 +27,8 @@ def qwen(tmp_path_factory):
     return directory, qwen_vl_spec(directory)
 
 
-def _hf_images(directory, **kwargs):
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    return transformers.Qwen2VLImageProcessorPil.from_pretrained(directory, **kwargs)
-
-
 def _hf_processor(directory):
-    """HF's Qwen2_5_VLProcessor of the directory's PIL image processor and tokenizer (its video processor needs
-    torchvision, absent here: the processor is built without one)."""
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
-    check = transformers.ProcessorMixin.check_argument_for_proper_class
-    transformers.ProcessorMixin.check_argument_for_proper_class = lambda self, name, arg: None  # type: ignore
-    try:
-        return transformers.Qwen2_5_VLProcessor(image_processor=_hf_images(directory), tokenizer=tokenizer)
-    finally:
-        transformers.ProcessorMixin.check_argument_for_proper_class = check  # type: ignore
+    return hf_processor(directory, "Qwen2_5_VLProcessor")
 
 
 @pytest.mark.parametrize("limits", ["pixels", "size"])

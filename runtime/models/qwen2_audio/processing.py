@@ -1,6 +1,8 @@
 """A Whisper-style tower's clips by its own feature extractor (`AutoFeatureExtractor` from the tower's
-directory): each clip's log-mel frames at 16 kHz, unpadded (the module cuts and pads its windows itself),
-[frames, n_mels], cut or padded with the clip's quietest value to the index's whole tokens."""
+directory): each clip's log-mel frames at 16 kHz, [frames, n_mels], computed as the model's processor computes
+them (the clip zero-padded to the extractor's 30 s, so its frames are the processor's `input_features`; a longer
+clip whole: the module cuts it into windows), cut or padded with the clip's quietest value to the index's whole
+tokens."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ class WhisperFeatures:
     def frames(self, path: str, rows: int) -> torch.Tensor:
         """One clip's [rows, n_mels] log-mel frames."""
         audio = waveform_16k(path)
-        got = self.extractor(audio.numpy(), sampling_rate=MEL_RATE, padding="longest", truncation=False,
+        got = self.extractor(audio.numpy(), sampling_rate=MEL_RATE, padding="max_length", truncation=False,
                              return_tensors="pt")["input_features"][0].T.to(torch.float32)  # fmt: skip
         if got.shape[0] >= rows:
             return got[:rows]

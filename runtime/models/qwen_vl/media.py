@@ -31,7 +31,6 @@ An absent video_preprocessor_config.json means the video processor class's defau
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import Any
 
 from orch.planner.errors import SpecError
 from orch.planner.specs import Modality, ModuleSpec
+from orch.runtime.models.hf.processor import processor_config
 
 VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 # transformers 5.24's class defaults: Qwen2VLImageProcessor, Qwen2VLVideoProcessor and Qwen3VLVideoProcessor
@@ -266,16 +266,6 @@ class VisionGrids:
         return f"<{item[3]:.1f} seconds>" if self.variant == "qwen3" else ""
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError(str(path), "", f"not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise SpecError(str(path), "", "expected a JSON object")
-    return raw
-
-
 def _limits(cfg: dict[str, Any], defaults: dict[str, Any]) -> tuple[int, int]:
     """(min, max) pixels as the processor's __init__ takes them: `min_pixels` / `max_pixels` over `size`'s
     shortest_edge / longest_edge, else the class defaults."""
@@ -294,8 +284,8 @@ def read_rule(directory: str, model_type: str) -> VisionGrids:
     """The token rule of a Qwen-VL model directory's processor configs (module docstring)."""
     d = Path(directory)
     variant = variant_of(model_type)
-    image = _read_json(d / "preprocessor_config.json") if (d / "preprocessor_config.json").is_file() else {}
-    video = _read_json(d / "video_preprocessor_config.json") if (d / "video_preprocessor_config.json").is_file() else {}
+    image, _ = processor_config(d, "image_processor")  # either layout (runtime/models/hf/processor.py)
+    video, _ = processor_config(d, "video_processor")
     patch = int(image.get("patch_size") or IMAGE_DEFAULTS["patch_size"])
     merge = int(image.get("merge_size") or IMAGE_DEFAULTS["merge_size"])
     tp = int(image.get("temporal_patch_size") or IMAGE_DEFAULTS["temporal_patch_size"])
@@ -328,7 +318,7 @@ def token_rule(spec: ModuleSpec, modality: Modality, model_type: str) -> VisionG
     if modality != Modality.VISION or spec.hf is None:
         return None
     rule = read_rule(spec.hf.path, model_type)
-    where = str(Path(spec.hf.path) / "preprocessor_config.json")
+    where = str(processor_config(spec.hf.path, "image_processor")[1] or Path(spec.hf.path) / "preprocessor_config.json")
     if spec.input_dim is not None and spec.input_dim != rule.row_width:
         raise SpecError(where, "patch_size", f"rows of {rule.row_width} values, the tower takes {spec.input_dim}")
     if spec.downsample != rule.merge**2:

@@ -15,7 +15,6 @@ counted (media.py).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,10 +52,9 @@ class VisionMedia:
     def _video_normalise(self) -> dict[str, Any]:
         """The video processor's rescale and normalisation (its config, else its class defaults)."""
         if self._video is None:
-            import json
+            from orch.runtime.models.hf.processor import processor_config
 
-            path = Path(self.directory) / "video_preprocessor_config.json"
-            cfg = json.loads(path.read_text()) if path.is_file() else {}
+            cfg, _ = processor_config(self.directory, "video_processor")
             mean, std = NORMALISE_DEFAULTS[self.rule.variant]
             self._video = {
                 "do_rescale": cfg.get("do_rescale", True),

@@ -1,0 +1,56 @@
+"""Qwen2-Audio's token rule for the index (torch-free): a clip's LLM tokens and the text around them, as
+transformers' `Qwen2AudioProcessor` and LLaMA-Factory's `qwen2_audio` plugin make them.
+
+* Count: the processor pads each clip to its feature extractor's 30 s and counts the clip's own log-mel
+  frames `l` from the attention mask (every started 160-sample hop at 16 kHz: ceil(samples / 160)); the tower's
+  stride-2 conv gives (l - 1) // 2 + 1 positions and its stride-2 pool (those - 2) // 2 + 1 LLM tokens, which is
+  (l + 1) // 4. A clip longer than the tower's window (2·max_source_positions frames) is cut into windows, each
+  counted so (orch's tower runs them one after another; HF's processor would truncate the clip to 30 s).
+* Text: each clip's rows between `<|audio_bos|>` and `<|audio_eos|>` (the processor config's
+  `audio_bos_token` / `audio_eos_token` where it names them), text tokens the index counts as text.
+
+The index keeps a clip's encoder tokens (twice its LLM tokens: the pool merges 2); the tower keeps
+(frames + 1) // 4 of a clip's 4·tokens frames, the same count (runtime/models/qwen2_audio/audio.py).
+A composed spec's bare Whisper encoder keeps the common rule (runtime/data/index.py `audio_tokens`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from orch.planner.specs import Modality, ModuleSpec
+from orch.runtime.models.hf.processor import processor_keys
+
+MEL_RATE, MEL_HOP = 16000, 160
+BOS, EOS = "<|audio_bos|>", "<|audio_eos|>"
+
+
+@dataclass(frozen=True)
+class ClipTokens:
+    """A Qwen2-Audio clip's tokens and the text around its rows (module docstring)."""
+
+    window_frames: int  # the tower's window: 2·max_source_positions log-mel frames
+    wrap: tuple[str, str] = (BOS, EOS)
+
+    def llm_tokens(self, num_samples: int, rate: int) -> int:
+        """LLM tokens of a clip of `num_samples` at `rate` Hz: (l + 1) // 4 per window of its l frames."""
+        samples = num_samples if rate == MEL_RATE else round(num_samples * MEL_RATE / rate)
+        frames = math.ceil(samples / MEL_HOP)
+        whole, rest = divmod(frames, self.window_frames)
+        return max(1, whole * ((self.window_frames + 1) // 4) + (rest + 1) // 4)
+
+    def tokens(self, num_samples: int, rate: int) -> int:
+        """The clip's encoder tokens as the index keeps them: two per LLM token (the tower's pool)."""
+        return 2 * self.llm_tokens(num_samples, rate)
+
+
+def token_rule(spec: ModuleSpec, modality: Modality, model_type: str) -> ClipTokens | None:
+    """The family's hook for the index (runtime/data/index.py): Qwen2-Audio's clips (module docstring); None
+    for a bare Whisper encoder of a composed spec."""
+    if modality != Modality.AUDIO or spec.hf is None or model_type != "qwen2_audio" or spec.clip_tokens is None:
+        return None
+    keys = processor_keys(spec.hf.path)
+    bos, eos = keys.get("audio_bos_token"), keys.get("audio_eos_token")
+    wrap = (bos if isinstance(bos, str) else BOS, eos if isinstance(eos, str) else EOS)
+    return ClipTokens(2 * spec.clip_tokens, wrap)
