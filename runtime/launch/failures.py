@@ -7,6 +7,7 @@ Torch-free (torch is imported only to recognise its out-of-memory error).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 import traceback
@@ -71,6 +72,19 @@ def first_failure(workdir: str | Path) -> tuple[int, str] | None:
     rank = int(str(first["rank"]))
     where = failure_dir(workdir) / f"rank{rank}.json"
     return rank, f"{first['error']} (traceback: {where})" if "traceback" in first else str(first["error"])
+
+
+# What a rank says when a collective failed because of a peer (gloo, NCCL, the TCP store), not of its own doing.
+_PEER_ERRORS = re.compile(
+    r"timed out|timeout|connection (?:reset|closed|refused|lost)|broken pipe|end of file|peer|socket|"
+    r"watchdog caught collective",
+    re.IGNORECASE,
+)
+
+
+def is_peer_error(error: str) -> bool:
+    """A rank's error line that blames a peer: a collective timed out, or its connection to a peer broke."""
+    return bool(_PEER_ERRORS.search(error))
 
 
 def last_line(text: str) -> str:

@@ -114,7 +114,10 @@ def rendezvous_port(job_id: object) -> int:
 
 
 def run_rank(task: Task, env: RankEnv, *, preemption: Preemption | None = None, log_steps: bool = False) -> RankContext:
-    """Run `task` as rank `env.rank`: the rank-start path of every launcher. Returns the context it ran in."""
+    """Run `task` as rank `env.rank`: the rank-start path of every launcher. Returns the context it ran in.
+
+    A failure is recorded before the process group goes: its peers fail on the closed connections after this
+    rank's record is written, so the earliest record is the cause."""
     try:
         import torch.distributed as dist
 
@@ -132,12 +135,15 @@ def run_rank(task: Task, env: RankEnv, *, preemption: Preemption | None = None, 
             backend=dev.backend,
             device=dev.device,
         )
-        ctx = RankContext(env, dev.device, dev.backend, preemption or Preemption(), log_steps)
-        try:
-            task.run(ctx)
-        finally:
-            dist.destroy_process_group()
-        return ctx
     except BaseException as exc:
         record_failure(task.workdir, env.rank, exc)
         raise
+    ctx = RankContext(env, dev.device, dev.backend, preemption or Preemption(), log_steps)
+    try:
+        task.run(ctx)
+    except BaseException as exc:
+        record_failure(task.workdir, env.rank, exc)
+        raise
+    finally:
+        dist.destroy_process_group()
+    return ctx

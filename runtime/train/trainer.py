@@ -23,12 +23,14 @@ from orch.planner.io import write_text_atomic
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
 from orch.runtime.launch.failures import clear_failures
+from orch.runtime.launch.heartbeat import Heartbeat, clear_heartbeats
 from orch.runtime.metrics import StepRecord, append_record, metrics_path, read_metrics, truncate_after
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig
 
 if TYPE_CHECKING:
     from orch.runtime.launch.rank import RankContext
+    from orch.runtime.reporting import Reporter
     from orch.runtime.train.step import StepMetrics, TrainStep
 
 
@@ -67,11 +69,16 @@ class TrainTask:
     def device(self) -> str:
         return self.cfg.device
 
+    @property
+    def watchdog_s(self) -> float:
+        return self.cfg.watchdog_s
+
     def prepare(self) -> None:
         out = Path(self.workdir)
         out.mkdir(parents=True, exist_ok=True)
         truncate_after(metrics_path(out), resume_step(out, self.cfg))
         clear_failures(out)
+        clear_heartbeats(out)
         # What ran, for whoever reads the run later (`orch export` finds the model's sources here).
         write_text_atomic(out / PLAN_FILE, self.plan.model_dump_json(indent=2) + "\n")
         write_text_atomic(out / TRAIN_FILE, train_file_text(self.cfg))
@@ -90,6 +97,7 @@ class Trainer:
         self, plan: Plan, data: DataSpec, cfg: TrainConfig, workdir: str, ctx: RankContext, debug: DebugConfig
     ) -> None:
         self.plan, self.data, self.cfg, self.workdir, self.ctx, self.debug = plan, data, cfg, workdir, ctx, debug
+        self.reporter: Reporter | None = None  # rank 0's --report-to sinks (runtime/reporting.py)
 
     def run(self) -> None:
         import torch.distributed as dist
@@ -103,7 +111,12 @@ class Trainer:
         if start >= cfg.steps:
             return
         t = time.perf_counter()
-        step = TrainStep(self.plan, self.data, cfg, rank, world, self.ctx.device, self.debug)
+        heartbeat = Heartbeat(self.workdir, rank)  # read by the watchdog (runtime/launch/heartbeat.py)
+        if rank == 0 and cfg.report_to:
+            from orch.runtime.reporting import open_reporter
+
+            self.reporter = open_reporter(cfg.report_to, self.workdir, cfg)
+        step = TrainStep(self.plan, self.data, cfg, rank, world, self.ctx.device, self.debug, heartbeat)
         if start > 0:
             check_data_position(checkpoint.checkpoint_root(self.workdir) / checkpoint.step_name(start), step, start)
             checkpoint.load(self.workdir, start, step.modules, step.optimizer)
@@ -112,14 +125,20 @@ class Trainer:
         for k in range(start, cfg.steps):
             m = step.step(k)
             trace.add(k, m.spans)
+            step.beat("record")
             self._record(m, setup_s if k == start else 0.0)
+            step.beat("step end")
             saved = cfg.checkpoint_every > 0 and (k + 1) % cfg.checkpoint_every == 0
             if saved:
+                step.beat("checkpoint")
                 checkpoint.save(self.workdir, k + 1, step.modules, step.optimizer, self._files(step, k + 1))
             if k + 1 < cfg.steps and self.ctx.preemption.agreed():
                 if not saved:
+                    step.beat("checkpoint")
                     checkpoint.save(self.workdir, k + 1, step.modules, step.optimizer, self._files(step, k + 1))
                 self.ctx.preemption.mark_stopped(k + 1)
+                heartbeat.close("stopped", k + 1)
+                self._close_reporter()
                 step.orch.close()
                 return
         if cfg.trace is not None:
@@ -130,6 +149,13 @@ class Trainer:
                 write_trace(cfg.trace, gathered, self.plan.placement.value)
         step.finish()
         dist.barrier()
+        heartbeat.close("done")
+        self._close_reporter()
+
+    def _close_reporter(self) -> None:
+        if self.reporter is not None:
+            self.reporter.close()
+            self.reporter = None
 
     def _files(self, step: TrainStep, done: int) -> dict[str, str]:
         """What a checkpoint keeps beside the tensors: the training config, and with a data file the sampler's
@@ -174,6 +200,8 @@ class Trainer:
             data=_data_counts([p[3] for p in everyone if p and p[3] is not None]),
         )
         append_record(metrics_path(self.workdir), record)
+        if self.reporter is not None:
+            self.reporter.log(record)
         if self.ctx.log_steps:
             print(f"orch: step {m.step} loss {m.loss:.6f}", flush=True)
 
