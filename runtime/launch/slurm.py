@@ -198,8 +198,11 @@ class SlurmHandle(Handle):
             time.sleep(poll_s)
             status = self.status()
         if status.state != "COMPLETED":
-            if status.failure is not None and status.failure.kind != "node_fail":
-                raise LaunchError(status.failure.rank, f"{status.failure.error} (log: {status.failure.log})")
+            failure = status.failure
+            if failure is not None and failure.by_rank:
+                raise LaunchError(failure.rank, f"{failure.error} (log: {failure.log})")
+            if failure is not None and failure.kind != "node_fail":
+                raise OrchError(f"job {self.job_id} {failure.summary} (logs: {status.log_folder})")
             raise OrchError(f"job {self.job_id} ended {status.state} (logs: {status.log_folder})")
 
     def result(self) -> Any:

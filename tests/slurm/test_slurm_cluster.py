@@ -228,12 +228,17 @@ def test_scancel_is_reported_cancelled(slurm_cluster, state_dir, specs, tmp_path
     workdir = tmp_path / "run"
     cfg = TrainConfig(steps=500, seed=SEED, dtype="float64", balance="none")
     record = submit_train(_plan(specs, HOMOGENEOUS), specs[1], cfg, SlurmOptions(time="5"), workdir=workdir).record
-    _wait(record.job_id, lambda s: s.state == "RUNNING" or s.done)
+    _wait(record.job_id, lambda s: s.step is not None or s.done)  # training: the ranks are in their collectives
     result = cli("cancel", record.job_id)
     assert result.exit_code == 0, result.output
     t0 = time.monotonic()
     st = _wait(record.job_id, lambda s: s.done, timeout_s=60)
     assert st.state == "CANCELLED" and time.monotonic() - t0 < 60
+    # sacct's state first: the ranks' reset connections as they were killed are not the cause
+    assert st.failure is not None and st.failure.kind == "cancelled", st.failure
+    assert re.fullmatch(r"cancelled by \S+ \(scancel\) after [\d:-]+", st.failure.summary), st.failure.summary
+    shown = cli("status", record.job_id)
+    assert shown.exit_code == 0 and st.failure.summary in shown.output and "Connection" not in shown.output
 
 
 def _launch_and_wait(specs, cfg, workdir, opts=None, debug=None):
