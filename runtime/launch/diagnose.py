@@ -30,14 +30,15 @@ def record_node(workdir: Path, job_id: str, rank: int) -> None:
 
 
 def diagnose_failure(record: JobRecord, acct: Accounting) -> Failure | None:
-    """The root cause, most specific first: a rank whose allocator refused memory, Slurm's memory limit, a failed
+    """The root cause, most specific first: a rank whose allocator refused memory or that the watchdog found
+    stopped (runtime/launch/slurm.py cancels the job then), Slurm's memory limit, a failed
     node, Slurm's own end of the job (sacct's state: cancelled, time limit, preempted, ...), then the first rank
     that raised (peers of a dead rank fail after it, with connection errors), or the rank that stopped, when the
     first one only failed waiting for it (the heartbeats: runtime/launch/heartbeat.py)."""
     first = first_failure_record(Path(record.workdir))
-    if first is not None and first.get("kind") == "oom":
-        rank = int(str(first["rank"]))
-        return Failure(rank=rank, error=str(first["error"]), log=str(log_path(record, rank, "err")), kind="oom")
+    if first is not None and first.get("kind") in ("oom", "hang"):  # a hang: the watchdog cancelled the job
+        rank, kind = int(str(first["rank"])), str(first["kind"])
+        return Failure(rank=rank, error=str(first["error"]), log=str(log_path(record, rank, "err")), kind=kind)
     if acct.state in TERMINAL:
         oom = _memory_limit_failure(record, acct)
         if oom is not None:

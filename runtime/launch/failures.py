@@ -50,6 +50,14 @@ def record_failure(workdir: str | Path, rank: int, exc: BaseException) -> None:
     write_text_atomic(folder / f"rank{rank}.json", json.dumps(record))
 
 
+def record_stall(workdir: str | Path, rank: int, message: str) -> None:
+    """The watchdog's verdict on `rank` (kind "hang"), written for it: a stopped rank writes nothing itself."""
+    record = {"time": time.time(), "rank": rank, "error": message, "kind": "hang"}
+    folder = failure_dir(workdir)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(folder / f"rank{rank}.json", json.dumps(record))
+
+
 def first_failure_record(workdir: str | Path) -> dict[str, object] | None:
     """The earliest failure record of the ranks ({time, rank, error, kind, traceback}), or None."""
     records = []

@@ -21,6 +21,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,4 +186,29 @@ def _culprit(beats: list[Beat], now: float) -> Stall:
     return Stall(first.rank, now - first.progress, first.phase, first.step)
 
 
-__all__ = ["Beat", "Heartbeat", "Stall", "blame", "clear_heartbeats", "read_beats", "stalled"]
+class Watchdog:
+    """A daemon thread applying `stalled` every `poll_s`; calls `on_stall(stall)` once, then ends. For a job whose
+    launcher does not wait beside it (a Slurm job's rank 0 runs it; the local launcher polls in its wait loop)."""
+
+    def __init__(self, workdir: str | Path, limit_s: float, on_stall: Callable[[Stall], None], poll_s: float = 2.0):
+        self.workdir, self.limit_s, self.on_stall, self.poll_s = workdir, limit_s, on_stall, poll_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="orch-watchdog", daemon=True)
+
+    def start(self) -> Watchdog:
+        if self.limit_s > 0:
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.poll_s):
+            stall = stalled(read_beats(self.workdir), time.time(), self.limit_s)
+            if stall is not None:
+                self.on_stall(stall)
+                return
+
+
+__all__ = ["Beat", "Heartbeat", "Stall", "Watchdog", "blame", "clear_heartbeats", "read_beats", "stalled"]

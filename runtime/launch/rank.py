@@ -105,6 +105,16 @@ class RankContext:
     log_steps: bool = False  # print "orch: step K loss L" on stdout (rank 0; the Slurm job's log)
 
 
+WATCHDOG_FIRST_S = 60.0  # how much later than the watchdog a collective times out
+
+
+def collective_timeout_s(task: Task) -> float:
+    """The process group's timeout: the task's, or, with a watchdog, long enough after it that the watchdog names
+    a rank that stopped before a collective times out on a healthy one (and gets blamed)."""
+    watchdog_s = float(getattr(task, "watchdog_s", 0.0) or 0.0)
+    return max(task.timeout_s, watchdog_s + WATCHDOG_FIRST_S) if watchdog_s > 0 else task.timeout_s
+
+
 def rendezvous_port(job_id: object) -> int:
     """The rank-0 port of a Slurm job: one per job incarnation, so a requeued job never meets its
     predecessor's TIME_WAIT sockets."""
@@ -131,7 +141,7 @@ def run_rank(task: Task, env: RankEnv, *, preemption: Preemption | None = None, 
             master=env.master,
             port=env.port,
             init_method=env.init_method,
-            timeout_s=task.timeout_s,
+            timeout_s=collective_timeout_s(task),
             backend=dev.backend,
             device=dev.device,
         )

@@ -241,6 +241,25 @@ def test_scancel_is_reported_cancelled(slurm_cluster, state_dir, specs, tmp_path
     assert shown.exit_code == 0 and st.failure.summary in shown.output and "Connection" not in shown.output
 
 
+def test_a_stopped_rank_is_named_and_its_job_cancelled(slurm_cluster, state_dir, specs, tmp_path, cli):
+    """Rank 2 (the second node) stops itself in its LLM backward at step 1; task 0's watchdog names it and cancels
+    the job, which would otherwise run to its time limit."""
+    workdir = tmp_path / "run"
+    cfg = TrainConfig(steps=6, seed=SEED, dtype="float64", balance="none", watchdog_s=3)
+    debug = DebugConfig(stop_at=(2, 1, "llm backward"))
+    plan = _plan(specs, HOMOGENEOUS)
+    record = submit_train(plan, specs[1], cfg, SlurmOptions(time="5"), workdir=workdir, debug=debug).record
+    t0 = time.monotonic()
+    st = _wait(record.job_id, lambda s: s.done)
+    assert st.state == "CANCELLED" and time.monotonic() - t0 < 90, st
+    assert st.failure is not None and (st.failure.kind, st.failure.rank) == ("hang", 2), st.failure
+    assert re.fullmatch(
+        r"rank 2 made no progress for \d+ s \(last: llm backward, step 1\); stopping the job", st.failure.summary
+    )
+    shown = cli("status", record.job_id)
+    assert shown.exit_code == 0 and st.failure.summary in shown.output, shown.output
+
+
 def _launch_and_wait(specs, cfg, workdir, opts=None, debug=None):
     """`orch launch --executor slurm --wait` of the homogeneous plan, as the CLI calls it."""
     from orch.cli.jobs_cmd import launch_slurm

@@ -106,3 +106,33 @@ def test_a_rank_that_raised_on_its_own_is_not_blamed_on_a_peer():
 )
 def test_peer_errors_are_told_from_a_rank_own_error(error, peer):
     assert is_peer_error(error) is peer
+
+
+def test_the_watchdog_thread_reports_one_stall_and_ends(tmp_path):
+    import threading
+
+    from orch.runtime.launch.heartbeat import Watchdog
+
+    hb = Heartbeat(tmp_path, 0)
+    hb.beat("grad_sync", 3)
+    hb.close("stopped", 3)  # an ended rank is never a stall
+    folder = tmp_path / ".heartbeat"
+    (folder / "rank1.json").write_text(
+        '{"rank":1,"pid":1,"step":3,"seq":2,"phase":"llm forward","progress":1.0,"alive":1.0}'
+    )
+    seen, done = [], threading.Event()
+    dog = Watchdog(tmp_path, 5, lambda stall: (seen.append(stall), done.set()), poll_s=0.01).start()
+    assert done.wait(10)
+    dog.stop()
+    assert [(s.rank, s.phase, s.step) for s in seen] == [(1, "llm forward", 3)]
+
+
+def test_the_collective_timeout_leaves_the_watchdog_time_to_act():
+    from types import SimpleNamespace
+
+    from orch.runtime.launch.rank import WATCHDOG_FIRST_S, collective_timeout_s
+
+    assert collective_timeout_s(SimpleNamespace(timeout_s=60.0, watchdog_s=300.0)) == 300.0 + WATCHDOG_FIRST_S
+    assert collective_timeout_s(SimpleNamespace(timeout_s=600.0, watchdog_s=30.0)) == 600.0
+    assert collective_timeout_s(SimpleNamespace(timeout_s=60.0, watchdog_s=0.0)) == 60.0
+    assert collective_timeout_s(SimpleNamespace(timeout_s=60.0)) == 60.0  # a task without heartbeats
