@@ -7,8 +7,10 @@ trims metrics.jsonl back to the checkpoint the run resumes from and clears old f
 `Trainer.run`, on each rank: resume from the newest complete checkpoint of the workdir (or start at 0),
 build the rank's `TrainStep`, then per step: run it, gather every rank's phase times, rank 0 appends
 the step's record (runtime/metrics.py), save a checkpoint every `checkpoint_every` steps, and stop at a
-step boundary when the ranks agree on a stop request (Slurm's warning signal: runtime/preemption.py),
-having saved there. At the end, the Chrome trace of the measured phases (rank 0 writes it).
+step boundary when the ranks agree on a stop request (Slurm's warning signal, a signal to the local launcher:
+runtime/preemption.py), having saved there. Each phase boundary beats the rank's heartbeat (the watchdog's:
+runtime/launch/heartbeat.py); rank 0 also hands each record to the `--report-to` sinks (runtime/reporting.py).
+At the end, the Chrome trace of the measured phases (rank 0 writes it).
 """
 
 from __future__ import annotations
