@@ -46,7 +46,6 @@ class StepProgress:
         self.console, self.path, self.total = console, Path(path), total
         self.offset = self.path.stat().st_size if self.path.exists() else 0
         self.recent: list[float] = []
-        self.shown = 0
         self._live: Any = None
 
     def __enter__(self) -> StepProgress:
@@ -84,8 +83,9 @@ class StepProgress:
 
     def show(self, record: StepRecord) -> None:
         self.recent = [*self.recent, record.step_time_s][-RECENT:]
-        text = progress_line(record, self.total, self.recent)
-        self.shown += 1
+        from rich.text import Text
+
+        text = Text(progress_line(record, self.total, self.recent))  # as it is: no markup, no highlighting
         if self._live is not None:
             self._live.update(text)
         else:

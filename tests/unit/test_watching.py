@@ -67,3 +67,16 @@ def test_a_missing_backend_names_what_to_install(monkeypatch):
         str(info.value)
         == "--report-to: mlflow is not installed: pip install mlflow-skinny (or pip install 'orch[report]')"
     )
+
+
+def test_on_a_terminal_the_line_is_redrawn_in_place(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100)
+    with StepProgress(console, path, 3) as progress:
+        path.write_text("".join(_record(k).model_dump_json() + "\n" for k in range(3)))
+        progress.poll()
+    text = out.getvalue()
+    assert "step 3/3  loss 2.500000  2.4k tok/s  ETA 0:00:00" in text
+    assert "\x1b[" in text  # cursor control: one line redrawn, not a line per step
+    assert text.count("\n") <= 2
