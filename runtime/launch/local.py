@@ -160,7 +160,7 @@ class LocalHandle(Handle):
         self._state = "RUNNING"
         self._error: OrchError | None = None
         self.stopped_by: str | None = None  # the signal the ranks stopped at, saving a checkpoint
-        self.stopped_at: int | None = None  # the step they saved (None: the run ended before a step boundary)
+        self.stopped_at: int | None = None  # the steps done when they saved (None: the run reached its end first)
 
     def state(self) -> str:
         if self._state == "RUNNING" and all(not p.is_alive() for p in self.context.processes):
