@@ -102,7 +102,7 @@ class RankContext:
     device: torch.device
     backend: str
     preemption: Preemption = field(default_factory=Preemption)
-    log_steps: bool = False  # print "orch: step K loss L" on stdout (rank 0; the Slurm job's log)
+    log_steps: bool = False  # print "orch: " and the progress line on stdout (rank 0; the Slurm job's log)
 
 
 WATCHDOG_FIRST_S = 60.0  # how much later than the watchdog a collective times out

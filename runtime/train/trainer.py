@@ -27,6 +27,7 @@ from orch.planner.specs import DataSpec
 from orch.runtime.launch.failures import clear_failures
 from orch.runtime.launch.heartbeat import Heartbeat, clear_heartbeats
 from orch.runtime.metrics import StepRecord, append_record, metrics_path, read_metrics, truncate_after
+from orch.runtime.progress import Pace
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig
 
@@ -100,6 +101,7 @@ class Trainer:
     ) -> None:
         self.plan, self.data, self.cfg, self.workdir, self.ctx, self.debug = plan, data, cfg, workdir, ctx, debug
         self.reporter: Reporter | None = None  # rank 0's --report-to sinks (runtime/reporting.py)
+        self.pace = Pace(cfg.steps)  # rank 0's progress line in a Slurm job's log (runtime/progress.py)
 
     def run(self) -> None:
         import torch.distributed as dist
@@ -205,7 +207,7 @@ class Trainer:
         if self.reporter is not None:
             self.reporter.log(record)
         if self.ctx.log_steps:
-            print(f"orch: step {m.step} loss {m.loss:.6f}", flush=True)
+            print(f"orch: {self.pace.line(record)}", flush=True)
 
 
 def _data_counts(per_rank: list[dict[str, int]]) -> dict[str, int] | None:

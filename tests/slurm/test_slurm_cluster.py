@@ -310,7 +310,7 @@ def test_logs_follow_streams_a_running_job_and_returns_when_it_ends(slurm_cluste
     reader.start()
     try:
         # Streamed: the first step's line arrives while the job still runs.
-        first = _wait(record.job_id, lambda s: any("orch: step 0 loss" in ln for _, ln in lines), poll_s=0.2)
+        first = _wait(record.job_id, lambda s: any(f"orch: step 1/{steps} " in ln for _, ln in lines), poll_s=0.2)
         assert not first.done, first
         done = _wait(record.job_id, lambda s: s.done)
         assert done.state == "COMPLETED", done
@@ -322,8 +322,8 @@ def test_logs_follow_streams_a_running_job_and_returns_when_it_ends(slurm_cluste
             follow.kill()
     assert follow.returncode == 0, follow.stderr.read()
     assert time.monotonic() - t_done < 30
-    logged = [int(m.group(1)) for _, ln in lines if (m := re.match(r"orch: step (\d+) loss", ln))]
-    assert logged == list(range(steps))
+    logged = [int(m.group(1)) for _, ln in lines if (m := re.match(rf"orch: step (\d+)/{steps}  loss ", ln))]
+    assert logged == list(range(1, steps + 1))  # the progress line of each step (runtime/progress.py)
     text = "".join(ln for _, ln in lines)
     assert text == log_path(record, 0).read_text()  # everything, once, in order
 

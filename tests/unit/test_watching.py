@@ -5,9 +5,10 @@ import io
 import pytest
 from rich.console import Console
 
-from orch.cli.progress import StepProgress, progress_line
+from orch.cli.progress import StepProgress
 from orch.planner.errors import SpecError
 from orch.runtime.metrics import StepRecord, phase_imbalance
+from orch.runtime.progress import progress_line
 from orch.runtime.reporting import check_installed, step_scalars
 
 
