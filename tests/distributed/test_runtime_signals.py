@@ -103,7 +103,7 @@ def test_a_second_signal_kills_the_ranks_at_once(tiny, tmp_path, harmless_signal
 
 def test_the_watchdog_names_the_stopped_rank_and_its_phase(tiny, tmp_path):
     plan, data = tiny
-    cfg = TrainConfig(steps=6, device="cpu", watchdog_s=3)
+    cfg = TrainConfig(steps=6, device="cpu", watchdog_s=5)
     task = TrainTask(plan, data, cfg, str(tmp_path), DebugConfig(stop_at=(1, 2, "llm backward")), 60.0)
     handle = LAUNCHER.submit(task)
     with pytest.raises(RankStalled) as info:
@@ -118,7 +118,7 @@ def test_the_watchdog_names_the_stopped_rank_and_its_phase(tiny, tmp_path):
 def test_a_collective_timeout_is_blamed_on_the_rank_that_stopped(tiny, tmp_path):
     plan, data = tiny
     cfg = TrainConfig(steps=6, device="cpu", watchdog_s=0)  # no watchdog: the collective's timeout ends the job
-    task = TrainTask(plan, data, cfg, str(tmp_path), DebugConfig(stop_at=(1, 2, "llm backward")), timeout_s=4.0)
+    task = TrainTask(plan, data, cfg, str(tmp_path), DebugConfig(stop_at=(1, 2, "llm backward")), timeout_s=8.0)
     with pytest.raises(LaunchError) as info:
         LAUNCHER.submit(task).wait()
     message = str(info.value)

@@ -245,7 +245,7 @@ def test_a_stopped_rank_is_named_and_its_job_cancelled(slurm_cluster, state_dir,
     """Rank 2 (the second node) stops itself in its LLM backward at step 1; task 0's watchdog names it and cancels
     the job, which would otherwise run to its time limit."""
     workdir = tmp_path / "run"
-    cfg = TrainConfig(steps=6, seed=SEED, dtype="float64", balance="none", watchdog_s=3)
+    cfg = TrainConfig(steps=6, seed=SEED, dtype="float64", balance="none", watchdog_s=5)
     debug = DebugConfig(stop_at=(2, 1, "llm backward"))
     plan = _plan(specs, HOMOGENEOUS)
     record = submit_train(plan, specs[1], cfg, SlurmOptions(time="5"), workdir=workdir, debug=debug).record
