@@ -63,9 +63,21 @@ def launch_slurm(
     )
     typer.echo(record.job_id)
     if wait:
-        final = _watch(record.job_id)
+        final = _watch_or_detach(record.job_id)
         if final.state != "COMPLETED":
             raise _job_failed(final)
+
+
+def _watch_or_detach(job_id: str) -> JobStatus:
+    """`--wait`: follow the job; Ctrl-C stops following, not the job (one line saying so, not click's "Aborted!")."""
+    from orch.planner.errors import OrchError
+
+    try:
+        return _watch(job_id)
+    except KeyboardInterrupt:
+        raise OrchError(
+            f"stopped following job {job_id}; it keeps running: orch status {job_id}, orch cancel {job_id}"
+        ) from None
 
 
 def _job_failed(status: JobStatus) -> Exception:

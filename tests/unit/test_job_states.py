@@ -127,3 +127,16 @@ def test_status_shows_the_cancellation_in_one_line_without_a_rank_log(job, cli):
     assert result.exit_code == 0, result.output
     assert "cancelled by root (scancel) after 00:00:14" in result.output
     assert "Connection reset" not in result.output and "log:" not in result.output
+
+
+def test_ctrl_c_while_following_a_job_leaves_it_running_with_one_line(job, monkeypatch):
+    import orch.cli.jobs_cmd as jobs_cmd
+    from orch.planner.errors import OrchError
+
+    def interrupted(job_id):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jobs_cmd, "_watch", interrupted)
+    with pytest.raises(OrchError) as info:
+        jobs_cmd._watch_or_detach(JOB)
+    assert str(info.value) == f"stopped following job {JOB}; it keeps running: orch status {JOB}, orch cancel {JOB}"
