@@ -63,9 +63,21 @@ def launch_slurm(
     )
     typer.echo(record.job_id)
     if wait:
-        final = _watch(record.job_id)
+        final = _watch_or_detach(record.job_id)
         if final.state != "COMPLETED":
             raise _job_failed(final)
+
+
+def _watch_or_detach(job_id: str) -> JobStatus:
+    """`--wait`: follow the job; Ctrl-C stops following, not the job (one line saying so, not click's "Aborted!")."""
+    from orch.planner.errors import OrchError
+
+    try:
+        return _watch(job_id)
+    except KeyboardInterrupt:
+        raise OrchError(
+            f"stopped following job {job_id}; it keeps running: orch status {job_id}, orch cancel {job_id}"
+        ) from None
 
 
 def _job_failed(status: JobStatus) -> Exception:
@@ -73,7 +85,8 @@ def _job_failed(status: JobStatus) -> Exception:
 
     if status.failure is not None:
         f = status.failure
-        return OrchError(f"job {status.job_id} {status.state}: {f.summary} (log: {f.log})")
+        where = f"log: {f.log}" if f.by_rank or f.kind == "node_fail" else f"logs: {status.log_folder}"
+        return OrchError(f"job {status.job_id} {status.state}: {f.summary} ({where})")
     return OrchError(f"job {status.job_id} ended {status.state} (exit {status.exit_code}; logs: {status.log_folder})")
 
 
@@ -138,7 +151,8 @@ def status(
     out.print(f"workdir {st.workdir}  logs {st.log_folder}", soft_wrap=True)
     if st.failure is not None:
         out.print(f"[red]{escape(st.failure.summary)}[/]", soft_wrap=True)
-        out.print(f"log: {st.failure.log}", soft_wrap=True)
+        if st.failure.by_rank or st.failure.kind == "node_fail":
+            out.print(f"log: {st.failure.log}", soft_wrap=True)
 
 
 def logs(

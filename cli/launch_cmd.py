@@ -22,7 +22,7 @@ DEPRECATED = (
     "optimizer", "lr_schedule", "warmup_steps", "min_lr", "clip_norm", "weight_decay", "checkpoint_every",
     "balance", "trace", "load", "loader_workers", "model_factory",
 )  # fmt: skip
-OVERRIDES = ("steps", "seed", "lr", "dtype", "device", "resume")  # the TrainSpec fields that stay flags
+OVERRIDES = ("steps", "seed", "lr", "dtype", "device", "resume", "watchdog_s", "report_to")  # TrainSpec fields as flags
 
 
 def _flag(field: str) -> str:
@@ -39,11 +39,17 @@ class LaunchCommand(TyperCommand):
         shown: list[Any] = [p for p in self.params if p.name in OVERRIDES]  # click Options: they have show_default
         try:
             for param in shown:  # for this rendering only: a given flag is what overrides the file
-                param.default, param.show_default = TrainSpec.model_fields[str(param.name)].default, True
+                param.default, param.show_default = _shown_default(TrainSpec.model_fields[str(param.name)]), True
             super().format_help(ctx, formatter)
         finally:
             for param in shown:
                 param.default, param.show_default = None, False
+
+
+def _shown_default(field: Any) -> Any:
+    """A TrainSpec field's default as its flag spells it (a list: comma-separated; empty: none)."""
+    value = field.get_default(call_default_factory=True)
+    return (",".join(value) or "none") if isinstance(value, list) else value
 
 
 def launch(
@@ -67,6 +73,12 @@ def launch(
         "--resume/--no-resume",
         help="Continue from WORKDIR's newest checkpoint that verifies; --no-resume moves the previous run to "
         "WORKDIR/previous-<time>/.",
+    ),
+    watchdog_s: float | None = typer.Option(
+        None, "--watchdog-s", help="End the job, naming the rank, when a rank makes no progress this long (0: off)."
+    ),
+    report_to: str | None = typer.Option(
+        None, "--report-to", help="Also log each step to tensorboard, wandb and/or mlflow (comma-separated; none)."
     ),
     partition: str | None = typer.Option(None, "--partition", help="Slurm partition (--executor slurm)."),
     account: str | None = typer.Option(None, "--account", help="Slurm account (--executor slurm)."),
@@ -106,9 +118,11 @@ def launch(
     from pathlib import Path
 
     from orch.cli.output import console
+    from orch.cli.progress import StepProgress
     from orch.planner.errors import SpecError
     from orch.planner.loading import check_data_against_model, load_data, load_json_file
     from orch.planner.plan import Plan
+    from orch.runtime.metrics import metrics_path
 
     if executor not in EXECUTORS:
         raise SpecError("--executor", "", f"expected one of {', '.join(EXECUTORS)}, got '{executor}'")
@@ -117,7 +131,8 @@ def launch(
         "optimizer": optimizer, "lr_schedule": lr_schedule, "warmup_steps": warmup_steps, "min_lr": min_lr,
         "clip_norm": clip_norm, "weight_decay": weight_decay, "checkpoint_every": checkpoint_every,
         "balance": balance, "trace": trace, "load": load, "loader_workers": loader_workers,
-        "model_factory": model_factory,
+        "model_factory": model_factory, "watchdog_s": watchdog_s,
+        "report_to": None if report_to is None else report_backends(report_to),
     }  # fmt: skip
     given = {k: v for k, v in given.items() if v is not None}
     for key in DEPRECATED:
@@ -141,6 +156,13 @@ def launch(
     from orch.runtime.train.trainer import TrainTask
 
     check_supported(plan)
+    if cfg.report_to:
+        from orch.runtime.reporting import check_installed
+
+        try:
+            check_installed(cfg.report_to)
+        except SpecError as exc:
+            raise _where("report_to", given, config, exc.message) from None
     if executor == "local":  # Slurm's and torchrun's ranks choose on their nodes (this host may have no GPU)
         try:
             cfg = cfg.model_copy(update={"device": device_kind(cfg.device, world)})
@@ -188,6 +210,9 @@ def launch(
         handle = launcher.submit(task)
         out.print(f"launching {plan.placement} plan under torchrun: {nodes} node(s) x {per_node} ranks ({cfg.dtype})")
         records = handle.result()
+        steps = StepProgress(out, metrics_path(workdir), cfg.steps)
+        for r in records:
+            steps.show(r)
     else:
         from orch.runtime.launch.local import LocalLauncher
 
@@ -196,9 +221,18 @@ def launch(
             f"launching {plan.placement} plan on {world} local processes ({cfg.device}/{backend}, {cfg.dtype}, "
             f"seed {cfg.seed})"
         )
-        records = LocalLauncher(world).submit(task).result()
-    for r in records:
-        out.print(f"step {r.step}: loss {r.loss:.6f}  tokens {r.tokens}  step {r.step_time_s:.3f} s")
+        local = LocalLauncher(world).submit(task)
+        with StepProgress(out, metrics_path(workdir), cfg.steps) as steps:
+            local.wait(on_poll=steps.poll)
+        records = task.result()
+        if local.stopped_by is not None and local.stopped_at is not None:
+            from orch.runtime.checkpoint import step_name
+
+            out.print(
+                f"stopped at step {local.stopped_at} by {local.stopped_by}; checkpoint {step_name(local.stopped_at)}; "
+                "relaunch the same command to resume",
+                soft_wrap=True,
+            )
     counts = [r.data for r in records if r.data is not None]
     if counts:
         total = {k: sum(c[k] for c in counts) for k in ("samples", "skipped", "truncated", "failed")}
@@ -211,6 +245,13 @@ def launch(
     out.print(f"metrics written to [bold]{workdir}/metrics.jsonl[/]")
     if cfg.trace is not None and Path(cfg.trace).exists():
         out.print(f"trace written to [bold]{cfg.trace}[/]")
+
+
+def report_backends(text: str) -> list[str]:
+    """`--report-to tensorboard,wandb` as HF Trainer spells it: comma-separated names, `none` for nothing (the
+    names are checked by TrainSpec, as the config file's are)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    return [n for n in names if n != "none"]
 
 
 def _where(field: str, given: dict[str, Any], config: str | None, message: str) -> Exception:

@@ -59,6 +59,17 @@ class StepRecord(BaseModel):
     )
 
 
+def phase_imbalance(record: StepRecord, *, before: bool = False) -> dict[str, float]:
+    """Each post-balanced phase's imbalance: the slowest rank's cost over the mean rank's (1: balanced), after
+    balancing, or before it."""
+    when, out = "_before" if before else "", {}
+    for phase, st in record.balance.items():
+        if isinstance(st, dict) and f"max_cost{when}" in st:
+            mean = st.get(f"mean_cost{when}", 0.0)
+            out[phase] = st[f"max_cost{when}"] / mean if mean else 1.0
+    return out
+
+
 def metrics_path(workdir: str | Path) -> Path:
     return Path(workdir) / METRICS_FILE
 

@@ -1,9 +1,11 @@
-"""Stop requests: a checkpoint at Slurm's warning signal, as an object each rank holds (no module state).
+"""Stop requests: a checkpoint at Slurm's warning signal or at a signal to the local launcher, as an object each
+rank holds (no module state).
 
 The signal handler only calls `request` (sets an Event: no collectives, no I/O); at each step boundary the
 ranks agree on it with one all_reduce(MAX) of one integer, so a signal delivered to any subset of the ranks
-stops all of them at the same step, where they save collectively. An unarmed Preemption (the local
-launcher's) answers False without a collective. Every rank of a job must arm it, or none.
+stops all of them at the same step, where they save collectively. Slurm's tasks and the local launcher's ranks
+arm it; an unarmed Preemption (torchrun's ranks, the tests' direct calls) answers False without a collective.
+Every rank of a job must arm it, or none.
 """
 
 from __future__ import annotations

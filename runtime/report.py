@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orch.runtime.metrics import StepRecord
+from orch.runtime.metrics import StepRecord, phase_imbalance
 
 TOP_PHASES = 6
 
@@ -69,11 +69,7 @@ def write_report(records: list[StepRecord], out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(7, 4))
     for phase in phases:
         for key, style in (("", "-"), ("_before", ":")):
-            ys = []
-            for r in records:
-                st = r.balance.get(phase, {})
-                mean = st.get(f"mean_cost{key}", 0.0) if isinstance(st, dict) else 0.0
-                ys.append(st[f"max_cost{key}"] / mean if mean else 1.0)
+            ys = [phase_imbalance(r, before=bool(key)).get(phase, 1.0) for r in records]
             ax.plot(steps, ys, linestyle=style, label=f"{phase} {'after' if not key else 'before'}")
     ax.axhline(1.0, color="gray", linewidth=0.5)
     ax.set_xlabel("step")

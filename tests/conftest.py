@@ -51,6 +51,11 @@ def launched_tasks(monkeypatch):
     tasks = []
 
     class Finished:
+        stopped_by = stopped_at = None
+
+        def wait(self, on_poll=None):
+            pass
+
         def result(self):
             return []
 

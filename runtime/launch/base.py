@@ -34,11 +34,26 @@ class LaunchError(OrchError):
         super().__init__(f"rank {rank} failed: {message}")
 
 
+class RankStalled(LaunchError):
+    """The watchdog's verdict: a rank made no progress (runtime/launch/heartbeat.py `Stall`)."""
+
+    def __init__(self, rank: int, message: str) -> None:
+        self.rank = rank
+        self.message = message
+        OrchError.__init__(self, message)
+
+
+class Aborted(OrchError):
+    """The user asked twice: the ranks were killed without saving."""
+
+
 class Task(Protocol):
     world_size: int
     workdir: str
     device: str  # "auto" | "cpu" | "cuda" (runtime/device.py)
     timeout_s: float  # a collective blocked longer than this on a dead peer fails
+    # A task whose ranks beat (runtime/launch/heartbeat.py) may also have `watchdog_s`: the launcher ends the
+    # job when a rank makes no progress for that long (absent or 0: no watchdog).
 
     def prepare(self) -> None:
         """Once, before any rank starts (the launcher's host, or rank 0 of a Slurm job before the rendezvous)."""

@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 from orch.planner.io import write_text_atomic
 from orch.runtime.launch.base import TERMINAL
-from orch.runtime.launch.failures import first_failure_record
+from orch.runtime.launch.failures import first_failure_record, is_peer_error
+from orch.runtime.launch.heartbeat import blame, read_beats
 from orch.runtime.launch.jobs import Accounting, Failure, JobRecord, log_path, run_command
 
 
@@ -28,21 +30,53 @@ def record_node(workdir: Path, job_id: str, rank: int) -> None:
 
 
 def diagnose_failure(record: JobRecord, acct: Accounting) -> Failure | None:
-    """The root cause, most specific first: a rank whose allocator refused memory, Slurm's memory limit, a failed
-    node, then the first rank that raised (peers of a dead rank fail after it, with connection errors)."""
+    """The root cause, most specific first: a rank whose allocator refused memory or that the watchdog found
+    stopped (runtime/launch/slurm.py cancels the job then), Slurm's memory limit, a failed
+    node, Slurm's own end of the job (sacct's state: cancelled, time limit, preempted, ...), then the first rank
+    that raised (peers of a dead rank fail after it, with connection errors), or the rank that stopped, when the
+    first one only failed waiting for it (the heartbeats: runtime/launch/heartbeat.py)."""
     first = first_failure_record(Path(record.workdir))
-    if first is not None and first.get("kind") == "oom":
-        rank = int(str(first["rank"]))
-        return Failure(rank=rank, error=str(first["error"]), log=str(log_path(record, rank, "err")), kind="oom")
+    if first is not None and first.get("kind") in ("oom", "hang"):  # a hang: the watchdog cancelled the job
+        rank, kind = int(str(first["rank"])), str(first["kind"])
+        return Failure(rank=rank, error=str(first["error"]), log=str(log_path(record, rank, "err")), kind=kind)
     if acct.state in TERMINAL:
         oom = _memory_limit_failure(record, acct)
         if oom is not None:
             return oom
     if acct.state == "NODE_FAIL":
         return _node_failure(record, acct)
+    ended = ended_by_slurm(acct)
+    if ended is not None:
+        kind, error = ended
+        return Failure(rank=0, error=error, log=str(log_path(record, 0, "err")), kind=kind)
     if first is not None:
-        rank = int(str(first["rank"]))
-        return Failure(rank=rank, error=str(first["error"]), log=str(log_path(record, rank, "err")))
+        rank, error = int(str(first["rank"])), str(first["error"])
+        if is_peer_error(error):
+            culprit = blame(read_beats(record.workdir), time.time(), rank)
+            if culprit is not None:
+                error = f"{culprit.summary}; rank {rank} failed waiting for it: {error}"
+                log = str(log_path(record, culprit.rank, "err"))
+                return Failure(rank=culprit.rank, error=error, log=log, kind="hang")
+        return Failure(rank=rank, error=error, log=str(log_path(record, rank, "err")))
+    return None
+
+
+def ended_by_slurm(acct: Accounting) -> tuple[str, str] | None:
+    """(kind, one line) when Slurm itself ended the job (sacct's state), whatever its ranks said as they were
+    killed; None for a job that failed (or still runs) on its own."""
+    resume = "relaunch the same command to resume from the newest checkpoint"
+    if acct.state == "CANCELLED":
+        who = f" by {acct.by}" if acct.by else ""
+        return "cancelled", f"cancelled{who} (scancel) after {acct.elapsed or '?'}"
+    if acct.state == "TIMEOUT":
+        limit = f" ({acct.time_limit})" if acct.time_limit else ""
+        return "timeout", f"reached its time limit{limit} after {acct.elapsed or '?'}; {resume} (or raise --time)"
+    if acct.state == "PREEMPTED":
+        return "preempted", f"preempted by a higher-priority job after {acct.elapsed or '?'}; {resume}"
+    if acct.state == "BOOT_FAIL":
+        return "boot_fail", "a node of the allocation failed to boot (BOOT_FAIL): the job never ran; relaunch it"
+    if acct.state == "DEADLINE":
+        return "deadline", f"passed its deadline (--deadline) after {acct.elapsed or '?'}"
     return None
 
 

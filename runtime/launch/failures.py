@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import time
 import traceback
@@ -52,6 +53,14 @@ def record_failure(workdir: str | Path, rank: int, exc: BaseException) -> None:
         write_text_atomic(folder / f"rank{rank}.json", json.dumps(record))
 
 
+def record_stall(workdir: str | Path, rank: int, message: str) -> None:
+    """The watchdog's verdict on `rank` (kind "hang"), written for it: a stopped rank writes nothing itself."""
+    record = {"time": time.time(), "rank": rank, "error": message, "kind": "hang"}
+    folder = failure_dir(workdir)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(folder / f"rank{rank}.json", json.dumps(record))
+
+
 def first_failure_record(workdir: str | Path) -> dict[str, object] | None:
     """The earliest failure record of the ranks ({time, rank, error, kind, traceback}), or None."""
     records = []
@@ -74,6 +83,19 @@ def first_failure(workdir: str | Path) -> tuple[int, str] | None:
     rank = int(str(first["rank"]))
     where = failure_dir(workdir) / f"rank{rank}.json"
     return rank, f"{first['error']} (traceback: {where})" if "traceback" in first else str(first["error"])
+
+
+# What a rank says when a collective failed because of a peer (gloo, NCCL, the TCP store), not of its own doing.
+_PEER_ERRORS = re.compile(
+    r"timed out|timeout|connection (?:reset|closed|refused|lost)|broken pipe|end of file|peer|socket|"
+    r"watchdog caught collective",
+    re.IGNORECASE,
+)
+
+
+def is_peer_error(error: str) -> bool:
+    """A rank's error line that blames a peer: a collective timed out, or its connection to a peer broke."""
+    return bool(_PEER_ERRORS.search(error))
 
 
 def last_line(text: str) -> str:

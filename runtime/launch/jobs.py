@@ -31,7 +31,9 @@ class JobRecord(BaseModel):
 
 class Failure(BaseModel):
     """Why a job failed. `kind`: "error" (a rank raised), "oom" (a rank ran out of memory: its allocator
-    refused, or Slurm killed its node's ranks over --mem) or "node_fail" (a node of the allocation died)."""
+    refused, or Slurm killed its node's ranks over --mem), "hang" (a rank made no progress: its peers failed
+    waiting for it), "node_fail" (a node of the allocation died), or Slurm ended the job: "cancelled"
+    (scancel), "timeout" (its time limit), "preempted", "boot_fail", "deadline"."""
 
     rank: int
     error: str
@@ -41,10 +43,18 @@ class Failure(BaseModel):
     ranks: list[int] = []  # node_fail: the ranks that were on the failed node
 
     @property
+    def by_rank(self) -> bool:
+        """A rank's own doing (its log tells why), not the scheduler's."""
+        return self.kind in RANK_KINDS
+
+    @property
     def summary(self) -> str:
-        if self.kind == "node_fail":
-            return self.error
-        return f"rank {self.rank} failed: {self.error}"
+        if self.kind == "error" or self.kind == "oom":
+            return f"rank {self.rank} failed: {self.error}"
+        return self.error
+
+
+RANK_KINDS = ("error", "oom", "hang")
 
 
 class JobStatus(BaseModel):
@@ -102,6 +112,8 @@ class Accounting(BaseModel):
     """The allocation's own sacct line (or squeue's, before accounting has it)."""
 
     state: str = "UNKNOWN"
+    by: str = ""  # CANCELLED: who cancelled it (sacct's "CANCELLED by UID", as a user name where known)
+    time_limit: str = ""
     elapsed: str = ""
     exit_code: str = ""
     nodes: str = ""
@@ -112,12 +124,15 @@ class Accounting(BaseModel):
 
 def accounting(job_id: str) -> Accounting:
     """State, elapsed time, exit code, node list, start and end from sacct, else squeue, else UNKNOWN."""
-    fields = ["State", "Elapsed", "ExitCode", "NodeList", "Start", "End"]
+    fields = ["State", "Elapsed", "ExitCode", "NodeList", "Start", "End", "Timelimit"]
     lines = run_command(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", ",".join(fields)]).strip().splitlines()
     if lines:
-        state, elapsed, code, nodes, start, end = [*lines[-1].split("|"), *[""] * 6][:6]
+        state, elapsed, code, nodes, start, end, limit = [*lines[-1].split("|"), *[""] * 7][:7]
+        words = state.split()
         acct = Accounting(
-            state=state.split()[0] if state else "UNKNOWN",
+            state=words[0] if words else "UNKNOWN",
+            by=_user(words[2]) if len(words) > 2 and words[1] == "by" else "",
+            time_limit=limit,
             elapsed=elapsed,
             exit_code=code,
             nodes="" if nodes == "None assigned" else nodes,
@@ -132,6 +147,16 @@ def accounting(job_id: str) -> Accounting:
         state, elapsed, nodes, reason = [*queued[0].split("|"), "", "", ""][:4]
         return Accounting(state=state, elapsed=elapsed, nodes=nodes, reason=reason if state == "PENDING" else "")
     return Accounting()
+
+
+def _user(uid: str) -> str:
+    """A user id as its name where this machine knows it."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(int(uid)).pw_name
+    except (ValueError, KeyError):
+        return uid
 
 
 def job_status(job_id: str) -> JobStatus:

@@ -5,28 +5,53 @@ else on the CPU with gloo (runtime/device.py); the choice is made once, before t
 
 A rank that raises terminates the others (torch.multiprocessing's ProcessContext) and `wait` raises
 LaunchError naming the rank that failed first and where its traceback is; process groups get a
-timeout so a rank blocked in a collective with a dead peer cannot hang forever.
+timeout so a rank blocked in a collective with a dead peer cannot hang forever. A rank that failed on a
+collective (a timeout, a reset connection) is not blamed when the heartbeats show another rank stopped first.
+
+Signals, as a Slurm job's warning signal (runtime/preemption.py): SIGTERM, SIGINT or SIGUSR1 to the launcher
+while it waits is forwarded to the ranks as SIGUSR1; every rank stops at the next step boundary, where they
+save a checkpoint together, and exits 0 (`LocalHandle.stopped_by`, `.stopped_at`). A second one kills the
+ranks at once (`Aborted`). Ranks take SIGINT (a terminal's Ctrl-C reaches the whole process group) and SIGUSR1
+as stop requests; SIGTERM to a rank still ends it at once (the launcher's and torch's way to stop a rank).
+
+The watchdog: while waiting, the launcher reads the ranks' heartbeats (runtime/launch/heartbeat.py) and, once
+a rank made no progress for the task's `watchdog_s`, kills the ranks and raises `RankStalled` naming that rank
+and its last phase. Nothing runs on after `wait` returns or raises.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from orch.planner.errors import OrchError
-from orch.runtime.launch.base import Handle, LaunchError, Task
-from orch.runtime.launch.failures import first_failure, last_line
+from orch.runtime.launch.base import Aborted, Handle, LaunchError, RankStalled, Task
+from orch.runtime.launch.failures import first_failure, is_peer_error, last_line
+from orch.runtime.launch.heartbeat import blame, read_beats, stalled
 from orch.runtime.launch.rank import RankEnv, run_rank
+from orch.runtime.preemption import Preemption
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # what the launcher turns into a stop request
+RANK_STOP_SIGNALS = (signal.SIGINT, signal.SIGUSR1)  # what a rank takes as one (the launcher forwards SIGUSR1)
+POLL_S = 0.5
 
 
 def _spawned(index: int, task: Task, env: RankEnv) -> None:
     """torch.multiprocessing's entry point: rank `index` of the local job."""
-    import os
     import sys
     from dataclasses import replace
 
-    run_rank(task, replace(env, rank=index, local_rank=index))
+    stop = Preemption(armed=True)  # every local rank arms it: they agree at each step boundary
+    for signum in RANK_STOP_SIGNALS:
+        signal.signal(signum, stop.request)
+        signal.siginterrupt(signum, False)  # a system call the signal lands in is restarted, not failed
+    run_rank(task, replace(env, rank=index, local_rank=index), preemption=stop)
     # The rank's work is done, its files written and its process group destroyed. Leave without the
     # interpreter's teardown: there, a finished gloo rank now and then aborts on a C++ thread still joinable
     # ("terminate called without an active exception", exit -6) and a job that completed would be failed.
@@ -71,20 +96,75 @@ class LocalLauncher:
                 import multiprocessing
 
                 multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the server first starts
-            context = mp.start_processes(
-                _spawned, args=(task, env), nprocs=nproc, join=False, start_method=self.start_method
-            )
+            with _ignoring(RANK_STOP_SIGNALS):  # inherited: a stop request before a rank's handler is not its death
+                context = mp.start_processes(
+                    _spawned, args=(task, env), nprocs=nproc, join=False, start_method=self.start_method
+                )
         except BaseException:
             task.release()
             raise
         return LocalHandle(task, context, str(context.pids()[0]) if context.pids() else "local")
 
 
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def _ignoring(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
+    """These signals ignored meanwhile (in the main thread; elsewhere handlers cannot change)."""
+    if not _main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+class StopSignals:
+    """The launcher's handlers of STOP_SIGNALS while it waits: the first asks the ranks to stop at the next step
+    boundary (SIGUSR1 to each, repeated at each poll: a rank still starting may have missed it), the second
+    aborts. Installed only in the main thread (Python's rule); restored on exit."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.first: str | None = None
+        self.second: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if _main_thread():
+            self._old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.first is None:
+            self.first = name
+            self.forward()
+        else:
+            self.second = name
+
+    def forward(self) -> None:
+        for pid in self.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+
+
 class LocalHandle(Handle):
     def __init__(self, task: Task, context: Any, job_id: str) -> None:
         self.task, self.context, self.job_id = task, context, job_id
         self._state = "RUNNING"
-        self._error: LaunchError | None = None
+        self._error: OrchError | None = None
+        self.stopped_by: str | None = None  # the signal the ranks stopped at, saving a checkpoint
+        self.stopped_at: int | None = None  # the steps done when they saved (None: the run reached its end first)
 
     def state(self) -> str:
         if self._state == "RUNNING" and all(not p.is_alive() for p in self.context.processes):
@@ -92,31 +172,77 @@ class LocalHandle(Handle):
                 self.wait()
         return self._state
 
-    def wait(self) -> None:
-        import torch.multiprocessing as mp
-
+    def wait(self, on_poll: Callable[[], None] | None = None) -> None:
+        """Until the ranks end; `on_poll` is called about every POLL_S meanwhile (the CLI's progress line)."""
         if self._state == "COMPLETED":
             return
         if self._error is None:
-            # The run directory's lock is freed once the ranks are gone (the context terminates the others when
-            # one fails), not on an interrupt of this wait, when they may still be writing.
+            # The run directory's lock is freed once the ranks are gone: _follow kills any still running
+            # before it returns or raises, so none is writing when the next launch may take the directory.
             try:
-                while not self.context.join():
-                    pass
-            except mp.ProcessRaisedException as exc:
+                self._error = self._follow(on_poll)
+            finally:
                 self.task.release()
-                found = first_failure(self.task.workdir) or (exc.error_index, last_line(str(exc)))
-                self._error = LaunchError(*found)
-            except mp.ProcessExitedException as exc:
-                self.task.release()
-                found = first_failure(self.task.workdir) or (exc.error_index, f"exited with code {exc.exit_code}")
-                self._error = LaunchError(*found)
-            else:
-                self.task.release()
+            if self._error is None:
                 self._state = "COMPLETED"
                 return
         self._state = "FAILED"
         raise self._error
+
+    def _follow(self, on_poll: Callable[[], None] | None) -> OrchError | None:
+        import torch.multiprocessing as mp
+
+        workdir, limit = self.task.workdir, float(getattr(self.task, "watchdog_s", 0.0) or 0.0)
+        with StopSignals(list(self.context.pids())) as signals:
+            try:
+                # grace_period: a stopped rank ignores torch's SIGTERM; it is SIGKILLed after this, not after 30 s.
+                while not self.context.join(timeout=POLL_S, grace_period=1.0):
+                    if signals.second is not None:
+                        self.kill()
+                        return Aborted(
+                            f"aborted by a second {signals.second}: the ranks were killed without saving; relaunch "
+                            "to resume from the newest checkpoint"
+                        )
+                    if signals.first is not None:
+                        signals.forward()
+                    stall = stalled(read_beats(workdir), time.time(), limit) if limit > 0 else None
+                    if stall is not None:
+                        self.kill()
+                        return RankStalled(stall.rank, stall.message)
+                    if on_poll is not None:
+                        on_poll()
+            except mp.ProcessRaisedException as exc:
+                return self._failure(exc.error_index, last_line(str(exc)))
+            except mp.ProcessExitedException as exc:
+                return self._failure(exc.error_index, f"exited with code {exc.exit_code}")
+            finally:
+                self.kill()  # no rank runs on after the launcher returns (nothing to do when all ended)
+        if on_poll is not None:
+            on_poll()
+        if signals.first is not None:
+            self.stopped_by = signals.first
+            rank0 = read_beats(workdir).get(0)
+            self.stopped_at = rank0.step if rank0 is not None and rank0.phase == "stopped" else None
+        return None
+
+    def _failure(self, index: int, fallback: str) -> LaunchError:
+        """The rank that failed first; another one if the heartbeats show it stopped first and this rank only
+        failed waiting for it."""
+        rank, error = first_failure(self.task.workdir) or (index, fallback)
+        if is_peer_error(error):
+            culprit = blame(read_beats(self.task.workdir), time.time(), rank)
+            if culprit is not None:
+                return RankStalled(culprit.rank, f"{culprit.summary}; rank {rank} failed waiting for it: {error}")
+        return LaunchError(rank, error)
+
+    def kill(self) -> None:
+        """SIGKILL every rank still running (a stopped one too) and reap it."""
+        for process in self.context.processes:
+            if process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGKILL)
+        for process in self.context.processes:
+            process.join(timeout=10)
 
     def result(self) -> Any:
         self.wait()

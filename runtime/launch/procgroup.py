@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -44,12 +45,20 @@ def init_rank(
     torch.set_num_threads(1)
     if backend == "gloo":  # the rank computes on the CPU: reuse freed activations' pages (host_memory.py)
         keep_freed_memory()
-    dist.init_process_group(
-        backend,
-        init_method=init_method or f"tcp://{master}:{port}",
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=timeout_s),
-        # NCCL: bound to this rank's GPU now (barriers and new_group then need no guess of the device).
-        device_id=device if backend == "nccl" else None,
-    )
+    # A stop request (runtime/preemption.py) arriving while the rendezvous connects would interrupt its connect and
+    # make torch print a C++ stack before it retries: held until the group is up, then handled as usual. Threads
+    # started meanwhile (the backend's) keep them blocked, so they reach the main thread, where Python runs handlers.
+    held = {signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        dist.init_process_group(
+            backend,
+            init_method=init_method or f"tcp://{master}:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout_s),
+            # NCCL: bound to this rank's GPU now (barriers and new_group then need no guess of the device).
+            device_id=device if backend == "nccl" else None,
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)

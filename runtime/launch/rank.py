@@ -102,7 +102,17 @@ class RankContext:
     device: torch.device
     backend: str
     preemption: Preemption = field(default_factory=Preemption)
-    log_steps: bool = False  # print "orch: step K loss L" on stdout (rank 0; the Slurm job's log)
+    log_steps: bool = False  # print "orch: " and the progress line on stdout (rank 0; the Slurm job's log)
+
+
+WATCHDOG_FIRST_S = 60.0  # how much later than the watchdog a collective times out
+
+
+def collective_timeout_s(task: Task) -> float:
+    """The process group's timeout: the task's, or, with a watchdog, long enough after it that the watchdog names
+    a rank that stopped before a collective times out on a healthy one (and gets blamed)."""
+    watchdog_s = float(getattr(task, "watchdog_s", 0.0) or 0.0)
+    return max(task.timeout_s, watchdog_s + WATCHDOG_FIRST_S) if watchdog_s > 0 else task.timeout_s
 
 
 def rendezvous_port(job_id: object) -> int:
@@ -114,7 +124,10 @@ def rendezvous_port(job_id: object) -> int:
 
 
 def run_rank(task: Task, env: RankEnv, *, preemption: Preemption | None = None, log_steps: bool = False) -> RankContext:
-    """Run `task` as rank `env.rank`: the rank-start path of every launcher. Returns the context it ran in."""
+    """Run `task` as rank `env.rank`: the rank-start path of every launcher. Returns the context it ran in.
+
+    A failure is recorded before the process group goes: its peers fail on the closed connections after this
+    rank's record is written, so the earliest record is the cause."""
     try:
         import torch.distributed as dist
 
@@ -128,16 +141,19 @@ def run_rank(task: Task, env: RankEnv, *, preemption: Preemption | None = None, 
             master=env.master,
             port=env.port,
             init_method=env.init_method,
-            timeout_s=task.timeout_s,
+            timeout_s=collective_timeout_s(task),
             backend=dev.backend,
             device=dev.device,
         )
-        ctx = RankContext(env, dev.device, dev.backend, preemption or Preemption(), log_steps)
-        try:
-            task.run(ctx)
-        finally:
-            dist.destroy_process_group()
-        return ctx
     except BaseException as exc:
         record_failure(task.workdir, env.rank, exc)
         raise
+    ctx = RankContext(env, dev.device, dev.backend, preemption or Preemption(), log_steps)
+    try:
+        task.run(ctx)
+    except BaseException as exc:
+        record_failure(task.workdir, env.rank, exc)
+        raise
+    finally:
+        dist.destroy_process_group()
+    return ctx

@@ -11,6 +11,11 @@ the flag, save a checkpoint of that step collectively and return, and task 0 the
 checkpoint/requeue handler: `SlurmTask.checkpoint` returns a DelayedSubmission of itself, submitit
 requeues the job, and the requeued job resumes from WORKDIR/checkpoints/latest (no step is recomputed).
 
+The watchdog: task 0 reads the ranks' heartbeats (runtime/launch/heartbeat.py); when a rank made no progress
+for the task's `watchdog_s` it records that rank's stall and cancels the job (`orch status` names the rank and
+its last phase). A stopped task 0 cannot watch: the others' collectives then time out and the post-mortem
+blames it from the heartbeats.
+
 Job records, states and post-mortems (torch-free, for `orch status/logs/cancel`): runtime/launch/jobs.py
 and runtime/launch/diagnose.py.
 """
@@ -30,7 +35,8 @@ from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
 from orch.runtime.launch.base import Handle, LaunchError, Task
 from orch.runtime.launch.diagnose import record_node
-from orch.runtime.launch.failures import last_line
+from orch.runtime.launch.failures import last_line, record_stall
+from orch.runtime.launch.heartbeat import Stall, Watchdog
 from orch.runtime.launch.jobs import JobRecord, JobStatus, job_status, log_path, save_record
 from orch.runtime.launch.partition import fit_to_partition, read_partition, stuck_reason
 from orch.runtime.launch.rank import RankEnv, run_rank
@@ -116,6 +122,17 @@ def _allow_requeue() -> None:
         print(f"orch: scontrol update Requeue=1: {done.stderr.strip()}", file=sys.stderr, flush=True)
 
 
+def _end_stalled_job(workdir: Path, job_id: str, stall: Stall) -> None:
+    """The watchdog named a rank that stopped: record why (`orch status` reads it before sacct's CANCELLED) and
+    cancel the job, whose stopped rank would otherwise hold it until its time limit."""
+    record_stall(workdir, stall.rank, stall.message)
+    print(f"orch: {stall.message}", file=sys.stderr, flush=True)
+    try:
+        subprocess.run(["scancel", str(job_id)], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"orch: scancel {job_id}: {exc}", file=sys.stderr, flush=True)
+
+
 class SlurmTask:
     """The submitit callable: one instance runs in every Slurm task of the allocation."""
 
@@ -133,7 +150,14 @@ class SlurmTask:
         record_node(workdir, env.job_id, env.rank)
         if env.rank == 0:
             self.task.prepare()  # before the rendezvous: no rank has started its body yet
-        ctx = run_rank(self.task, env, preemption=stop.preemption, log_steps=True)
+        limit = float(getattr(self.task, "watchdog_s", 0.0) or 0.0)
+        watchdog = Watchdog(workdir, limit, lambda stall: _end_stalled_job(workdir, env.job_id, stall))
+        if env.rank == 0:
+            watchdog.start()
+        try:
+            ctx = run_rank(self.task, env, preemption=stop.preemption, log_steps=True)
+        finally:
+            watchdog.stop()
         step = ctx.preemption.stopped_at
         if step is not None:  # the warning signal: every rank saved step_{step}; task 0 requeues, the others end
             print(f"orch: warning signal: saved checkpoint step {step}, requeueing", file=sys.stderr, flush=True)
@@ -198,8 +222,11 @@ class SlurmHandle(Handle):
             time.sleep(poll_s)
             status = self.status()
         if status.state != "COMPLETED":
-            if status.failure is not None and status.failure.kind != "node_fail":
-                raise LaunchError(status.failure.rank, f"{status.failure.error} (log: {status.failure.log})")
+            failure = status.failure
+            if failure is not None and failure.by_rank:
+                raise LaunchError(failure.rank, f"{failure.error} (log: {failure.log})")
+            if failure is not None and failure.kind != "node_fail":
+                raise OrchError(f"job {self.job_id} {failure.summary} (logs: {status.log_folder})")
             raise OrchError(f"job {self.job_id} ended {status.state} (logs: {status.log_folder})")
 
     def result(self) -> Any:

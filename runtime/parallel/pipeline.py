@@ -99,11 +99,13 @@ class PipelineStage:
         first_inputs: FirstInputs,
         loss_of: LossOf,
         after_backward: Callable[[MicroBatch], None] | None = None,
+        on_op: Callable[[str, int], None] | None = None,
     ) -> StageRun:
         """Forward and backward of every micro-batch in 1F1B order; gradients accumulate in .grad.
 
         `after_backward(mb)` runs on this stage right after B(mb) (the graph schedule sends the
-        boundary gradients of mb there, in a fixed order).
+        boundary gradients of mb there, in a fixed order); `on_op(kind, m)` before each op ("F" or "B" of
+        micro-batch m: the rank's heartbeat).
         """
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         spans: list[tuple[str, float, float]] = []
@@ -112,6 +114,8 @@ class PipelineStage:
         carry: Transfer | None = None  # the last op's send, posted with the next op's receive
         for kind, m in one_f_one_b_order(self.stages, len(micro))[self.stage]:
             mb, t0 = micro[m], time.perf_counter()
+            if on_op is not None:
+                on_op(kind, m)
             if kind == "F":
                 saved[m], loss, carry = self._forward(mb, first_inputs, loss_of, carry, sends)
                 if loss is not None:

@@ -108,6 +108,17 @@ class TrainSpec(BaseModel):
     model_factory: str | None = Field(
         default=None, description="package.module:function returning your own modules (runtime/models/factory.py)"
     )
+    watchdog_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="end the job, naming the rank, when a rank makes no progress (no phase boundary) for this "
+        "long (0: off; runtime/launch/heartbeat.py)",
+    )
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list,
+        description="where rank 0 also logs each step's record: tensorboard, wandb (offline unless WANDB_MODE says "
+        "otherwise), mlflow (a file store under WORKDIR unless MLFLOW_TRACKING_URI is set); runtime/reporting.py",
+    )
 
     @field_validator("module_lr")
     @classmethod

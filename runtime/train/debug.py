@@ -23,6 +23,9 @@ class DebugConfig:
     # (rank, step, MiB): that rank allocates and touches MiB of memory at that step and holds it (`inject_oom`)
     oom_at: tuple[int, int, int] | None = None
     count_tokens: bool = False  # record tokens per sample and phase (StepMetrics.processed)
+    # (rank, step, phase): that rank stops itself (SIGSTOP) as it enters that phase of that step, a hung rank
+    # for the watchdog's tests (phase names: the heartbeat's, e.g. "llm backward", "grad_sync")
+    stop_at: tuple[int, int, str] | None = None
 
     def counter(self, leader: dict[str, bool]) -> TokenCounter:
         return TokenCounter(self.count_tokens, leader)
@@ -33,6 +36,13 @@ class DebugConfig:
             raise RuntimeError(f"injected failure at step {step}")
         if self.oom_at is not None and self.oom_at[:2] == (rank, step):
             inject_oom(self.oom_at[2])
+
+    def at_phase(self, rank: int, step: int, phase: str) -> None:
+        """The stop asked for at (rank, step, phase), if any: the process stops until SIGCONT or SIGKILL."""
+        if self.stop_at == (rank, step, phase):
+            import signal
+
+            os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def inject_oom(mib: int, chunk_mib: int = 64, pause_s: float = 0.02) -> None:

@@ -33,6 +33,7 @@ from orch.runtime.data.batch import GlobalBatch, initial_dp_index
 from orch.runtime.data.prefetch import SamplePrefetcher
 from orch.runtime.data.problems import DataProblems
 from orch.runtime.data.source import BatchSource, ConversationBatch
+from orch.runtime.launch.heartbeat import Heartbeat
 from orch.runtime.memory import measured_step, parameter_storages, peak_bytes, state_parts
 from orch.runtime.parallel.boundary import Boundary
 from orch.runtime.parallel.expert import is_expert_param
@@ -87,14 +88,17 @@ class TrainStep:
         device: torch.device | str = "cpu",
         debug: DebugConfig | None = None,
         problems: DataProblems | None = None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         """`device`: this rank's device, matching the process group's backend (runtime/device.py `rank_device`);
-        `problems`: where the media this rank cannot read are listed (RUN_DIR/data_problems.jsonl)."""
+        `problems`: where the media this rank cannot read are listed (RUN_DIR/data_problems.jsonl);
+        `heartbeat`: told each phase boundary (runtime/launch/heartbeat.py: the watchdog reads it)."""
         check_supported(plan)
         if world != plan.world_size:
             raise ValueError(f"plan needs {plan.world_size} ranks, launched with {world}")
         self.plan, self.data, self.cfg, self.rank, self.world = plan, data, cfg, rank, world
         self.debug = debug or DebugConfig()
+        self.heartbeat, self._step_now = heartbeat, 0
         self.device = torch.device(device)
         self.model = model = plan.model
         self.batches = BatchSource(model, data, cfg.seed, problems)  # synthetic, or the user's data file
@@ -118,11 +122,18 @@ class TrainStep:
                 plan, self.grids, rank, world, self.device, balanced=self.orch.mode != Mode.NONE,
                 at_destination=cfg.loads_at_destination(data.source is not None),
             ),
+            beat=self.beat,
         )  # fmt: skip
         # The graph-aware 1F1B needs the encoders and the LLM on disjoint ranks (each island runs its own order).
         disjoint = all(not set(self.grids[e].ranks) & set(llm_grid.ranks) for e in model.encoder_names)
         self.graph = (cfg.schedule or plan.schedule) == "graph_1f1b" and disjoint and bool(model.encoder_names)
         self._leader = {n: _leads(self.grids[n], rank) for n in self.modules}
+
+    def beat(self, phase: str) -> None:
+        """This rank enters `phase` of the step in flight (its heartbeat; the tests' stop hook)."""
+        if self.heartbeat is not None:
+            self.heartbeat.beat(phase, self._step_now)
+        self.debug.at_phase(self.rank, self._step_now, phase)
 
     def _calibration(self) -> dict[str, SampleCost] | None:
         """The dispatcher's per-sample costs timed here, for the modules whose plan carries no profiled one
@@ -189,9 +200,12 @@ class TrainStep:
         from orch.runtime.train.schedules.three_phase import run_three_phase
 
         t0 = time.perf_counter()
+        self._step_now = k
+        self.beat("dispatch")
         self.debug.inject(self.rank, k)
         work = self._begin(k)
         t = time.perf_counter()
+        self.beat("gather")
         self.data_parallel.begin()  # every module's parameters gathered once for the step
         work.phases["gather"] = time.perf_counter() - t
         with measured_step(self.device, parameter_storages(self.modules)) as meter:
@@ -249,11 +263,13 @@ class TrainStep:
         """Gradients reduced (FSDP2's units, the experts over their EDP groups), the global norm, the clip and the
         optimizer step; returns (gradient norm before clipping, the step's learning rate)."""
         t = time.perf_counter()
+        self.beat("grad_sync")
         self.data_parallel.finish()
         work.spans.append(("data_parallel", "grad_sync", t, time.perf_counter()))
         sync_expert_grads(self.modules, self.ep, self.ctx.cp, work.spans)
         work.phases["grad_sync"] = time.perf_counter() - t
         t = time.perf_counter()
+        self.beat("optimizer")
         if self.debug.dump_dir is not None and k == 0:
             self._dump("grads", lambda p: p.grad)
         grad_norm = global_grad_norm(self.modules, self.grids, self.ep, self.rank, self.device)

@@ -9,8 +9,10 @@ StepRecords back; `release` frees the run directory's lock (the launcher, once t
 `Trainer.run`, on each rank: resume from the checkpoint rank 0's `prepare` chose (or start at 0), build the
 rank's `TrainStep`, then per step: run it, gather every rank's phase times, rank 0 appends the step's record
 (runtime/metrics.py), save a checkpoint every `checkpoint_every` steps, and stop at a step boundary when
-the ranks agree on a stop request (Slurm's warning signal: runtime/preemption.py), having saved there. The
-last step is always saved too, so `orch export` works after any run. At the end, the Chrome trace of the
+the ranks agree on a stop request (Slurm's warning signal, a signal to the local launcher:
+runtime/preemption.py), having saved there. The last step is always saved too, so `orch export` works after
+any run. Each phase boundary beats the rank's heartbeat (the watchdog's: runtime/launch/heartbeat.py); rank 0
+also hands each record to the `--report-to` sinks (runtime/reporting.py). At the end, the Chrome trace of the
 measured phases (rank 0 writes it).
 """
 
@@ -27,13 +29,16 @@ from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
 from orch.runtime.disk import no_space_guard
 from orch.runtime.launch.failures import clear_failures
+from orch.runtime.launch.heartbeat import Heartbeat, clear_heartbeats
 from orch.runtime.metrics import StepRecord, append_record, metrics_path, read_metrics, truncate_after
+from orch.runtime.progress import Pace
 from orch.runtime.run_dir import PLAN_FILE, TRAIN_FILE
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig
 
 if TYPE_CHECKING:
     from orch.runtime.launch.rank import RankContext
+    from orch.runtime.reporting import Reporter
     from orch.runtime.run_lock import RunLock
     from orch.runtime.train.step import StepMetrics, TrainStep
 
@@ -95,6 +100,10 @@ class TrainTask:
     def device(self) -> str:
         return self.cfg.device
 
+    @property
+    def watchdog_s(self) -> float:
+        return self.cfg.watchdog_s
+
     def prepare(self) -> None:
         from orch.runtime.run_dir import checkpoint_root, open_run
 
@@ -114,6 +123,7 @@ class TrainTask:
             with no_space_guard(checkpoint_root(out), needs, "a checkpoint"):
                 truncate_after(metrics_path(out), self.start)
                 clear_failures(out)
+                clear_heartbeats(out)
                 # What ran, for whoever reads the run later (`orch export` finds the model's sources here).
                 write_text_atomic(out / PLAN_FILE, self.plan.model_dump_json(indent=2) + "\n")
                 write_text_atomic(out / TRAIN_FILE, train_file_text(self.cfg))
@@ -152,6 +162,8 @@ class Trainer:
     ) -> None:
         self.plan, self.data, self.cfg, self.workdir, self.ctx, self.debug = plan, data, cfg, workdir, ctx, debug
         self.start = start  # completed steps of the checkpoint to resume from (0: none)
+        self.reporter: Reporter | None = None  # rank 0's --report-to sinks (runtime/reporting.py)
+        self.pace = Pace(cfg.steps)  # rank 0's progress line in a Slurm job's log (runtime/progress.py)
 
     def run(self) -> None:
         import torch.distributed as dist
@@ -167,7 +179,14 @@ class Trainer:
         from orch.runtime.data.problems import PROBLEMS_FILE, DataProblems
 
         problems = DataProblems(str(Path(self.workdir) / PROBLEMS_FILE), rank)
-        step = TrainStep(self.plan, self.data, cfg, rank, world, self.ctx.device, self.debug, problems)
+        heartbeat = Heartbeat(self.workdir, rank)  # read by the watchdog (runtime/launch/heartbeat.py)
+        if rank == 0 and cfg.report_to:
+            from orch.runtime.reporting import open_reporter
+
+            self.reporter = open_reporter(cfg.report_to, self.workdir, cfg)
+        step = TrainStep(
+            self.plan, self.data, cfg, rank, world, self.ctx.device, self.debug, problems=problems, heartbeat=heartbeat
+        )
         if start > 0:
             check_data_position(checkpoint.checkpoint_root(self.workdir) / checkpoint.step_name(start), step, start)
             checkpoint.load(self.workdir, start, step.modules, step.optimizer)
@@ -184,18 +203,25 @@ class Trainer:
         for k in range(start, cfg.steps):
             m = step.step(k)
             trace.add(k, m.spans)
+            step.beat("record")
             self._record(m, setup_s if k == start else 0.0)
+            step.beat("step end")
             done = k + 1
             if done == cfg.steps:
+                step.beat("checkpoint")
                 save(done)  # always: `orch export` works after any run
                 break
             saved = cfg.checkpoint_every > 0 and done % cfg.checkpoint_every == 0
             if saved:
+                step.beat("checkpoint")
                 save(done)
             if self.ctx.preemption.agreed():
                 if not saved:
+                    step.beat("checkpoint")
                     save(done)
                 self.ctx.preemption.mark_stopped(done)
+                heartbeat.close("stopped", done)
+                self._close_reporter()
                 step.orch.close()
                 return
         if cfg.trace is not None:
@@ -206,6 +232,13 @@ class Trainer:
                 write_trace(cfg.trace, gathered, self.plan.placement.value)
         step.finish()
         dist.barrier()
+        heartbeat.close("done")
+        self._close_reporter()
+
+    def _close_reporter(self) -> None:
+        if self.reporter is not None:
+            self.reporter.close()
+            self.reporter = None
 
     def _files(self, step: TrainStep, done: int) -> dict[str, str]:
         """What a checkpoint keeps beside the tensors: the training config, and with a data file the sampler's
@@ -250,8 +283,10 @@ class Trainer:
             data=_data_counts([p[3] for p in everyone if p and p[3] is not None]),
         )
         append_record(metrics_path(self.workdir), record)
+        if self.reporter is not None:
+            self.reporter.log(record)
         if self.ctx.log_steps:
-            print(f"orch: step {m.step} loss {m.loss:.6f}", flush=True)
+            print(f"orch: {self.pace.line(record)}", flush=True)
 
 
 def _data_counts(per_rank: list[dict[str, int]]) -> dict[str, int] | None:

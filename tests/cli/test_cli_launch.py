@@ -114,3 +114,35 @@ def test_a_workdir_in_use_is_refused_before_a_task_is_written_or_submitted(cli, 
         assert sorted(p.name for p in work.iterdir()) == ["run.lock"]  # no task.pkl, no plan.json, no job record
     finally:
         held.release()
+
+
+def test_report_to_is_comma_separated_and_checked(cli, plan_file, launched_tasks, monkeypatch):
+    path, _, _ = plan_file
+    assert (r := cli("launch", str(path), "--report-to", "tensorboard, mlflow")).exit_code == 0, r.output
+    assert (r := cli("launch", str(path), "--report-to", "none")).exit_code == 0, r.output
+    assert [t.cfg.report_to for t in launched_tasks] == [["tensorboard", "mlflow"], []]
+
+    bad = cli("launch", str(path), "--report-to", "tensorboard,comet")
+    assert bad.exit_code == 1 and bad.output.startswith(
+        "error: --report-to: expected one of tensorboard, wandb, mlflow"
+    )
+    assert "Traceback" not in bad.output
+
+    import orch.runtime.reporting as reporting
+
+    monkeypatch.setattr(reporting.importlib.util, "find_spec", lambda name: None)
+    missing = cli("launch", str(path), "--report-to", "wandb")
+    assert missing.exit_code == 1
+    assert (
+        missing.output
+        == "error: --report-to: wandb is not installed: pip install wandb (or pip install 'orch[report]')\n"
+    )
+    assert len(launched_tasks) == 2  # nothing started
+
+
+def test_watchdog_flag_sets_the_config(cli, plan_file, launched_tasks):
+    path, _, _ = plan_file
+    assert (r := cli("launch", str(path), "--watchdog-s", "45")).exit_code == 0, r.output
+    assert launched_tasks[0].cfg.watchdog_s == 45 and launched_tasks[0].watchdog_s == 45
+    bad = cli("launch", str(path), "--watchdog-s", "-1")
+    assert bad.exit_code == 1 and bad.output.startswith("error: --watchdog-s: expected a value >= 0, got -1")

@@ -20,7 +20,7 @@ from orch.runtime.train.optim import lr_at
 FLAGS = {
     "--config", "--executor", "--nproc", "--workdir", "--data", "-d", "--steps", "--lr", "--dtype", "--seed",
     "--device", "--resume", "--no-resume", "--partition", "--account", "--qos", "--mem", "--time", "--setup",
-    "--rdzv-endpoint", "--dry-run", "--wait", "--help",
+    "--rdzv-endpoint", "--dry-run", "--wait", "--watchdog-s", "--report-to", "--help",
 }  # fmt: skip
 # Fields of the --config file that were flags: accepted, with a warning, for one release (issue #28).
 DEPRECATED_FLAGS = {

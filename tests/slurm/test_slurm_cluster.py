@@ -230,12 +230,36 @@ def test_scancel_is_reported_cancelled(slurm_cluster, state_dir, specs, tmp_path
     workdir = tmp_path / "run"
     cfg = TrainConfig(steps=500, seed=SEED, dtype="float64", balance="none")
     record = submit_train(_plan(specs, HOMOGENEOUS), specs[1], cfg, SlurmOptions(time="5"), workdir=workdir).record
-    _wait(record.job_id, lambda s: s.state == "RUNNING" or s.done)
+    _wait(record.job_id, lambda s: s.step is not None or s.done)  # training: the ranks are in their collectives
     result = cli("cancel", record.job_id)
     assert result.exit_code == 0, result.output
     t0 = time.monotonic()
     st = _wait(record.job_id, lambda s: s.done, timeout_s=60)
     assert st.state == "CANCELLED" and time.monotonic() - t0 < 60
+    # sacct's state first: the ranks' reset connections as they were killed are not the cause
+    assert st.failure is not None and st.failure.kind == "cancelled", st.failure
+    assert re.fullmatch(r"cancelled by \S+ \(scancel\) after [\d:-]+", st.failure.summary), st.failure.summary
+    shown = cli("status", record.job_id)
+    assert shown.exit_code == 0 and st.failure.summary in shown.output and "Connection" not in shown.output
+
+
+def test_a_stopped_rank_is_named_and_its_job_cancelled(slurm_cluster, state_dir, specs, tmp_path, cli):
+    """Rank 2 (the second node) stops itself in its LLM backward at step 1; task 0's watchdog names it and cancels
+    the job, which would otherwise run to its time limit."""
+    workdir = tmp_path / "run"
+    cfg = TrainConfig(steps=6, seed=SEED, dtype="float64", balance="none", watchdog_s=5)
+    debug = DebugConfig(stop_at=(2, 1, "llm backward"))
+    plan = _plan(specs, HOMOGENEOUS)
+    record = submit_train(plan, specs[1], cfg, SlurmOptions(time="5"), workdir=workdir, debug=debug).record
+    t0 = time.monotonic()
+    st = _wait(record.job_id, lambda s: s.done)
+    assert st.state == "CANCELLED" and time.monotonic() - t0 < 90, st
+    assert st.failure is not None and (st.failure.kind, st.failure.rank) == ("hang", 2), st.failure
+    assert re.fullmatch(
+        r"rank 2 made no progress for \d+ s \(last: llm backward, step 1\); stopping the job", st.failure.summary
+    )
+    shown = cli("status", record.job_id)
+    assert shown.exit_code == 0 and st.failure.summary in shown.output, shown.output
 
 
 def _launch_and_wait(specs, cfg, workdir, opts=None, debug=None):
@@ -288,7 +312,7 @@ def test_logs_follow_streams_a_running_job_and_returns_when_it_ends(slurm_cluste
     reader.start()
     try:
         # Streamed: the first step's line arrives while the job still runs.
-        first = _wait(record.job_id, lambda s: any("orch: step 0 loss" in ln for _, ln in lines), poll_s=0.2)
+        first = _wait(record.job_id, lambda s: any(f"orch: step 1/{steps} " in ln for _, ln in lines), poll_s=0.2)
         assert not first.done, first
         done = _wait(record.job_id, lambda s: s.done)
         assert done.state == "COMPLETED", done
@@ -300,8 +324,8 @@ def test_logs_follow_streams_a_running_job_and_returns_when_it_ends(slurm_cluste
             follow.kill()
     assert follow.returncode == 0, follow.stderr.read()
     assert time.monotonic() - t_done < 30
-    logged = [int(m.group(1)) for _, ln in lines if (m := re.match(r"orch: step (\d+) loss", ln))]
-    assert logged == list(range(steps))
+    logged = [int(m.group(1)) for _, ln in lines if (m := re.match(rf"orch: step (\d+)/{steps}  loss ", ln))]
+    assert logged == list(range(1, steps + 1))  # the progress line of each step (runtime/progress.py)
     text = "".join(ln for _, ln in lines)
     assert text == log_path(record, 0).read_text()  # everything, once, in order
 

@@ -4,6 +4,7 @@ place the LLM's pipeline stage runs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +37,7 @@ class StepContext:
     stage: PipelineStage | None  # the LLM's pipeline stage here (None: this rank serves no LLM)
     boundaries: dict[str, Boundary]  # per encoder: its move into the LLM's layout
     router: InputRouter
+    beat: Callable[[str], None] = lambda phase: None  # a phase boundary: the rank's heartbeat (launch/heartbeat.py)
 
     def inputs(self, name: str, work: StepWork) -> list[Sample]:
         """The samples this rank runs for `name`, moved to it (collective when balancing: every rank, every module)."""

@@ -48,6 +48,7 @@ def run_graph_1f1b(ctx: StepContext, work: StepWork) -> torch.Tensor:
     """Run this rank's island of the step; returns its summed loss (zero off the LLM's last stage)."""
     llm_name, encs = ctx.model.llm_name, encoder_order(ctx.model)
     t = time.perf_counter()
+    ctx.beat("route")
     inputs = {e: ctx.inputs(e, work) for e in encs}  # world collectives first, same order
     texts = {s.id: s for s in ctx.inputs(llm_name, work)}
     work.phases["route"] = time.perf_counter() - t
@@ -109,6 +110,7 @@ def _encoder_island(ctx: StepContext, work: StepWork, inputs: dict[str, list[Sam
     moved: dict[tuple[str, int], torch.Tensor] = {}
     for kind, m in one_f_one_b_order(ctx.grids[ctx.model.llm_name].pp + 1, cut.count)[0]:
         for e in served if kind == "F" else reversed(served):
+            ctx.beat(f"{e} {'forward' if kind == 'F' else 'backward'}")
             t_op = time.perf_counter()
             if kind == "F":
                 chunk = [s for s in inputs[e] if cut.micro_of[s.id] == m]

@@ -46,6 +46,9 @@ def run_llm(
         empty = torch.zeros(0, dtype=torch.int64, device=logits.device)
         return label_loss(logits, torch.cat(labels or [empty]), batch.label_tokens)
 
-    run = ctx.stage.run(micro, first_inputs, loss_of, after_backward)
+    def on_op(kind: str, m: int) -> None:
+        ctx.beat(f"{llm_name} {'forward' if kind == 'F' else 'backward'}")
+
+    run = ctx.stage.run(micro, first_inputs, loss_of, after_backward, on_op)
     work.spans += [(llm_name, op, a, b) for op, a, b in run.spans]
     return run.loss_sum

@@ -41,10 +41,12 @@ def _encoder_forwards(
     outs: dict[str, torch.Tensor] = {}
     t = time.perf_counter()
     for e in encoder_order(model):
+        ctx.beat(f"{e} route")
         samples = ctx.inputs(e, work)
         now = time.perf_counter()
         phases[f"{e}.route"] = now - t
         t = now
+        ctx.beat(f"{e} forward")
         if e in ctx.modules:
             ctx.count_encoder(work.counter, e, samples)
             fpt = model.modality(e).frames_per_token
@@ -57,6 +59,7 @@ def _encoder_forwards(
         if e in ctx.modules:
             spans.append((e, "forward", t, now))
         t = now
+        ctx.beat(f"{e} boundary")
         table = work.tables.boundary_table(e) if ctx.router.balanced else None
         moved[e] = ctx.boundaries[e].forward(outs[e], work.batch, ctx.rank, ctx.world, table)
         now = time.perf_counter()
@@ -70,6 +73,7 @@ def _llm_phase(ctx: StepContext, work: StepWork, leaves: dict[str, torch.Tensor]
     """Phase 2: the LLM's 1F1B over its micro-batches, its first stage fed the boundary leaves' rows."""
     llm_name, batch = ctx.model.llm_name, work.batch
     loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
+    ctx.beat(f"{llm_name} route")
     texts = {s.id: s for s in ctx.inputs(llm_name, work)}
     now = time.perf_counter()
     work.phases[f"{llm_name}.route"] = now - t
@@ -100,6 +104,7 @@ def _encoder_backwards(
     on the encoder output marks where the boundary backward ends and the encoder's begins."""
     t = time.perf_counter()
     for e in reversed(encoder_order(ctx.model)):
+        ctx.beat(f"{e} backward")
         t_e = time.perf_counter()
         arrived = [t_e]
         if outs[e].requires_grad:

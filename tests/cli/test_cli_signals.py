@@ -1,0 +1,44 @@
+"""`orch launch --executor local` under a signal, as a user's terminal or a scheduler sends it: the ranks save at
+one step, the command exits 0 with one line, and nothing runs on or prints a traceback after it returned."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from orch.runtime.launch.heartbeat import read_beats
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "group"), [(signal.SIGTERM, False), (signal.SIGINT, True)])
+def test_a_signal_to_launch_saves_and_exits_zero_with_one_line(plan_file, tmp_path, signum, group):
+    path, _, _ = plan_file
+    workdir = tmp_path / "run"
+    cmd = [sys.executable, "-c", "from orch.cli.app import main; main()", "launch", str(path), "--nproc", "2",
+           "--steps", "500", "--workdir", str(workdir)]  # fmt: skip
+    # group: Ctrl-C in a terminal, which reaches the launcher and its ranks at once
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    metrics = workdir / "metrics.jsonl"
+    end = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2) and time.monotonic() < end:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    (os.killpg if group else os.kill)(proc.pid, signum)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    name = signal.Signals(signum).name
+    stops = [ln for ln in err.splitlines() if ln.startswith("stopped at step")]  # people's lines: stderr
+    assert len(stops) == 1, (out, err)
+    step = int(re.fullmatch(rf"stopped at step (\d+) by {name}; checkpoint step_(\d+); relaunch the same command to "
+                            r"resume", stops[0]).group(1))  # fmt: skip
+    assert stops[0].endswith(f"step_{step:08d}; relaunch the same command to resume")
+    assert (workdir / "checkpoints" / f"step_{step:08d}").is_dir()
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err, err
+    time.sleep(1.0)  # anything still running would still be printing or alive now
+    for beat in read_beats(workdir).values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(beat.pid, 0)
