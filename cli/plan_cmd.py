@@ -28,6 +28,12 @@ def plan(
     data_parallel: str = typer.Option(
         "auto", "--data-parallel", help="fsdp, replicate, or auto (fsdp unless a module is small)."
     ),
+    sharding: str = typer.Option(
+        "auto",
+        "--sharding",
+        help="An fsdp module's: keep (gathered for the step), reshard (ZeRO-3: per block call), or auto "
+        "(the search weighs reshard's memory against its gathers where memory binds).",
+    ),
 ) -> None:
     """Choose TP/CP/PP/DP/EP per module and the placement, and write the plan."""
     from orch.planner.candidates import Pin, SearchInput
@@ -35,7 +41,7 @@ def plan(
     from orch.planner.errors import SpecError
     from orch.planner.io import to_yaml, write_text_atomic
     from orch.planner.loading import load_cluster, load_json_file, load_model
-    from orch.planner.plan import DataParallel, Placement
+    from orch.planner.plan import DataParallel, Placement, Sharding
     from orch.planner.planner import make_plan
     from orch.planner.profile import Profile
     from orch.planner.search import SolverConfig
@@ -43,6 +49,9 @@ def plan(
     modes = ("auto", *(d.value for d in DataParallel))
     if data_parallel not in modes:
         raise SpecError("--data-parallel", "", f"expected one of {', '.join(modes)}, got '{data_parallel}'")
+    shardings = ("auto", *(x.value for x in Sharding))
+    if sharding not in shardings:
+        raise SpecError("--sharding", "", f"expected one of {', '.join(shardings)}, got '{sharding}'")
     if placement not in PLACEMENTS:
         raise SpecError("--placement", "", f"expected one of {', '.join(PLACEMENTS)}, got '{placement}'")
     model_spec = load_model(model)
@@ -64,7 +73,10 @@ def plan(
     prof = load_json_file(Profile, profile) if profile else None
     pins = tuple(Pin.parse(f, model_spec) for f in fix)
     placements = tuple(Placement) if placement == "auto" else (Placement(placement),)
-    costs = CostConfig(data_parallel=None if data_parallel == "auto" else DataParallel(data_parallel))
+    costs = CostConfig(
+        data_parallel=None if data_parallel == "auto" else DataParallel(data_parallel),
+        sharding=None if sharding == "auto" else Sharding(sharding),
+    )
     inp = SearchInput(model_spec, cluster_spec, data_spec, profile=prof, pins=pins, placements=placements, cfg=costs)
     result = make_plan(inp, SolverConfig(time_limit_s=time_limit, alternatives=max(top, 0)))
 

@@ -20,10 +20,11 @@ from orch.planner.costs import (
     layout_cost,
     layout_memory_gb,
     module_basis,
+    shardings,
     workload,
 )
 from orch.planner.errors import SpecError
-from orch.planner.plan import Layout, Placement, Recompute
+from orch.planner.plan import Layout, Placement, Recompute, Sharding
 from orch.planner.profile import Profile
 from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec
 
@@ -117,7 +118,8 @@ class Candidate:
         return dict(self.recv_s).get(encoder, 0.0)
 
     def describe(self) -> str:
-        return f"{self.layout.short()} mb{self.micro_batch} {self.recompute.value}"
+        reshard = " reshard" if self.cost.sharding == Sharding.RESHARD else ""
+        return f"{self.layout.short()} mb{self.micro_batch} {self.recompute.value}{reshard}"
 
 
 @dataclass(frozen=True)
@@ -312,14 +314,19 @@ def module_candidates(
             num_mb = samples_per_dp(inp, layout) // mb
             in_flight = layout.pp if is_llm else num_mb
             for rc in Recompute:
-                if layout_memory_gb(basis, layout, mb, rc, min(in_flight, num_mb)) > inp.capacity_gb:
-                    continue  # does not fit: not worth pricing its time
-                cost = layout_cost(basis, layout, mb, rc, min(in_flight, num_mb))
-                if is_llm:
-                    c = Candidate(module, placement, layout, mb, rc, cost, num_mb, recv_s=recv)
-                else:
-                    c = Candidate(module, placement, layout, mb, rc, cost, num_mb, send_s=send)
-                out.append(c)
+                held = min(in_flight, num_mb)
+                keep_gb = layout_memory_gb(basis, layout, mb, rc, held)
+                for sh in shardings(basis, layout, keep_gb, inp.capacity_gb):
+                    if sh != Sharding.KEEP and layout_memory_gb(basis, layout, mb, rc, held, sh) > inp.capacity_gb:
+                        continue
+                    if sh == Sharding.KEEP and keep_gb > inp.capacity_gb:
+                        continue  # does not fit: not worth pricing its time
+                    cost = layout_cost(basis, layout, mb, rc, held, sh)
+                    if is_llm:
+                        c = Candidate(module, placement, layout, mb, rc, cost, num_mb, recv_s=recv)
+                    else:
+                        c = Candidate(module, placement, layout, mb, rc, cost, num_mb, send_s=send)
+                    out.append(c)
     return prune_dominated(out, is_llm) if prune else out
 
 

@@ -252,3 +252,19 @@ def test_global_batch_overrides_a_data_preset(cli, tmp_path):
     result = cli("plan", "-m", "tiny", "-c", "local-cpu", "-o", str(out), "--global-batch", "12", "--top", "0")
     assert result.exit_code == 0, result.output
     assert yaml.safe_load(out.read_text())["data"]["global_batch"] == 12
+
+
+def test_bad_sharding_gives_one_line(cli, tmp_path):
+    result = cli("plan", "-m", "tiny", "-c", "local-cpu", "--sharding", "zero3", "-o", str(tmp_path / "p.yaml"))
+    line = _single_error_line(result)
+    assert "--sharding" in line and "expected one of auto, keep, reshard, got 'zero3'" in line
+
+
+def test_a_plan_file_without_sharding_keeps(cli, tmp_path):
+    out = tmp_path / "plan.yaml"
+    assert cli("plan", "-m", "tiny", "-c", "local-cpu", "-o", str(out)).exit_code == 0
+    raw = yaml.safe_load(out.read_text())
+    for mp in raw["modules"].values():
+        mp.pop("sharding")  # a plan written before the field existed
+    plan = Plan.model_validate(raw)
+    assert {mp.sharding.value for mp in plan.modules.values()} == {"keep"}
