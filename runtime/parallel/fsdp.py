@@ -42,6 +42,7 @@ from torch import nn
 from orch.planner.plan import DataParallel, Sharding
 from orch.runtime.models.contract import block_units
 from orch.runtime.parallel import fsdp_private
+from orch.runtime.parallel.tensor import local_part
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -148,10 +149,12 @@ class DataParallelSteps:
     forward, `finish()` after the last backward, modules in name order, units in a fixed order (the same
     collectives on every rank). The reshard modules run on FSDP2's own hooks, call by call."""
 
-    def __init__(self, shards: dict[str, ModuleShards]) -> None:
+    def __init__(self, shards: dict[str, ModuleShards], watch: bool = False) -> None:
+        """`watch`: sample the reshard modules' gathered bytes at every block call (the CPU's peak measure)."""
         self.shards = dict(sorted(shards.items()))
         self.kept = {n: s for n, s in self.shards.items() if not s.reshards}
         self.resharded = {n: s for n, s in self.shards.items() if s.reshards}
+        self.in_flight = InFlight([s.root for s in self.resharded.values()]) if watch and self.resharded else None
 
     def _units(self) -> list[FSDPModule]:
         return [u for s in self.kept.values() for u in s.units]
@@ -163,6 +166,8 @@ class DataParallelSteps:
             unit.set_is_last_backward(False)
         for unit in [*self._units(), *(s.root for s in self.resharded.values())]:
             unit.unshard()
+        if self.in_flight is not None:
+            self.in_flight.start()
 
     def finish(self) -> None:
         for unit in self._units():
@@ -175,5 +180,47 @@ class DataParallelSteps:
             shards.root.reshard()
 
     def gathered_bytes(self) -> int:
-        """Bytes of the full-size parameters and gradients the keep units hold now (between begin and finish)."""
-        return sum(fsdp_private.gathered_bytes(unit) for unit in self._units())
+        """Bytes of the full-size parameters and gradients the keep units hold now (between begin and finish), plus
+        the most the reshard modules held gathered at once this step (when watched) and their gradient shards."""
+        kept = sum(fsdp_private.gathered_bytes(unit) for unit in self._units())
+        if self.in_flight is None:
+            return kept
+        grads = sum(_nbytes(p.grad) for s in self.resharded.values() for p in s.root.parameters() if p.grad is not None)  # type: ignore[attr-defined]
+        return kept + self.in_flight.peak + grads
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    local = local_part(t)
+    return local.numel() * local.element_size()
+
+
+class InFlight:
+    """The most bytes resharding modules hold gathered at once in a step (parameters and their gradients), sampled
+    when each block's forward starts and when its backward starts (after FSDP2 gathered it and prefetched its
+    neighbour). A gathered parameter is one the module holds in place of its shard (FSDP2 swaps them). A block's
+    own gradient buffers during its backward fall between samples: on a GPU CUDA's peak counts them."""
+
+    def __init__(self, modules: list[nn.Module]) -> None:
+        self.modules = modules
+        self.shards = {id(p) for m in modules for p in m.parameters()}  # the parameters at rest: shards
+        self.peak = 0
+        for m in modules:
+            for unit in block_units(m):
+                unit.register_forward_pre_hook(lambda *_: self.sample())
+                unit.register_forward_hook(self._on_output)
+
+    def start(self) -> None:
+        self.peak = 0
+
+    def sample(self) -> None:
+        now = 0
+        for m in self.modules:
+            for p in m.parameters():
+                if id(p) not in self.shards:
+                    now += _nbytes(p) + (_nbytes(p.grad) if p.grad is not None else 0)
+        self.peak = max(self.peak, now)
+
+    def _on_output(self, _module: nn.Module, _args: Any, out: Any) -> None:
+        # a tensor hook runs after FSDP2's own on the same output (its pre-backward: gather, prefetch)
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda g: self.sample())

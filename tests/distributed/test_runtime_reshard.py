@@ -51,6 +51,10 @@ PLANS = {
         Recompute.NONE,
     ),
 }  # fmt: skip
+MEMORY = {  # the same plan kept and resharded, for the measured state and peak
+    "memory_keep_dp4": ("tiny", 8, Mode.NONE, {"llm": (Layout(dp=4), R4)}, KEEP, Recompute.NONE),
+    "memory_reshard_dp4": ("tiny", 8, Mode.NONE, {"llm": (Layout(dp=4), R4)}, RESHARD, Recompute.NONE),
+}
 CFG = TrainConfig(
     steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE, optimizer="adamw", lr=0.01, lr_schedule="cosine",
     warmup_steps=1, min_lr=0.001, clip_norm=0.05,
@@ -62,7 +66,7 @@ def _data(global_batch: int):
 
 
 def _plan(name: str):
-    model, gb, _, layouts, sharding, rc = PLANS[name]
+    model, gb, _, layouts, sharding, rc = {**PLANS, **MEMORY}[name]
     plan = hand_plan(
         load_model(model), _data(gb), layouts, data_parallel=DataParallel.FSDP, recompute=rc, sharding=sharding
     )
@@ -71,9 +75,10 @@ def _plan(name: str):
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
-    plans = {name: _plan(name) for name in PLANS}
-    data = {name: _data(PLANS[name][1]) for name in PLANS}
-    cfgs = {name: CFG.model_copy(update={"balance": PLANS[name][2]}) for name in PLANS}
+    every = {**PLANS, **MEMORY}
+    plans = {name: _plan(name) for name in every}
+    data = {name: _data(every[name][1]) for name in every}
+    cfgs = {name: CFG.model_copy(update={"balance": every[name][2]}) for name in every}
     out = tmp_path_factory.mktemp("reshard")
     return train_tasks(plans, data, cfgs, out), out
 
@@ -97,6 +102,16 @@ def test_reshard_matches_the_reference(name, launched):
     assert [r.loss for r in records[name]] == pytest.approx(ref.losses, rel=1e-9)
     assert_close(merged(out / name, "grads"), ref.grads, rel=1e-9)
     assert_close(merged(out / name, "params"), ref.params, rel=1e-8)
+
+
+@pytest.mark.slow
+def test_reshard_holds_the_same_state_and_a_lower_peak(launched):
+    records, _ = launched
+    keep, reshard = records["memory_keep_dp4"][-1].memory, records["memory_reshard_dp4"][-1].memory
+    assert [r["state_bytes"] for r in reshard.values()] == [r["state_bytes"] for r in keep.values()]  # the shards
+    for rank, r in reshard.items():
+        # the gathered blocks in flight and the gradient shards instead of every unit and full gradients
+        assert r["state_bytes"] < r["peak_bytes"] < keep[rank]["peak_bytes"], rank
 
 
 def _tables(plan, dest: dict[str, tuple[int, ...]]) -> StepTables:
