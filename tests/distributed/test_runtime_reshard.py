@@ -51,9 +51,11 @@ PLANS = {
         Recompute.NONE,
     ),
 }  # fmt: skip
-MEMORY = {  # the same plan kept and resharded, for the measured state and peak
+MEMORY = {  # the same plan kept and resharded, for the measured state and peak, and in bf16 on fp32 masters
     "memory_keep_dp4": ("tiny", 8, Mode.NONE, {"llm": (Layout(dp=4), R4)}, KEEP, Recompute.NONE),
     "memory_reshard_dp4": ("tiny", 8, Mode.NONE, {"llm": (Layout(dp=4), R4)}, RESHARD, Recompute.NONE),
+    "bfloat16_keep_dp4": ("tiny", 8, Mode.ORCH, {"llm": (Layout(dp=4), R4)}, KEEP, Recompute.NONE),
+    "bfloat16_reshard_dp4": ("tiny", 8, Mode.ORCH, {"llm": (Layout(dp=4), R4)}, RESHARD, Recompute.NONE),
 }
 CFG = TrainConfig(
     steps=STEPS, seed=SEED, dtype="float64", balance=Mode.NONE, optimizer="adamw", lr=0.01, lr_schedule="cosine",
@@ -79,6 +81,8 @@ def launched(tmp_path_factory):
     plans = {name: _plan(name) for name in every}
     data = {name: _data(every[name][1]) for name in every}
     cfgs = {name: CFG.model_copy(update={"balance": every[name][2]}) for name in every}
+    for name in ("bfloat16_keep_dp4", "bfloat16_reshard_dp4"):
+        cfgs[name] = cfgs[name].model_copy(update={"dtype": "bfloat16"})
     out = tmp_path_factory.mktemp("reshard")
     return train_tasks(plans, data, cfgs, out), out
 
@@ -112,6 +116,53 @@ def test_reshard_holds_the_same_state_and_a_lower_peak(launched):
     for rank, r in reshard.items():
         # the gathered blocks in flight and the gradient shards instead of every unit and full gradients
         assert r["state_bytes"] < r["peak_bytes"] < keep[rank]["peak_bytes"], rank
+
+
+@pytest.mark.slow
+def test_bfloat16_reshards_like_keep_on_fp32_masters(launched):
+    """bf16 compute on fp32 masters: the same bf16 math per micro-batch; only the fp32 reductions' order differs
+    (per micro-batch against once per step)."""
+    records, out = launched
+    keep = [r.loss for r in records["bfloat16_keep_dp4"]]
+    reshard = [r.loss for r in records["bfloat16_reshard_dp4"]]
+    assert reshard == pytest.approx(keep, rel=1e-4)
+    assert reshard != pytest.approx([r.loss for r in records["homogeneous_dp4"]], rel=1e-6)  # bf16 math ran
+    params = merged(out / "bfloat16_reshard_dp4", "params")
+    assert params and all(p.dtype == torch.float32 for p in params.values())  # the masters stay fp32
+    assert_close(params, merged(out / "bfloat16_keep_dp4", "params"), rel=1e-4)
+
+
+@pytest.mark.slow
+def test_a_keep_checkpoint_resumes_under_reshard(tmp_path):
+    """The shards at rest are the same under keep and reshard: a checkpoint saved by a kept run (PP stages,
+    CP-sharded vision, experts outside FSDP2, AdamW state) resumes under reshard on the trajectory of a run
+    that resharded throughout."""
+    from launching import train_local, train_runs
+
+    from orch.runtime.checkpoint import latest_step
+
+    model, data = load_model("tiny-moe"), _data(8)
+    layouts = {
+        "llm": (Layout(pp=2, dp=2, ep=2), R4),
+        "vision": (Layout(cp=2, dp=2), R4),
+        "audio": (Layout(dp=4), R4),
+    }
+
+    def plan(sharding):
+        return hand_plan(model, data, layouts, data_parallel=DataParallel.FSDP, sharding=sharding)
+
+    def cfg(steps, **kw):
+        return TrainConfig(steps=steps, seed=4, dtype="float64", optimizer="adamw", lr=0.01, balance=Mode.NONE, **kw)
+
+    runs = {
+        "full": (plan(RESHARD), data, cfg(3), tmp_path / "full"),
+        "part": (plan(KEEP), data, cfg(1, checkpoint_every=1), tmp_path / "part"),
+    }
+    done = train_runs(runs)
+    assert latest_step(tmp_path / "part") == 1
+    resumed = train_local(plan(RESHARD), data, cfg(3), tmp_path / "part")
+    assert [r.step for r in resumed] == [0, 1, 2]
+    assert [r.loss for r in resumed] == pytest.approx([r.loss for r in done["full"]], rel=1e-9, abs=0)
 
 
 def _tables(plan, dest: dict[str, tuple[int, ...]]) -> StepTables:
