@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from orch.cli.output import console, print_json
@@ -28,11 +30,12 @@ def plan(
     data_parallel: str = typer.Option(
         "auto", "--data-parallel", help="fsdp, replicate, or auto (fsdp unless a module is small)."
     ),
-    sharding: str = typer.Option(
-        "auto",
+    sharding: list[str] = typer.Option(
+        [],
         "--sharding",
         help="An fsdp module's: keep (gathered for the step), reshard (ZeRO-3: per block call), or auto "
-        "(the search weighs reshard's memory against its gathers where memory binds).",
+        "(default: the search weighs reshard's memory against its gathers where memory binds); MODE for every "
+        "module or MODULE=MODE for one (repeatable).",
     ),
 ) -> None:
     """Choose TP/CP/PP/DP/EP per module and the placement, and write the plan."""
@@ -41,7 +44,7 @@ def plan(
     from orch.planner.errors import SpecError
     from orch.planner.io import to_yaml, write_text_atomic
     from orch.planner.loading import load_cluster, load_json_file, load_model
-    from orch.planner.plan import DataParallel, Placement, Sharding
+    from orch.planner.plan import DataParallel, Placement
     from orch.planner.planner import make_plan
     from orch.planner.profile import Profile
     from orch.planner.search import SolverConfig
@@ -49,9 +52,6 @@ def plan(
     modes = ("auto", *(d.value for d in DataParallel))
     if data_parallel not in modes:
         raise SpecError("--data-parallel", "", f"expected one of {', '.join(modes)}, got '{data_parallel}'")
-    shardings = ("auto", *(x.value for x in Sharding))
-    if sharding not in shardings:
-        raise SpecError("--sharding", "", f"expected one of {', '.join(shardings)}, got '{sharding}'")
     if placement not in PLACEMENTS:
         raise SpecError("--placement", "", f"expected one of {', '.join(PLACEMENTS)}, got '{placement}'")
     model_spec = load_model(model)
@@ -70,12 +70,14 @@ def plan(
         from rich.markup import escape
 
         console().print(f"hint: {escape(hint)}")
+    every_sharding, sharding_of = _shardings(sharding, model_spec)
     prof = load_json_file(Profile, profile) if profile else None
     pins = tuple(Pin.parse(f, model_spec) for f in fix)
     placements = tuple(Placement) if placement == "auto" else (Placement(placement),)
     costs = CostConfig(
         data_parallel=None if data_parallel == "auto" else DataParallel(data_parallel),
-        sharding=None if sharding == "auto" else Sharding(sharding),
+        sharding=every_sharding,
+        sharding_of=sharding_of,
     )
     inp = SearchInput(model_spec, cluster_spec, data_spec, profile=prof, pins=pins, placements=placements, cfg=costs)
     result = make_plan(inp, SolverConfig(time_limit_s=time_limit, alternatives=max(top, 0)))
@@ -96,3 +98,26 @@ def plan(
 
 def register(app: typer.Typer) -> None:
     app.command()(plan)
+
+
+def _shardings(items: list[str], model: Any) -> tuple[Any, tuple[tuple[str, Any], ...]]:
+    """`--sharding` values: (every module's, or None for auto; per module (name, sharding)); one clear error."""
+    from orch.planner.errors import SpecError
+    from orch.planner.plan import Sharding
+
+    modes = ("auto", *(x.value for x in Sharding))
+    every = None
+    per: dict[str, Sharding] = {}
+    for item in items:
+        module, eq, mode = item.rpartition("=")
+        if mode not in modes:
+            raise SpecError("--sharding", item, f"expected one of {', '.join(modes)} or MODULE=MODE, got '{mode}'")
+        if eq and module not in model.modules:
+            raise SpecError("--sharding", item, f"no module '{module}'; expected one of {sorted(model.modules)}")
+        chosen = None if mode == "auto" else Sharding(mode)
+        if eq:
+            if chosen is not None:
+                per[module] = chosen
+        else:
+            every = chosen
+    return every, tuple(sorted(per.items()))

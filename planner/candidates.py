@@ -391,22 +391,33 @@ def homogeneous_options(inp: SearchInput, pr: Pricing | None = None) -> list[Hom
             for e in model.encoder_names:
                 # the encoder runs inside stage 0's 1F1B: pp micro-batches in flight
                 opts = []
+                held = min(layout.pp, num_mb)
                 for erc in Recompute:
-                    ec = layout_cost(pr.bases[e], stage0, mb, erc, min(layout.pp, num_mb))
-                    # stage 0 alone does the encoder's math: its GPU count is n / pp
-                    opts.append(Candidate(e, Placement.HOMOGENEOUS, stage0, mb, erc, ec, num_mb))
+                    for sh in _shardings_of(pr.bases[e], stage0, mb, erc, held, inp.capacity_gb):
+                        ec = layout_cost(pr.bases[e], stage0, mb, erc, held, sh)
+                        # stage 0 alone does the encoder's math: its GPU count is n / pp
+                        opts.append(Candidate(e, Placement.HOMOGENEOUS, stage0, mb, erc, ec, num_mb))
                 encs.append(opts)
             moves = homogeneous_boundary_s(inp, layout)
+            llm_basis = pr.bases[model.llm_name]
             for rc in Recompute:
-                llm_cost = layout_cost(pr.bases[model.llm_name], layout, mb, rc, min(layout.pp, num_mb))
-                llm = Candidate(model.llm_name, Placement.HOMOGENEOUS, layout, mb, rc, llm_cost, num_mb)
-                for combo in _cheapest_fitting(llm, encs, inp.capacity_gb):
-                    option = _homogeneous(llm, combo, num_mb, moves)
-                    if best is None or option.step_s < best.step_s:
-                        best = option
+                for sh in _shardings_of(llm_basis, layout, mb, rc, min(layout.pp, num_mb), inp.capacity_gb):
+                    llm_cost = layout_cost(llm_basis, layout, mb, rc, min(layout.pp, num_mb), sh)
+                    llm = Candidate(model.llm_name, Placement.HOMOGENEOUS, layout, mb, rc, llm_cost, num_mb)
+                    for combo in _cheapest_fitting(llm, encs, inp.capacity_gb):
+                        option = _homogeneous(llm, combo, num_mb, moves)
+                        if best is None or option.step_s < best.step_s:
+                            best = option
             if best is not None:
                 out.append(best)
     return out
+
+
+def _shardings_of(
+    b: ModuleBasis, layout: Layout, micro_batch: int, recompute: Recompute, in_flight: int, capacity_gb: float
+) -> tuple[Sharding, ...]:
+    """`costs.shardings` of a layout, from its keep memory."""
+    return shardings(b, layout, layout_memory_gb(b, layout, micro_batch, recompute, in_flight), capacity_gb)
 
 
 def _cheapest_fitting(llm: Candidate, encs: list[list[Candidate]], cap: float) -> Iterator[tuple[Candidate, ...]]:

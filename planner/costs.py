@@ -35,6 +35,7 @@ class CostConfig:
     data_parallel: DataParallel | None = None  # every module's, when the user chose; else `choose_data_parallel`
     replicate_below_params: float = 20e6  # a module with fewer parameters per GPU replicates its state
     sharding: Sharding | None = None  # every fsdp module's, when the user chose; else the search prices both
+    sharding_of: tuple[tuple[str, Sharding], ...] = ()  # (module, sharding) the user chose for one module
     # Under fsdp the search also prices reshard for a layout whose keep memory passes this share of the GPU
     # (below it keep fits beside anything and is faster): the candidates grow only where memory binds.
     reshard_above_share: float = 0.5
@@ -568,8 +569,9 @@ def shardings(b: ModuleBasis, layout: Layout, keep_gb: float, capacity_gb: float
     """The shardings worth pricing for an fsdp layout whose keep memory is `keep_gb`: the user's, or keep alone
     while it takes at most `reshard_above_share` of the GPU (reshard would only add gathers), both beyond that
     (the search weighs reshard's memory against its time), reshard alone where keep does not fit."""
-    if b.cfg.sharding is not None:
-        return (b.cfg.sharding,)
+    pinned = dict(b.cfg.sharding_of).get(b.name, b.cfg.sharding)
+    if pinned is not None:
+        return (pinned,)
     if _choose_mode(_local_params_of(b.dense_params, b.expert_params, b.m, layout), layout, b.cfg) != DataParallel.FSDP:
         return (Sharding.KEEP,)
     if keep_gb <= b.cfg.reshard_above_share * capacity_gb:

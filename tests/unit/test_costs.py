@@ -258,8 +258,8 @@ def test_the_search_prices_reshard_only_where_memory_binds():
 
 
 def test_a_7b_mllm_fits_one_node_at_pure_dp_only_when_it_reshards():
-    """Qwen2.5-VL-7B-shaped (8.2B parameters) on 8 x 80 GB: keeping every unit gathered needs TP; resharding the
-    LLM lets it run at dp 8."""
+    """Qwen2.5-VL-7B-shaped (8.2B parameters) on 8 x 80 GB: keeping every unit gathered needs TP or PP; with
+    reshard priced the LLM runs with neither (its state at dp 8: 57 GB kept, 26 GB resharded)."""
     from orch.planner.candidates import SearchInput
     from orch.planner.plan import Sharding
     from orch.planner.planner import make_plan
@@ -274,8 +274,12 @@ def test_a_7b_mllm_fits_one_node_at_pure_dp_only_when_it_reshards():
     }
     kept, chosen = plans[Sharding.KEEP].modules["llm"], plans[None].modules["llm"]
     assert kept.layout.tp * kept.layout.pp > 1 and kept.sharding == Sharding.KEEP
-    assert (chosen.layout.tp, chosen.layout.pp, chosen.layout.dp) == (1, 1, 8) and chosen.sharding == Sharding.RESHARD
+    assert (chosen.layout.tp, chosen.layout.pp) == (1, 1) and chosen.sharding == Sharding.RESHARD
     assert plans[None].predicted.step_time_s <= plans[Sharding.KEEP].predicted.step_time_s
+    lay = Layout(dp=8)
+    keep = module_cost(model, data, cluster, "llm", lay, 8, Recompute.FULL, in_flight=1)
+    zero3 = module_cost(model, data, cluster, "llm", lay, 8, Recompute.FULL, in_flight=1, sharding=Sharding.RESHARD)
+    assert keep.params_gb == pytest.approx(57.1, abs=0.1) and zero3.params_gb == pytest.approx(26.3, abs=0.1)
 
 
 QWEN25_VL_7B = """
