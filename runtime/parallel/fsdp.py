@@ -26,8 +26,9 @@ label-token count. Mixed precision (`--dtype bfloat16`): fp32 masters, bf16 comp
 (MixedPrecisionPolicy). Under EP the experts differ between DP ranks: FSDP2 ignores them and their
 gradients go over the expert-data-parallel group as before (runtime/train/grad_sync.py).
 
-FSDP2's private internals the keep mode needs (no public call runs a unit's post-backward outside autograd)
-live in runtime/parallel/fsdp_private.py, checked on one torch version.
+FSDP2's private internals live in runtime/parallel/fsdp_private.py, checked on one torch version: the keep
+mode's reduction (no public call runs a unit's post-backward outside autograd) and, for both modes, the root's
+initialisation (FSDP2 runs it in a forward the schedules never call for an LLM).
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """The FSDP2 internals orch still needs, in one place, checked on torch 2.13 (`CHECKED_ON`).
 
-Only the keep mode (runtime/parallel/fsdp.py) needs them: it gathers every unit once and accumulates
-full-size gradients with gradient sync off, so that DP ranks may make different numbers of calls; at the
-step's end it must run each unit's post-backward (the reduction) outside autograd, which no public call
-does. The reshard mode uses FSDP2's public API only. tests/unit/test_fsdp_private.py fails when the torch
-version or these attributes change: check this file against the new FSDP2 before updating it.
+The keep mode (runtime/parallel/fsdp.py) gathers every unit once and accumulates full-size gradients with
+gradient sync off, so that DP ranks may make different numbers of calls; at the step's end it must run each
+unit's post-backward (the reduction) outside autograd, which no public call does (`reduce_gathered`,
+`gathered_bytes`). Both modes need the root's initialisation up front (`lazy_init`): FSDP2 runs it in the
+root's pre-forward, and the schedules call an LLM through its methods, never its forward (a keep rank may
+also run no call at all); the reshard mode needs nothing else private. tests/unit/test_fsdp_private.py
+fails when the torch version or these attributes change: check this file against the new FSDP2 before
+updating it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ def _state(unit: FSDPModule) -> Any:
 
 
 def lazy_init(root: FSDPModule) -> None:
-    """FSDP2's root initialisation now (it otherwise runs at the first forward, which a keep rank may skip)."""
+    """FSDP2's root initialisation now (it otherwise runs in the root's forward, which the schedules never call
+    for an LLM and a keep rank may not call at all)."""
     _state(root)._lazy_init()
 
 
