@@ -80,14 +80,15 @@ def state_bytes_per_param(
     return copy + FP32 + (FP32 + 2 * FP32) / d
 
 
-def gathered_bytes(root: float, block: float, trainable: bool, compute_bytes: int = BF16) -> float:
+def gathered_bytes(root: float, block: float, trainable: bool, compute_bytes: int = BF16, part: float = 0.0) -> float:
     """Bytes a resharding module holds gathered at its peak, beside its shards (`state_bytes_per_param`), from its
-    local parameters outside the blocks (`root`: embeddings, head, stem, projector; gathered for the whole
-    step, runtime/parallel/fsdp.py) and in one block. The root and the block in backward hold the gathered
-    copy, its gradient in the compute dtype and the fp32 reduce-scatter input; the next block, prefetched,
-    its gathered copy."""
+    local parameters gathered for the whole step (`root`: an encoder's stem, norm and projector; a tied LLM's
+    embedding and head; runtime/parallel/fsdp.py), in one block, and in an LLM's largest part gathered per call
+    (`part`: its embedding or head). A unit in backward holds its gathered copy, its gradient in the compute
+    dtype and the fp32 reduce-scatter input; a block's neighbour, prefetched, its gathered copy. A part and the
+    blocks are gathered at different moments: the larger of the two."""
     per_param = compute_bytes + (compute_bytes + FP32 if trainable else 0)
-    return (root + block) * per_param + block * compute_bytes
+    return root * per_param + max(part * per_param, block * (per_param + compute_bytes))
 
 
 def layer_params(m: ModuleSpec, active: bool = False) -> float:
@@ -507,8 +508,8 @@ def layout_cost(
         pp_p2p_s = 2 * num_mb * links.p2p(act_bytes / tp, inter)
 
     # DP over dp x cp: fsdp keep gathers the parameters (bf16) and reduce-scatters the gradients (fp32) once
-    # per step; reshard gathers each block twice per micro-batch (forward, backward) and reduce-scatters its
-    # gradients per micro-batch (the module's own unit: one gather, a reduce-scatter per micro-batch);
+    # per step; reshard gathers each block (an LLM's embedding and head too) twice per micro-batch (forward,
+    # backward) and reduce-scatters its gradients per micro-batch (an encoder's own unit: one gather);
     # replicate all-reduces the gradients (twice a reduce-scatter's traffic on a ring).
     params_local = _local_params_of(b.dense_params, b.expert_params, m, layout)
     dp_group = dp * cp
@@ -520,8 +521,9 @@ def layout_cost(
         grads = links.ring(params_local * cfg.grad_bytes, tp, dp_group) if m.trainable else 0.0
         gather = links.ring(params_local * BF16, tp, dp_group)
         if sharding == Sharding.RESHARD:
-            blocks = _blocks_local(b, layout) / params_local if params_local else 0.0
-            traffic = num_mb * grads + gather * (1 + blocks * (2 * num_mb - 1))
+            # the share gathered per call: the blocks, and an (untied) LLM's embedding and head as well
+            per_call = 1.0 if m.vocab and not m.tied_embeddings else _blocks_local(b, layout) / max(params_local, 1.0)
+            traffic = num_mb * grads + gather * (1 + per_call * (2 * num_mb - 1))
         elif mode == DataParallel.FSDP:
             traffic = grads + gather
         else:
@@ -596,7 +598,11 @@ def _memory_gb(
     if reshard:
         blocks = _blocks_local(b, layout)
         block = blocks / max(b.m.layers / layout.pp, 1.0)
-        state += gathered_bytes(max(params_local - blocks, 0.0), block, b.m.trainable)
+        own = max(params_local - blocks, 0.0)
+        if b.m.vocab and not b.m.tied_embeddings:  # an LLM's embedding and head: units of their own, per call
+            state += gathered_bytes(0.0, block, b.m.trainable, part=b.m.vocab * b.m.hidden / layout.tp)
+        else:
+            state += gathered_bytes(own, block, b.m.trainable)
     return state / GB, activation_gb(b.m, b.w, layout, micro_batch, recompute, in_flight)
 
 

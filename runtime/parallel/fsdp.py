@@ -101,7 +101,8 @@ def apply_fsdp(
     policy = _policy(dtype)
     out = ModuleShards(name, mode, sharding)
     blocks = block_units(module)
-    for unit in [*blocks, module]:
+    parts = llm_parts(module, blocks) if out.reshards else []
+    for unit in [*blocks, *parts, module]:
         mine = {p for p in unit.parameters() if ignored and p in ignored} or None
         if mode == DataParallel.FSDP:
             again = out.reshards and unit is not module  # under reshard the blocks; the module's own unit stays
@@ -114,11 +115,12 @@ def apply_fsdp(
         unit.set_force_sum_reduction_for_comms(True)  # a plain sum (gloo has no PREMUL_SUM); no division by 1
         unit.set_reduce_scatter_unused_params(True)  # zeros for a parameter an (empty) call did not use
     if out.reshards:
-        # The module's own unit (embeddings, head, norms, stem, projector) is gathered for the whole step: the
-        # schedules call an LLM through its methods, not its forward, so FSDP2's hooks would never gather it.
-        # Its gradients are reduce-scattered after each backward by FSDP2's final callback.
+        # The module's own unit (an encoder's stem, norm and projector; what an LLM keeps outside its parts) is
+        # gathered for the whole step: the schedules call an LLM through its methods, not its forward, so
+        # FSDP2's hooks would never gather it. Its gradients are reduce-scattered after each backward by FSDP2's
+        # final callback. An LLM's embedding, norm and head are units of their own, gathered per call.
         out.root.set_reshard_after_backward(False, recurse=False)
-        units = out.units[:-1]  # the blocks: each one's gather is issued while its neighbour computes
+        units = out.units[: len(blocks)]  # the blocks: each one's gather is issued while its neighbour computes
         for unit in units:
             if any(p.requires_grad for p in unit.parameters()):  # type: ignore[attr-defined]
                 unit.register_forward_pre_hook(_inputs_take_gradients, prepend=True)  # type: ignore[attr-defined]
@@ -127,6 +129,29 @@ def apply_fsdp(
             nxt.set_modules_to_backward_prefetch([prev])
     fsdp_private.lazy_init(out.root)  # the root's state now, not at a first forward some rank may not run
     return out
+
+
+def llm_parts(module: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    """An LLM's children outside its blocks that hold parameters (embedding, final norm, head), each its own FSDP2
+    unit under reshard so that one is gathered at a time, as torchtitan wraps the embedding and the output. Each
+    is called once per micro-batch on every rank, empty micro-batches included (`embed_inputs` embeds the
+    micro-batch's ids in one call, none or not; `text_logits` projects its rows, zero or not). None for an
+    encoder (its stem may be skipped on an empty call: an audio conv on zero frames) or where two parts share
+    a parameter (tied embeddings: one unit must hold it)."""
+    if not all(callable(getattr(module, m, None)) for m in ("embed_inputs", "text_logits")):
+        return []
+    inside = {id(sub) for b in blocks for sub in b.modules()}
+    parts = [
+        c
+        for c in module.children()
+        if next(c.parameters(), None) is not None and not any(id(sub) in inside for sub in c.modules())
+    ]
+    owners: dict[int, int] = {}
+    for i, c in enumerate(parts):
+        for p in c.parameters():
+            if owners.setdefault(id(p), i) != i:
+                return []
+    return parts
 
 
 def _inputs_take_gradients(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -197,16 +222,18 @@ def _nbytes(t: torch.Tensor) -> int:
 
 class InFlight:
     """The most bytes resharding modules hold gathered at once in a step (parameters and their gradients), sampled
-    when each block's forward starts and when its backward starts (after FSDP2 gathered it and prefetched its
-    neighbour). A gathered parameter is one the module holds in place of its shard (FSDP2 swaps them). A block's
-    own gradient buffers during its backward fall between samples: on a GPU CUDA's peak counts them."""
+    when each block's (and an LLM part's) forward starts and when its backward starts (after FSDP2 gathered it
+    and prefetched its neighbour). A gathered parameter is one the module holds in place of its shard (FSDP2
+    swaps them). A unit's own gradient buffers during its backward fall between samples: on a GPU CUDA's peak
+    counts them."""
 
     def __init__(self, modules: list[nn.Module]) -> None:
         self.modules = modules
         self.shards = {id(p) for m in modules for p in m.parameters()}  # the parameters at rest: shards
         self.peak = 0
         for m in modules:
-            for unit in block_units(m):
+            blocks = block_units(m)
+            for unit in [*blocks, *llm_parts(m, blocks)]:
                 unit.register_forward_pre_hook(lambda *_: self.sample())
                 unit.register_forward_hook(self._on_output)
 
