@@ -253,7 +253,7 @@ def test_the_search_prices_reshard_only_where_memory_binds():
     b = module_basis(model, FIXED, cluster, "llm")
     lay = Layout(tp=8, dp=8)
     assert shardings(b, lay, keep_gb=10, capacity_gb=77) == (Sharding.KEEP,)
-    assert shardings(b, lay, keep_gb=50, capacity_gb=77) == (Sharding.KEEP, Sharding.RESHARD)
+    assert shardings(b, lay, keep_gb=60, capacity_gb=77) == (Sharding.KEEP, Sharding.RESHARD)
     assert shardings(b, lay, keep_gb=90, capacity_gb=77) == (Sharding.RESHARD,)
     assert shardings(b, Layout(tp=8, pp=8), keep_gb=90, capacity_gb=77) == (Sharding.KEEP,)  # dp 1: replicate
     pinned = module_basis(model, FIXED, cluster, "llm", cfg=CostConfig(sharding=Sharding.KEEP))
