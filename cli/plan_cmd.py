@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP
@@ -36,6 +38,13 @@ def plan(
     media_root: str | None = typer.Option(None, "--media-root", help=MEDIA_ROOT_HELP),
     data_parallel: str = typer.Option(
         "auto", "--data-parallel", help="fsdp, replicate, or auto (fsdp unless a module is small)."
+    ),
+    sharding: list[str] = typer.Option(
+        [],
+        "--sharding",
+        help="An fsdp module's: keep (gathered for the step), reshard (ZeRO-3: per block call), or auto "
+        "(default: the search weighs reshard's memory against its gathers where memory binds); MODE for every "
+        "module or MODULE=MODE for one (repeatable).",
     ),
 ) -> None:
     """Choose TP/CP/PP/DP/EP per module and the placement, and write the plan."""
@@ -72,10 +81,15 @@ def plan(
         from rich.markup import escape
 
         console().print(f"hint: {escape(hint)}")
+    every_sharding, sharding_of = _shardings(sharding, model_spec)
     prof = load_json_file(Profile, profile) if profile else None
     pins = tuple(Pin.parse(f, model_spec) for f in fix)
     placements = tuple(Placement) if placement == "auto" else (Placement(placement),)
-    costs = CostConfig(data_parallel=None if data_parallel == "auto" else DataParallel(data_parallel))
+    costs = CostConfig(
+        data_parallel=None if data_parallel == "auto" else DataParallel(data_parallel),
+        sharding=every_sharding,
+        sharding_of=sharding_of,
+    )
     inp = SearchInput(model_spec, cluster_spec, data_spec, profile=prof, pins=pins, placements=placements, cfg=costs)
     result = make_plan(inp, SolverConfig(time_limit_s=time_limit, alternatives=max(top, 0)))
 
@@ -95,3 +109,26 @@ def plan(
 
 def register(app: typer.Typer) -> None:
     app.command()(plan)
+
+
+def _shardings(items: list[str], model: Any) -> tuple[Any, tuple[tuple[str, Any], ...]]:
+    """`--sharding` values: (every module's, or None for auto; per module (name, sharding)); one clear error."""
+    from orch.planner.errors import SpecError
+    from orch.planner.plan import Sharding
+
+    modes = ("auto", *(x.value for x in Sharding))
+    every = None
+    per: dict[str, Sharding] = {}
+    for item in items:
+        module, eq, mode = item.rpartition("=")
+        if mode not in modes:
+            raise SpecError("--sharding", item, f"expected one of {', '.join(modes)} or MODULE=MODE, got '{mode}'")
+        if eq and module not in model.modules:
+            raise SpecError("--sharding", item, f"no module '{module}'; expected one of {sorted(model.modules)}")
+        chosen = None if mode == "auto" else Sharding(mode)
+        if eq:
+            if chosen is not None:
+                per[module] = chosen
+        else:
+            every = chosen
+    return every, tuple(sorted(per.items()))

@@ -33,7 +33,8 @@ def _layout_table(plan: Plan, colours: dict[str, str]) -> Table:
             ("busy s", "num"),
         ],
         caption=(
-            "micro: samples per micro-batch x micro-batches; DP: fsdp (sharded state) or repl (replicated); "
+            "micro: samples per micro-batch x micro-batches; DP: fsdp (sharded state, gathered for the step), "
+            "fsdp/rs (sharded state, each block gathered per call: ZeRO-3) or repl (replicated); "
             "GB/GPU: memory; busy s: compute per step"
         ),
     )
@@ -45,11 +46,17 @@ def _layout_table(plan: Plan, colours: dict[str, str]) -> Table:
             _ranks(mp),
             f"{mp.micro_batch}x{mp.num_micro_batches}",
             mp.recompute.value,
-            "fsdp" if mp.data_parallel == "fsdp" else "repl",
+            _dp(mp),
             f"{mp.memory_gb:.1f}",
             f"{mp.time_s:.3f}",
         )
     return t
+
+
+def _dp(mp: ModulePlan) -> str:
+    if mp.data_parallel != "fsdp":
+        return "repl"
+    return "fsdp/rs" if mp.sharding == "reshard" else "fsdp"
 
 
 def _ranks(mp: ModulePlan) -> str:

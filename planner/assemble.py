@@ -102,6 +102,7 @@ def _module_plan(inp: SearchInput, choice: Choice, name: str) -> ModulePlan:
         num_micro_batches=c.num_micro_batches,
         recompute=c.recompute,
         data_parallel=c.cost.data_parallel,
+        sharding=c.cost.sharding,
         memory_gb=round(memory, 3),
         time_s=c.time_s,
         sample_cost=profiled_sample_cost(inp.model, inp.data, name, c.layout, c.recompute, inp.profile),

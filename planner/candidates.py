@@ -20,10 +20,11 @@ from orch.planner.costs import (
     layout_cost,
     layout_memory_gb,
     module_basis,
+    shardings,
     workload,
 )
 from orch.planner.errors import SpecError
-from orch.planner.plan import Layout, Placement, Recompute
+from orch.planner.plan import Layout, Placement, Recompute, Sharding
 from orch.planner.profile import Profile
 from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec
 
@@ -117,7 +118,8 @@ class Candidate:
         return dict(self.recv_s).get(encoder, 0.0)
 
     def describe(self) -> str:
-        return f"{self.layout.short()} mb{self.micro_batch} {self.recompute.value}"
+        reshard = " reshard" if self.cost.sharding == Sharding.RESHARD else ""
+        return f"{self.layout.short()} mb{self.micro_batch} {self.recompute.value}{reshard}"
 
 
 @dataclass(frozen=True)
@@ -312,14 +314,19 @@ def module_candidates(
             num_mb = samples_per_dp(inp, layout) // mb
             in_flight = layout.pp if is_llm else num_mb
             for rc in Recompute:
-                if layout_memory_gb(basis, layout, mb, rc, min(in_flight, num_mb)) > inp.capacity_gb:
-                    continue  # does not fit: not worth pricing its time
-                cost = layout_cost(basis, layout, mb, rc, min(in_flight, num_mb))
-                if is_llm:
-                    c = Candidate(module, placement, layout, mb, rc, cost, num_mb, recv_s=recv)
-                else:
-                    c = Candidate(module, placement, layout, mb, rc, cost, num_mb, send_s=send)
-                out.append(c)
+                held = min(in_flight, num_mb)
+                keep_gb = layout_memory_gb(basis, layout, mb, rc, held)
+                for sh in shardings(basis, layout, keep_gb, inp.capacity_gb):
+                    if sh != Sharding.KEEP and layout_memory_gb(basis, layout, mb, rc, held, sh) > inp.capacity_gb:
+                        continue
+                    if sh == Sharding.KEEP and keep_gb > inp.capacity_gb:
+                        continue  # does not fit: not worth pricing its time
+                    cost = layout_cost(basis, layout, mb, rc, held, sh)
+                    if is_llm:
+                        c = Candidate(module, placement, layout, mb, rc, cost, num_mb, recv_s=recv)
+                    else:
+                        c = Candidate(module, placement, layout, mb, rc, cost, num_mb, send_s=send)
+                    out.append(c)
     return prune_dominated(out, is_llm) if prune else out
 
 
@@ -384,22 +391,33 @@ def homogeneous_options(inp: SearchInput, pr: Pricing | None = None) -> list[Hom
             for e in model.encoder_names:
                 # the encoder runs inside stage 0's 1F1B: pp micro-batches in flight
                 opts = []
+                held = min(layout.pp, num_mb)
                 for erc in Recompute:
-                    ec = layout_cost(pr.bases[e], stage0, mb, erc, min(layout.pp, num_mb))
-                    # stage 0 alone does the encoder's math: its GPU count is n / pp
-                    opts.append(Candidate(e, Placement.HOMOGENEOUS, stage0, mb, erc, ec, num_mb))
+                    for sh in _shardings_of(pr.bases[e], stage0, mb, erc, held, inp.capacity_gb):
+                        ec = layout_cost(pr.bases[e], stage0, mb, erc, held, sh)
+                        # stage 0 alone does the encoder's math: its GPU count is n / pp
+                        opts.append(Candidate(e, Placement.HOMOGENEOUS, stage0, mb, erc, ec, num_mb))
                 encs.append(opts)
             moves = homogeneous_boundary_s(inp, layout)
+            llm_basis = pr.bases[model.llm_name]
             for rc in Recompute:
-                llm_cost = layout_cost(pr.bases[model.llm_name], layout, mb, rc, min(layout.pp, num_mb))
-                llm = Candidate(model.llm_name, Placement.HOMOGENEOUS, layout, mb, rc, llm_cost, num_mb)
-                for combo in _cheapest_fitting(llm, encs, inp.capacity_gb):
-                    option = _homogeneous(llm, combo, num_mb, moves)
-                    if best is None or option.step_s < best.step_s:
-                        best = option
+                for sh in _shardings_of(llm_basis, layout, mb, rc, min(layout.pp, num_mb), inp.capacity_gb):
+                    llm_cost = layout_cost(llm_basis, layout, mb, rc, min(layout.pp, num_mb), sh)
+                    llm = Candidate(model.llm_name, Placement.HOMOGENEOUS, layout, mb, rc, llm_cost, num_mb)
+                    for combo in _cheapest_fitting(llm, encs, inp.capacity_gb):
+                        option = _homogeneous(llm, combo, num_mb, moves)
+                        if best is None or option.step_s < best.step_s:
+                            best = option
             if best is not None:
                 out.append(best)
     return out
+
+
+def _shardings_of(
+    b: ModuleBasis, layout: Layout, micro_batch: int, recompute: Recompute, in_flight: int, capacity_gb: float
+) -> tuple[Sharding, ...]:
+    """`costs.shardings` of a layout, from its keep memory."""
+    return shardings(b, layout, layout_memory_gb(b, layout, micro_batch, recompute, in_flight), capacity_gb)
 
 
 def _cheapest_fitting(llm: Candidate, encs: list[list[Candidate]], cap: float) -> Iterator[tuple[Candidate, ...]]:

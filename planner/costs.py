@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from orch.planner.data import TokenStats, token_stats
 from orch.planner.imbalance import residual_imbalance
-from orch.planner.plan import DataParallel, Layout, Recompute
+from orch.planner.plan import DataParallel, Layout, Recompute, Sharding
 from orch.planner.profile import Profile
 from orch.planner.sample_cost import SampleCost
 from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec, ModuleKind, ModuleSpec
@@ -34,6 +34,12 @@ class CostConfig:
     memory_reserve_gb: float = 3.0  # CUDA context, allocator fragmentation, workspaces
     data_parallel: DataParallel | None = None  # every module's, when the user chose; else `choose_data_parallel`
     replicate_below_params: float = 20e6  # a module with fewer parameters per GPU replicates its state
+    sharding: Sharding | None = None  # every fsdp module's, when the user chose; else the search prices both
+    sharding_of: tuple[tuple[str, Sharding], ...] = ()  # (module, sharding) the user chose for one module
+    # Under fsdp the search also prices reshard for a layout whose keep memory passes this share of the GPU
+    # (below it keep leaves a third of the GPU to the modules beside it, and is faster): the candidates grow
+    # only where memory binds (at half, `orch plan` on 2,560 GPUs took 50% longer; at 0.65, 8%).
+    reshard_above_share: float = 0.65
 
 
 def choose_data_parallel(m: ModuleSpec, layout: Layout, cfg: CostConfig) -> DataParallel:
@@ -50,19 +56,40 @@ def _choose_mode(params_local: float, layout: Layout, cfg: CostConfig) -> DataPa
     return DataParallel.FSDP
 
 
-def state_bytes_per_param(mode: DataParallel, trainable: bool, shards: int, compute_bytes: int = BF16) -> float:
+def state_bytes_per_param(
+    mode: DataParallel,
+    trainable: bool,
+    shards: int,
+    compute_bytes: int = BF16,
+    sharding: Sharding = Sharding.KEEP,
+) -> float:
     """Peak bytes per local parameter of a step's training state, as FSDP2 holds it (runtime/parallel/fsdp.py).
 
-    The parameters are fp32 masters (sharded over `shards` ranks under fsdp); for the step they are gathered
-    once into the compute dtype, and the gradients accumulate at full size in fp32 until the step's one
-    reduction. AdamW's two moments follow the masters. A frozen module has no gradient or moments. With a
-    compute dtype of fp32 the gathered copy is the master itself under replicate (nothing to cast).
+    The parameters are fp32 masters (sharded over `shards` ranks under fsdp). keep: for the step they are
+    gathered once into the compute dtype, and the gradients accumulate at full size in fp32 until the step's
+    one reduction. reshard: only shards: the fp32 master, the fp32 gradient each micro-batch's reduce-scatter
+    adds to, and the moments, 16/d; the blocks gathered at a time are `gathered_bytes` beside it. AdamW's two
+    moments follow the masters. A frozen module has no gradient or moments. With a compute dtype of fp32 the
+    gathered copy is the master itself under replicate (nothing to cast).
     """
     d = shards if mode == DataParallel.FSDP else 1
+    if mode == DataParallel.FSDP and sharding == Sharding.RESHARD:
+        return (FP32 + (FP32 + 2 * FP32 if trainable else 0)) / d
     if not trainable:
         return compute_bytes + FP32 / d if mode == DataParallel.FSDP or compute_bytes != FP32 else FP32
     copy = compute_bytes if mode == DataParallel.FSDP or compute_bytes != FP32 else 0
     return copy + FP32 + (FP32 + 2 * FP32) / d
+
+
+def gathered_bytes(root: float, block: float, trainable: bool, compute_bytes: int = BF16, part: float = 0.0) -> float:
+    """Bytes a resharding module holds gathered at its peak, beside its shards (`state_bytes_per_param`), from its
+    local parameters gathered for the whole step (`root`: an encoder's stem, norm and projector; a tied LLM's
+    embedding and head; runtime/parallel/fsdp.py), in one block, and in an LLM's largest part gathered per call
+    (`part`: its embedding or head). A unit in backward holds its gathered copy, its gradient in the compute
+    dtype and the fp32 reduce-scatter input; a block's neighbour, prefetched, its gathered copy. A part and the
+    blocks are gathered at different moments: the larger of the two."""
+    per_param = compute_bytes + (compute_bytes + FP32 if trainable else 0)
+    return root * per_param + max(part * per_param, block * (per_param + compute_bytes))
 
 
 def layer_params(m: ModuleSpec, active: bool = False) -> float:
@@ -239,6 +266,7 @@ class ModuleCost:
     # measured runtime work per step: orchestrator (announce, dispatch, routes), batch bookkeeping
     orchestrator_s: float = 0.0
     data_parallel: DataParallel = DataParallel.REPLICATE
+    sharding: Sharding = Sharding.KEEP
 
     @property
     def work_s(self) -> float:
@@ -368,6 +396,8 @@ class ModuleBasis:
     per_recompute: dict[Recompute, tuple[float, float, float, float]]  # (layer_share, extra, passes, scale)
     dense_params: float  # every parameter but the experts' and the two embeddings', over all blocks
     expert_params: float  # the experts' of every block
+    block_params: float = 0.0  # one block's, its experts' excluded
+    block_expert_params: float = 0.0  # one block's experts'
 
 
 def module_basis(
@@ -403,6 +433,8 @@ def module_basis(
         per_recompute=per_recompute,
         dense_params=module_params(m) - experts - (2 * m.vocab * m.hidden if m.vocab else 0),
         expert_params=experts,
+        block_params=layer_params(m) - _expert_params(m),
+        block_expert_params=_expert_params(m),
     )
 
 
@@ -418,19 +450,28 @@ def module_cost(
     in_flight: int,
     profile: Profile | None = None,
     cfg: CostConfig = CostConfig(),
+    sharding: Sharding = Sharding.KEEP,
 ) -> ModuleCost:
-    """Time and memory of module `name` on its own grid.
+    """Time and memory of module `name` on its own grid (`sharding`: an fsdp module's).
 
     `in_flight` is how many micro-batches of activations a GPU holds at peak: pp for the
     LLM's first 1F1B stage, every micro-batch of the step for an encoder under the
     three-phase schedule.
     """
     basis = module_basis(model, data, cluster, name, profile=profile, cfg=cfg)
-    return layout_cost(basis, layout, micro_batch, recompute, in_flight)
+    return layout_cost(basis, layout, micro_batch, recompute, in_flight, sharding)
 
 
-def layout_cost(b: ModuleBasis, layout: Layout, micro_batch: int, recompute: Recompute, in_flight: int) -> ModuleCost:
-    """`module_cost` of the module of `b` (module_basis) under one layout."""
+def layout_cost(
+    b: ModuleBasis,
+    layout: Layout,
+    micro_batch: int,
+    recompute: Recompute,
+    in_flight: int,
+    sharding: Sharding = Sharding.KEEP,
+) -> ModuleCost:
+    """`module_cost` of the module of `b` (module_basis) under one layout; `sharding`: an fsdp module's (ignored
+    under replicate)."""
     m, w, links, cfg, cluster, profile, name = b.m, b.w, b.links, b.cfg, b.cluster, b.profile, b.name
     tp, cp, pp, dp, ep = layout.tp, layout.cp, layout.pp, layout.dp, layout.ep
     per_dp = w.samples // dp
@@ -467,17 +508,25 @@ def layout_cost(b: ModuleBasis, layout: Layout, micro_batch: int, recompute: Rec
         inter = tp * cp * dp >= cluster.gpus_per_node or tp * cp * dp * pp > cluster.gpus_per_node
         pp_p2p_s = 2 * num_mb * links.p2p(act_bytes / tp, inter)
 
-    # DP over dp x cp: fsdp gathers the parameters (bf16) and reduce-scatters the gradients (fp32) once per
-    # step; replicate all-reduces the gradients (twice a reduce-scatter's traffic on a ring).
+    # DP over dp x cp: fsdp keep gathers the parameters (bf16) and reduce-scatters the gradients (fp32) once
+    # per step; reshard gathers each block (an LLM's embedding and head too) twice per micro-batch (forward,
+    # backward) and reduce-scatters its gradients per micro-batch (an encoder's own unit: one gather);
+    # replicate all-reduces the gradients (twice a reduce-scatter's traffic on a ring).
     params_local = _local_params_of(b.dense_params, b.expert_params, m, layout)
     dp_group = dp * cp
     mode = _choose_mode(params_local, layout, cfg)
-    params_gb, act_gb = _memory_gb(b, layout, micro_batch, recompute, in_flight, params_local, mode)
+    sharding = sharding if mode == DataParallel.FSDP else Sharding.KEEP
+    params_gb, act_gb = _memory_gb(b, layout, micro_batch, recompute, in_flight, params_local, mode, sharding)
     dp_s = 0.0
     if dp_group > 1:
         grads = links.ring(params_local * cfg.grad_bytes, tp, dp_group) if m.trainable else 0.0
-        if mode == DataParallel.FSDP:
-            traffic = grads + links.ring(params_local * BF16, tp, dp_group)
+        gather = links.ring(params_local * BF16, tp, dp_group)
+        if sharding == Sharding.RESHARD:
+            # the share gathered per call: the blocks, and an (untied) LLM's embedding and head as well
+            per_call = 1.0 if m.vocab and not m.tied_embeddings else _blocks_local(b, layout) / max(params_local, 1.0)
+            traffic = num_mb * grads + gather * (1 + per_call * (2 * num_mb - 1))
+        elif mode == DataParallel.FSDP:
+            traffic = grads + gather
         else:
             traffic = 2 * grads
         dp_s = traffic * (1 - cfg.dp_overlap)
@@ -500,15 +549,37 @@ def layout_cost(b: ModuleBasis, layout: Layout, micro_batch: int, recompute: Rec
         overhead_s=overhead,
         orchestrator_s=orchestrator,
         data_parallel=mode,
+        sharding=sharding,
     )
 
 
-def layout_memory_gb(b: ModuleBasis, layout: Layout, micro_batch: int, recompute: Recompute, in_flight: int) -> float:
+def layout_memory_gb(
+    b: ModuleBasis,
+    layout: Layout,
+    micro_batch: int,
+    recompute: Recompute,
+    in_flight: int,
+    sharding: Sharding = Sharding.KEEP,
+) -> float:
     """`layout_cost(...).memory_gb` without pricing the time: the search drops layouts that do not fit first."""
     params_local = _local_params_of(b.dense_params, b.expert_params, b.m, layout)
     mode = _choose_mode(params_local, layout, b.cfg)
-    params_gb, act_gb = _memory_gb(b, layout, micro_batch, recompute, in_flight, params_local, mode)
+    params_gb, act_gb = _memory_gb(b, layout, micro_batch, recompute, in_flight, params_local, mode, sharding)
     return params_gb + act_gb
+
+
+def shardings(b: ModuleBasis, layout: Layout, keep_gb: float, capacity_gb: float) -> tuple[Sharding, ...]:
+    """The shardings worth pricing for an fsdp layout whose keep memory is `keep_gb`: the user's, or keep alone
+    while it takes at most `reshard_above_share` of the GPU (reshard would only add gathers), both beyond that
+    (the search weighs reshard's memory against its time), reshard alone where keep does not fit."""
+    pinned = dict(b.cfg.sharding_of).get(b.name, b.cfg.sharding)
+    if pinned is not None:
+        return (pinned,)
+    if _choose_mode(_local_params_of(b.dense_params, b.expert_params, b.m, layout), layout, b.cfg) != DataParallel.FSDP:
+        return (Sharding.KEEP,)
+    if keep_gb <= b.cfg.reshard_above_share * capacity_gb:
+        return (Sharding.KEEP,)
+    return (Sharding.KEEP, Sharding.RESHARD) if keep_gb <= capacity_gb else (Sharding.RESHARD,)
 
 
 def _memory_gb(
@@ -519,10 +590,27 @@ def _memory_gb(
     in_flight: int,
     params_local: float,
     mode: DataParallel,
+    sharding: Sharding = Sharding.KEEP,
 ) -> tuple[float, float]:
-    """(training state, activations) per GPU, GB."""
-    params_gb = params_local * state_bytes_per_param(mode, b.m.trainable, layout.dp * layout.cp) / GB
-    return params_gb, activation_gb(b.m, b.w, layout, micro_batch, recompute, in_flight)
+    """(training state, activations) per GPU, GB; under reshard the state counts the gathered blocks too."""
+    reshard = mode == DataParallel.FSDP and sharding == Sharding.RESHARD
+    per_param = state_bytes_per_param(mode, b.m.trainable, layout.dp * layout.cp, sharding=sharding)
+    state = params_local * per_param
+    if reshard:
+        blocks = _blocks_local(b, layout)
+        block = blocks / max(b.m.layers / layout.pp, 1.0)
+        own = max(params_local - blocks, 0.0)
+        if b.m.vocab and not b.m.tied_embeddings:  # an LLM's embedding and head: units of their own, per call
+            state += gathered_bytes(0.0, block, b.m.trainable, part=b.m.vocab * b.m.hidden / layout.tp)
+        else:
+            state += gathered_bytes(own, block, b.m.trainable)
+    return state / GB, activation_gb(b.m, b.w, layout, micro_batch, recompute, in_flight)
+
+
+def _blocks_local(b: ModuleBasis, layout: Layout) -> float:
+    """Parameters of this GPU's blocks (its pipeline stage's, TP and EP shards)."""
+    per_block = b.block_params / layout.tp + b.block_expert_params / (layout.tp * layout.ep)
+    return per_block * b.m.layers / layout.pp
 
 
 def _measured_with_tp(profile: Profile | None, name: str, tp: int) -> bool:

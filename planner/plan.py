@@ -43,6 +43,19 @@ class DataParallel(StrEnum):
     REPLICATE = "replicate"
 
 
+class Sharding(StrEnum):
+    """When an fsdp module's parameters are gathered (runtime/parallel/fsdp.py; docs/data_parallel.md).
+
+    keep: every unit gathered once before the step and kept until its end, full-size gradients
+    accumulated and reduced once (ZeRO-2 memory with gathered parameters, any number of calls per rank).
+    reshard: ZeRO-3, each block gathered before its forward and freed after, gathered again for its
+    backward, its gradients reduce-scattered as its backward ends (every DP rank makes the same calls:
+    empty micro-batches pad the ranks that hold fewer samples)."""
+
+    KEEP = "keep"
+    RESHARD = "reshard"
+
+
 class EdgeKind(StrEnum):
     EQUAL_DP = "equal_dp"
     FAN_IN = "fan_in"  # DP_src > DP_dst
@@ -98,6 +111,11 @@ class ModulePlan(_Model):
     data_parallel: DataParallel = Field(
         default=DataParallel.REPLICATE,
         description="fsdp: state sharded over the (dp, cp) ranks; replicate: whole on each, gradients all-reduced",
+    )
+    sharding: Sharding = Field(
+        default=Sharding.KEEP,
+        description="fsdp only: keep (gathered for the whole step) or reshard (ZeRO-3: gathered per block call); "
+        "a plan file without it keeps",
     )
     memory_gb: float = Field(ge=0, description="predicted peak memory per GPU from this module")
     time_s: float = Field(default=0.0, ge=0, description="predicted busy time of this module per step")

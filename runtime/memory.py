@@ -4,7 +4,8 @@ State bytes are counted exactly, from the local parts of every tensor the rank h
 shard's own rows, not the full tensor), after the step: what a rank holds between steps. The peak: on a
 GPU `torch.cuda.max_memory_allocated` over the step; on the CPU the sum of what is alive at the end of
 the last backward: the parameter shards and the optimizer state, the full-size parameters and gradients
-FSDP2 gathered for the step (runtime/parallel/fsdp.py), and the largest amount of activation memory
+FSDP2 gathered for the step (runtime/parallel/fsdp.py; under reshard the gradient shards and the most
+bytes gathered at once, sampled at each block call: `fsdp.InFlight`), and the largest amount of activation memory
 autograd held for backward at any moment, tracked with saved-tensor hooks over the step's forwards and
 backwards (each storage counted once, released when backward takes it; parameters, already counted,
 left out). The CPU figure leaves out transient buffers freed inside one op, which a caching

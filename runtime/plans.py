@@ -16,6 +16,7 @@ from orch.planner.plan import (
     Plan,
     Prediction,
     Recompute,
+    Sharding,
     Transport,
 )
 from orch.planner.specs import DataSpec, ModelSpec
@@ -30,9 +31,10 @@ def hand_plan(
     micro_batches: int = 2,
     data_parallel: DataParallel | dict[str, DataParallel] = DataParallel.REPLICATE,
     recompute: Recompute | dict[str, Recompute] = Recompute.NONE,
+    sharding: Sharding | dict[str, Sharding] = Sharding.KEEP,
 ) -> Plan:
     """A Plan from per-module (layout, ranks); every module not named gets the LLM's. `data_parallel` and
-    `recompute`: every module's, or per module name (default replicate, none)."""
+    `recompute`, `sharding`: every module's, or per module name (default replicate, none, keep)."""
     llm = model.llm_name
     modules = {}
     for name in model.modules:
@@ -41,6 +43,7 @@ def hand_plan(
         mb = min(micro_batches, per_rank)
         mode = data_parallel.get(name, DataParallel.REPLICATE) if isinstance(data_parallel, dict) else data_parallel
         rc = recompute.get(name, Recompute.NONE) if isinstance(recompute, dict) else recompute
+        sh = sharding.get(name, Sharding.KEEP) if isinstance(sharding, dict) else sharding
         modules[name] = ModulePlan(
             layout=layout,
             ranks=ranks,
@@ -49,6 +52,7 @@ def hand_plan(
             memory_gb=0.0,
             data_parallel=mode,
             recompute=rc,
+            sharding=sh,
         )
     edges = []
     for e in model.encoder_names:

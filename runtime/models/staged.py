@@ -94,14 +94,16 @@ def embed_packed(
     layouts = layouts_or_prefix_first(layouts, prefixes, texts)
     if cp is not None and prefixes:
         return cp.llm_input(prefixes, texts, embed, layouts)
-    parts, seqlens = [], []
-    for prefix, text, layout in zip(prefixes, texts, layouts, strict=True):
-        rows = torch.cat([prefix, embed(text)])
-        parts.append(rows if layout.source is None else rows[layout.source.to(rows.device)])
-        seqlens.append(prefix.shape[0] + text.shape[0])
-    # No samples (an empty micro-batch that EP ranks still run): zero rows that keep a graph.
+    # One embedding call per micro-batch, whatever its samples (none: an empty micro-batch that EP or resharding
+    # ranks still run, zero rows that keep a graph): a resharding FSDP2 unit gathers per call.
     empty = torch.zeros(0, dtype=torch.int64, device=next(embed.parameters()).device)
-    return (torch.cat(parts) if parts else embed(empty)), seqlens
+    embedded = embed(torch.cat(texts) if texts else empty)
+    parts, seqlens = [], []
+    for prefix, emb, layout in zip(prefixes, embedded.split([t.shape[0] for t in texts]), layouts, strict=True):
+        rows = torch.cat([prefix, emb])
+        parts.append(rows if layout.source is None else rows[layout.source.to(rows.device)])
+        seqlens.append(rows.shape[0])
+    return (torch.cat(parts) if parts else embedded), seqlens
 
 
 def stage_layers(layers: int, stages: int, stage: int) -> range:

@@ -59,4 +59,12 @@ def parallelize(
     `fsdp.DataParallelSteps`."""
     place(module, tp_mesh=grid.submesh("tp"), device=device, seed=seed, name=name)
     apply_recompute(module, plan.recompute)
-    return apply_fsdp(module, name=name, mesh=grid.dp_mesh, mode=plan.data_parallel, dtype=dtype, ignored=ignored)
+    return apply_fsdp(
+        module,
+        name=name,
+        mesh=grid.dp_mesh,
+        mode=plan.data_parallel,
+        dtype=dtype,
+        ignored=ignored,
+        sharding=plan.sharding,
+    )

@@ -24,6 +24,7 @@ def encode(
     dtype: torch.dtype,
     frames_per_token: int,
     cp: CPGroup | None = None,
+    empty_width: int | None = None,
 ) -> torch.Tensor:
     """Packed projected tokens of `samples` (ascending id order), [sum projected, llm_hidden].
 
@@ -31,13 +32,27 @@ def encode(
 
     With `cp` the samples are sharded over the CP group in units of the projector's downsample;
     the result is still every projected row (replicated over the group).
+
+    `empty_width`: with no tokens, still run the encoder, on zero rows of this input width (a resharding FSDP2
+    module's DP ranks must all call every block: runtime/parallel/fsdp.py), or a native-resolution tower on
+    its smallest image, the rows dropped (its gradients are exact zeros); None: return the empty result without
+    a call.
     """
     feats = [s.feats[name] for s in samples]
     seqlens = [f.shape[0] // frames_per_token for f in feats]
     if sum(seqlens) == 0:
-        # No tokens of this modality here (text-only samples, or no samples): an empty, shape-correct result.
-        width = encoder.output_dim  # the contract's (runtime/models/contract.py)
-        return torch.zeros(0, width, dtype=dtype, device=_device_of(encoder))
+        if empty_width is None:
+            # No tokens of this modality here (text-only samples, or no samples): an empty, shape-correct result.
+            width = encoder.output_dim  # the contract's (runtime/models/contract.py)
+            return torch.zeros(0, width, dtype=dtype, device=_device_of(encoder))
+        device = _device_of(encoder)
+        if getattr(encoder, "takes_items", False):
+            # a native-resolution tower needs an image: the smallest (one merge window), its rows dropped
+            d = encoder_downsample(encoder)
+            rows = torch.zeros(d * frames_per_token, empty_width, dtype=dtype, device=device)
+            return encoder_call(encoder, rows, [d], None, [grid_items(d, d)])[:0]  # type: ignore[no-any-return]
+        # zero rows through every block: the module's gathers and reductions, no compute
+        samples, seqlens, feats = [], [], [torch.zeros(0, empty_width, dtype=dtype, device=device)]
     items = []
     if getattr(encoder, "takes_items", False):  # a native-resolution tower: each sample's grids
         d = encoder_downsample(encoder)

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import torch
 
-from orch.planner.plan import Plan
+from orch.planner.plan import DataParallel, Plan, Sharding
 from orch.runtime.data.batch import GlobalBatch, Sample, item_map
 from orch.runtime.parallel.grid import Grid
 from orch.runtime.parallel.pipeline import MicroBatch
@@ -95,21 +95,36 @@ class InputRouter:
             )
         return out
 
-    def chunks(self, name: str, items: list[T]) -> list[list[T]]:
-        """`items` cut into the module's micro-batches (under EP every rank runs num_micro_batches, empty or not)."""
+    def calls(self, name: str, tables: StepTables) -> int:
+        """How many micro-batches (encoder chunks) every rank of `name` runs this step, empty ones included; 0: each
+        rank its own count. Collectives inside the module's calls need the same count on all its DP ranks: under
+        EP (all_to_alls in every MoE layer) num_micro_batches, under reshard (FSDP2 gathers per block call) the
+        most any DP index needs this step, from the tables every rank holds (no collective)."""
         mp = self.plan.modules[name]
-        n = min(mp.num_micro_batches, max(1, len(items)))
-        size = -(-len(items) // n) if items else 0
-        chunks = [items[k : k + size] for k in range(0, len(items), size)] if items else [[]]
-        if mp.layout.ep > 1:  # EP all_to_alls: every rank runs num_micro_batches
-            chunks += [[] for _ in range(mp.num_micro_batches - len(chunks))]
-        return chunks
+        if mp.layout.ep > 1:
+            return mp.num_micro_batches
+        reshards = mp.data_parallel == DataParallel.FSDP and mp.sharding == Sharding.RESHARD
+        if reshards and mp.layout.dp * mp.layout.cp > 1:
+            return max(len(self._split(mp.num_micro_batches, tables.held(name, j))) for j in range(mp.layout.dp))
+        return 0
 
-    def micro_batches(self, name: str, ids: list[int], batch: GlobalBatch) -> list[MicroBatch]:
-        """A DP index's LLM micro-batches (the same on every stage: from the global lengths)."""
+    @staticmethod
+    def _split(num_micro_batches: int, items: list[T]) -> list[list[T]]:
+        """`items` cut into at most `num_micro_batches` near-equal chunks, in order ([[]] when there are none)."""
+        n = min(num_micro_batches, max(1, len(items)))
+        size = -(-len(items) // n) if items else 0
+        return [items[k : k + size] for k in range(0, len(items), size)] if items else [[]]
+
+    def chunks(self, name: str, items: list[T], calls: int = 0) -> list[list[T]]:
+        """`items` cut into the module's micro-batches, padded with empty ones up to `calls` (`self.calls`)."""
+        chunks = self._split(self.plan.modules[name].num_micro_batches, items)
+        return chunks + [[] for _ in range(calls - len(chunks))]
+
+    def micro_batches(self, name: str, ids: list[int], batch: GlobalBatch, calls: int = 0) -> list[MicroBatch]:
+        """A DP index's LLM micro-batches (the same on every stage: from the global lengths); with `calls`
+        (`self.calls`) exactly that many, empty ones included, else only the non-empty ones."""
         out = []
-        keep_empty = self.plan.modules[name].layout.ep > 1  # EP: every rank runs every micro-batch
-        for m, chunk in enumerate(c for c in self.chunks(name, ids) if c or keep_empty):
+        for m, chunk in enumerate(c for c in self.chunks(name, ids, calls) if c or calls):
             layouts = tuple(batch.layout(i) for i in chunk)
             out.append(MicroBatch(m, tuple(chunk), tuple(lay.length for lay in layouts), layouts))
         return out

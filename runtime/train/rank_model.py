@@ -59,7 +59,8 @@ def build_rank_model(
             module, name=name, grid=grids[name], plan=plan.modules[name], device=device,
             dtype=cfg.torch_dtype, seed=cfg.seed, ignored=ignored,
         )  # fmt: skip
-    return RankModel(modules, cp, stage, ep, DataParallelSteps(shards))
+    # on the CPU the reshard modules' gathered bytes are sampled per block call (runtime/memory.py peak_bytes)
+    return RankModel(modules, cp, stage, ep, DataParallelSteps(shards, watch=device.type == "cpu"))
 
 
 def _keep_stage(

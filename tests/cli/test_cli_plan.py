@@ -252,3 +252,39 @@ def test_global_batch_overrides_a_data_preset(cli, tmp_path):
     result = cli("plan", "-m", "tiny", "-c", "local-cpu", "-o", str(out), "--global-batch", "12", "--top", "0")
     assert result.exit_code == 0, result.output
     assert yaml.safe_load(out.read_text())["data"]["global_batch"] == 12
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("zero3", "expected one of auto, keep, reshard or MODULE=MODE, got 'zero3'"),
+        ("llm=zero3", "expected one of auto, keep, reshard or MODULE=MODE, got 'zero3'"),
+        ("lm=reshard", "no module 'lm'; expected one of ['audio', 'llm', 'vision']"),
+    ],
+)
+def test_bad_sharding_gives_one_line(cli, tmp_path, value, said):
+    result = cli("plan", "-m", "tiny", "-c", "local-cpu", "--sharding", value, "-o", str(tmp_path / "p.yaml"))
+    line = _single_error_line(result)
+    assert "--sharding" in line and said in line, line
+
+
+def test_sharding_pins_one_module(cli, tmp_path):
+    out = tmp_path / "plan.yaml"
+    args = ("plan", "-m", "tiny", "-c", "local-cpu", "--data-parallel", "fsdp", "-o", str(out))
+    assert cli(*args, "--sharding", "llm=reshard").exit_code == 0
+    plan = Plan.model_validate(yaml.safe_load(out.read_text()))
+    assert plan.modules["llm"].sharding.value == "reshard"
+    assert {plan.modules[e].sharding.value for e in ("vision", "audio")} == {"keep"}  # tiny: keep is faster
+    assert cli(*args, "--sharding", "reshard").exit_code == 0
+    plan = Plan.model_validate(yaml.safe_load(out.read_text()))
+    assert {mp.sharding.value for mp in plan.modules.values()} == {"reshard"}
+
+
+def test_a_plan_file_without_sharding_keeps(cli, tmp_path):
+    out = tmp_path / "plan.yaml"
+    assert cli("plan", "-m", "tiny", "-c", "local-cpu", "-o", str(out)).exit_code == 0
+    raw = yaml.safe_load(out.read_text())
+    for mp in raw["modules"].values():
+        mp.pop("sharding")  # a plan written before the field existed
+    plan = Plan.model_validate(raw)
+    assert {mp.sharding.value for mp in plan.modules.values()} == {"keep"}

@@ -7,7 +7,7 @@ language model at the M-RoPE positions orch's layout gives (tests/unit/test_qwen
 against HF's `get_rope_index`; Qwen3-VL's deepstack features added at the vision rows of its first layers).
 Every plan gives the same loss (1e-9 relative) and the same gradient of every
 parameter (1e-9 of the tensor's largest entry): the tower balanced over DP4 while the LLM runs TP2, CP2 or PP2,
-homogeneous, and disaggregated on 5 ranks.
+homogeneous, and disaggregated on 5 ranks; and Qwen2.5-VL resharded (ZeRO-3).
 """
 
 import pytest
@@ -18,7 +18,7 @@ from launching import train_tasks
 from qwen_vl_models import make_qwen_vl
 
 from orch.planner.hf_config import model_spec_from_dir
-from orch.planner.plan import DataParallel, Layout
+from orch.planner.plan import DataParallel, Layout, Sharding
 from orch.planner.specs import DataSpec, TaskSpec
 from orch.runtime.data.synthetic import SyntheticBatch
 from orch.runtime.plans import hand_plan
@@ -34,6 +34,10 @@ PLANS = {
         "vision_dp4_llm_tp2_dp2": {"llm": (Layout(tp=2, dp=2), ALL), "vision": (Layout(dp=4), ALL)},
         "vision_dp4_llm_cp2_dp2": {"llm": (Layout(cp=2, dp=2), ALL), "vision": (Layout(dp=4), ALL)},
         "vision_dp4_llm_pp2_dp2": {"llm": (Layout(pp=2, dp=2), ALL), "vision": (Layout(dp=4), ALL)},
+        # ZeRO-3 (runtime/parallel/fsdp.py): 6 samples over the tower's DP4, some text only, so ranks pad with
+        # empty chunks that run the tower on zero patches
+        "reshard_vision_dp4_llm_tp2_dp2": {"llm": (Layout(tp=2, dp=2), ALL), "vision": (Layout(dp=4), ALL)},
+        "reshard_homogeneous_dp4": {"llm": (Layout(dp=4), ALL)},
     },
     "qwen2_vl": {
         "vision_dp4_llm_tp2_dp2": {"llm": (Layout(tp=2, dp=2), ALL), "vision": (Layout(dp=4), ALL)},
@@ -115,7 +119,10 @@ def test_qwen_vl_plans_match_hf(setup, tmp_path):
     for family, plans in PLANS.items():
         model = families[family][1]
         for name, layout in plans.items():
-            built[f"{family}-{name}"] = hand_plan(model, data, layout, data_parallel=DataParallel.FSDP)
+            sharding = Sharding.RESHARD if name.startswith("reshard") else Sharding.KEEP
+            built[f"{family}-{name}"] = hand_plan(
+                model, data, layout, data_parallel=DataParallel.FSDP, sharding=sharding
+            )
     cfg = TrainConfig(optimizer="sgd", steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
     records = train_tasks(built, data, cfg, tmp_path)
     batch = SyntheticBatch.build(families["qwen2_5_vl"][1], data, SEED, 0)

@@ -16,7 +16,7 @@ from orch.planner.costs import (
 )
 from orch.planner.loading import load_cluster, load_data, load_model, parse_text
 from orch.planner.plan import DataParallel, Layout, Recompute
-from orch.planner.specs import DataSpec
+from orch.planner.specs import DataSpec, ModelSpec
 
 FIXED = DataSpec.model_validate(
     {"global_batch": 64, "seq_len": 4096, "tasks": [{"weight": 1, "tokens": {"vision": 1024, "llm": 2048}}]}
@@ -216,3 +216,79 @@ def test_measured_per_step_work_is_not_stretched_by_the_pipeline():
     assert loaded.bubble_s == pytest.approx(bare.bubble_s)
     assert loaded.work_s == pytest.approx(bare.work_s)
     assert loaded.time_s == pytest.approx(bare.time_s + 0.75)
+
+
+def test_reshard_prices_shards_and_the_blocks_in_flight():
+    from orch.planner.costs import gathered_bytes
+    from orch.planner.plan import Sharding
+
+    reshard = Sharding.RESHARD
+    # fp32 master, fp32 gradient shard and the two moments, all sharded; frozen: the master alone
+    assert state_bytes_per_param(DataParallel.FSDP, True, 8, sharding=reshard) == 16 / 8
+    assert state_bytes_per_param(DataParallel.FSDP, False, 8, sharding=reshard) == 4 / 8
+    assert state_bytes_per_param(DataParallel.REPLICATE, True, 8, sharding=reshard) == 2 + 4 + 12  # no shards
+    # the root and the block in backward: copy, gradient, fp32 reduce-scatter input; the prefetched block: copy
+    assert gathered_bytes(10, 3, True) == (10 + 3) * (2 + 2 + 4) + 3 * 2
+    assert gathered_bytes(10, 3, False) == (10 + 3) * 2 + 3 * 2
+    # an LLM's embedding or head, gathered per call, or a block with its neighbour, whichever is larger
+    assert gathered_bytes(0, 3, True, part=7) == 7 * (2 + 2 + 4)
+    assert gathered_bytes(0, 3, True, part=2) == 3 * (2 + 2 + 4) + 3 * 2
+    model, cluster = load_model("llava-1b-70b"), load_cluster("h100-80g")
+    lay = Layout(tp=8, dp=8)
+    keep = module_cost(model, FIXED, cluster, "llm", lay, 1, Recompute.FULL, in_flight=1)
+    zero3 = module_cost(model, FIXED, cluster, "llm", lay, 1, Recompute.FULL, in_flight=1, sharding=reshard)
+    assert (keep.sharding, zero3.sharding) == (Sharding.KEEP, reshard)
+    assert zero3.params_gb < keep.params_gb / 2 and zero3.activations_gb == keep.activations_gb
+    assert zero3.dp_s > keep.dp_s  # a second gather per block, per micro-batch
+    replicated = CostConfig(data_parallel=DataParallel.REPLICATE)
+    r = module_cost(model, FIXED, cluster, "llm", lay, 1, Recompute.FULL, in_flight=1, cfg=replicated, sharding=reshard)
+    assert r.sharding == Sharding.KEEP  # a replicated module has nothing to reshard
+
+
+def test_the_search_prices_reshard_only_where_memory_binds():
+    from orch.planner.costs import module_basis, shardings
+    from orch.planner.plan import Sharding
+
+    model, cluster = load_model("llava-1b-70b"), load_cluster("h100-80g")
+    b = module_basis(model, FIXED, cluster, "llm")
+    lay = Layout(tp=8, dp=8)
+    assert shardings(b, lay, keep_gb=10, capacity_gb=77) == (Sharding.KEEP,)
+    assert shardings(b, lay, keep_gb=60, capacity_gb=77) == (Sharding.KEEP, Sharding.RESHARD)
+    assert shardings(b, lay, keep_gb=90, capacity_gb=77) == (Sharding.RESHARD,)
+    assert shardings(b, Layout(tp=8, pp=8), keep_gb=90, capacity_gb=77) == (Sharding.KEEP,)  # dp 1: replicate
+    pinned = module_basis(model, FIXED, cluster, "llm", cfg=CostConfig(sharding=Sharding.KEEP))
+    assert shardings(pinned, lay, keep_gb=90, capacity_gb=77) == (Sharding.KEEP,)
+
+
+def test_a_7b_mllm_fits_one_node_at_pure_dp_only_when_it_reshards():
+    """Qwen2.5-VL-7B-shaped (8.2B parameters) on 8 x 80 GB: keeping every unit gathered needs TP or PP; with
+    reshard priced the LLM runs with neither (its state at dp 8: 57 GB kept, 20 GB resharded)."""
+    from orch.planner.candidates import SearchInput
+    from orch.planner.plan import Sharding
+    from orch.planner.planner import make_plan
+    from orch.planner.search import SolverConfig
+
+    model = parse_text(ModelSpec, "qwen2.5-vl-7b-shaped", QWEN25_VL_7B)
+    data = load_data("llava-mix").model_copy(update={"global_batch": 64})
+    cluster = load_cluster("h100-80g", 1)
+    plans = {
+        sh: make_plan(SearchInput(model, cluster, data, cfg=CostConfig(sharding=sh)), SolverConfig(time_limit_s=10))
+        for sh in (Sharding.KEEP, None)
+    }
+    kept, chosen = plans[Sharding.KEEP].modules["llm"], plans[None].modules["llm"]
+    assert kept.layout.tp * kept.layout.pp > 1 and kept.sharding == Sharding.KEEP
+    assert (chosen.layout.tp, chosen.layout.pp) == (1, 1) and chosen.sharding == Sharding.RESHARD
+    assert plans[None].predicted.step_time_s <= plans[Sharding.KEEP].predicted.step_time_s
+    lay = Layout(dp=8)
+    keep = module_cost(model, data, cluster, "llm", lay, 8, Recompute.FULL, in_flight=1)
+    zero3 = module_cost(model, data, cluster, "llm", lay, 8, Recompute.FULL, in_flight=1, sharding=Sharding.RESHARD)
+    assert keep.params_gb == pytest.approx(57.1, abs=0.1) and zero3.params_gb == pytest.approx(19.6, abs=0.1)
+
+
+QWEN25_VL_7B = """
+name: qwen2.5-vl-7b-shaped
+modules:
+  vision: {kind: encoder, modality: vision, layers: 32, hidden: 1280, heads: 16, ffn: 3420, mlp: swiglu,
+           input_dim: 1176, downsample: 4, projector_hidden: 5120, feeds: llm}
+  llm: {kind: llm, layers: 28, hidden: 3584, heads: 28, kv_heads: 4, ffn: 18944, vocab: 152064}
+"""

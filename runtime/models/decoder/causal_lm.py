@@ -81,6 +81,11 @@ class HFCausalLM(HFModule, StagedDecoder):
         cp: CPShard | None = None,
         layouts: list[SequenceLayout] | None = None,
     ) -> torch.Tensor:
+        if x_TD.shape[0] == 0 and cp is None:
+            # An empty micro-batch (a resharding FSDP2 module's ranks pad with them: runtime/parallel/fsdp.py) must
+            # still call every layer, and HF attention takes no zero-length sequence: the layers run on one zero
+            # row, a sequence of its own, dropped after (its gradients are exact zeros).
+            return self.run_blocks(x_TD.new_zeros(1, x_TD.shape[1]), [1])[:0]
         x_TD, added = self.split_rows(x_TD)
         width = x_TD.shape[1]
         position_ids = self.position_ids(seqlens, cp, layouts, x_TD.device)

@@ -52,8 +52,9 @@ def run_graph_1f1b(ctx: StepContext, work: StepWork) -> torch.Tensor:
     inputs = {e: ctx.inputs(e, work) for e in encs}  # world collectives first, same order
     texts = {s.id: s for s in ctx.inputs(llm_name, work)}
     work.phases["route"] = time.perf_counter() - t
+    calls = ctx.router.calls(llm_name, work.tables)
     per_dp = [
-        ctx.router.micro_batches(llm_name, work.tables.held(llm_name, j), work.batch)
+        ctx.router.micro_batches(llm_name, work.tables.held(llm_name, j), work.batch, calls)
         for j in range(ctx.grids[llm_name].dp)
     ]
     micro_of = {i: mb.index for mbs in per_dp for mb in mbs for i in mb.ids}
@@ -116,7 +117,9 @@ def _encoder_island(ctx: StepContext, work: StepWork, inputs: dict[str, list[Sam
                 chunk = [s for s in inputs[e] if cut.micro_of[s.id] == m]
                 ctx.count_encoder(work.counter, e, chunk)
                 fpt = ctx.model.modality(e).frames_per_token
-                out = encode(ctx.modules[e], e, chunk, ctx.dtype, fpt, ctx.cp[e])
+                # under reshard an empty chunk runs the blocks too (on zero rows)
+                width = ctx.model.modules[e].input_dim if ctx.router.calls(e, work.tables) else None
+                out = encode(ctx.modules[e], e, chunk, ctx.dtype, fpt, ctx.cp[e], width)
                 moved[(e, m)] = ctx.boundaries[e].forward(
                     out, work.batch, ctx.rank, ctx.world, cut.tables[e], only=cut.members[m], p2p=cut.p2p(e, m)
                 )

@@ -27,7 +27,8 @@ def run_llm(
     Returns the summed loss (last stage; zero elsewhere)."""
     assert ctx.stage is not None
     batch, llm_name = work.batch, ctx.model.llm_name
-    micro = ctx.router.micro_batches(llm_name, ctx.router.held(llm_name, work.tables), batch)
+    calls = ctx.router.calls(llm_name, work.tables)
+    micro = ctx.router.micro_batches(llm_name, ctx.router.held(llm_name, work.tables), batch, calls)
     order, width = encoder_order(ctx.model), ctx.model.prefix_width
 
     def first_inputs(mb: MicroBatch) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -50,8 +50,11 @@ def _encoder_forwards(
         if e in ctx.modules:
             ctx.count_encoder(work.counter, e, samples)
             fpt = model.modality(e).frames_per_token
-            chunks = ctx.router.chunks(e, samples)
-            outs[e] = torch.cat([encode(ctx.modules[e], e, c, ctx.dtype, fpt, ctx.cp[e]) for c in chunks])
+            calls = ctx.router.calls(e, work.tables)
+            chunks = ctx.router.chunks(e, samples, calls)
+            # padded (calls > 0): every chunk, empty or not, runs through the encoder's blocks
+            width = model.modules[e].input_dim if calls else None
+            outs[e] = torch.cat([encode(ctx.modules[e], e, c, ctx.dtype, fpt, ctx.cp[e], width) for c in chunks])
         else:
             outs[e] = torch.zeros(0, model.prefix_width, dtype=ctx.dtype, device=ctx.device)
         now = time.perf_counter()
