@@ -94,7 +94,9 @@ def launch(
         None, "--rdzv-endpoint", help="HOST:PORT where a multi-node plan's ranks meet (--executor torchrun)."
     ),
     dry_run: bool = typer.Option(
-        False, "--dry-run", help="Print the sbatch script or the torchrun command and the plan summary; start nothing."
+        False,
+        "--dry-run",
+        help="Print the sbatch script, the torchrun command or the local launch and the plan summary; start nothing.",
     ),
     wait: bool = typer.Option(False, "--wait", help="Follow the Slurm job until it ends; non-zero exit if it fails."),
     # Deprecated: set these in the --config file (hidden; a warning each).
@@ -217,6 +219,13 @@ def launch(
         from orch.runtime.launch.local import LocalLauncher
 
         backend = "nccl" if cfg.device == "cuda" else "gloo"
+        if dry_run:
+            out.print(
+                f"dry run: would launch the {plan.placement} plan on {world} local processes ({cfg.device}/{backend}, "
+                f"{cfg.dtype}, seed {cfg.seed}, {cfg.steps} steps) into {Path(workdir).absolute()}; started nothing",
+                soft_wrap=True,
+            )
+            return
         out.print(
             f"launching {plan.placement} plan on {world} local processes ({cfg.device}/{backend}, {cfg.dtype}, "
             f"seed {cfg.seed})"
@@ -239,8 +248,8 @@ def launch(
         listed = Path(workdir) / "data_problems.jsonl"
         out.print(
             f"data: {total['samples']} samples over {len(counts)} steps; {total['skipped']} skipped (no longer "
-            f"parse, or media gone), {total['truncated']} truncated to seq_len, {total['failed']} with media that "
-            "did not decode (trained nothing)" + (f"; the media: {listed}" if listed.is_file() else "")
+            f"parse), {total['truncated']} truncated to seq_len, {total['failed']} with media gone or that did not "
+            "decode (trained nothing)" + (f"; the media: {listed}" if listed.is_file() else "")
         )
     out.print(f"metrics written to [bold]{workdir}/metrics.jsonl[/]")
     if cfg.trace is not None and Path(cfg.trace).exists():

@@ -146,3 +146,12 @@ def test_watchdog_flag_sets_the_config(cli, plan_file, launched_tasks):
     assert launched_tasks[0].cfg.watchdog_s == 45 and launched_tasks[0].watchdog_s == 45
     bad = cli("launch", str(path), "--watchdog-s", "-1")
     assert bad.exit_code == 1 and bad.output.startswith("error: --watchdog-s: expected a value >= 0, got -1")
+
+
+def test_a_local_dry_run_starts_nothing(cli, plan_file, launched_tasks, tmp_path):
+    path, _, _ = plan_file
+    work = tmp_path / "run"
+    result = cli("launch", str(path), "--dry-run", "--workdir", str(work))
+    assert result.exit_code == 0, result.output
+    assert "dry run: would launch the" in result.output and "started nothing" in result.output
+    assert launched_tasks == [] and not work.exists()
