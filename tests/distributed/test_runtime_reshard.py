@@ -139,7 +139,7 @@ def test_a_keep_checkpoint_resumes_under_reshard(tmp_path):
     that resharded throughout."""
     from launching import train_local, train_runs
 
-    from orch.runtime.checkpoint import latest_step
+    from orch.runtime.run_dir import step_folders
 
     model, data = load_model("tiny-moe"), _data(8)
     layouts = {
@@ -159,7 +159,7 @@ def test_a_keep_checkpoint_resumes_under_reshard(tmp_path):
         "part": (plan(KEEP), data, cfg(1, checkpoint_every=1), tmp_path / "part"),
     }
     done = train_runs(runs)
-    assert latest_step(tmp_path / "part") == 1
+    assert [step for step, _ in step_folders(tmp_path / "part")] == [1]
     resumed = train_local(plan(RESHARD), data, cfg(3), tmp_path / "part")
     assert [r.step for r in resumed] == [0, 1, 2]
     assert [r.loss for r in resumed] == pytest.approx([r.loss for r in done["full"]], rel=1e-9, abs=0)
