@@ -380,10 +380,10 @@ def homogeneous_options(inp: SearchInput, pr: Pricing | None = None) -> list[Hom
     out = []
     for layout in layouts(inp, model.llm_name, n, allow_pp=True):
         stage0 = Layout(tp=layout.tp, cp=layout.cp, pp=1, dp=layout.dp)
-        if not all(model.modules[e].splits_over(layout.tp) for e in model.encoder_names):
-            continue
-        if layout.cp > 1 and any(model.modules[e].windowed for e in model.encoder_names):
-            continue  # the encoders share the LLM's grid, and a windowed tower takes no CP
+        if any(
+            model.modules[e].refuses(axis, getattr(layout, axis)) for e in model.encoder_names for axis in ("tp", "cp")
+        ):
+            continue  # the encoders share the LLM's grid (TP and CP)
         for mb in _micro_batches(inp, layout):
             num_mb = samples_per_dp(inp, layout) // mb
             best: HomogeneousOption | None = None

@@ -21,12 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from orch.runtime.parallel.tensor import local_part
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    local = local_part(t)
-    return local.numel() * local.element_size()
+from orch.runtime.parallel.tensor import local_nbytes, local_part
 
 
 def state_parts(modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
@@ -38,12 +33,12 @@ def state_parts(modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer 
             if id(p) in seen:
                 continue
             seen.add(id(p))
-            parts["params"] += _nbytes(p)
+            parts["params"] += local_nbytes(p)
             if p.grad is not None:
-                parts["grads"] += _nbytes(p.grad)
+                parts["grads"] += local_nbytes(p.grad)
             if optimizer is not None:
                 state = optimizer.state.get(p, {}).values()
-                parts["optimizer"] += sum(_nbytes(v) for v in state if isinstance(v, torch.Tensor))
+                parts["optimizer"] += sum(local_nbytes(v) for v in state if isinstance(v, torch.Tensor))
     return parts
 
 

@@ -43,7 +43,7 @@ from torch import nn
 from orch.planner.plan import DataParallel, Sharding
 from orch.runtime.models.contract import block_units
 from orch.runtime.parallel import fsdp_private
-from orch.runtime.parallel.tensor import local_part
+from orch.runtime.parallel.tensor import local_nbytes
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -211,13 +211,9 @@ class DataParallelSteps:
         kept = sum(fsdp_private.gathered_bytes(unit) for unit in self._units())
         if self.in_flight is None:
             return kept
-        grads = sum(_nbytes(p.grad) for s in self.resharded.values() for p in s.root.parameters() if p.grad is not None)  # type: ignore[attr-defined]
+        params = (p for s in self.resharded.values() for p in s.root.parameters())  # type: ignore[attr-defined]
+        grads = sum(local_nbytes(p.grad) for p in params if p.grad is not None)
         return kept + self.in_flight.peak + grads
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    local = local_part(t)
-    return local.numel() * local.element_size()
 
 
 class InFlight:
@@ -245,7 +241,7 @@ class InFlight:
         for m in self.modules:
             for p in m.parameters():
                 if id(p) not in self.shards:
-                    now += _nbytes(p) + (_nbytes(p.grad) if p.grad is not None else 0)
+                    now += local_nbytes(p) + (local_nbytes(p.grad) if p.grad is not None else 0)
         self.peak = max(self.peak, now)
 
     def _on_output(self, _module: nn.Module, _args: Any, out: Any) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from orch.runtime.parallel.tensor import local_part
+from orch.runtime.parallel.tensor import local_nbytes
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
@@ -53,7 +53,5 @@ def gathered_bytes(unit: FSDPModule) -> int:
             if group.is_unsharded and hasattr(fp, "_unsharded_param"):
                 p = fp.unsharded_param
                 grad = fp.unsharded_accumulated_grad if fp.unsharded_accumulated_grad is not None else p.grad
-                for t in (p, grad) if grad is not None else (p,):
-                    local = local_part(t)
-                    total += local.numel() * local.element_size()
+                total += sum(local_nbytes(t) for t in ((p, grad) if grad is not None else (p,)))
     return total

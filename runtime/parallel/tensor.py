@@ -26,6 +26,12 @@ def local_part(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t  # type: ignore[no-any-return]
 
 
+def local_nbytes(t: torch.Tensor) -> int:
+    """Bytes this rank holds of `t` (a DTensor's local shard)."""
+    local = local_part(t)
+    return local.numel() * local.element_size()
+
+
 def tp_plan_of(module: nn.Module) -> dict[str, ParallelStyle]:
     """The module's own TP plan, or that of the reference Blocks inside it."""
     from orch.runtime.models.contract import TensorParallel

@@ -20,9 +20,9 @@ import math
 from dataclasses import dataclass
 
 from orch.planner.specs import Modality, ModuleSpec
+from orch.runtime.data.index import MEL_HOP, MEL_RATE
 from orch.runtime.models.hf.processor import processor_keys
 
-MEL_RATE, MEL_HOP = 16000, 160
 BOS, EOS = "<|audio_bos|>", "<|audio_eos|>"
 
 

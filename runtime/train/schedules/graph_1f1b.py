@@ -108,6 +108,8 @@ def _encoder_island(ctx: StepContext, work: StepWork, inputs: dict[str, list[Sam
     """An encoder island: the first stage's order of a (pp + 1)-stage 1F1B over the micro-batches, each
     forward's rows sent point to point to the LLM's first stage, each backward after its gradient returned."""
     served = [e for e in cut.encoders if e in ctx.modules]
+    # under reshard an empty chunk runs the blocks too (on zero rows of the module's input width)
+    widths = {e: ctx.model.modules[e].input_dim if ctx.router.calls(e, work.tables) else None for e in served}
     moved: dict[tuple[str, int], torch.Tensor] = {}
     for kind, m in one_f_one_b_order(ctx.grids[ctx.model.llm_name].pp + 1, cut.count)[0]:
         for e in served if kind == "F" else reversed(served):
@@ -117,9 +119,7 @@ def _encoder_island(ctx: StepContext, work: StepWork, inputs: dict[str, list[Sam
                 chunk = [s for s in inputs[e] if cut.micro_of[s.id] == m]
                 ctx.count_encoder(work.counter, e, chunk)
                 fpt = ctx.model.modality(e).frames_per_token
-                # under reshard an empty chunk runs the blocks too (on zero rows)
-                width = ctx.model.modules[e].input_dim if ctx.router.calls(e, work.tables) else None
-                out = encode(ctx.modules[e], e, chunk, ctx.dtype, fpt, ctx.cp[e], width)
+                out = encode(ctx.modules[e], e, chunk, ctx.dtype, fpt, ctx.cp[e], widths[e])
                 moved[(e, m)] = ctx.boundaries[e].forward(
                     out, work.batch, ctx.rank, ctx.world, cut.tables[e], only=cut.members[m], p2p=cut.p2p(e, m)
                 )
