@@ -90,7 +90,7 @@ def index(
         for m, s in stats.items():
             t.add_row(m, str(s["samples_with"]), f"{s['mean']:.0f}", str(s["p50"]), str(s["p99"]), str(s["max"]))
         out.print(t)
-        out.print(sources_table(data, idx, draws, global_batch, steps))
+        out.print(sources_table(idx, draws, global_batch, steps))
         out.print(f"index: {idx.manifest}")
     if report_skips(data, idx, strict) and strict:
         raise typer.Exit(1)
@@ -104,7 +104,7 @@ def mix_draws(idx: DataIndex, global_batch: int, steps: int) -> list[dict[str, f
             for share, n in zip(mix.shares(), mix.sizes, strict=True)]  # fmt: skip
 
 
-def sources_table(data: str, idx: DataIndex, draws: list[dict[str, float]], global_batch: int, steps: int) -> Any:
+def sources_table(idx: DataIndex, draws: list[dict[str, float]], global_batch: int, steps: int) -> Any:
     """Each source's rows, weight, share of the draws and epochs over a run (`mix_draws`)."""
     from pathlib import Path
 

@@ -245,7 +245,9 @@ def launch(
     counts = [r.data for r in records if r.data is not None]
     if counts:
         total = {k: sum(c[k] for c in counts) for k in ("samples", "skipped", "truncated", "failed")}
-        listed = Path(workdir) / "data_problems.jsonl"
+        from orch.runtime.data.problems import PROBLEMS_FILE
+
+        listed = Path(workdir) / PROBLEMS_FILE
         out.print(
             f"data: {total['samples']} samples over {len(counts)} steps; {total['skipped']} skipped (no longer "
             f"parse), {total['truncated']} truncated to seq_len, {total['failed']} with media gone or that did not "

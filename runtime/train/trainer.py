@@ -48,14 +48,16 @@ OPTIMIZER_STATES = {"adamw": 2, "sgd": 0}  # tensors a checkpoint holds per trai
 
 def checkpoint_needs(plan: Plan, cfg: TrainConfig, workdir: str | Path) -> int:
     """About the bytes of one checkpoint of this run (what a full disk's line asks for): the newest checkpoint's
-    size, else the plan's parameters and optimizer states at the run's dtype."""
+    size, else the plan's parameters and optimizer states as kept: fp32 masters under a 16-bit compute dtype
+    (runtime/parallel/fsdp.py `master_dtype`), else the run's dtype."""
     from orch.runtime.run_dir import checkpoint_bytes, saved_bytes
     from orch.runtime.train.config import ELEM_BYTES
 
     saved = saved_bytes(workdir)
     if saved is not None:
         return saved
-    return checkpoint_bytes(plan, ELEM_BYTES[cfg.dtype], OPTIMIZER_STATES[cfg.optimizer])
+    kept = max(ELEM_BYTES[cfg.dtype], ELEM_BYTES["float32"])
+    return checkpoint_bytes(plan, kept, OPTIMIZER_STATES[cfg.optimizer])
 
 
 def belongs(plan: Plan, data: DataSpec, cfg: TrainConfig) -> dict[str, Any]:
