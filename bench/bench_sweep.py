@@ -43,10 +43,15 @@ def _orch(*args: str) -> str:
         raise RuntimeError(str(err).splitlines()[0] + " " + str(err).strip().splitlines()[-1]) from None
 
 
-def _module(rng: random.Random, kind: str, modality: str | None = None) -> str:
-    heads = rng.choice([2, 4])
-    hidden = heads * rng.choice([8, 12, 16, 24])
-    layers = rng.choice([1, 2, 3, 4] if kind == "encoder" else [2, 3, 4, 6])
+def _module(rng: random.Random, kind: str, modality: str | None = None, scale: str = "mixed") -> str:
+    """One module's spec. scale: "mixed" (any width), "heavy" (an encoder wider and deeper), "light"."""
+    heads = rng.choice([2, 4]) if scale != "heavy" else 4
+    per_head = {"mixed": [8, 12, 16, 24], "heavy": [16, 24], "light": [8, 12]}[scale]
+    hidden = heads * rng.choice(per_head)
+    if kind == "encoder":
+        layers = rng.choice({"mixed": [1, 2, 3, 4], "heavy": [3, 4, 6], "light": [1, 2]}[scale])
+    else:
+        layers = rng.choice({"mixed": [2, 3, 4, 6], "heavy": [4, 6], "light": [2, 3]}[scale])
     ffn = hidden * rng.choice([2, 3, 4])
     if kind == "llm":
         kv = rng.choice([h for h in (1, 2, heads) if heads % h == 0])
@@ -61,26 +66,73 @@ def _module(rng: random.Random, kind: str, modality: str | None = None) -> str:
     )
 
 
-def generate(rng: random.Random, index: int) -> tuple[str, str, dict[str, object]]:
+TINY = Path(__file__).parent.parent / "templates" / "models" / "tiny.yaml"
+
+# The shapes of generated case. "mixed" is the generator the README's sweep rows were measured with
+# (the planner's costs were studied on it); the others are held out from it: encoders that outweigh
+# the LLM, text with a long tail to the whole sequence, and the tiny preset under a long-tailed 2k mix.
+SHAPES = ("mixed", "encoder-heavy", "long-text", "tiny-longtail")
+
+
+def _encoders(rng: random.Random, shape: str, index: int) -> list[str]:
+    if shape == "mixed":
+        return rng.choice([["vision"], ["audio"], ["vision", "audio"]])
+    # held-out shapes alternate one and two encoders, so both are measured on every shape
+    return ["vision", "audio"] if index % 2 else [rng.choice(["vision", "audio"])]
+
+
+def generate(rng: random.Random, index: int, shape: str = "mixed") -> tuple[str, str, dict[str, object]]:
     """A model spec and a data spec (YAML text) and a summary of what was drawn."""
-    encoders = rng.choice([["vision"], ["audio"], ["vision", "audio"]])
-    mods = {e: _module(rng, "encoder", e) for e in encoders}
-    mods["llm"] = _module(rng, "llm")
-    model = f"name: sweep{index}\nmodules:\n" + "".join(f"  {n}: {m}\n" for n, m in mods.items())
-    seq_len = rng.choice([256, 512, 1024, 2048])
-    tasks = [f"  - {{name: text, weight: {rng.uniform(0.1, 0.4):.2f}, tokens: {{llm: {rng.randint(16, 96)}}}, "
-             f"max: {{llm: {seq_len // 2}}}}}"]  # fmt: skip
-    for e in encoders:
-        mean = rng.randint(16, 160)
-        tail = rng.choice([2, 4, 8, 16])  # the long tail: caps up to 16x the mean
-        cap = min(mean * tail, seq_len)
-        tasks.append(
-            f"  - {{name: {e}, weight: {rng.uniform(0.2, 0.5):.2f}, tokens: {{{e}: {mean}, llm: {rng.randint(16, 64)}}}, "
-            f"max: {{{e}: {cap}, llm: {seq_len // 4}}}}}"
-        )
+    if shape == "tiny-longtail":
+        encoders = ["vision", "audio"]
+        model = TINY.read_text().replace("name: tiny", f"name: sweep{index}-tiny").replace("data: tiny-mix\n", "")
+    else:
+        encoders = _encoders(rng, shape, index)
+        enc_scale, llm_scale = {"mixed": ("mixed", "mixed"), "encoder-heavy": ("heavy", "light"),
+                                "long-text": ("light", "mixed")}[shape]  # fmt: skip
+        mods = {e: _module(rng, "encoder", e, enc_scale) for e in encoders}
+        mods["llm"] = _module(rng, "llm", scale=llm_scale)
+        model = f"name: sweep{index}\nmodules:\n" + "".join(f"  {n}: {m}\n" for n, m in mods.items())
+    if shape == "mixed":
+        seq_len = rng.choice([256, 512, 1024, 2048])
+        tasks = [f"  - {{name: text, weight: {rng.uniform(0.1, 0.4):.2f}, tokens: {{llm: {rng.randint(16, 96)}}}, "
+                 f"max: {{llm: {seq_len // 2}}}}}"]  # fmt: skip
+        for e in encoders:
+            mean = rng.randint(16, 160)
+            tail = rng.choice([2, 4, 8, 16])  # the long tail: caps up to 16x the mean
+            cap = min(mean * tail, seq_len)
+            tasks.append(
+                f"  - {{name: {e}, weight: {rng.uniform(0.2, 0.5):.2f}, tokens: {{{e}: {mean}, llm: {rng.randint(16, 64)}}}, "
+                f"max: {{{e}: {cap}, llm: {seq_len // 4}}}}}"
+            )
+    elif shape == "encoder-heavy":
+        seq_len = rng.choice([512, 1024])
+        tasks = [
+            f"  - {{name: text, weight: 0.1, tokens: {{llm: {rng.randint(16, 48)}}}, max: {{llm: {seq_len // 4}}}}}"
+        ]
+        for e in encoders:
+            mean = rng.randint(128, 320)
+            cap = min(mean * rng.choice([2, 3, 4]), seq_len)
+            tasks.append(
+                f"  - {{name: {e}, weight: {rng.uniform(0.3, 0.6):.2f}, tokens: {{{e}: {mean}, llm: {rng.randint(16, 48)}}}, "
+                f"max: {{{e}: {cap}, llm: {seq_len // 8}}}}}"
+            )
+    else:  # long-tailed text to the whole sequence (long-text, tiny-longtail)
+        seq_len = 2048
+        mean = rng.randint(64, 192)
+        tasks = [
+            f"  - {{name: text, weight: {rng.uniform(0.4, 0.7):.2f}, tokens: {{llm: {mean}}}, max: {{llm: {seq_len}}}, "
+            f"spread: {rng.choice([1.0, 1.25, 1.5])}}}"
+        ]
+        for e in encoders:
+            media = rng.randint(16, 96)
+            tasks.append(
+                f"  - {{name: {e}, weight: {rng.uniform(0.15, 0.3):.2f}, tokens: {{{e}: {media}, llm: {rng.randint(32, 128)}}}, "
+                f"max: {{{e}: {min(media * 4, seq_len)}, llm: {seq_len // 2}}}, spread: 1.0}}"
+            )
     batch = rng.choice([8, 12, 16])
     data = f"name: sweep{index}-mix\nglobal_batch: {batch}\nseq_len: {seq_len}\ntasks:\n" + "\n".join(tasks) + "\n"
-    return model, data, {"encoders": encoders, "seq_len": seq_len, "global_batch": batch}
+    return model, data, {"shape": shape, "encoders": encoders, "seq_len": seq_len, "global_batch": batch}
 
 
 def run_case(work: Path, model: str, data: str, steps: int, rounds: int) -> list[dict[str, object]]:
@@ -147,7 +199,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=2, help="runs of each plan, interleaved with the other's")
+    ap.add_argument(
+        "--shapes", default="mixed", help=f"comma-separated, cycled over the cases: {', '.join(SHAPES)}, or all"
+    )
     args = ap.parse_args()
+    shapes = list(SHAPES) if args.shapes == "all" else args.shapes.split(",")
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        ap.error(f"--shapes: unknown {', '.join(unknown)} (expected {', '.join(SHAPES)} or all)")
     rng = random.Random(args.seed)
     out_dir = Path(__file__).parent / "out"
     out_dir.mkdir(exist_ok=True)
@@ -155,7 +214,7 @@ def main() -> None:
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="orch-sweep-") as tmp:
         for i in range(args.cases):
-            model, data, drawn = generate(rng, i)
+            model, data, drawn = generate(rng, i, shapes[i % len(shapes)])
             work = Path(tmp) / f"case{i}"
             work.mkdir()
             try:
@@ -165,22 +224,22 @@ def main() -> None:
                 cases.append({"case": i, **drawn, "model": model, "data": data, "plans": [], "failed": str(err)})
             print(f"case {i} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     print(
-        f"sweep: seed {args.seed}, {args.cases} cases, {args.rounds} interleaved runs of {args.steps} steps per plan, "
+        f"sweep: seed {args.seed}, {args.cases} cases ({','.join(shapes)}), {args.rounds} interleaved runs of {args.steps} steps per plan, "
         "profile --quick per case"
     )
     print(
-        f"{'case':>4} {'encoders':<13} {'plan':<12} {'placement':<14} {'pred s':>7} {'meas s':>7} {'error':>7} "
+        f"{'case':>4} {'shape':<13} {'encoders':<13} {'plan':<12} {'placement':<14} {'pred s':>7} {'meas s':>7} {'error':>7} "
         f"{'steal prof/runs':>15}"
     )
     errors, pairs, right = [], 0, 0
     for c in cases:
         if c.get("failed"):
-            print(f"{c['case']:>4} {'+'.join(c['encoders']):<13} FAILED: {c['failed']}")
+            print(f"{c['case']:>4} {c['shape']:<13} {'+'.join(c['encoders']):<13} FAILED: {c['failed']}")
             continue
         for r in c["plans"]:
             errors.append(r["relative_error"])
             print(
-                f"{c['case']:>4} {'+'.join(c['encoders']):<13} {r['plan']:<12} {r['placement']:<14} "
+                f"{c['case']:>4} {c['shape']:<13} {'+'.join(c['encoders']):<13} {r['plan']:<12} {r['placement']:<14} "
                 f"{r['predicted_step_time_s']:>7.3f} {r['measured_step_time_s']:>7.3f} {r['relative_error']:>+7.0%} "
                 f"{_steal(r['steal']):>15}"
             )
@@ -209,11 +268,34 @@ def main() -> None:
             f"p90 {summary['abs_error_p90']:.0%}; within 20%: {within}/{len(errors)} "
             f"({summary['share_within_20pct']:.0%}, goal 90%)"
         )
+    by_shape: dict[str, list[float]] = {}
+    for c in cases:
+        for r in c["plans"]:
+            by_shape.setdefault(c["shape"], []).append(r["relative_error"])
+    if len(by_shape) > 1:
+        for shape, errs in by_shape.items():
+            inside = sum(abs(e) <= TARGET for e in errs)
+            print(f"  {shape:<14} within 20%: {inside}/{len(errs)}, median {statistics.median(errs):+.0%}")
+    summary["by_shape"] = {
+        shape: {
+            "plans": len(errs),
+            "within_20pct": sum(abs(e) <= TARGET for e in errs),
+            "median_error": statistics.median(errs),
+        }
+        for shape, errs in by_shape.items()
+    }
     print(
         f"ranking: {right}/{pairs} pairs predicted >15% apart ranked as measured; failed cases: {summary['failed_cases']}"
     )
     path = out_dir / "sweep.json"
-    record = {"seed": args.seed, "steps": args.steps, "rounds": args.rounds, "summary": summary, "cases": cases}
+    record = {
+        "seed": args.seed,
+        "shapes": shapes,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "summary": summary,
+        "cases": cases,
+    }
     path.write_text(json.dumps(record, indent=2))
     print(f"written to {path}")
 

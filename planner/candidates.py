@@ -25,7 +25,7 @@ from orch.planner.costs import (
 )
 from orch.planner.errors import SpecError
 from orch.planner.plan import Layout, Placement, Recompute, Sharding
-from orch.planner.profile import Profile
+from orch.planner.profile import Profile, busy_ratio
 from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec
 
 AXES = ("tp", "cp", "pp", "dp", "ep", "gpus")
@@ -399,13 +399,15 @@ def homogeneous_options(inp: SearchInput, pr: Pricing | None = None) -> list[Hom
                         opts.append(Candidate(e, Placement.HOMOGENEOUS, stage0, mb, erc, ec, num_mb))
                 encs.append(opts)
             moves = homogeneous_boundary_s(inp, layout)
+            # while one stage works alone (the encoders, the fill and drain) ranks sharing cores run faster
+            alone = busy_ratio(inp.profile, n, n // layout.pp)
             llm_basis = pr.bases[model.llm_name]
             for rc in Recompute:
                 for sh in _shardings_of(llm_basis, layout, mb, rc, min(layout.pp, num_mb), inp.capacity_gb):
                     llm_cost = layout_cost(llm_basis, layout, mb, rc, min(layout.pp, num_mb), sh)
                     llm = Candidate(model.llm_name, Placement.HOMOGENEOUS, layout, mb, rc, llm_cost, num_mb)
                     for combo in _cheapest_fitting(llm, encs, inp.capacity_gb):
-                        option = _homogeneous(llm, combo, num_mb, moves)
+                        option = _homogeneous(llm, combo, num_mb, moves, alone)
                         if best is None or option.step_s < best.step_s:
                             best = option
             if best is not None:
@@ -430,13 +432,20 @@ def _cheapest_fitting(llm: Candidate, encs: list[list[Candidate]], cap: float) -
 
 
 def _homogeneous(
-    llm: Candidate, encs: tuple[Candidate, ...], num_mb: int, boundary_s: float = 0.0
+    llm: Candidate, encs: tuple[Candidate, ...], num_mb: int, boundary_s: float = 0.0, alone: float = 1.0
 ) -> HomogeneousOption:
+    """`alone`: a stage's pace working alone relative to every rank busy (profile.busy_ratio; 1 unless the ranks
+    share a machine's cores)."""
     pp = llm.layout.pp
     # encoder work joins stage 0's per-micro-batch time: the slowest stage sets the 1F1B pace
     enc_work = sum(c.cost.work_s - c.cost.dp_s for c in encs)
     llm_stage = llm.cost.compute_s + llm.cost.tp_s + llm.cost.cp_s + llm.cost.ep_s + llm.cost.pp_p2p_s
     per_mb = (llm_stage + enc_work) / num_mb
+    pipeline = per_mb * (num_mb + pp - 1)
+    if alone < 1.0:
+        # Ranks sharing cores: a stage that waits frees them for the others, so the pipeline takes at least its
+        # critical path at the freed pace and at least the mean rank's work (every core busy throughout).
+        pipeline = max(alone * pipeline, llm_stage + enc_work / pp)
     fixed = llm.cost.fixed_s + sum(c.cost.fixed_s for c in encs)
-    step = per_mb * (num_mb + pp - 1) + llm.cost.dp_s + sum(c.cost.dp_s for c in encs) + boundary_s + fixed
+    step = pipeline + llm.cost.dp_s + sum(c.cost.dp_s for c in encs) + boundary_s + fixed
     return HomogeneousOption(llm, encs, step, llm.memory_gb + sum(c.memory_gb for c in encs), boundary_s)

@@ -8,6 +8,7 @@ selective recompute); state memory as FSDP2 holds it (`state_bytes_per_param`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -294,6 +295,17 @@ def gemm_efficiency(m: ModuleSpec, tp: int, tokens_per_gpu: float, cfg: CostConf
     return width / (width + cfg.gemm_width_knee) * tokens_per_gpu / (tokens_per_gpu + cfg.gemm_tokens_knee)
 
 
+def packed_calls(per_rank: float, present: float, micro_batch: int, ep: int = 1) -> float:
+    """Packed calls of a module on its busiest DP rank in a step (runtime/train/inputs.py `InputRouter.chunks`): its
+    samples with this module's tokens cut into at most the micro-batch count, so a modality few samples carry runs
+    one call per such sample, not one per micro-batch; under EP every micro-batch runs, empty or not (its
+    all_to_alls need the same count on every rank)."""
+    micro_batches = max(per_rank / max(micro_batch, 1), 1.0)
+    if ep > 1:
+        return micro_batches
+    return min(micro_batches, max(1.0, math.ceil(per_rank * present - 1e-9)))
+
+
 def _compute_seconds(
     b: ModuleBasis, layout: Layout, micro_batch: int, recompute: Recompute
 ) -> tuple[float, float, float]:
@@ -310,7 +322,7 @@ def _compute_seconds(
         # the Σlen² work (the zigzag shard evens out the causal half), not that of a sequence cp times shorter
         per_gpu_sq = w.tokens_sq / (layout.dp * layout.cp)
         samples = w.samples * w.stats.present / layout.dp
-        calls = max(w.samples / layout.dp / max(micro_batch, 1), 1.0)  # packed micro-batch calls per DP rank
+        calls = packed_calls(w.samples / layout.dp, w.stats.present, micro_batch, layout.ep)
         # the slowest DP rank sets the pace: the balanced batch's residual max/mean (planner/imbalance.py)
         dp_per_node = max(cluster.gpus_per_node // (layout.tp * layout.cp), 1)
         slowest = residual_imbalance(b.data, name, b.llm_name, layout.dp, dp_per_node, fit.terms())

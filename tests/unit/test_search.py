@@ -293,3 +293,40 @@ def test_graph_pipeline_overlaps_all_but_one_chunk_of_each_island():
     assert times == sorted(times, reverse=True) and times[0] > times[-1]
     assert times[0] == pytest.approx(0.75 * 0.4)
     assert times[-1] == pytest.approx(0.25 * 0.1 + 0.75 * 0.3, rel=1e-2)
+
+
+def test_homogeneous_pipeline_on_shared_cores():
+    """LLM pp2 with the encoders on stage 0, 4 ranks on 2 cores: a stage working alone (the encoders, the fill and
+    drain) runs twice as fast, so the pipeline takes the larger of its critical path at that pace and the mean
+    rank's work; with a device per rank it is the classic (m + pp - 1) micro-batches of the slowest stage."""
+    from orch.planner.candidates import Candidate, _homogeneous
+    from orch.planner.costs import ModuleCost
+    from orch.planner.plan import Layout, Placement, Recompute
+
+    def cand(module: str, layout: Layout, compute: float) -> Candidate:
+        cost = ModuleCost(
+            compute_s=compute, tp_s=0, cp_s=0, ep_s=0, pp_p2p_s=0, dp_s=0, bubble_s=0, forward_s=0, params_gb=0,
+            activations_gb=0, model_flops=0,
+        )  # fmt: skip
+        return Candidate(module, Placement.HOMOGENEOUS, layout, 1, Recompute.NONE, cost, 3)
+
+    llm = cand("llm", Layout(pp=2, dp=2), 0.30)
+    enc = cand("vision", Layout(dp=2), 0.06)
+    per_mb = (0.30 + 0.06) / 3
+    assert _homogeneous(llm, (enc,), 3).step_s == pytest.approx(per_mb * 4)
+    assert _homogeneous(llm, (enc,), 3, alone=0.5).step_s == pytest.approx(0.30 + 0.06 / 2)  # every core busy
+    heavy = replace(enc, cost=replace(enc.cost, compute_s=0.9))  # stage 0 the bottleneck: its critical path
+    assert _homogeneous(llm, (heavy,), 3, alone=0.5).step_s == pytest.approx(0.5 * (0.30 + 0.9) / 3 * 4)
+
+
+def test_packed_calls_count_the_samples_that_carry_the_module():
+    """An encoder's chunks on a rank are its own samples cut into at most the micro-batch count (InputRouter.chunks):
+    a modality few samples carry runs one call per such sample; EP runs every micro-batch."""
+    from orch.planner.costs import packed_calls
+
+    assert packed_calls(8, 1.0, 2) == 4  # 8 samples per rank, 2 per micro-batch
+    assert packed_calls(8, 0.25, 2) == 2  # 2 of them carry the module: 2 calls
+    assert packed_calls(6, 0.22, 2) == 2  # 1.3 on the mean rank: the busiest runs 2
+    assert packed_calls(6, 0.05, 2) == 1  # at least one call
+    assert packed_calls(8, 0.25, 2, ep=2) == 4
+    assert packed_calls(1, 1.0, 4) == 1
