@@ -3,7 +3,8 @@
 Written by rank 0 inside step_XXXXXXXX.tmp before the folder is renamed (runtime/checkpoint.py), so a
 published checkpoint always carries it. `verify` checks what resume and export rely on, cheapest first: the
 manifest parses, every file it lists is there with its size, then every file's sha256 (on threads: the
-checkpoint read once, at the disk's speed more than one core's). Torch-free.
+checkpoint read once, at the disk's speed more than one core's; a launch leaves the sha256 to its ranks, each
+hashing a share: `share_of`). Torch-free.
 """
 
 from __future__ import annotations
@@ -70,9 +71,10 @@ def _kind(name: str) -> str:
     return "metadata .metadata" if name == ".metadata" else f"file {name}"
 
 
-def verify(folder: Path) -> Manifest | str:
+def verify(folder: Path, checksums: bool = True) -> Manifest | str:
     """The manifest if every file it lists is intact, else the first problem (`shard __1_0.distcp: checksum
-    mismatch`)."""
+    mismatch`). checksums=False: the manifest, every file and its size only (what a launch checks before its
+    ranks start; the ranks then hash the files together: runtime/checkpoint_agree.py)."""
     manifest = read_manifest(folder)
     if isinstance(manifest, str):
         return manifest
@@ -85,7 +87,14 @@ def verify(folder: Path) -> Manifest | str:
             return f"{_kind(name)}: missing"
         if size != want.bytes:
             return f"{_kind(name)}: {size} bytes, {want.bytes} written (truncated or replaced)"
-    names = sorted(manifest.files)
+    if not checksums:
+        return manifest
+    problem = checksum_problem(folder, manifest, sorted(manifest.files))
+    return manifest if problem is None else problem
+
+
+def checksum_problem(folder: Path, manifest: Manifest, names: list[str]) -> str | None:
+    """The first of `names` whose sha256 differs from the manifest's or that cannot be read (None: all match)."""
     with ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1)) as pool:  # hashlib releases the GIL
         sums = list(pool.map(_sum_or_error, [folder / name for name in names]))
     for name, got in zip(names, sums, strict=True):
@@ -93,7 +102,20 @@ def verify(folder: Path) -> Manifest | str:
             return f"{_kind(name)}: unreadable ({got})"
         if got.sha256 != manifest.files[name].sha256:
             return f"{_kind(name)}: checksum mismatch"
-    return manifest
+    return None
+
+
+def share_of(manifest: Manifest, rank: int, world: int) -> list[str]:
+    """The files `rank` of `world` hashes when the ranks verify a checkpoint together: the largest first, each
+    to the rank with the fewest bytes so far (every rank computes the same split from the manifest)."""
+    load = [0] * world
+    mine: list[str] = []
+    for name, f in sorted(manifest.files.items(), key=lambda kv: (-kv[1].bytes, kv[0])):
+        r = min(range(world), key=lambda k: (load[k], k))
+        load[r] += f.bytes
+        if r == rank:
+            mine.append(name)
+    return mine
 
 
 def _sum_or_error(path: Path) -> FileSum | str:

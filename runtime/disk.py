@@ -1,8 +1,8 @@
 """A full disk as one line: the path being written, the bytes it needed and the bytes free.
 
 `no_space_guard(path, needed, what)` turns an ENOSPC raised inside it (an OSError, or torch's DCP wrapping
-one, or any error of a write that left the filesystem without space: torch's zip writer reports a short write
-as `unexpected pos`) into `NoSpaceError`; `check_free(path, needed, what)` refuses before writing when the
+one, or any error of a write after which the filesystem has less free than the write needs: torch's zip writer
+reports a short write as `unexpected pos`) into `NoSpaceError`; `check_free(path, needed, what)` refuses before writing when the
 filesystem holding `path` has less than `needed` free. Both say the same line, so a relaunch onto a disk still
 full repeats the failure's words. Torch-free.
 """
@@ -83,7 +83,9 @@ def no_space_guard(
             cleanup()
         raise
     except BaseException as exc:  # DCP's CheckpointException is a BaseException
-        full = is_no_space(exc) or free_bytes(path) < FULL_BELOW
+        # Less free than the write needs also counts: another rank's cleanup (a discarded .tmp) may have given back
+        # the space between the failure and this check, and torch's zip writer says `unexpected pos`, not ENOSPC.
+        full = is_no_space(exc) or free_bytes(path) < max(FULL_BELOW, needed)
         if cleanup is not None:
             cleanup()
         if full:

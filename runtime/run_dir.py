@@ -8,10 +8,11 @@
 3. with `--no-resume`: the previous run's checkpoints, metrics and plan moved aside, to
    WORKDIR/previous-<UTC time>/, before the new run writes anything;
 4. with resume: the workdir's plan.json of another model refused (`--no-resume` to start over), a layout
-   change noted (DCP re-shards); then the newest checkpoint that verifies (`choose_checkpoint`), each one
-   skipped said in one line, a checkpoint of another model refused; checkpoints that exist and none
-   verifies: refused, never a silent start at step 0. No checkpoint at all: step 0, earlier metrics moved
-   aside rather than deleted.
+   change noted (DCP re-shards); then the newest checkpoint whose manifest, files and sizes check out
+   (`choose_checkpoint`; its checksums the ranks verify together once they meet, falling back to an older one:
+   runtime/checkpoint_agree.py), each one skipped said in one line, a checkpoint of another model refused;
+   checkpoints that exist and none verifies: refused, never a silent start at step 0. No checkpoint at all:
+   step 0, earlier metrics moved aside rather than deleted.
 
 Torch-free: the launcher's host decides, the ranks are told the step (runtime/train/trainer.py).
 """
@@ -114,10 +115,14 @@ def _latest_note(workdir: Path, folders: list[tuple[int, Path]]) -> str | None:
 
 
 def choose_checkpoint(
-    workdir: str | Path, identity: dict[str, object] | None, tell: Callable[[str], None] = say
+    workdir: str | Path,
+    identity: dict[str, object] | None,
+    tell: Callable[[str], None] = say,
+    checksums: bool = True,
 ) -> Chosen | None:
     """The newest checkpoint that verifies (None: the workdir has none). Says why each newer one was skipped;
-    RunMismatch if it belongs to another model, or if checkpoints exist and none verifies."""
+    RunMismatch if it belongs to another model, or if checkpoints exist and none verifies. checksums=False: the
+    manifest and the files' sizes only (a launch: its ranks hash the files together, runtime/checkpoint_agree.py)."""
     folders = step_folders(workdir)
     if not folders:
         return None
@@ -125,7 +130,7 @@ def choose_checkpoint(
     if note is not None:
         tell(note)
     for step, folder in folders:
-        found = verify(folder)
+        found = verify(folder, checksums)
         if found == "no manifest.json":
             tell(f"{folder.name}: saved without a manifest (an older orch): loaded unverified")
             return Chosen(step, None)
@@ -220,13 +225,16 @@ def open_run(
                 say(f"--no-resume: the previous run's files moved to {moved}")
             return OpenRun(lock, 0)
         check_same_model(out, plan, identity, factory)
-        chosen = choose_checkpoint(out, identity)
+        # Sizes only here: before the rendezvous, which waits for this (its timeout), hashing a large checkpoint on
+        # one host would fail the launch; the ranks verify the checksums together once they meet.
+        chosen = choose_checkpoint(out, identity, checksums=False)
         if chosen is None:
             if (out / METRICS_FILE).exists():
                 moved = move_aside(out)
                 say(f"no checkpoint in {checkpoint_root(out)}: starting at step 0; the earlier files moved to {moved}")
             return OpenRun(lock, 0)
-        say(f"resuming from {step_name(chosen.step)}" + (" (verified)" if chosen.manifest is not None else ""))
+        if chosen.manifest is None:
+            say(f"resuming from {step_name(chosen.step)}")  # the ranks say it once they verified the checksums
         if (
             data is not None
             and chosen.manifest is not None

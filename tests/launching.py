@@ -39,13 +39,14 @@ def train_tasks(plans: dict, data, cfg, out: Path, *, debug=None, extra=()):
     return dict(zip(tasks, results, strict=False))
 
 
-def train_runs(runs: dict, *, timeout_s=60.0):
+def train_runs(runs: dict, *, timeout_s=60.0, launcher=None):
     """name -> (plan, data, cfg, workdir), as `orch launch` runs them (no tensor dumps), all in ONE launch (one
     world size); name -> StepRecords. Each run has its own workdir; a run that resumes another's checkpoint
-    belongs in a later launch (a resumed run is a new process)."""
+    belongs in a later launch (a resumed run is a new process). `launcher`: another than the shared forkserver
+    one (a spawned rank writes to the test's stderr, which capfd reads; the forkserver's to where it started)."""
     tasks = {
         name: TrainTask(plan, data, cfg, str(workdir), DebugConfig(), timeout_s)
         for name, (plan, data, cfg, workdir) in runs.items()
     }
-    results = LAUNCHER.submit(TaskSequence(list(tasks.values()))).result()
+    results = (launcher or LAUNCHER).submit(TaskSequence(list(tasks.values()))).result()
     return dict(zip(tasks, results, strict=True))

@@ -141,9 +141,16 @@ class TrainTask:
     def run(self, ctx: RankContext) -> None:
         import torch.distributed as dist
 
+        from orch.runtime.checkpoint_agree import agree_checkpoint
+        from orch.runtime.run_identity import model_identity
+
         start = [self.start]
         dist.broadcast_object_list(start, src=0)  # rank 0 prepared the run (on Slurm and torchrun, it alone)
-        Trainer(self.plan, self.data, self.cfg, self.workdir, ctx, self.debug, int(start[0])).run()
+        begin = int(start[0])
+        if begin > 0:
+            identity = model_identity(self.plan.model, self.cfg.model_factory)
+            begin = agree_checkpoint(self.workdir, begin, identity, ctx.env.rank, ctx.env.world)
+        Trainer(self.plan, self.data, self.cfg, self.workdir, ctx, self.debug, begin).run()
 
     def result(self) -> list[StepRecord]:
         return read_metrics(metrics_path(self.workdir), missing_ok=True)

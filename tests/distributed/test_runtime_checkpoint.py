@@ -21,7 +21,7 @@ def _losses(workdir):
 
 
 @pytest.mark.slow
-def test_resumed_run_continues_the_loss_trajectory(cli, plan_file, tmp_path, train_config):
+def test_resumed_run_continues_the_loss_trajectory(cli, plan_file, tmp_path, train_config, capfd):
     plan_file, _, _ = plan_file
     base = ["launch", str(plan_file), "--nproc", "2", "--seed", "3", "--dtype", "float64"]
     full, part = tmp_path / "full", tmp_path / "part"
@@ -36,9 +36,11 @@ def test_resumed_run_continues_the_loss_trajectory(cli, plan_file, tmp_path, tra
     (root / "step_00000002.tmp").mkdir()  # an interrupted save: garbage that must never be loaded
     (root / "step_00000002.tmp" / ".metadata").write_text("garbage")
 
+    capfd.readouterr()
     assert (r := cli(*base, "--steps", "3", "--workdir", str(part), "--resume")).exit_code == 0, r.output
     assert "names step_00000002, which is missing; scanning the step folders" in r.output
-    assert "orch: resuming from step_00000001 (verified)" in r.output
+    # said by rank 0 once the ranks verified the checksums together (its own process's stderr)
+    assert "orch: resuming from step_00000001 (verified)" in capfd.readouterr().err
     want_steps, want = _losses(full)
     got_steps, got = _losses(part)
     assert got_steps == want_steps == [0, 1, 2]  # metrics appended
@@ -121,6 +123,7 @@ def test_resume_onto_a_new_layout_and_past_a_corrupted_checkpoint(tmp_path, capf
 
     from orch.planner.balance.mode import Mode
     from orch.planner.plan import Layout
+    from orch.runtime.launch.local import LocalLauncher
     from orch.runtime.run_dir import RunMismatch
     from orch.runtime.train.config import TrainConfig
 
@@ -146,7 +149,8 @@ def test_resume_onto_a_new_layout_and_past_a_corrupted_checkpoint(tmp_path, capf
         {
             "moved": (tp, data, cfg(4), tmp_path / "moved"),
             "flipped": (dp, data, cfg(4), tmp_path / "flipped"),
-        }
+        },
+        launcher=LocalLauncher(start_method="spawn"),  # rank 0 says which checkpoint the ranks verified
     )
     err = capfd.readouterr().err
     assert "the same model on a new layout (audio dp2 ranks 0-1 -> tp2 dp1 ranks 0-1; llm dp2" in err
