@@ -2,9 +2,9 @@
 
 `no_space_guard(path, needed, what)` turns an ENOSPC raised inside it (an OSError, or torch's DCP wrapping
 one, or any error of a write after which the filesystem has less free than the write needs: torch's zip writer
-reports a short write as `unexpected pos`) into `NoSpaceError`; `check_free(path, needed, what)` refuses before writing when the
-filesystem holding `path` has less than `needed` free. Both say the same line, so a relaunch onto a disk still
-full repeats the failure's words. Torch-free.
+reports a short write as `unexpected pos`) into `NoSpaceError`; `check_free(path, needed, what)` refuses
+before writing when the filesystem holding `path` has less than `needed` free. Both say the same line, so a
+relaunch onto a disk still full repeats the failure's words. Torch-free.
 """
 
 from __future__ import annotations
