@@ -56,7 +56,7 @@ def _layout_table(plan: Plan, colours: dict[str, str]) -> Table:
 def _dp(mp: ModulePlan) -> str:
     if mp.data_parallel != "fsdp":
         return "repl"
-    return "fsdp/rs" if mp.sharding == "reshard" else "fsdp"
+    return "fsdp/rs" if mp.reshards else "fsdp"
 
 
 def _ranks(mp: ModulePlan) -> str:

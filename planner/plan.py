@@ -126,6 +126,11 @@ class ModulePlan(_Model):
         "timing the module at start-up. None: planned from datasheet numbers",
     )
 
+    @property
+    def reshards(self) -> bool:
+        """FSDP that gathers each block per call (ZeRO-3): its DP ranks must make the same calls."""
+        return self.data_parallel == DataParallel.FSDP and self.sharding == Sharding.RESHARD
+
     @model_validator(mode="after")
     def _ranks_match_layout(self) -> ModulePlan:
         if len(self.ranks) != self.layout.gpus:

@@ -26,7 +26,7 @@ from torch import nn
 from orch.planner.io import write_text_atomic
 from orch.runtime.checkpoint_manifest import MANIFEST, FileSum, Manifest, file_sum
 from orch.runtime.disk import no_space_guard
-from orch.runtime.run_dir import LATEST, checkpoint_root, step_name
+from orch.runtime.run_dir import LATEST, checkpoint_root, prune_checkpoints, step_name
 
 __all__ = ["LATEST", "checkpoint_root", "load", "save", "step_name"]
 
@@ -54,10 +54,12 @@ def save(
     files: dict[str, str] | None = None,
     belongs: dict[str, Any] | None = None,
     needs_bytes: int = 0,
+    keep: int = 0,
 ) -> None:
     """Collective: every rank writes its share, then rank 0 publishes step_{step} as the latest, with `files`
     (name -> text: the training config) beside the tensors and the manifest (`belongs`: its fields other than
-    step and files). `needs_bytes`: what a full disk's line says a checkpoint needs."""
+    step and files). `needs_bytes`: what a full disk's line says a checkpoint needs. `keep`: the newest
+    checkpoints kept once this one is published (0: all; run_dir.prune_checkpoints)."""
     root = checkpoint_root(workdir)
     final = root / step_name(step)
     tmp = root / f"{step_name(step)}.tmp"
@@ -73,6 +75,7 @@ def save(
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         write_text_atomic(root / LATEST, step_name(step) + "\n")
+        prune_checkpoints(workdir, keep)
     dist.barrier()
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -68,6 +69,25 @@ def step_folders(workdir: str | Path) -> list[tuple[int, Path]]:
         if m and p.is_dir():
             found.append((int(m.group(1)), p))
     return sorted(found, reverse=True)
+
+
+TRASH = ".deleting-"  # a pruned folder's name while it is deleted: never a step folder, never loaded
+
+
+def prune_checkpoints(workdir: str | Path, keep: int) -> list[str]:
+    """Delete all but the newest `keep` step folders (0: none); returns the names deleted. Each is renamed out of
+    the step folders' names first, so a crash mid-delete leaves no half checkpoint for a resume to try; an earlier
+    crash's leftovers go too."""
+    root = checkpoint_root(workdir)
+    gone = []
+    if keep > 0:
+        for _, folder in step_folders(workdir)[keep:]:
+            trash = root / f"{TRASH}{folder.name}"
+            os.rename(folder, trash)
+            gone.append(folder.name)
+    for leftover in root.glob(f"{TRASH}*") if root.is_dir() else ():
+        shutil.rmtree(leftover, ignore_errors=True)
+    return gone
 
 
 def checkpoint_bytes(plan: Plan, dtype_bytes: int, optimizer_states: int) -> int:

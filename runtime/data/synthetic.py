@@ -12,7 +12,6 @@ seq_len); text has at least one token. The loss is on text tokens only; labels a
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -22,11 +21,7 @@ from orch.planner.data import sample_lengths
 from orch.planner.specs import DataSpec, ModelSpec, projected_len
 from orch.runtime.data.batch import BatchLengths, Sample, encoder_order, item_map
 from orch.runtime.models.sequence import SequenceLayout
-
-
-def _mix(*parts: object) -> int:
-    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+from orch.runtime.seeds import stable_seed
 
 
 @dataclass(frozen=True)
@@ -35,7 +30,7 @@ class SyntheticBatch(BatchLengths):
 
     @classmethod
     def build(cls, model: ModelSpec, data: DataSpec, seed: int, step: int) -> SyntheticBatch:
-        lengths = sample_lengths(data, data.global_batch, seed=_mix("batch", seed, step))
+        lengths = sample_lengths(data, data.global_batch, seed=stable_seed("batch", seed, step))
         encs = encoder_order(model)
         enc_tokens, text_tokens = [], []
         for row in lengths:
@@ -70,7 +65,7 @@ class SyntheticBatch(BatchLengths):
         """Sample `sample_id`'s tensors on `device`: drawn on the CPU from its seed (the same numbers on
         every device and layout), then moved. `encoders`: the ones whose inputs the caller needs (a data
         file's source decodes only those; synthetic draws are cheap and drawn in full)."""
-        gen = torch.Generator().manual_seed(_mix("sample", self.seed, self.step, sample_id))
+        gen = torch.Generator().manual_seed(stable_seed("sample", self.seed, self.step, sample_id))
         feats = {}
         for e in encoder_order(self.model):
             spec = self.model.modules[e]

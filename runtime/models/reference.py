@@ -13,7 +13,6 @@ runtime/models/contract.py.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from typing import TYPE_CHECKING, Protocol
 
@@ -23,6 +22,7 @@ from torch import nn
 
 from orch.planner.specs import Modality, ModelSpec, ModuleKind, ModuleSpec, projected_len
 from orch.runtime.models.staged import StagedDecoder
+from orch.runtime.seeds import stable_seed
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -344,11 +344,6 @@ def build_module(name: str, model: ModelSpec) -> nn.Module:
     return Encoder(spec, model.llm.hidden, model.modality(name))
 
 
-def _stable_seed(*parts: object) -> int:
-    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
-
 @torch.no_grad()
 def init_module(module: nn.Module, name: str, seed: int) -> None:
     """Fill every parameter from (seed, module name, parameter name) alone: layout-independent.
@@ -356,7 +351,7 @@ def init_module(module: nn.Module, name: str, seed: int) -> None:
     Call before tensor parallelism: full tensors are generated on every rank, then sharded.
     """
     for pname, p in module.named_parameters():
-        gen = torch.Generator().manual_seed(_stable_seed(seed, name, pname))
+        gen = torch.Generator().manual_seed(stable_seed(seed, name, pname))
         if pname.endswith("norm.weight"):
             # Near one, not exactly one, so a norm weight's gradient path is checked too.
             p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float64))

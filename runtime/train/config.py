@@ -80,6 +80,11 @@ class TrainSpec(BaseModel):
         description="save a checkpoint to WORKDIR/checkpoints every K steps (0: only at the end; every run ends "
         "with one)",
     )
+    keep_checkpoints: int = Field(
+        default=0,
+        ge=0,
+        description="keep the newest K checkpoints; older ones are deleted once a newer one is published (0: all)",
+    )
     resume: bool = Field(
         default=True,
         description="continue from WORKDIR's newest checkpoint that verifies, if any (false: the previous run is "

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import torch
 
-from orch.planner.plan import DataParallel, Plan, Sharding
+from orch.planner.plan import Plan
 from orch.runtime.data.batch import GlobalBatch, Sample, item_map
 from orch.runtime.parallel.grid import Grid
 from orch.runtime.parallel.pipeline import MicroBatch
@@ -103,8 +103,7 @@ class InputRouter:
         mp = self.plan.modules[name]
         if mp.layout.ep > 1:
             return mp.num_micro_batches
-        reshards = mp.data_parallel == DataParallel.FSDP and mp.sharding == Sharding.RESHARD
-        if reshards and mp.layout.dp * mp.layout.cp > 1:
+        if mp.reshards and mp.layout.dp * mp.layout.cp > 1:
             return max(len(self._split(mp.num_micro_batches, tables.held(name, j))) for j in range(mp.layout.dp))
         return 0
 

@@ -197,8 +197,9 @@ class Trainer:
             self.plan, self.data, cfg, rank, world, self.ctx.device, self.debug, problems=problems, heartbeat=heartbeat
         )
         if start > 0:
-            check_data_position(checkpoint.checkpoint_root(self.workdir) / checkpoint.step_name(start), step, start)
-            checkpoint.load(self.workdir, start, step.modules, step.optimizer)
+            folder = checkpoint.checkpoint_root(self.workdir) / checkpoint.step_name(start)
+            check_data_position(folder, step, start)
+            checkpoint.load(self.workdir, start, step.modules, resumed_optimizer(folder, step.optimizer, cfg, rank))
         setup_s = time.perf_counter() - t
         trace = RankTrace(rank, time.perf_counter())  # setup ends in collectives: origins agree closely
         belonging = belongs(self.plan, self.data, cfg)
@@ -206,7 +207,16 @@ class Trainer:
 
         def save(done: int) -> None:
             nonlocal needs
-            checkpoint.save(self.workdir, done, step.modules, step.optimizer, self._files(step, done), belonging, needs)
+            checkpoint.save(
+                self.workdir,
+                done,
+                step.modules,
+                step.optimizer,
+                self._files(step, done),
+                belonging,
+                needs,
+                keep=cfg.keep_checkpoints,
+            )
             needs = checkpoint_needs(self.plan, cfg, self.workdir)  # what the next one takes: this one's size
 
         for k in range(start, cfg.steps):
@@ -307,6 +317,23 @@ def _data_counts(per_rank: list[dict[str, int]]) -> dict[str, int] | None:
 
 
 DATA_FILE = "data.json"
+
+
+def resumed_optimizer(folder: Path, optimizer: Any, cfg: TrainConfig, rank: int) -> Any:
+    """`optimizer`, to load its state from the checkpoint in `folder`; None when the checkpoint was trained with
+    another optimizer (its state would not fit this one's): the weights load, the optimizer starts fresh, said."""
+    from orch.runtime.run_dir import say
+
+    try:
+        was = json.loads((folder / TRAIN_FILE).read_text()).get("optimizer")
+    except (OSError, ValueError, AttributeError):
+        return optimizer  # an older checkpoint without its config: as before
+    if was is None or was == cfg.optimizer:
+        return optimizer
+    if rank == 0:
+        say(f"{folder.name} was trained with {was}, this run uses {cfg.optimizer}: the model's weights are loaded, "
+            "the optimizer's state starts fresh")  # fmt: skip
+    return None
 
 
 def check_data_position(folder: Path, step: TrainStep, start: int) -> None:

@@ -139,8 +139,13 @@ def test_resume_onto_a_new_layout_and_past_a_corrupted_checkpoint(tmp_path, capf
             "tp": (tp, data, cfg(4), tmp_path / "tp"),
             "moved": (dp, data, cfg(2), tmp_path / "moved"),
             "flipped": (dp, data, cfg(3, checkpoint_every=1), tmp_path / "flipped"),
+            "kept": (dp, data, cfg(4, checkpoint_every=1, keep_checkpoints=2), tmp_path / "kept"),
         }
     )
+    # keep_checkpoints: the newest two, nothing half-deleted beside them
+    assert sorted(p.name for p in checkpoint_root(tmp_path / "kept").iterdir()) == [
+        "latest", "step_00000003", "step_00000004"
+    ]  # fmt: skip
     assert len(first["moved"]) == 2
     assert [p.name for p in sorted(checkpoint_root(tmp_path / "moved").glob("step_*"))] == ["step_00000002"]
     _flip(checkpoint_root(tmp_path / "flipped") / "step_00000003" / "__1_0.distcp")
@@ -149,10 +154,13 @@ def test_resume_onto_a_new_layout_and_past_a_corrupted_checkpoint(tmp_path, capf
         {
             "moved": (tp, data, cfg(4), tmp_path / "moved"),
             "flipped": (dp, data, cfg(4), tmp_path / "flipped"),
+            "sgd": (dp, data, cfg(5, optimizer="sgd"), tmp_path / "kept"),  # AdamW's state does not fit SGD
         },
         launcher=LocalLauncher(start_method="spawn"),  # rank 0 says which checkpoint the ranks verified
     )
     err = capfd.readouterr().err
+    assert "step_00000004 was trained with adamw, this run uses sgd: the model's weights are loaded" in err
+    assert [r.step for r in resumed["sgd"]] == [0, 1, 2, 3, 4]
     assert "the same model on a new layout (audio dp2 ranks 0-1 -> tp2 dp1 ranks 0-1; llm dp2" in err
     assert "orch: resuming from step_00000002 (verified)" in err
     assert "orch: skipping step_00000003: shard __1_0.distcp: checksum mismatch" in err

@@ -398,3 +398,18 @@ def test_a_launch_checks_sizes_and_the_ranks_fall_back_past_a_checksum_mismatch(
             agree_checkpoint(tmp_path, 10, other, 0, 1)
     finally:
         dist.destroy_process_group()
+
+
+def test_pruning_keeps_the_newest_and_clears_a_crashed_delete(tmp_path):
+    from orch.runtime.run_dir import TRASH, checkpoint_root, prune_checkpoints
+
+    ident = model_identity(_plan().model)
+    for step in (1, 2, 3, 4):
+        _checkpoint(tmp_path, step, ident)
+    root = checkpoint_root(tmp_path)
+    (root / f"{TRASH}step_00000000").mkdir()  # a delete a crash interrupted
+    assert prune_checkpoints(tmp_path, 0) == []  # keep all: only the leftover goes
+    assert sorted(p.name for p in root.iterdir()) == ["latest", *(step_name(k) for k in (1, 2, 3, 4))]
+    assert prune_checkpoints(tmp_path, 2) == [step_name(2), step_name(1)]
+    assert sorted(p.name for p in root.iterdir()) == ["latest", step_name(3), step_name(4)]
+    assert _choose(tmp_path, ident) == (4, [])

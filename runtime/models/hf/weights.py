@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from orch.planner.errors import SpecError
-from orch.runtime.models.reference import _stable_seed
 from orch.runtime.parallel.tensor import local_part
+from orch.runtime.seeds import stable_seed
 
 INDEX = "model.safetensors.index.json"
 
@@ -142,7 +142,7 @@ def init_parameters(module: nn.Module, name: str, seed: int, std: float, only: s
     for pname, p in module.named_parameters():
         if only is not None and pname not in only:
             continue
-        gen = torch.Generator().manual_seed(_stable_seed(seed, name, pname))
+        gen = torch.Generator().manual_seed(stable_seed(seed, name, pname))
         leaf = pname.rsplit(".", 1)[-1]
         if leaf == "bias":
             full = torch.zeros(p.shape, dtype=torch.float64)
