@@ -215,6 +215,7 @@ def launch(
         steps = StepProgress(out, metrics_path(workdir), cfg.steps)
         for r in records:
             steps.show(r)
+        _say_stopped(out, handle.stopped_by, handle.stopped_at)
     else:
         from orch.runtime.launch.local import LocalLauncher
 
@@ -234,14 +235,7 @@ def launch(
         with StepProgress(out, metrics_path(workdir), cfg.steps) as steps:
             local.wait(on_poll=steps.poll)
         records = task.result()
-        if local.stopped_by is not None and local.stopped_at is not None:
-            from orch.runtime.checkpoint import step_name
-
-            out.print(
-                f"stopped at step {local.stopped_at} by {local.stopped_by}; checkpoint {step_name(local.stopped_at)}; "
-                "relaunch the same command to resume",
-                soft_wrap=True,
-            )
+        _say_stopped(out, local.stopped_by, local.stopped_at)
     counts = [r.data for r in records if r.data is not None]
     if counts:
         total = {k: sum(c[k] for c in counts) for k in ("samples", "skipped", "truncated", "failed")}
@@ -308,3 +302,15 @@ def _flag_message(err: Any) -> str:
 
 def register(app: typer.Typer) -> None:
     app.command(cls=LaunchCommand)(launch)
+
+
+def _say_stopped(out: Any, by: str | None, at: int | None) -> None:
+    """The one line of a run that a stop signal ended after its ranks saved a checkpoint."""
+    if by is None or at is None:
+        return
+    from orch.runtime.run_dir import step_name
+
+    out.print(
+        f"stopped at step {at} by {by}; checkpoint {step_name(at)}; relaunch the same command to resume",
+        soft_wrap=True,
+    )

@@ -49,6 +49,8 @@ def init_rank(
     # make torch print a C++ stack before it retries: held until the group is up, then handled as usual. Threads
     # started meanwhile (the backend's) keep them blocked, so they reach the main thread, where Python runs handlers.
     held = {signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2}
+    if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN):
+        held.add(signal.SIGTERM)  # a stop request too (torchrun's ranks); untouched where it still ends a rank
     before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
         dist.init_process_group(

@@ -15,9 +15,11 @@ filesystem every node sees. `TorchrunLauncher.submit` runs the command on this n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -117,7 +119,8 @@ class TorchrunLauncher:
     def submit(self, task: Task) -> TorchrunHandle:
         command = self.command(task)
         try:
-            process = subprocess.Popen(command)
+            # its own session: a terminal's Ctrl-C reaches orch alone, which forwards one SIGTERM (TorchrunHandle.wait)
+            process = subprocess.Popen(command, start_new_session=True)
         except OSError as exc:
             raise OrchError(f"{command[0]}: cannot start torchrun: {exc.strerror}") from None
         return TorchrunHandle(task, process)
@@ -130,17 +133,79 @@ def _run_id(path: Path) -> str:
     return "orch-" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
 
 
+def child_pids(pid: int) -> list[int] | None:
+    """The processes `pid` started (Linux's /proc), None where that cannot be read."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        return [int(c) for t in tasks for c in (t / "children").read_text().split()]
+    except (OSError, ValueError):
+        return None
+
+
+def _ask_ranks_to_stop(agent: int, forwarded: bool) -> bool:
+    """SIGUSR1 to each rank torchrun's agent started (a stop request: they save at the next step boundary and exit
+    0, so the agent ends cleanly), again at each poll for a rank still starting; where its children cannot be
+    listed, one SIGTERM to the agent, which passes it on. Returns whether the agent had its SIGTERM."""
+    ranks = child_pids(agent)
+    if ranks is None:
+        if not forwarded:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(agent, signal.SIGTERM)
+        return True
+    for pid in ranks:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
+    return forwarded
+
+
 class TorchrunHandle(Handle):
+    """torchrun on this node. A stop signal to orch (SIGTERM, SIGINT, SIGUSR1) becomes a stop request to every
+    rank torchrun started here (`_ask_ranks_to_stop`): they agree, save a checkpoint at the next step boundary and
+    end (`stopped_by`, `stopped_at`); a second one kills torchrun's whole session without saving. Ranks that saved
+    at a SIGTERM from elsewhere (a Kubernetes pod's end, which torchrun's agent passes on) count as stopped too."""
+
     def __init__(self, task: Task, process: subprocess.Popen[bytes]) -> None:
         self.task, self.process, self.job_id = task, process, str(process.pid)
+        self.stopped_by: str | None = None
+        self.stopped_at: int | None = None
 
     def state(self) -> str:
         code = self.process.poll()
         return "RUNNING" if code is None else ("COMPLETED" if code == 0 else "FAILED")
 
     def wait(self) -> None:
-        code = self.process.wait()
+        from orch.runtime.launch.base import Aborted, RankStalled
+        from orch.runtime.launch.failures import first_failure_record
+        from orch.runtime.launch.heartbeat import read_beats
+        from orch.runtime.launch.local import POLL_S, StopSignals
+
+        forwarded = False
+        with StopSignals([]) as signals:
+            while True:
+                try:
+                    code = self.process.wait(timeout=POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if signals.second is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(self.process.pid, signal.SIGKILL)
+                    self.process.wait()
+                    raise Aborted(
+                        f"aborted by a second {signals.second}: the ranks were killed without saving; relaunch "
+                        "to resume from the newest checkpoint"
+                    )
+                if signals.first is not None:
+                    forwarded = _ask_ranks_to_stop(self.process.pid, forwarded)
+        rank0 = read_beats(self.task.workdir).get(0)
+        if rank0 is not None and rank0.phase == "stopped":
+            # torchrun's agent exits non-zero after any signal, even once every rank saved and ended cleanly
+            self.stopped_by, self.stopped_at = signals.first or "SIGTERM", rank0.step
+            return
         if code != 0:
+            record = first_failure_record(self.task.workdir)
+            if record is not None and record.get("kind") == "hang":
+                raise RankStalled(int(str(record["rank"])), str(record["error"]))
             found = first_failure(self.task.workdir) or (0, f"torchrun exited with code {code}")
             raise LaunchError(*found)
 

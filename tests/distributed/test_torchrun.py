@@ -130,3 +130,53 @@ def test_a_failing_rank_under_torchrun_is_named(plan_file, tmp_path):
     with pytest.raises(LaunchError, match="^rank 1 failed: RuntimeError: injected failure at step 0") as info:
         handle.wait()
     assert info.value.rank == 1 and handle.state() == "FAILED"
+
+
+@pytest.mark.slow
+def test_a_stop_signal_under_torchrun_saves_and_exits_zero_with_one_line(plan_file, tmp_path):
+    """SIGTERM to `orch launch --executor torchrun` (a scheduler ending it): every rank saves the same step and
+    ends cleanly, so torchrun's agent does too; the command exits 0 with one line, and the relaunch resumes."""
+    import re
+    import signal
+    import time
+
+    path, _, _ = plan_file
+    workdir = tmp_path / "run"
+    cmd = [sys.executable, "-c", "from orch.cli.app import main; main()", "launch", str(path), "--executor",
+           "torchrun", "--steps", "500", "--device", "cpu", "--workdir", str(workdir)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    metrics = workdir / "metrics.jsonl"
+    end = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2) and time.monotonic() < end:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    stops = re.findall(r"stopped at step (\d+) by SIGTERM; checkpoint step_(\d+); relaunch the same command", out + err)
+    assert len(stops) == 1 and stops[0][0] == str(int(stops[0][1])), out + err
+    step = int(stops[0][0])
+    assert 2 <= step < 500 and (workdir / "checkpoints" / f"step_{step:08d}").is_dir()
+    assert f"orch: stop signal: saved checkpoint step {step}" in err
+    assert "Traceback" not in out + err, err
+    assert len(metrics.read_text().splitlines()) == step
+
+
+@pytest.mark.slow
+def test_the_watchdog_under_torchrun_names_the_stopped_rank(plan_file, tmp_path):
+    from orch.planner.plan import Plan
+    from orch.runtime.launch.base import RankStalled
+    from orch.runtime.launch.torchrun import TorchrunLauncher
+    from orch.runtime.train.config import TrainConfig
+    from orch.runtime.train.debug import DebugConfig
+    from orch.runtime.train.trainer import TrainTask
+
+    path, _, data = plan_file
+    plan = Plan.model_validate(yaml.safe_load(path.read_text()))
+    cfg = TrainConfig(steps=6, device="cpu", watchdog_s=5)
+    task = TrainTask(plan, data, cfg, str(tmp_path / "run"), DebugConfig(stop_at=(1, 2, "llm backward")), 60.0)
+    handle = TorchrunLauncher(1, 2).submit(task)
+    with pytest.raises(RankStalled) as info:
+        handle.wait()
+    assert info.value.rank == 1
+    assert "rank 1 made no progress for" in str(info.value) and "(last: llm backward, step 2)" in str(info.value)
