@@ -6,16 +6,18 @@ batch that grows with the cluster (2 samples per GPU, at least 1,024), under the
 (one CP-SAT worker, 4 alternatives): the median of --repeats runs in one process, after one untimed
 warm-up (imports, ortools). Prints a table and writes bench/out/plan_scaling.json.
 
-Growth, measured (issue 33; 2-core shared machine, median of 3, CPU seconds): the cost is the candidates
-(every layout of every module on every island size the search considers; IslandSizes keeps every size up to
-40 a side, then a grid of sizes some layout fills exactly, growing by octaves) and one CP-SAT model per
-placement over the pruned candidates. Candidates grow about as log(GPUs) (175 -> 1,188 from 64 to 100,000
-GPUs, one encoder); plan time grows as about GPUs^0.4-0.56 (x19 with one encoder, x63 with four, from 64
-to 100,000 GPUs), well below linear. Per added encoder it grows 1.1-1.5x while colocated plans win
-(<= 2,560 GPUs: 0.30 -> 0.91 s from one encoder to four) and 2-3x where disaggregation wins (>= 10,240
-GPUs: the model's island groups are the 2^e - 1 subsets of the encoders, each with its enforced pace
-bounds; four encoders on 100,000 GPUs: 15.5 s). 8 GPUs do not hold the 84B LLM: the planner says so in
-0.01-0.04 s.
+Growth, measured (issue 33; 2-core machine, quiet, median of 3, CPU seconds, 2026-12-04): the cost is the
+candidates (every layout of every module on every island size the search considers; IslandSizes keeps every
+size up to 40 a side, then a grid of sizes some layout fills exactly, growing by octaves) and one CP-SAT model
+per placement over the pruned candidates. Candidates grow about as log(GPUs) (347 -> 1,333 from 64 to 100,000
+GPUs, one encoder; 521 -> 2,077 with four); plan time grows as about GPUs^0.4-0.54 (x19 with one encoder,
+x21-x55 with more, from 64 to 100,000 GPUs), well below linear. Per added encoder it grows 1.3-2.6x while
+colocated plans win (<= 2,560 GPUs: 0.56 -> 2.62 s from one encoder to four) and more where disaggregation
+wins (>= 10,240 GPUs: the model's island groups are the 2^e - 1 subsets of the encoders, each with its
+enforced pace bounds): 100,000 GPUs take 1.98 / 8.01 / 13.03 / 8.31 s with 1 / 2 / 3 / 4 encoders, the first
+solve of the disaggregated model most of it since the 4 runners-up are given the first solve's time each
+(search.RUNNER_UP_MIN_S; four encoders on 100,000 GPUs took 26 s when each runner-up was proven optimal).
+8 GPUs do not hold the 84B LLM: the planner says so in 0.01-0.04 s.
 """
 
 from __future__ import annotations

@@ -45,6 +45,9 @@ class SolverConfig:
     probing_level: int = 0
 
 
+RUNNER_UP_MIN_S = 0.5
+
+
 @dataclass
 class DisaggregatedCandidates:
     """Disaggregated candidates by island size: each encoder's on an island of k GPUs, the LLM's on n."""
@@ -196,6 +199,7 @@ class LayoutModel:
         self.unit = unit if unit is not None else _time_unit(cands)
         self._solver: Any = None
         self._last: _Found | None = None
+        self._first_s = 0.0  # the first solve's wall time: what each runner-up may take
         self.mem_unit = 1e-3  # GB -> MB, integers
         self._build()
 
@@ -420,7 +424,9 @@ class LayoutModel:
         self._solver.parameters.num_workers = self.cfg.workers
         self._solver.parameters.random_seed = self.cfg.seed
         self._solver.parameters.cp_model_probing_level = self.cfg.probing_level
-        return self._solve()
+        found = self._solve()
+        self._first_s = self._solver.wall_time
+        return found
 
     def next(self) -> _Found | None:
         """The next best assignment: the one just found forbidden (a no-good cut), solved again.
@@ -437,6 +443,9 @@ class LayoutModel:
         self.m.clear_hints()
         for x, on in zip(literals, values, strict=True):
             self.m.add_hint(x, on)
+        # A runner-up is shown, not launched: it gets the first solve's time (at least RUNNER_UP_MIN_S), so k of
+        # them cost about k first solves, not k proofs of optimality on a large disaggregated model.
+        solver.parameters.max_time_in_seconds = min(self.cfg.time_limit_s, max(RUNNER_UP_MIN_S, self._first_s))
         return self._solve()
 
     def _solve(self) -> _Found | None:
