@@ -184,10 +184,16 @@ def launch(
         from orch.runtime.train.support import check_hf_plan
 
         check_hf_plan(plan)  # configs, safetensors names and shapes, the layout: here, not in every rank
-    if not dry_run:  # a busy run directory is refused before a job is submitted or a task file written
+    if not dry_run:  # a busy run directory, or one of another model, is refused before a job is submitted or a
+        # task file written (rank 0 checks both again when it prepares the run)
         from orch.runtime.run_lock import probe
 
         probe(workdir)
+        if cfg.resume:
+            from orch.runtime.run_dir import check_same_model
+            from orch.runtime.run_identity import model_identity
+
+            check_same_model(workdir, plan, model_identity(plan.model, cfg.model_factory), cfg.model_factory)
     if executor == "slurm":
         from orch.cli.jobs_cmd import launch_slurm
         from orch.runtime.launch.sbatch import SlurmOptions

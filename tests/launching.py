@@ -1,5 +1,8 @@
 """Running plans in the tests the way users do: the local launcher running the trainer's task."""
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from orch.runtime.launch.base import TaskSequence
@@ -50,3 +53,16 @@ def train_runs(runs: dict, *, timeout_s=60.0, launcher=None):
     }
     results = (launcher or LAUNCHER).submit(TaskSequence(list(tasks.values()))).result()
     return dict(zip(tasks, results, strict=True))
+
+
+def launch_in_background(*args: str, workdir: Path, records: int = 2) -> subprocess.Popen[str]:
+    """`orch launch ARGS --workdir WORKDIR` as a user's terminal starts it (its own session), once its metrics hold
+    `records` steps: what a signal test then signals."""
+    cmd = [sys.executable, "-c", "from orch.cli.app import main; main()", "launch", *args, "--workdir", str(workdir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    metrics = Path(workdir) / "metrics.jsonl"
+    end = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= records) and time.monotonic() < end:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    return proc

@@ -58,7 +58,20 @@ def diagnose_failure(record: JobRecord, acct: Accounting) -> Failure | None:
                 log = str(log_path(record, culprit.rank, "err"))
                 return Failure(rank=culprit.rank, error=error, log=log, kind="hang")
         return Failure(rank=rank, error=error, log=str(log_path(record, rank, "err")))
+    refused = _refusal(record)
+    if refused is not None:
+        return Failure(rank=0, error=refused, log=str(log_path(record, 0, "err")))
     return None
+
+
+REFUSED = "orch: refused: "  # rank 0's line when its prepare refused the run (runtime/launch/slurm.py)
+
+
+def _refusal(record: JobRecord) -> str | None:
+    """Rank 0's refusal of the run (a workdir of another model, or in use), from its log: it records nothing in
+    the workdir, which may be another live run's."""
+    lines = [ln for ln in _tail(log_path(record, 0, "err")).splitlines() if ln.startswith(REFUSED)]
+    return lines[-1][len(REFUSED) :].strip() if lines else None
 
 
 def ended_by_slurm(acct: Accounting) -> tuple[str, str] | None:

@@ -123,11 +123,25 @@ def rendezvous_port(job_id: object) -> int:
     return 20000 + (digits * 7 + restart) % 20000
 
 
-def run_rank(task: Task, env: RankEnv, *, preemption: Preemption | None = None, log_steps: bool = False) -> RankContext:
+class PrepareRefused(OrchError):
+    """Rank 0's `Task.prepare` refused the run (a workdir of another model, one in use): every rank says it."""
+
+
+def run_rank(
+    task: Task,
+    env: RankEnv,
+    *,
+    preemption: Preemption | None = None,
+    log_steps: bool = False,
+    prepared: tuple[str | None] | None = None,
+) -> RankContext:
     """Run `task` as rank `env.rank`: the rank-start path of every launcher. Returns the context it ran in.
 
-    A failure is recorded before the process group goes: its peers fail on the closed connections after this
-    rank's record is written, so the earliest record is the cause."""
+    `prepared`: where rank 0 prepared the task itself before the rendezvous (Slurm), rank 0's outcome, (None,)
+    or (its refusal,); the ranks meet anyway and rank 0 tells them, so a refusal ends every rank at once
+    instead of leaving them at the rendezvous until its timeout. A failure is recorded before the process
+    group goes: its peers fail on the closed connections after this rank's record is written, so the earliest
+    record is the cause."""
     try:
         import torch.distributed as dist
 
@@ -150,7 +164,14 @@ def run_rank(task: Task, env: RankEnv, *, preemption: Preemption | None = None, 
         raise
     ctx = RankContext(env, dev.device, dev.backend, preemption or Preemption(), log_steps)
     try:
+        if prepared is not None:
+            outcome = list(prepared)
+            dist.broadcast_object_list(outcome, src=0)
+            if outcome[0] is not None:
+                raise PrepareRefused(str(outcome[0]))
         task.run(ctx)
+    except PrepareRefused:
+        raise  # not recorded: the workdir may be another live run's (its lock refused this one)
     except BaseException as exc:
         record_failure(task.workdir, env.rank, exc)
         raise

@@ -34,7 +34,7 @@ from orch.planner.errors import OrchError
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
 from orch.runtime.launch.base import Handle, LaunchError, Task
-from orch.runtime.launch.diagnose import record_node
+from orch.runtime.launch.diagnose import REFUSED, record_node
 from orch.runtime.launch.failures import last_line, record_stall
 from orch.runtime.launch.heartbeat import Stall, Watchdog
 from orch.runtime.launch.jobs import JobRecord, JobStatus, job_status, log_path, save_record
@@ -148,14 +148,19 @@ class SlurmTask:
         workdir = Path(self.task.workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         record_node(workdir, env.job_id, env.rank)
+        refusal: str | None = None
         if env.rank == 0:
-            self.task.prepare()  # before the rendezvous: no rank has started its body yet
+            try:
+                self.task.prepare()  # before the rendezvous: no rank has started its body yet
+            except OrchError as exc:
+                refusal = str(exc)  # said to every rank once they meet (run_rank), not left to their timeout
+                print(f"{REFUSED}{refusal}", file=sys.stderr, flush=True)  # what `orch status` reads
         limit = float(getattr(self.task, "watchdog_s", 0.0) or 0.0)
         watchdog = Watchdog(workdir, limit, lambda stall: _end_stalled_job(workdir, env.job_id, stall))
         if env.rank == 0:
             watchdog.start()
         try:
-            ctx = run_rank(self.task, env, preemption=stop.preemption, log_steps=True)
+            ctx = run_rank(self.task, env, preemption=stop.preemption, log_steps=True, prepared=(refusal,))
         finally:
             watchdog.stop()
         step = ctx.preemption.stopped_at

@@ -116,6 +116,28 @@ def test_a_workdir_in_use_is_refused_before_a_task_is_written_or_submitted(cli, 
         held.release()
 
 
+def test_a_workdir_of_another_model_is_refused_before_a_job_is_submitted(cli, plan_file, tmp_path):
+    from orch.planner.plan import Plan
+
+    path, _, _ = plan_file
+    work = tmp_path / "other"
+    work.mkdir()
+    plan = Plan.model_validate(yaml.safe_load(path.read_text()))
+    llm = plan.model.modules["llm"].model_copy(update={"layers": 2})
+    other = plan.model_copy(
+        update={"model": plan.model.model_copy(update={"modules": {**plan.model.modules, "llm": llm}})}
+    )
+    (work / "plan.json").write_text(other.model_dump_json())
+    for executor in ("torchrun", "slurm", "local"):
+        result = cli("launch", str(path), "--executor", executor, "--workdir", str(work))
+        assert result.exit_code == 1, result.output
+        assert result.output.strip() == (
+            f"error: {work}: holds a run of another model (modules.llm.layers: 2 then, 4 now): launch with "
+            "--no-resume to start over (the old run is moved aside) or choose another --workdir"
+        )
+    assert sorted(p.name for p in work.iterdir()) == ["plan.json"]  # no task.pkl, no lock, no job record
+
+
 def test_report_to_is_comma_separated_and_checked(cli, plan_file, launched_tasks, monkeypatch):
     import orch.runtime.reporting as reporting
 

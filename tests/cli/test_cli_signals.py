@@ -4,11 +4,10 @@ one step, the command exits 0 with one line, and nothing runs on or prints a tra
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
+from launching import launch_in_background
 
 from orch.runtime.launch.heartbeat import read_beats
 
@@ -18,15 +17,8 @@ from orch.runtime.launch.heartbeat import read_beats
 def test_a_signal_to_launch_saves_and_exits_zero_with_one_line(plan_file, tmp_path, signum, group):
     path, _, _ = plan_file
     workdir = tmp_path / "run"
-    cmd = [sys.executable, "-c", "from orch.cli.app import main; main()", "launch", str(path), "--nproc", "2",
-           "--steps", "500", "--workdir", str(workdir)]  # fmt: skip
+    proc = launch_in_background(str(path), "--nproc", "2", "--steps", "500", workdir=workdir)
     # group: Ctrl-C in a terminal, which reaches the launcher and its ranks at once
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    metrics = workdir / "metrics.jsonl"
-    end = time.monotonic() + 120
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2) and time.monotonic() < end:
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
     (os.killpg if group else os.kill)(proc.pid, signum)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, out + err

@@ -138,18 +138,15 @@ def test_a_stop_signal_under_torchrun_saves_and_exits_zero_with_one_line(plan_fi
     ends cleanly, so torchrun's agent does too; the command exits 0 with one line, and the relaunch resumes."""
     import re
     import signal
-    import time
+
+    from launching import launch_in_background
 
     path, _, _ = plan_file
     workdir = tmp_path / "run"
-    cmd = [sys.executable, "-c", "from orch.cli.app import main; main()", "launch", str(path), "--executor",
-           "torchrun", "--steps", "500", "--device", "cpu", "--workdir", str(workdir)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     metrics = workdir / "metrics.jsonl"
-    end = time.monotonic() + 120
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2) and time.monotonic() < end:
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
+    proc = launch_in_background(
+        str(path), "--executor", "torchrun", "--steps", "500", "--device", "cpu", workdir=workdir
+    )
     os.kill(proc.pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, out + err

@@ -290,6 +290,30 @@ def test_failing_rank_is_reported_and_wait_fails(slurm_cluster, state_dir, specs
     assert status.exit_code == 0 and "rank 2 failed" in status.output
 
 
+def test_a_run_rank_0_refuses_ends_every_rank_at_once(slurm_cluster, state_dir, specs, tmp_path, cli):
+    """Rank 0 prepares the run before the rendezvous; a workdir in use refuses it. The other ranks used to wait at
+    the rendezvous for its timeout (6 minutes with the default watchdog); now they meet, hear the refusal and
+    end, and `orch status` says it. Nothing is written into the workdir the live run owns."""
+    from orch.runtime.run_lock import RunLock
+
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    held = RunLock(workdir)
+    held.acquire()
+    try:
+        cfg = TrainConfig(steps=3, seed=SEED, dtype="float64", balance="none")
+        t0 = time.monotonic()
+        with pytest.raises(OrchError, match=r"rank 0 failed: .*: in use by pid \d+"):
+            _launch_and_wait(specs, cfg, workdir)
+        assert time.monotonic() - t0 < 60
+    finally:
+        held.release()
+    (record,) = state_dir.glob("*.json")
+    status = cli("status", record.stem)
+    assert status.exit_code == 0 and "in use by pid" in status.output, status.output
+    assert not (workdir / ".failures").exists() and not (workdir / "plan.json").exists()
+
+
 def test_logs_follow_streams_a_running_job_and_returns_when_it_ends(slurm_cluster, state_dir, specs, tmp_path):
     steps = 12
     cfg = TrainConfig(steps=steps, seed=SEED, dtype="float64", balance="none")
