@@ -110,8 +110,14 @@ def sources_table(idx: DataIndex, draws: list[dict[str, float]], global_batch: i
 
     mix = idx.mix()
     how = idx.strategy + (", with replacement" if idx.replacement else "") if len(idx.sources) > 1 else "one file"
+    epoch = mix.epoch_draws()
+    steps_per_epoch = (
+        f"{epoch / global_batch:.1f} steps"
+        if epoch >= global_batch
+        else f"less than a step (a step of {global_batch} draws spans {global_batch / max(epoch, 1):.1f} epochs)"
+    )
     t = table(
-        f"sources ({how}): an epoch is {mix.epoch_draws()} draws, {mix.epoch_draws() / global_batch:.1f} steps",
+        f"sources ({how}): an epoch is {epoch} draws, {steps_per_epoch}",
         [
             ("source", "name"),
             ("rows", "num"),

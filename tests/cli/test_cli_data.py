@@ -240,3 +240,14 @@ def test_the_demo_llava_inspects_with_its_own_image_token(tmp_path, cli):
         shown = json.loads(r.output[r.output.index("{") :])
         assert shown["input_ids"].count(image_id) == 16 * images  # 4x4 patches an image, CLIP's class token dropped
         assert len(shown["placeholders"]) == images
+
+
+def test_an_epoch_smaller_than_a_step_is_said_so(dataset, cli):
+    root, data, tok = dataset
+    rows = len([ln for ln in data.read_text().splitlines() if ln.strip()])
+    r = cli("data", "index", str(data), "--model", "tiny", "--tokenizer", str(tok), "--global-batch", str(4 * rows))
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())
+    assert f"an epoch is {rows} draws, less than a step (a step of {4 * rows} draws spans 4.0 epochs)" in out
+    r = cli("data", "index", str(data), "--model", "tiny", "--tokenizer", str(tok), "--global-batch", "2")
+    assert f"an epoch is {rows} draws, {rows / 2:.1f} steps" in " ".join(r.output.split())
