@@ -182,7 +182,7 @@ def inspect(
 
     from orch.planner.errors import SpecError
     from orch.planner.loading import load_model
-    from orch.runtime.data.conversations import BadSample, read_conversations, read_sources
+    from orch.runtime.data.conversations import NO_SUCH, BadSample, SampleFile, read_sources
     from orch.runtime.data.index import IGNORE, TextCounter, TokenRules, find_tokenizer
     from orch.runtime.data.media import media_processors
     from orch.runtime.data.processing import as_json, process
@@ -195,8 +195,8 @@ def inspect(
         raise SpecError("--sample", "", f"expected a sample number from 1, got {sample}")
     if media_root is not None and not Path(media_root).is_dir():
         raise SpecError("--media-root", "", f"{media_root}: not a directory")
-    found = next((c for c in read_conversations(sources[0].path, sources[0], media_root) if _line(c) == sample), None)
-    if found is None:
+    found = SampleFile(sources[0].path, sources[0], media_root).get(sample)  # that line alone parsed
+    if isinstance(found, BadSample) and found.what.startswith(NO_SUCH):
         raise SpecError(data, "--sample", f"no sample at line {sample} ({SAMPLE_NUMBERS})")
     if isinstance(found, BadSample):
         raise SpecError(found.where, "", found.what)
@@ -237,11 +237,6 @@ def inspect(
     c.print(shown)
     for name, rows in out.features.items():
         c.print(f"{name}: input {list(rows.shape)}")
-
-
-def _line(sample: Any) -> int:
-    """A sample's (or BadSample's) line in its file (`file:line`)."""
-    return int(str(sample.where).rsplit(":", 1)[1])
 
 
 def data_spec_for(

@@ -274,6 +274,9 @@ def parse_sample(raw: Any, where: str, base: Path, layout: Layout | None = None)
                         record.tools)  # fmt: skip
 
 
+NO_SUCH = "no such"  # how SampleFile.get begins a sample number the file does not hold
+
+
 class SampleFile:
     """Random access to one data file's samples by number (the `sample` of its index rows): a JSONL file by
     the byte offset of each line (one pass at open), a JSON list or parquet file held in memory."""
@@ -296,13 +299,15 @@ class SampleFile:
         where = f"{self.path.name}:{number}"
         if self._records is not None:
             if not 1 <= number <= len(self._records):
-                return BadSample(where, "no such sample (the file changed since it was indexed)")
+                return BadSample(where, f"{NO_SUCH} sample (the file changed since it was indexed?)")
             return parse_sample(self._records[number - 1], where, self.base, self.layout)
         if number not in self._offsets:
-            return BadSample(where, "no such line (the file changed since it was indexed)")
+            return BadSample(where, f"{NO_SUCH} line (the file changed since it was indexed?)")
         with self.path.open("rb") as f:
             f.seek(self._offsets[number])
             line = f.readline().decode("utf-8", errors="replace")
+        if not line.strip():
+            return BadSample(where, f"{NO_SUCH} sample: a blank line")
         try:
             raw = json.loads(line)
         except json.JSONDecodeError as exc:

@@ -208,9 +208,13 @@ class ConversationBatch(BatchLengths):
         """Decode now what `wanted` (encoder -> sample ids) names that the cache does not hold yet."""
         for name, ids in wanted.items():
             for i in ids:
-                missing = self.decoded.missing(i, (name,))
-                if missing:
-                    self.decoded.put(i, missing, self.source.decode(self.rows[i], missing, self.step))
+                self._fill(i, (name,))
+
+    def _fill(self, sample_id: int, encoders: tuple[str, ...]) -> None:
+        """Decode into the cache the sample's inputs for `encoders` that it does not hold yet."""
+        missing = self.decoded.missing(sample_id, encoders)
+        if missing:
+            self.decoded.put(sample_id, missing, self.source.decode(self.rows[sample_id], missing, self.step))
 
     def without(self, failed: set[int]) -> ConversationBatch:
         """This batch with the `failed` samples (a medium that passed the header check but did not decode, on
@@ -239,9 +243,7 @@ class ConversationBatch(BatchLengths):
         n = self.text_tokens[sample_id]
         text = src.text(row)
         wanted = tuple(encoder_order(self.model)) if encoders is None else encoders
-        missing = self.decoded.missing(sample_id, wanted)
-        if missing:
-            self.decoded.put(sample_id, missing, src.decode(row, missing, self.step))
+        self._fill(sample_id, wanted)
         if text is None or sample_id in self.skipped:
             ids, targets = [0] * n, [IGNORE] * n
         else:
