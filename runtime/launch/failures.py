@@ -13,6 +13,7 @@ import shutil
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from orch.planner.errors import OrchError
 from orch.planner.io import write_text_atomic
@@ -63,7 +64,7 @@ def record_stall(workdir: str | Path, rank: int, message: str) -> None:
 
 def first_failure_record(workdir: str | Path) -> dict[str, object] | None:
     """The earliest failure record of the ranks ({time, rank, error, kind, traceback}), or None."""
-    records = []
+    records: list[dict[str, Any]] = []
     for path in sorted(failure_dir(workdir).glob("rank*.json")):
         try:
             records.append(json.loads(path.read_text()))
@@ -71,8 +72,7 @@ def first_failure_record(workdir: str | Path) -> dict[str, object] | None:
             continue
     if not records:
         return None
-    first: dict[str, object] = min(records, key=lambda r: r["time"])
-    return first
+    return min(records, key=lambda r: float(r.get("time", 0.0)))
 
 
 def first_failure(workdir: str | Path) -> tuple[int, str] | None:
