@@ -43,6 +43,9 @@ class SolverConfig:
     # CP-SAT's presolve probing: on these models (hundreds of booleans, the disaggregated step's enforced
     # bounds) it costs 3-4x the deterministic time of the search itself and finds nothing the search does not
     probing_level: int = 0
+    # CP-SAT's LP relaxation: on these models the search alone proves the optimum sooner and more steadily (the
+    # disaggregated model of four encoders on 2,560 GPUs: 0.25-0.37 s over seeds at 0, 0.26-1.74 s at the default)
+    linearization_level: int = 0
 
 
 RUNNER_UP_MIN_S = 0.5
@@ -424,6 +427,7 @@ class LayoutModel:
         self._solver.parameters.num_workers = self.cfg.workers
         self._solver.parameters.random_seed = self.cfg.seed
         self._solver.parameters.cp_model_probing_level = self.cfg.probing_level
+        self._solver.parameters.linearization_level = self.cfg.linearization_level
         found = self._solve()
         self._first_s = self._solver.wall_time
         return found
