@@ -12,13 +12,14 @@ size up to 40 a side, then a grid of sizes some layout fills exactly, growing by
 per placement over the pruned candidates. Candidates grow about as log(GPUs) (347 -> 1,333 from 64 to 100,000
 GPUs, one encoder; 521 -> 2,077 with four); plan time grows as about GPUs^0.4-0.5 (x19-x37 from 64 to 100,000
 GPUs), well below linear. Per added encoder it grows 1.2-1.4x while colocated plans win (<= 2,560 GPUs: 0.56
--> 1.18 s from one encoder to four) and more where disaggregation wins (>= 10,240 GPUs: the model's island
+-> 1.10 s from one encoder to four) and more where disaggregation wins (>= 10,240 GPUs: the model's island
 groups are the 2^e - 1 subsets of the encoders, each with its enforced pace bounds): 100,000 GPUs take 1.97 /
 3.35 / 7.78 / 6.75 s with 1 / 2 / 3 / 4 encoders. Two solver settings keep the disaggregated model's solves
 short: CP-SAT without its LP relaxation (SolverConfig.linearization_level 0: four encoders on 2,560 GPUs
 2.62 -> 1.18 s, two on 100,000 8.0 -> 3.35 s; with it the solve time swung 0.26-1.74 s with the seed), and
 runner-ups given the first solve's time each (search.RUNNER_UP_MIN_S; four encoders on 100,000 GPUs took 26 s
-when each was proven optimal). 8 GPUs do not hold the 84B LLM: the planner says so in 0.01-0.04 s.
+when each was proven optimal); the homogeneous baseline picks its encoders' options from their Pareto
+front (candidates._encoder_front: 1.18 -> 1.10 s). 8 GPUs do not hold the 84B LLM: the planner says so in 0.01-0.04 s.
 """
 
 from __future__ import annotations

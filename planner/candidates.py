@@ -398,6 +398,7 @@ def homogeneous_options(inp: SearchInput, pr: Pricing | None = None) -> list[Hom
                         # stage 0 alone does the encoder's math: its GPU count is n / pp
                         opts.append(Candidate(e, Placement.HOMOGENEOUS, stage0, mb, erc, ec, num_mb))
                 encs.append(opts)
+            front = _encoder_front(encs)
             moves = homogeneous_boundary_s(inp, layout)
             # while one stage works alone (the encoders, the fill and drain) ranks sharing cores run faster
             alone = busy_ratio(inp.profile, n, n // layout.pp)
@@ -406,7 +407,8 @@ def homogeneous_options(inp: SearchInput, pr: Pricing | None = None) -> list[Hom
                 for sh in _shardings_of(llm_basis, layout, mb, rc, min(layout.pp, num_mb), inp.capacity_gb):
                     llm_cost = layout_cost(llm_basis, layout, mb, rc, min(layout.pp, num_mb), sh)
                     llm = Candidate(model.llm_name, Placement.HOMOGENEOUS, layout, mb, rc, llm_cost, num_mb)
-                    for combo in _cheapest_fitting(llm, encs, inp.capacity_gb):
+                    room = inp.capacity_gb - llm.memory_gb
+                    for combo in (c for c, mem in front if mem <= room):
                         option = _homogeneous(llm, combo, num_mb, moves, alone)
                         if best is None or option.step_s < best.step_s:
                             best = option
@@ -422,13 +424,24 @@ def _shardings_of(
     return shardings(b, layout, layout_memory_gb(b, layout, micro_batch, recompute, in_flight), capacity_gb)
 
 
-def _cheapest_fitting(llm: Candidate, encs: list[list[Candidate]], cap: float) -> Iterator[tuple[Candidate, ...]]:
-    """Encoder recompute choices that fit beside the LLM's first stage, fastest first."""
+def _encoder_front(encs: list[list[Candidate]]) -> list[tuple[tuple[Candidate, ...], float]]:
+    """The encoders' joint choices (one option each) no other beats on all of: their pipelined work, their
+    per-step work (gradient sync, fixed) and their memory, each with its memory. `_homogeneous`'s step grows with
+    the first two and the memory decides the fit, so the best option beside any LLM candidate is among these;
+    computed once per LLM layout and micro-batch instead of the whole product per LLM candidate."""
     import itertools
 
+    keyed = []
     for combo in itertools.product(*encs):
-        if llm.memory_gb + sum(c.memory_gb for c in combo) <= cap:
-            yield combo
+        work = sum(c.cost.work_s - c.cost.dp_s for c in combo)
+        step = sum(c.cost.dp_s + c.cost.fixed_s for c in combo)
+        keyed.append(((work, step, sum(c.memory_gb for c in combo)), combo))
+    keyed.sort(key=lambda kc: kc[0])  # a choice can only be beaten by one before it (stable: product order on ties)
+    front: list[tuple[tuple[float, float, float], tuple[Candidate, ...]]] = []
+    for key, combo in keyed:
+        if not any(all(a <= b for a, b in zip(k, key, strict=True)) for k, _ in front):
+            front.append((key, combo))
+    return [(combo, key[2]) for key, combo in front]
 
 
 def _homogeneous(
