@@ -22,6 +22,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,7 +120,7 @@ class TorchrunLauncher:
     def submit(self, task: Task) -> TorchrunHandle:
         command = self.command(task)
         try:
-            # its own session: a terminal's Ctrl-C reaches orch alone, which forwards one SIGTERM (TorchrunHandle.wait)
+            # its own session: a terminal's Ctrl-C reaches orch alone, which asks the ranks to stop (Handle.wait)
             process = subprocess.Popen(command, start_new_session=True)
         except OSError as exc:
             raise OrchError(f"{command[0]}: cannot start torchrun: {exc.strerror}") from None
@@ -166,6 +167,7 @@ class TorchrunHandle(Handle):
 
     def __init__(self, task: Task, process: subprocess.Popen[bytes]) -> None:
         self.task, self.process, self.job_id = task, process, str(process.pid)
+        self.started = time.time()  # a heartbeat older than this is an earlier run's
         self.stopped_by: str | None = None
         self.stopped_at: int | None = None
 
@@ -198,7 +200,7 @@ class TorchrunHandle(Handle):
                 if signals.first is not None:
                     forwarded = _ask_ranks_to_stop(self.process.pid, forwarded)
         rank0 = read_beats(self.task.workdir).get(0)
-        if rank0 is not None and rank0.phase == "stopped":
+        if rank0 is not None and rank0.phase == "stopped" and rank0.progress >= self.started:
             # torchrun's agent exits non-zero after any signal, even once every rank saved and ended cleanly
             self.stopped_by, self.stopped_at = signals.first or "SIGTERM", rank0.step
             return
