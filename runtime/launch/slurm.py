@@ -157,7 +157,7 @@ class SlurmTask:
                 print(f"{REFUSED}{refusal}", file=sys.stderr, flush=True)  # what `orch status` reads
         limit = float(getattr(self.task, "watchdog_s", 0.0) or 0.0)
         watchdog = Watchdog(workdir, limit, lambda stall: _end_stalled_job(workdir, env.job_id, stall))
-        if env.rank == 0:
+        if env.rank == 0 and refusal is None:  # a refused run's workdir holds another run's heartbeats
             watchdog.start()
         try:
             ctx = run_rank(self.task, env, preemption=stop.preemption, log_steps=True, prepared=(refusal,))
