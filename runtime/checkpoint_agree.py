@@ -26,14 +26,13 @@ def agree_checkpoint(workdir: str | Path, start: int, identity: dict[str, object
 
     folders = [(step, folder) for step, folder in step_folders(workdir) if step <= start]
     for step, folder in folders:
-        problem = _problem(folder, identity, rank, world)
+        problem, manifested = _problem(folder, identity, rank, world)
         everyone: list[str | None] = [None] * world
         dist.all_gather_object(everyone, problem)
         found = sorted(p for p in everyone if p is not None)
         if not found:
             if rank == 0:
-                manifest = verify(folder, checksums=False)
-                if not isinstance(manifest, str):
+                if manifested:
                     say(f"resuming from {step_name(step)} (verified)")
                 if step != start:
                     truncate_after(metrics_path(workdir), step)
@@ -46,14 +45,14 @@ def agree_checkpoint(workdir: str | Path, start: int, identity: dict[str, object
     )
 
 
-def _problem(folder: Path, identity: dict[str, object], rank: int, world: int) -> str | None:
+def _problem(folder: Path, identity: dict[str, object], rank: int, world: int) -> tuple[str | None, bool]:
     """What this rank found wrong with `folder` (None: its share matches; a folder saved before manifests is
-    loaded unverified, as the launch said)."""
+    loaded unverified, as the launch said), and whether the folder has a manifest."""
     manifest = verify(folder, checksums=False)
     if manifest == "no manifest.json":
-        return None
+        return None, False
     if isinstance(manifest, str):
-        return manifest
+        return manifest, False
     if manifest.model != fingerprint(identity):
-        return "a checkpoint of another model"
-    return checksum_problem(folder, manifest, share_of(manifest, rank, world))
+        return "a checkpoint of another model", True
+    return checksum_problem(folder, manifest, share_of(manifest, rank, world)), True
