@@ -64,7 +64,7 @@ from orch.runtime.models.hf.processor import CONFIG_FILES
 MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz, a 10 ms hop
 DEFAULT_MAX_IMAGE_TOKENS = 1024
 INDEX_DIR = ".orch-index"
-INDEX_VERSION = 7  # part of the cache key: an index of another layout is made afresh
+INDEX_VERSION = 8  # part of the cache key: an index of another layout is made afresh
 _MODELS = Path(__file__).resolve().parent.parent / "models"
 
 
