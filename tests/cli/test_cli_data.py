@@ -261,3 +261,27 @@ def test_every_model_option_says_it_takes_a_hugging_face_directory(cli, command)
     """Users pass `--model ./Qwen2-VL-2B-Instruct`: every command's help says so (inspect's said spec or preset)."""
     shown = " ".join(cli(*command, "--help").output.replace("│", " ").split())
     assert "--model -m <str> Model spec file, preset, or Hugging Face model directory" in shown
+
+
+def test_inspect_lights_a_byte_level_answers_first_token(cli, tmp_path):
+    """`orch data inspect` over a byte-level BPE tokenizer and LLaVA-1.5's `ASSISTANT: {answer}</s>`: a one-word
+    answer's `Ġyes` (the template's space merged in) and `</s>` are trained, as HF's assistant mask marks them."""
+    import transformers
+    from bpe_tokenizer import LLAVA_15, LLAVA_15_MARKED, make_bpe_tokenizer
+
+    tok = make_bpe_tokenizer(tmp_path / "tok", LLAVA_15, ("</s>",), "</s>")
+    turns = [("human", "user", "What is in the picture?"), ("gpt", "assistant", "A tall strip"),
+             ("human", "user", "Is the cat on the mat?"), ("gpt", "assistant", "yes")]  # fmt: skip
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"conversations": [{"from": f, "value": v} for f, _, v in turns]}) + "\n")
+    args = ("data", "inspect", str(data), "--model", "tiny", "--tokenizer", str(tok), "--sample", "1")
+    got = json.loads(cli(*args, "--json").stdout)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tok))
+    ref = hf.apply_chat_template([{"role": r, "content": v} for _, r, v in turns], chat_template=LLAVA_15_MARKED,
+                                 tokenize=True, return_dict=True, return_assistant_tokens_mask=True)  # fmt: skip
+    assert got["input_ids"] == ref["input_ids"]
+    assert got["labels"] == [i if m else -100 for i, m in zip(ref["input_ids"], ref["assistant_masks"], strict=True)]
+    trained = hf.convert_ids_to_tokens([y for y in got["labels"] if y != -100])
+    assert trained == ["A", "Ġta", "ll", "Ġs", "tri", "p", "</s>", "Ġyes", "</s>"]
+    shown = " ".join(cli(*args).output.split())
+    assert f"{len(trained)} trained (green)" in shown and "Ġyes </s>" in shown
