@@ -19,6 +19,7 @@ SEQ_LEN_UNIT = 128
 LISTED = 20  # malformed or untrained samples listed one a line; the rest counted
 SAMPLE_NUMBERS = "numbered by file line from 1 (a JSON list's or parquet file's elements from 1), as skip messages are"
 INDEX_DIR_HELP = "Where the index is kept (default: .orch-index/ beside the data if writable, else ~/.cache/orch)."
+MODEL_HELP = "Model spec file, preset, or Hugging Face model directory."
 MEDIA_ROOT_HELP = "Folder media paths are relative to (default: each data file's folder; LLaMA-Factory's media_dir)."
 
 data_app = typer.Typer(help="Users' data: conversations with images and audio (JSONL, JSON, parquet, mix files).")
@@ -32,7 +33,7 @@ def index(
         help="A .jsonl/.json/.parquet data file, a mix file (YAML), a "
         "directory of data files, or DIR/dataset_info.json:NAME[,NAME] (LLaMA-Factory's).",
     ),
-    model: str = typer.Option(..., "--model", "-m", help="Model spec file, preset, or Hugging Face model directory."),
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json (default: the LLM's HF directory)."),
     max_image_tokens: int = typer.Option(1024, "--max-image-tokens", help="Cap on a reference tower's patches."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
@@ -165,7 +166,7 @@ def inspect(
     data: str = typer.Argument(
         ..., metavar="DATA", help="A .jsonl/.json/.parquet data file (or one dataset: DIR/dataset_info.json:NAME)."
     ),
-    model: str = typer.Option(..., "--model", "-m", help="Model spec file or preset."),
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
     sample: int = typer.Option(1, "--sample", help=f"Which sample: {SAMPLE_NUMBERS}."),
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json (default: the LLM's HF directory)."),
     seq_len: int = typer.Option(8192, "--seq-len", help="Cap on LLM tokens per sample."),

@@ -6,14 +6,14 @@ from typing import Any
 
 import typer
 
-from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP
+from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP, MODEL_HELP
 from orch.cli.output import console, print_json
 
 PLACEMENTS = ("auto", "homogeneous", "colocated", "disaggregated")
 
 
 def plan(
-    model: str = typer.Option(..., "--model", "-m", help="Model spec file, preset, or Hugging Face model directory."),
+    model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
     cluster: str = typer.Option(..., "--cluster", "-c", help="Cluster spec file or preset."),
     nodes: int | None = typer.Option(None, "--nodes", "-n", help="Override the cluster's node count."),
     data: str | None = typer.Option(

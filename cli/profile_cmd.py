@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP
+from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP, MODEL_HELP
 
 if TYPE_CHECKING:
     from orch.planner.profile import Profile
@@ -21,7 +21,7 @@ EXECUTORS = ("local", "slurm")
 
 
 def profile(
-    model: str = typer.Option(..., "--model", "-m", help="Model spec file or preset whose modules are timed."),
+    model: str = typer.Option(..., "--model", "-m", help=f"{MODEL_HELP[:-1]}: its modules are timed."),
     executor: str = typer.Option("local", "--executor", help=f"One of {', '.join(EXECUTORS)}."),
     nproc: int = typer.Option(4, "--nproc", help="Local processes, all benchmarking at once as training runs."),
     nodes: int | None = typer.Option(None, "--nodes", help="Slurm nodes (--executor slurm)."),

@@ -37,10 +37,10 @@ from typing import Any
 from orch.planner.errors import SpecError
 from orch.runtime.data.layouts import AUDIO as AUDIO  # the placeholders: the index and the loader import them here
 from orch.runtime.data.layouts import IMAGE, MEDIA_KEYS, VIDEO, Layout, LayoutError, read_record
+from orch.runtime.data.layouts import TRAINED_ROLES as TRAINED_ROLES  # the index imports it here
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
 _VISUAL = re.compile(f"{re.escape(IMAGE)}|{re.escape(VIDEO)}")
-TRAINED_ROLES = ("assistant", "function_call")  # the turns whose tokens train (LLaMA-Factory's)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ import itertools
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from importlib import import_module
@@ -64,7 +65,7 @@ from orch.runtime.models.hf.processor import CONFIG_FILES
 MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz, a 10 ms hop
 DEFAULT_MAX_IMAGE_TOKENS = 1024
 INDEX_DIR = ".orch-index"
-INDEX_VERSION = 7  # part of the cache key: an index of another layout is made afresh
+INDEX_VERSION = 8  # part of the cache key: an index of another layout is made afresh
 _MODELS = Path(__file__).resolve().parent.parent / "models"
 
 
@@ -279,6 +280,8 @@ VideoTexts = list[list[str]] | None  # per `<video>`, the text before each of it
 _MARKS = {IMAGE: "\ue000", AUDIO: "\ue001", VIDEO: "\ue002"}
 _PLACEHOLDER_OF = {v: k for k, v in _MARKS.items()}
 _PROBE = "\ue003"  # an assistant turn's content that shares no character with a tool call's text
+# a template that marks what trains itself (transformers' test for `return_assistant_tokens_mask`)
+_GENERATION = re.compile(r"\{\%-?\s*generation\s*-?\%\}")
 
 
 @dataclass
@@ -294,7 +297,8 @@ class TextTokens:
 @dataclass(frozen=True)
 class Rendering:
     """A conversation's text as the chat template makes it, placeholders cut out: the text, the character
-    spans of its assistant contents, and the character offset of each placeholder (in order)."""
+    spans that train (its assistant contents through their end of turn, or the template's `{% generation %}`
+    blocks), and the character offset of each placeholder (in order)."""
 
     text: str
     spans: list[tuple[int, int]]
@@ -348,6 +352,7 @@ class TextCounter:
         specials = {t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special}
         self._ends = sorted((specials | {eos_token}) - {""}, key=len, reverse=True)  # the longest match first
         self._compiled: Any = None
+        self._generation = template is not None and _GENERATION.search(template) is not None
         if template is not None:
             from transformers.utils.chat_template_utils import _compile_jinja_template
 
@@ -402,12 +407,27 @@ class TextCounter:
                 continue
             found.append((role, at, at + len(content)))
             start = at + len(content)
+        if self._generation:
+            return self._generated(turns, extra)
         spans = []
         for k, (role, a, b) in enumerate(found):
             if role in TRAINED_ROLES:
                 stop = found[k + 1][1] if k + 1 < len(found) else len(text)
                 spans.append((a, self._turn_end(text, b, stop)))
         return text, spans
+
+    def _generated(self, turns: list[dict[str, Any]], extra: dict[str, Any]) -> tuple[str, list[tuple[int, int]]]:
+        """The rendering and its `{% generation %}` blocks' spans, as `apply_chat_template(...,
+        return_assistant_tokens_mask=True)` renders and finds them: where the template says what trains."""
+        import jinja2
+        from transformers.utils.chat_template_utils import _render_with_assistant_indices
+
+        try:
+            text, spans = _render_with_assistant_indices(self._compiled, turns, extra.get("tools"), None, False,
+                                                         **self.specials)  # fmt: skip
+        except jinja2.TemplateError as exc:
+            raise ValueError(f"the chat template refuses it: {exc}") from None
+        return str(text), [(int(a), int(b)) for a, b in spans]
 
     @staticmethod
     def _turn(role: str, content: str) -> dict[str, Any]:
@@ -437,7 +457,7 @@ class TextCounter:
 
     def render(self, conv: Conversation, videos: VideoTexts = None) -> Rendering:
         """The conversation's text (the chat template's rendering, or without one the contents one line each),
-        the spans of its assistant contents and where its placeholders stood, cut out of the text. `videos`: per
+        the spans that train (`Rendering`) and where its placeholders stood, cut out of the text. `videos`: per
         `<video>` (text order), the text before each of its items' rows (`video_texts`): the placeholder stands
         for one mark per item, each after its text and inside the family's wrap; None: one item each."""
         stand_in = self._stand_in
@@ -481,8 +501,11 @@ class TextCounter:
         return [sum(len(e.ids) for e in encs) for encs in self._encode(renderings)]
 
     def tokens(self, conv: Conversation, videos: VideoTexts = None) -> TextTokens:
-        """`conv`'s ids, labels (a token is trained when it lies in an assistant content) and placeholders (a
-        `<video>` of several items: one mark each, `render`)."""
+        """`conv`'s ids, labels and placeholders (a `<video>` of several items: one mark each, `render`). A token is
+        trained when it overlaps a trained span (`render`: the template's `{% generation %}` blocks where it has
+        them, else the assistant contents through their end-of-turn token), as transformers'
+        `return_assistant_tokens_mask` marks tokens: a byte-level BPE token that merges the template's space with
+        an answer's first word (`Ġyes` after `ASSISTANT:`) trains."""
         rendering = self.render(conv, videos)
         ids: list[int] = []
         labels: list[int] = []
@@ -493,7 +516,7 @@ class TextCounter:
                 marks.append((len(ids), rendering.marks[k - 1][1]))
             for tid, (a, b) in zip(enc.ids, enc.offsets, strict=True):
                 a, b = a + start, b + start
-                trained = b > a and any(s <= a and b <= e for s, e in rendering.spans)
+                trained = any(a < e and s < b for s, e in rendering.spans)
                 labels.append(tid if trained else IGNORE)
             ids += enc.ids
         return TextTokens(ids, labels, marks)

@@ -14,8 +14,9 @@ Found by their keys (`Layout()`), or named by LLaMA-Factory's dataset descriptio
 Roles: user / human, assistant / gpt, system, function_call / tool_call (ms-swift's) (a tool call: its content the
 call's JSON, `{"name", "arguments"}` or a list of them; an OpenAI assistant turn's `tool_calls` is read as one),
 observation / tool / tool_response (ms-swift's) / function (a tool's answer). A first turn of role system, else
-the record's `system`, is the system prompt. `tools` (a list of function definitions, or its JSON text) is passed
-to the chat template as `tools`.
+the record's `system`, is the system prompt. A conversation that opens with the assistant's turn (after its
+system prompt) is refused, as LLaMA-Factory's converter drops it. `tools` (a list of function definitions, or its
+JSON text) is passed to the chat template as `tools`.
 
 A turn's content is a string (its `<image>`, `<video>` and `<audio>` placeholders standing for the next file of
 the record's `images`, `videos`, `audios`: paths, or ms-swift's `{"path": ...}` objects), or a list of typed
@@ -34,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 IMAGE, VIDEO, AUDIO = "<image>", "<video>", "<audio>"
+TRAINED_ROLES = ("assistant", "function_call")  # the turns whose tokens train (LLaMA-Factory's)
 MEDIA_KEYS = {"images": IMAGE, "videos": VIDEO, "audios": AUDIO}
 ACCEPTED = (
     "messages or conversations (turns of role/content or from/value), conversation ({human, assistant} pairs), "
@@ -156,6 +158,7 @@ def _list_turns(raw: dict[str, Any], key: str, tags: dict[str, str]) -> tuple[li
         raise LayoutError(f"{key}: expected a non-empty list of turns ({{role, content}} or {{from, value}})")
     names = {tags[t]: role for t, role in _TAG_ROLES if t in tags}
     out: list[tuple[str, Any]] = []
+    named: list[str] = []  # each turn's role as the record writes it (`from: 'gpt'`)
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict):
             raise LayoutError(f"{key}[{i}]: expected an object with role and content (or from and value)")
@@ -166,17 +169,22 @@ def _list_turns(raw: dict[str, Any], key: str, tags: dict[str, str]) -> tuple[li
         if role is None:
             accepted = ", ".join(dict.fromkeys([*names, *ROLES]))
             raise LayoutError(f"{key}[{i}].{role_key}: expected one of {accepted}, got {name!r}")
+        named.append(f"{role_key}: {name!r}")
         content = turn.get(content_key)
         calls = turn.get("tool_calls")
         if role == "assistant" and calls:  # OpenAI: an assistant turn calling tools is a function_call turn
             role, content = "function_call", _calls_text(calls, f"{key}[{i}].tool_calls")
-        if content is None and role in ("assistant", "function_call"):
+        if content is None and role in TRAINED_ROLES:
             content = ""
         if not isinstance(content, (str, list)):
             raise LayoutError(f"{key}[{i}].{content_key}: expected a string or a list of typed parts")
         out.append((role, content))
+    opening = 1 if out and out[0][0] == "system" else 0
+    if len(out) > opening and out[opening][0] in TRAINED_ROLES:  # LLaMA-Factory's converter drops it too
+        raise LayoutError(f"{key}[{opening}]: the conversation opens with the assistant's turn ({named[opening]}): "
+                          "expected a user turn first")  # fmt: skip
     system = None
-    if out and out[0][0] == "system":
+    if opening:
         content = out.pop(0)[1]
         if not isinstance(content, str):
             content = "".join(p.get("text") or p.get("value") or "" for p in content if isinstance(p, dict))

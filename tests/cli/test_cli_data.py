@@ -58,6 +58,7 @@ def test_bad_samples_are_named_and_the_rest_indexed(dataset, cli, tmp_path):
         '{"messages": [{"role": "user", "content": "<image><image>hi"}], "images": ["media/corrupt.png"]}',
         '{"messages": [{"role": "user", "content": "<image>hi"}], "images": ["media/corrupt.png"]}',
         '{"messages": [{"role": "robot", "content": "hi"}]}',
+        '{"conversations": [{"from": "gpt", "value": "hello"}, {"from": "human", "value": "hi"}]}',
     ]
     bad.write_text(data.read_text() + "\n".join(extra) + "\n")
     r = cli("data", "index", str(bad), "--model", "tiny", "--tokenizer", str(tok))
@@ -75,7 +76,9 @@ def test_bad_samples_are_named_and_the_rest_indexed(dataset, cli, tmp_path):
         "warning: bad.jsonl:16: messages[0].role: expected one of user, human, assistant, gpt, system, function_call,"
         " tool_call, observation, tool, tool_response, function, got 'robot'"
     ) in out
-    assert "warning: 5 samples skipped: 5 malformed (--strict: exit 1)" in out and "Traceback" not in out
+    assert ("warning: bad.jsonl:17: conversations[0]: the conversation opens with the assistant's turn (from: 'gpt'):"
+            " expected a user turn first") in out  # fmt: skip
+    assert "warning: 6 samples skipped: 6 malformed (--strict: exit 1)" in out and "Traceback" not in out
     strict = cli("data", "index", str(bad), "--model", "tiny", "--tokenizer", str(tok), "--strict")
     assert strict.exit_code == 1 and "error: bad.jsonl:13: not valid JSON" in strict.output
     assert build_index(str(bad), load_model("tiny"), str(tok)).samples == 11  # the good ones, cached
@@ -251,3 +254,34 @@ def test_an_epoch_smaller_than_a_step_is_said_so(dataset, cli):
     assert f"an epoch is {rows} draws, less than a step (a step of {4 * rows} draws spans 4.0 epochs)" in out
     r = cli("data", "index", str(data), "--model", "tiny", "--tokenizer", str(tok), "--global-batch", "2")
     assert f"an epoch is {rows} draws, {rows / 2:.1f} steps" in " ".join(r.output.split())
+
+
+@pytest.mark.parametrize("command", [("data", "inspect"), ("data", "index"), ("plan",), ("profile",)])
+def test_every_model_option_says_it_takes_a_hugging_face_directory(cli, command):
+    """Users pass `--model ./Qwen2-VL-2B-Instruct`: every command's help says so (inspect's said spec or preset)."""
+    shown = " ".join(cli(*command, "--help").output.replace("│", " ").split())
+    assert "--model -m <str> Model spec file, preset, or Hugging Face model directory" in shown
+
+
+def test_inspect_lights_a_byte_level_answers_first_token(cli, tmp_path):
+    """`orch data inspect` over a byte-level BPE tokenizer and LLaVA-1.5's `ASSISTANT: {answer}</s>`: a one-word
+    answer's `Ġyes` (the template's space merged in) and `</s>` are trained, as HF's assistant mask marks them."""
+    import transformers
+    from bpe_tokenizer import LLAVA_15, LLAVA_15_MARKED, make_bpe_tokenizer
+
+    tok = make_bpe_tokenizer(tmp_path / "tok", LLAVA_15, ("</s>",), "</s>")
+    turns = [("human", "user", "What is in the picture?"), ("gpt", "assistant", "A tall strip"),
+             ("human", "user", "Is the cat on the mat?"), ("gpt", "assistant", "yes")]  # fmt: skip
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"conversations": [{"from": f, "value": v} for f, _, v in turns]}) + "\n")
+    args = ("data", "inspect", str(data), "--model", "tiny", "--tokenizer", str(tok), "--sample", "1")
+    got = json.loads(cli(*args, "--json").stdout)
+    hf = transformers.AutoTokenizer.from_pretrained(str(tok))
+    ref = hf.apply_chat_template([{"role": r, "content": v} for _, r, v in turns], chat_template=LLAVA_15_MARKED,
+                                 tokenize=True, return_dict=True, return_assistant_tokens_mask=True)  # fmt: skip
+    assert got["input_ids"] == ref["input_ids"]
+    assert got["labels"] == [i if m else -100 for i, m in zip(ref["input_ids"], ref["assistant_masks"], strict=True)]
+    trained = hf.convert_ids_to_tokens([y for y in got["labels"] if y != -100])
+    assert trained == ["A", "Ġta", "ll", "Ġs", "tri", "p", "</s>", "Ġyes", "</s>"]
+    shown = " ".join(cli(*args).output.split())
+    assert f"{len(trained)} trained (green)" in shown and "Ġyes </s>" in shown

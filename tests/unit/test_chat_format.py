@@ -1,5 +1,7 @@
 """The text a model is trained on (runtime/data/index.py): the chat template rendered with the tokenizer's
-special tokens, and labels on the assistant's contents through the template's end-of-turn token."""
+special tokens, and labels on the assistant's contents through the template's end-of-turn token: each token
+that overlaps them, as transformers' `return_assistant_tokens_mask` marks tokens (a template's own
+`{% generation %}` blocks where it has them)."""
 
 import json
 
@@ -76,3 +78,81 @@ def test_a_processors_chat_template_json_is_read_where_the_tokenizer_names_none(
     (tokenizer_dir / "chat_template.json").write_text("[1, 2]")
     with pytest.raises(SpecError, match="chat_template.json: chat_template: not a JSON object"):
         find_tokenizer(load_model("tiny"), str(tokenizer_dir))
+
+
+# Byte-level BPE merges the template's space into an answer's first word (`ASSISTANT: yes` -> `Ġyes`).
+BPE_CONVS = {
+    "one word": [("user", "Is the cat on the mat?"), ("assistant", "yes")],
+    "multi-turn": [
+        ("user", "What is in the picture?"),
+        ("assistant", "A tall strip"),
+        ("user", "Is it red?"),
+        ("assistant", "no"),
+    ],
+    "punctuation first": [
+        ("user", "Which one is it?"),
+        ("assistant", "(a) a red circle."),
+        ("user", "Sure?"),
+        ("assistant", ", yes: the red one"),
+    ],
+    "system": [("system", "Describe it in a few words."), ("user", "What is it?"), ("assistant", "A cat")],
+}
+
+
+def _hf_mask(directory, template: str, messages: list[tuple[str, str]]) -> tuple[list[int], list[int]]:
+    """HF's ids and assistant mask of `messages` under `template`."""
+    import transformers
+
+    hf = transformers.AutoTokenizer.from_pretrained(str(directory))
+    out = hf.apply_chat_template([{"role": r, "content": c} for r, c in messages], chat_template=template,
+                                 tokenize=True, return_dict=True, return_assistant_tokens_mask=True)  # fmt: skip
+    assert any(out["assistant_masks"])
+    return list(out["input_ids"]), list(out["assistant_masks"])
+
+
+def _orch_mask(directory, messages: list[tuple[str, str]]) -> tuple[list[int], list[int]]:
+    counter = TextCounter(*find_tokenizer(load_model("tiny"), str(directory)))
+    got = counter.tokens(Conversation("x:1", tuple(messages)))
+    return got.ids, [int(y != IGNORE) for y in got.labels]
+
+
+@pytest.mark.parametrize("conv", list(BPE_CONVS))
+def test_a_templates_generation_blocks_train_what_hf_marks(tmp_path, conv):
+    """Where the template marks what trains (`{% generation %}`), orch trains exactly HF's assistant mask."""
+    from bpe_tokenizer import LLAVA_15_GENERATION, make_bpe_tokenizer
+
+    directory = make_bpe_tokenizer(tmp_path, LLAVA_15_GENERATION, ("</s>",), "</s>")
+    ids, mask = _orch_mask(directory, BPE_CONVS[conv])
+    assert (ids, mask) == _hf_mask(directory, LLAVA_15_GENERATION, BPE_CONVS[conv])
+
+
+@pytest.mark.parametrize("conv", list(BPE_CONVS))
+@pytest.mark.parametrize("family", ["llava-1.5", "qwen2-vl"])
+def test_a_byte_level_answers_first_token_trains_as_hf_marks_it(tmp_path, family, conv):
+    """LLaVA-1.5's `ASSISTANT: {answer}</s>` and Qwen2-VL's real ChatML template, with no `{% generation %}`: each
+    token overlapping an answer or its end of turn trains, as HF marks the same template with its answers in
+    generation blocks (the answer's first token `Ġyes`, `Ġ(` included: a one-word answer trains it and `</s>`)."""
+    from bpe_tokenizer import (
+        LLAVA_15,
+        LLAVA_15_MARKED,
+        QWEN2_VL,
+        QWEN2_VL_MARKED,
+        QWEN2_VL_SPECIALS,
+        make_bpe_tokenizer,
+    )
+
+    if family == "llava-1.5":
+        template, marked, specials, eos = LLAVA_15, LLAVA_15_MARKED, ("</s>",), "</s>"
+    else:
+        template, marked, specials, eos = QWEN2_VL, QWEN2_VL_MARKED, QWEN2_VL_SPECIALS, "<|im_end|>"
+    directory = make_bpe_tokenizer(tmp_path, template, specials, eos)
+    ids, mask = _orch_mask(directory, BPE_CONVS[conv])
+    hf_ids, hf_mask = _hf_mask(directory, marked, BPE_CONVS[conv])
+    assert (ids, mask) == (hf_ids, hf_mask)
+    if family == "llava-1.5" and conv in ("one word", "punctuation first"):
+        import transformers
+
+        trained = transformers.AutoTokenizer.from_pretrained(str(directory)).convert_ids_to_tokens(
+            [i for i, m in zip(ids, mask, strict=True) if m]
+        )
+        assert trained == ["Ġyes", "</s>"] if conv == "one word" else trained[:3] == ["Ġ(", "a", ")"]

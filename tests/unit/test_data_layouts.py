@@ -138,6 +138,14 @@ def test_system_key_and_system_turn():
         ),
         ({"conversation": [{"user": "q"}]}, "conversation[0]: expected an object with human and assistant strings"),
         ({"messages": [{"role": "user", "content": "hi"}], "tools": "{not json"}, "tools: expected a list of tool"),
+        (  # LLaMA-Factory's converter drops it ("Invalid role tag"): nothing asked, the answer would train alone
+            {"conversations": [{"from": "gpt", "value": "hello"}, {"from": "human", "value": "hi"}]},
+            "conversations[0]: the conversation opens with the assistant's turn (from: 'gpt'): expected a user turn",
+        ),
+        (
+            {"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]},
+            "messages[1]: the conversation opens with the assistant's turn (role: 'assistant'): expected a user",
+        ),
     ],
 )
 def test_what_a_bad_record_is_told(record, what):
@@ -272,19 +280,18 @@ def test_a_sample_the_template_refuses_is_a_bad_sample(tmp_path, hf_tokenizer):
     tok, path = hf_tokenizer
     folder = tmp_path / "tok"
     folder.mkdir()
-    strict = (
-        "{% if messages[0]['role'] == 'assistant' %}{{ raise_exception('a user must speak first') }}{% endif %}"
-        + ("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    strict = "{% if messages | length > 2 %}{{ raise_exception('one exchange a sample') }}{% endif %}" + (
+        "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     )
     (folder / "tokenizer.json").write_text(path.read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": strict}))
     data = tmp_path / "d.jsonl"
     rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
-            {"messages": [{"role": "assistant", "content": "yo"}]}]  # fmt: skip
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}] * 2}]  # fmt: skip
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     idx = build_index(str(data), load_model("tiny"), str(folder))
     assert idx.samples == 1
-    assert idx.bad == ["d.jsonl:2: the chat template refuses it: a user must speak first"]
+    assert idx.bad == ["d.jsonl:2: the chat template refuses it: one exchange a sample"]
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".json"])
