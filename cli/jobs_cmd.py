@@ -1,4 +1,5 @@
-"""`orch status/logs/cancel JOB` for Slurm jobs, and the Slurm side of `orch launch` (submit, dry run, --wait).
+"""`orch status/logs/cancel JOB` for Slurm jobs (`orch status WORKDIR` for a local or torchrun run too), and the
+Slurm side of `orch launch` (submit, dry run, --wait).
 
 The runtime submits (runtime/launch/slurm.py) and reads states (runtime/launch/jobs.py, torch-free, so
 `orch status/logs/cancel` start as fast as `orch --help`); this module only renders them.
@@ -130,16 +131,26 @@ def _watch(job_id: str) -> JobStatus:
 
 
 def status(
-    job_id: str = typer.Argument(..., metavar="JOB", help="Slurm job id printed by `orch launch`."),
+    job: str = typer.Argument(
+        ..., metavar="JOB|WORKDIR", help="Slurm job id printed by `orch launch`, or a local or torchrun run's workdir."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print the status as JSON on stdout."),
 ) -> None:
-    """State, elapsed time, latest step/loss and, for a failed job, the failing rank, its error and log."""
+    """A Slurm job's state, elapsed time, latest step/loss and, for a failed job, the failing rank, its error and
+    log; or a run directory's: running, stopped, failed or finished, the lock's holder, each rank's heartbeat."""
     from rich.markup import escape
 
     from orch.cli.output import console, print_json
+    from orch.planner.errors import OrchError
     from orch.runtime.launch.jobs import job_status
+    from orch.runtime.launch.run_status import is_run_dir
 
-    st = job_status(job_id)
+    if is_run_dir(job) or (Path(job).is_dir() and not job.isdigit()):
+        _run_status(job, json_out)
+        return
+    if not job.isdigit():
+        raise OrchError(f"{job}: neither a Slurm job id nor a run directory (`orch launch --workdir`)")
+    st = job_status(job)
     if json_out:
         print_json(st)
         return
@@ -153,6 +164,51 @@ def status(
         out.print(f"[red]{escape(st.failure.summary)}[/]", soft_wrap=True)
         if st.failure.by_rank or st.failure.kind == "node_fail":
             out.print(f"log: {st.failure.log}", soft_wrap=True)
+
+
+def _run_status(workdir: str, json_out: bool) -> None:
+    """`orch status WORKDIR`: the run's state line, the lock's holder, a line per rank's heartbeat, and how it
+    ended (runtime/launch/run_status.py)."""
+    from rich.markup import escape
+
+    from orch.cli.output import console, print_json
+    from orch.runtime.launch.run_status import is_frozen, run_status
+
+    st = run_status(workdir)
+    if json_out:
+        print_json(st)
+        return
+    out = console()
+    step = "-" if st.step is None else str(st.step)
+    of = "" if st.steps is None else f" of {st.steps}"
+    loss = "-" if st.loss is None else f"{st.loss:.6f}"
+    out.print(f"run {escape(st.workdir)}  {st.state:<11} step {step}{of}  loss {loss}", soft_wrap=True)
+    h = st.holder
+    if h is None:
+        out.print("lock: free")
+    else:
+        alive = "alive" if h.alive else ("gone" if h.alive is False else "on another host: not checked from here")
+        out.print(f"lock: {'held' if h.held else 'free, still naming'} {escape(h.describe)}: {alive}", soft_wrap=True)
+    for b in st.ranks:
+        where = b.phase if b.step is None else f"step {b.step} {b.phase}"
+        frozen = " (frozen: its process is stopped)" if st.state == "running" and is_frozen(b) else ""
+        out.print(f"rank {b.rank}  pid {b.pid}  {escape(where)}  {_age(b.progress_age_s)} ago{frozen}")
+    if st.state == "stopped":
+        out.print(f"stopped at step {st.stopped_at} by a signal; checkpoint {st.checkpoint}; relaunch the same command "
+                  "to resume", soft_wrap=True)  # fmt: skip
+    if st.failure is not None:
+        out.print(f"[red]{escape(st.failure.summary)}[/]", soft_wrap=True)
+        out.print(f"record: {st.failure.log}", soft_wrap=True)
+    elif st.reason:
+        out.print(f"[red]{escape(st.reason)}[/]", soft_wrap=True)
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def logs(

@@ -16,6 +16,8 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
+from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP
+
 EXECUTORS = ("local", "slurm", "torchrun")
 # Flags that moved into the --config file (issue #28): TrainSpec field -> flag. Remove after one release.
 DEPRECATED = (
@@ -60,7 +62,19 @@ def launch(
     executor: str = typer.Option("local", "--executor", help=f"One of {', '.join(EXECUTORS)}."),
     nproc: int | None = typer.Option(None, "--nproc", help="Processes to start (default: the plan's world size)."),
     workdir: str = typer.Option("orch-run", "--workdir", help="Where metrics.jsonl and checkpoints are written."),
-    data: str | None = typer.Option(None, "--data", "-d", help="Data spec file or preset (default: the plan's)."),
+    data: str | None = typer.Option(
+        None,
+        "--data",
+        "-d",
+        help="Data to train on, as `orch plan --data` takes it: conversation data (a file, mix file, directory, or "
+        "dataset_info.json:NAME[,NAME]), trained at the plan's global batch and seq_len, or a data spec file or "
+        "preset (default: the plan's).",
+    ),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="tokenizer.json for a --data file (default: the plan's, else the LLM's HF directory)."
+    ),
+    index_dir: str | None = typer.Option(None, "--index-dir", help=INDEX_DIR_HELP),
+    media_root: str | None = typer.Option(None, "--media-root", help=MEDIA_ROOT_HELP),
     steps: int | None = typer.Option(None, "--steps", help="Optimizer steps to run."),
     lr: float | None = typer.Option(None, "--lr", help="Peak learning rate (0 trains nothing)."),
     dtype: str | None = typer.Option(None, "--dtype", help="float32, bfloat16 or float64."),
@@ -122,7 +136,7 @@ def launch(
     from orch.cli.output import console
     from orch.cli.progress import StepProgress
     from orch.planner.errors import SpecError
-    from orch.planner.loading import check_data_against_model, load_data, load_json_file
+    from orch.planner.loading import check_data_against_model, load_json_file
     from orch.planner.plan import Plan
     from orch.runtime.metrics import metrics_path
 
@@ -142,9 +156,9 @@ def launch(
             typer.echo(f"warning: {_flag(key)} is deprecated: set {key} in the --config file", err=True)
     cfg = train_spec(config, given)
     plan = load_json_file(Plan, plan_file)
-    data_spec = load_data(data) if data else plan.data
+    data_spec = plan.data if data is None else launch_data(plan, data, tokenizer, index_dir, media_root)
     check_data_against_model(data_spec, plan.model, data or plan_file)
-    if data_spec.source is not None and data_spec.manifest is not None:
+    if data is None and data_spec.source is not None and data_spec.manifest is not None:  # (--data's warns itself)
         from orch.cli.data_cmd import warn_batch_over_data
         from orch.planner.data import read_manifest
 
@@ -256,6 +270,24 @@ def launch(
     out.print(f"metrics written to [bold]{workdir}/metrics.jsonl[/]")
     if cfg.trace is not None and Path(cfg.trace).exists():
         out.print(f"trace written to [bold]{cfg.trace}[/]")
+
+
+def launch_data(plan: Any, data: str, tokenizer: str | None, index_dir: str | None, media_root: str | None) -> Any:
+    """`--data` read as `orch plan --data` reads it (`data_spec_for`). Conversation data is trained at the plan's
+    global batch and seq_len, what its layouts were chosen for; a data spec file or preset carries its own."""
+    from orch.cli.data_cmd import data_spec_for
+    from orch.cli.output import console
+    from orch.runtime.data.conversations import is_conversation_data
+
+    planned = (plan.data.global_batch, plan.data.seq_len) if is_conversation_data(data) else (None, None)
+    spec, hint = data_spec_for(
+        plan.model, data, "launched on", *planned, tokenizer or plan.data.tokenizer, index_dir, media_root
+    )
+    if hint is not None:
+        from rich.markup import escape
+
+        console().print(f"hint: {escape(hint)}")
+    return spec
 
 
 def report_backends(text: str) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -16,7 +18,13 @@ def console() -> Console:
     """The human-facing console; on stderr so stdout stays parseable."""
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # rich's own exits 1 from inside the print; a closed pipe is the one error boundary's (cli/errors.py)
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    return _Console(stderr=True, highlight=False)
 
 
 def print_json(model: BaseModel) -> None:
@@ -25,6 +33,19 @@ def print_json(model: BaseModel) -> None:
 
 def print_json_text(text: str) -> None:
     sys.stdout.write(text.rstrip("\n") + "\n")
+
+
+def silence_closed_output() -> None:
+    """After a reader closed our stdout or stderr (`orch plan | head`): both descriptors point at /dev/null, so
+    nothing written later, nor the flush at exit, fails again (Python's recipe for SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            fd = stream.fileno()
+        except (OSError, ValueError):  # not a file (a test runner's buffer): nothing to redirect
+            continue
+        os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def error(line: str) -> None:

@@ -64,13 +64,11 @@ def plan(
     if placement not in PLACEMENTS:
         raise SpecError("--placement", "", f"expected one of {', '.join(PLACEMENTS)}, got '{placement}'")
     model_spec = load_model(model)
+    notes = []  # printed once the plan is written: a reader that stops early (`| head`) still gets the plan
     if any(m.hf is not None for m in model_spec.modules.values()):
-        from rich.markup import escape
-
         from orch.planner.hf_config import describe
 
-        for line in describe(model_spec):
-            console().print(f"config.json: {escape(line)}")
+        notes += [f"config.json: {line}" for line in describe(model_spec)]
     cluster_spec = load_cluster(cluster, nodes)
     from orch.cli.data_cmd import data_spec_for
 
@@ -78,9 +76,7 @@ def plan(
         model_spec, data, "planned on", global_batch, seq_len, tokenizer, index_dir, media_root
     )
     if hint is not None:
-        from rich.markup import escape
-
-        console().print(f"hint: {escape(hint)}")
+        notes.append(f"hint: {hint}")
     every_sharding, sharding_of = _shardings(sharding, model_spec)
     prof = load_json_file(Profile, profile) if profile else None
     pins = tuple(Pin.parse(f, model_spec) for f in fix)
@@ -98,6 +94,10 @@ def plan(
         from orch.planner.trace import trace_json
 
         write_text_atomic(trace, trace_json(result))
+    from rich.markup import escape
+
+    for note in notes:
+        console().print(escape(note))
     if json_out:
         print_json(result)
         return

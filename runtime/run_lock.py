@@ -154,14 +154,21 @@ def in_use(path: Path, holder: Holder | None) -> RunLocked:
 def probe(workdir: str | Path) -> None:
     """RunLocked if a live process holds the run directory's lock (for launchers that submit and return:
     refuse before submitting); takes nothing."""
+    if is_held(workdir):
+        path = lock_path(workdir)
+        raise in_use(path, read_holder(path))
+
+
+def is_held(workdir: str | Path) -> bool:
+    """Whether a live process holds the run directory's lock now; takes nothing."""
     path = lock_path(workdir)
     if not path.is_file():
-        return
+        return False
     fd = os.open(path, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise in_use(path, read_holder(path)) from None
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
     finally:
         os.close(fd)
+    return False

@@ -285,3 +285,60 @@ def test_inspect_lights_a_byte_level_answers_first_token(cli, tmp_path):
     assert trained == ["A", "Ġta", "ll", "Ġs", "tri", "p", "</s>", "Ġyes", "</s>"]
     shown = " ".join(cli(*args).output.split())
     assert f"{len(trained)} trained (green)" in shown and "Ġyes </s>" in shown
+
+
+@pytest.fixture(scope="module")
+def data_forms(tmp_path_factory):
+    """The one dataset as each form `--data` takes: a file, a mix file, a directory, a dataset_info.json entry, a
+    data spec file and a preset; name -> (the --data value, whether it is conversation data); and its tokenizer."""
+    root = tmp_path_factory.mktemp("forms")
+    data = make_dataset(root / "set")
+    tok = make_tokenizer(root / "tok" / "tokenizer.json")
+    (root / "set" / "mix.yaml").write_text(yaml.safe_dump({"sources": [{"path": "data.jsonl", "weight": 1}]}))
+    info = {"captions": {"file_name": "data.jsonl", "formatting": "sharegpt", "columns": {"messages": "messages",
+            "images": "images", "audios": "audios"}, "tags": {"role_tag": "role", "content_tag": "content",
+            "user_tag": "user", "assistant_tag": "assistant"}}}  # fmt: skip
+    (root / "set" / "dataset_info.json").write_text(json.dumps(info))
+    folder = root / "folder"
+    folder.mkdir()
+    (folder / "data.jsonl").write_text(data.read_text().replace('"media/', f'"{root / "set" / "media"}/'))
+    spec = root / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"name": "two tasks", "global_batch": 6, "seq_len": 128,
+                                    "tasks": [{"name": "caption", "weight": 1.0, "tokens": {"llm": 100, "vision": 16}}]}))  # fmt: skip
+    forms = {
+        "file": (str(data), True),
+        "mix": (str(root / "set" / "mix.yaml"), True),
+        "directory": (str(folder), True),
+        "dataset_info": (f"{root / 'set' / 'dataset_info.json'}:captions", True),
+        "spec file": (str(spec), False),
+        "preset": ("tiny-mix", False),
+    }
+    return forms, tok
+
+
+@pytest.mark.parametrize("form", ["file", "mix", "directory", "dataset_info", "spec file", "preset"])
+def test_plan_and_launch_take_every_form_of_data_alike(data_forms, form, cli, tmp_path, launched_tasks):
+    """`--data` means one thing to `orch plan` and `orch launch`: conversation data (its index; trained at the
+    plan's batch and seq_len), else a data spec file or preset (as it is)."""
+    from orch.planner.loading import load_data
+    from orch.planner.plan import Plan
+
+    forms, tok = data_forms
+    ref, conversations = forms[form]
+    out = tmp_path / "plan.yaml"
+    planned = cli("plan", "--model", "tiny", "--cluster", "local-cpu", "--data", ref, "--tokenizer", str(tok),
+                  "--global-batch", "8", "--time-limit", "2", "--out", str(out))  # fmt: skip
+    assert planned.exit_code == 0, planned.output
+    plan = Plan.model_validate(yaml.safe_load(out.read_text()))
+    run = tmp_path / "run"
+    launched = cli("launch", str(out), "--data", ref, "--workdir", str(run))  # the plan's tokenizer
+    assert launched.exit_code == 0, launched.output
+    (task,) = launched_tasks
+    if conversations:
+        assert plan.data.source is not None and _rows(plan.data.manifest)
+        assert plan.data.global_batch == 8 and len(_rows(plan.data.manifest)) == 11
+        assert task.data == plan.data  # the same index, at the plan's batch and seq_len
+        assert f"data: 11 samples of {ref}" in " ".join(launched.output.split())
+    else:
+        assert plan.data == load_data(ref).model_copy(update={"global_batch": 8})
+        assert task.data == load_data(ref)  # a spec trains as it says

@@ -288,3 +288,53 @@ def test_a_plan_file_without_sharding_keeps(cli, tmp_path):
         mp.pop("sharding")  # a plan written before the field existed
     plan = Plan.model_validate(raw)
     assert {mp.sharding.value for mp in plan.modules.values()} == {"keep"}
+
+
+def _orch_into_closed_pipe(tmp_path, *args: str, stderr_too: bool) -> int:
+    """`orch ARGS | head -0` as a shell runs it: stdout (and stderr, as `2>&1`) a pipe whose reader is gone
+    before the first line is written, so every write meets EPIPE. The exit code."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        cmd = [sys.executable, "-c", "from orch.cli.app import main; main()", *args]
+        stderr = write_end if stderr_too else subprocess.DEVNULL
+        return subprocess.run(cmd, stdout=write_end, stderr=stderr, cwd=tmp_path, timeout=120).returncode
+    finally:
+        os.close(write_end)
+
+
+def test_a_closed_pipe_still_gets_the_plan_written_and_exits_zero(tmp_path):
+    """`orch plan ... 2>&1 | head`: the plan is on disk before a line is printed (here a hint comes first: the
+    model names no data), and the closed pipe ends the command quietly with exit code 0."""
+    from orch.planner.loading import resolve
+
+    _, text = resolve("model", "tiny")
+    spec = yaml.safe_load(text)
+    del spec["data"]
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(spec))
+    args = ("plan", "--model", "model.yaml", "--cluster", "local-cpu", "--time-limit", "2")
+    assert _orch_into_closed_pipe(tmp_path, *args, "--out", "plan.yaml", stderr_too=True) == 0
+    plan = Plan.model_validate(yaml.safe_load((tmp_path / "plan.yaml").read_text()))
+    assert plan.world_size == 4
+    assert _orch_into_closed_pipe(tmp_path, *args, "--out", "json.yaml", "--json", stderr_too=False) == 0
+    assert Plan.model_validate(yaml.safe_load((tmp_path / "json.yaml").read_text())) == plan
+
+
+def test_head_after_the_first_line_exits_zero(tmp_path):
+    """`orch plan ... 2>&1 | head -1` through a shell, the rc of orch (pipefail)."""
+    import shlex
+    import subprocess
+    import sys
+
+    orch = shlex.join([sys.executable, "-c", "from orch.cli.app import main; main()"])
+    line = (
+        f"set -o pipefail; {orch} plan --model tiny --cluster local-cpu --time-limit 2 --out plan.yaml 2>&1 | head -1"
+    )
+    done = subprocess.run(["bash", "-c", line], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 1
+    assert Plan.model_validate(yaml.safe_load((tmp_path / "plan.yaml").read_text())).world_size == 4
