@@ -98,14 +98,16 @@ def _time_module(
 ) -> float:
     """Seconds of one forward+backward of `module` on k samples of n tokens, as the executor runs it on `device`."""
     from orch.runtime.data.batch import Sample
-    from orch.runtime.train.compute import encode, text_loss
+    from orch.runtime.train.compute import encode, join_prefix, text_loss
 
     spec = model.modules[name]
     gen = torch.Generator().manual_seed(k * 100_003 + n)  # inputs drawn on the CPU, then moved
     if name == model.llm_name:
         vocab = spec.vocab or 1
         samples = [Sample(i, {}, *torch.randint(0, vocab, (2, n), generator=gen).to(device)) for i in range(k)]
-        prefixes = [torch.zeros(0, spec.hidden, dtype=dtype, device=device) for _ in range(k)]
+        # text-only samples' prefixes as every executor joins them: the rows the LLM takes from the encoders are
+        # prefix_width wide (Qwen3-VL's carry its deepstack features beside its hidden width)
+        prefixes = [join_prefix([], model.prefix_width, dtype, device) for _ in range(k)]
         _sync(device)
         t = time.perf_counter()
         text_loss(module, prefixes, samples, k * n).backward()
