@@ -98,3 +98,36 @@ FAMILY_MODELS: dict[str, Callable[[Path], Path]] = {
     "siglip_vision_model": lambda root: _tower(root, "vision", "siglip", None, None),  # make_parts makes it
     "whisper": lambda root: _tower(root, "audio", "whisper", make_whisper, "encoder"),
 }
+
+
+def data_file_fixture(spec: dict):
+    """A pytest fixture `data_file`: `spec` written to the test's folder as a data spec file."""
+    import pytest
+
+    @pytest.fixture
+    def data_file(tmp_path):
+        return write_yaml(tmp_path / "data.yaml", spec)
+
+    return data_file
+
+
+def launch_lr0_then_export(cli, plan: Path, run: Path, out: Path, *extra: str) -> Path:
+    """`orch launch PLAN --lr 0 --steps 1 --dtype float64` (a positive step-0 loss), then `orch export RUN`: `out`."""
+    import json
+
+    result = cli("launch", str(plan), "--lr", "0", "--steps", "1", "--dtype", "float64", "--workdir", str(run), *extra)
+    assert result.exit_code == 0, result.output
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["loss"] > 0
+    result = cli("export", str(run), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def assert_same_weights(before: Path, after: Path) -> None:
+    """Two safetensors files hold the same keys, dtypes and values, bit for bit."""
+    from safetensors.torch import load_file
+
+    old, new = load_file(before), load_file(after)
+    assert set(old) == set(new)
+    for key, tensor in old.items():
+        assert new[key].dtype == tensor.dtype and new[key].equal(tensor), key
