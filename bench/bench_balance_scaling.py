@@ -56,7 +56,7 @@ def calibrated_costs(model: ModelSpec, data: DataSpec) -> dict[str, SampleCost]:
     keep_freed_memory()  # as a rank runs (runtime/launch/procgroup.py)
     calibration = {}
     for m in [*encoder_order(model), model.llm_name]:
-        cost = calibrate_module(model, m, torch.float64, "cpu", longest_sample(data, model, m))
+        cost = calibrate_module(model, m, torch.float64, "cpu", longest_sample(data, model, m)).cost
         if cost is None:
             raise SystemExit(f"{m}: this machine was too noisy to time the module; run the bench again")
         calibration[m] = cost

@@ -38,6 +38,7 @@ from orch.runtime.memory import measured_step, parameter_storages, peak_bytes, s
 from orch.runtime.parallel.boundary import Boundary
 from orch.runtime.parallel.expert import is_expert_param
 from orch.runtime.parallel.grid import Grid, build_grids, build_meshes
+from orch.runtime.run_dir import say
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig, write_dump
 from orch.runtime.train.grad_sync import sync_expert_grads
@@ -137,15 +138,18 @@ class TrainStep:
 
     def _calibration(self) -> dict[str, SampleCost] | None:
         """The dispatcher's per-sample costs timed here, for the modules whose plan carries no profiled one
-        (orchestrator.dispatch_costs takes the plan's first); the others still run the shapes once, untimed,
-        so every rank's heap has grown to the data's longest samples before step 0."""
+        (orchestrator.dispatch_costs takes the plan's first); the others still run the fixed shapes once,
+        untimed. Rank 0 says what it times (one progress line per module)."""
         if not self.cfg.calibrates:
             return None
         todo = modules_to_calibrate(self.plan)  # the same list on every rank: all of them take part, or none
         longest = {n: longest_sample(self.data, self.model, n) for n in self.model.modules}
         costed = [n for n in self.model.modules if n not in todo]
-        calibration = shared_calibration(self.model, self.cfg.torch_dtype, self.device, longest, todo) if todo else None
-        warm_up(self.model, costed, self.cfg.torch_dtype, self.device, longest)
+        told = say if self.rank == 0 else None
+        calibration = (
+            shared_calibration(self.model, self.cfg.torch_dtype, self.device, longest, todo, told) if todo else None
+        )
+        warm_up(self.model, costed, self.cfg.torch_dtype, self.device)
         return calibration
 
     def data_position(self, done: int) -> dict[str, object] | None:

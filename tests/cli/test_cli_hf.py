@@ -1,9 +1,8 @@
 """A Hugging Face model directory through the CLI: plan from config.json, launch, export, and bad input."""
 
-import json
-
 import pytest
 import yaml
+from families import assert_same_weights, data_file_fixture, launch_lr0_then_export, plan_of
 from hf_models import make_llava
 
 DATA = {
@@ -21,18 +20,7 @@ def llava(tmp_path_factory):
     return make_llava(tmp_path_factory.mktemp("hf") / "llava", "clip", "llama")
 
 
-@pytest.fixture
-def data_file(tmp_path):
-    path = tmp_path / "data.yaml"
-    path.write_text(yaml.safe_dump(DATA))
-    return path
-
-
-def plan_of(cli, model_dir, data_file, out, *extra):
-    result = cli("plan", "--model", str(model_dir), "--cluster", "local-cpu", "--data", str(data_file),
-                 "--out", str(out), *extra)  # fmt: skip
-    assert result.exit_code == 0, result.output
-    return result
+data_file = data_file_fixture(DATA)
 
 
 def test_plan_reads_config_json_and_says_what_it_derived(cli, llava, data_file, tmp_path):
@@ -50,22 +38,10 @@ def test_plan_reads_config_json_and_says_what_it_derived(cli, llava, data_file, 
 
 @pytest.mark.slow
 def test_launch_lr0_then_export_returns_the_weights_bit_for_bit(cli, llava, data_file, tmp_path):
-    from safetensors.torch import load_file
-
     plan_of(cli, llava, data_file, tmp_path / "plan.yaml", "--placement", "colocated", "--fix", "llm.tp=2")
-    run = tmp_path / "run"
     # no checkpoint_every: a run's last step is saved whatever the config says
-    result = cli("launch", str(tmp_path / "plan.yaml"), "--lr", "0", "--steps", "1",
-                 "--dtype", "float64", "--workdir", str(run))  # fmt: skip
-    assert result.exit_code == 0, result.output
-    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["loss"] > 0
-    out = tmp_path / "exported"
-    result = cli("export", str(run), "--out", str(out))
-    assert result.exit_code == 0, result.output
-    before, after = load_file(llava / "model.safetensors"), load_file(out / "model.safetensors")
-    assert set(before) == set(after)
-    for key, tensor in before.items():
-        assert after[key].dtype == tensor.dtype and after[key].equal(tensor), key
+    out = launch_lr0_then_export(cli, tmp_path / "plan.yaml", tmp_path / "run", tmp_path / "exported")
+    assert_same_weights(llava / "model.safetensors", out / "model.safetensors")
     assert (out / "config.json").read_text() == (llava / "config.json").read_text()
 
 
@@ -157,16 +133,10 @@ def test_composed_spec_exports_one_directory_per_source_and_the_projectors(cli, 
 
     spec = composed_spec(tmp_path)
     plan_of(cli, spec, data_file, tmp_path / "plan.yaml", "--placement", "homogeneous")
-    run = tmp_path / "run"
-    result = cli("launch", str(tmp_path / "plan.yaml"), "--lr", "0", "--steps", "1", "--config", train_config(checkpoint_every=1),
-                 "--workdir", str(run))  # fmt: skip
-    assert result.exit_code == 0, result.output
-    out = tmp_path / "exported"
-    assert cli("export", str(run), "--out", str(out)).exit_code == 0
+    out = launch_lr0_then_export(cli, tmp_path / "plan.yaml", tmp_path / "run", tmp_path / "exported",
+                                 "--config", train_config(checkpoint_every=1))  # fmt: skip
     for module, source in (("vision", "siglip"), ("llm", "qwen2")):
-        before = load_file(tmp_path / "parts" / source / "model.safetensors")
-        after = load_file(out / module / "model.safetensors")
-        assert set(before) == set(after) and all(after[k].equal(v) for k, v in before.items()), module
+        assert_same_weights(tmp_path / "parts" / source / "model.safetensors", out / module / "model.safetensors")
     projectors = load_file(out / "projectors.safetensors")
     assert sorted(projectors) == [
         f"vision.multi_modal_projector.linear_{i}.{w}" for i in (1, 2) for w in ("bias", "weight")

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import yaml
+from families import assert_same_weights, data_file_fixture, launch_lr0_then_export, plan_of
 from qwen_vl_models import make_qwen_vl
 
 DATA = {
@@ -23,18 +24,12 @@ def qwen2_5_vl(tmp_path_factory):
     return make_qwen_vl(tmp_path_factory.mktemp("hf") / "qwen2_5_vl", "qwen2_5_vl")
 
 
-@pytest.fixture
-def data_file(tmp_path):
-    path = tmp_path / "data.yaml"
-    path.write_text(yaml.safe_dump(DATA))
-    return path
+data_file = data_file_fixture(DATA)
 
 
 def test_plan_of_a_qwen2_5_vl_directory_says_what_it_derived(cli, qwen2_5_vl, data_file, tmp_path):
     out = tmp_path / "plan.yaml"
-    result = cli("plan", "--model", str(qwen2_5_vl), "--cluster", "local-cpu", "--data", str(data_file),
-                 "--out", str(out))  # fmt: skip
-    assert result.exit_code == 0, result.output
+    result = plan_of(cli, qwen2_5_vl, data_file, out)
     printed = " ".join(result.output.split())  # the console wraps long lines
     assert (
         "config.json: vision: 4 blocks (2 full-attention, the rest in 16-patch windows), width 32, 4 heads, ffn 64 "
@@ -64,9 +59,7 @@ def test_plan_with_a_bad_qwen_vl_field_is_one_line(cli, data_file, tmp_path):
 
 def test_plan_gives_the_tower_tp1_and_no_cp(cli, qwen2_5_vl, data_file, tmp_path):
     out = tmp_path / "plan.yaml"
-    result = cli("plan", "--model", str(qwen2_5_vl), "--cluster", "local-cpu", "--data", str(data_file), "--out", str(out),
-                 "--placement", "colocated", "--fix", "llm.tp=2")  # fmt: skip
-    assert result.exit_code == 0, result.output
+    plan_of(cli, qwen2_5_vl, data_file, out, "--placement", "colocated", "--fix", "llm.tp=2")
     plan = yaml.safe_load(out.read_text())
     assert plan["modules"]["vision"]["layout"]["tp"] == 1 and plan["modules"]["vision"]["layout"]["cp"] == 1
     assert plan["modules"]["llm"]["layout"]["tp"] == 2
@@ -74,24 +67,11 @@ def test_plan_gives_the_tower_tp1_and_no_cp(cli, qwen2_5_vl, data_file, tmp_path
 
 @pytest.mark.slow
 def test_launch_lr0_then_export_returns_the_weights_bit_for_bit(cli, qwen2_5_vl, data_file, tmp_path, train_config):
-    from safetensors.torch import load_file
-
     plan = tmp_path / "plan.yaml"
-    result = cli("plan", "--model", str(qwen2_5_vl), "--cluster", "local-cpu", "--data", str(data_file), "--out", str(plan),
-                 "--placement", "colocated", "--fix", "llm.tp=2")  # fmt: skip
-    assert result.exit_code == 0, result.output
-    run = tmp_path / "run"
-    result = cli("launch", str(plan), "--lr", "0", "--steps", "1", "--config", train_config(checkpoint_every=1),
-                 "--dtype", "float64", "--workdir", str(run))  # fmt: skip
-    assert result.exit_code == 0, result.output
-    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["loss"] > 0
-    out = tmp_path / "exported"
-    result = cli("export", str(run), "--out", str(out))
-    assert result.exit_code == 0, result.output
-    before, after = load_file(qwen2_5_vl / "model.safetensors"), load_file(out / "model.safetensors")
-    assert set(before) == set(after)
-    for key, tensor in before.items():
-        assert after[key].dtype == tensor.dtype and after[key].equal(tensor), key
+    plan_of(cli, qwen2_5_vl, data_file, plan, "--placement", "colocated", "--fix", "llm.tp=2")
+    out = launch_lr0_then_export(cli, plan, tmp_path / "run", tmp_path / "exported",
+                                 "--config", train_config(checkpoint_every=1))  # fmt: skip
+    assert_same_weights(qwen2_5_vl / "model.safetensors", out / "model.safetensors")
     import torch
     import transformers
 

@@ -120,12 +120,13 @@ def test_calibration_is_the_sample_cost_model_split_over_tp(specs):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the workers run (and quick on a shared machine)
     try:
-        timed = calibrate_module(model, "vision", torch.float64)
+        calibrated = calibrate_module(model, "vision", torch.float64)
     finally:
         torch.set_num_threads(threads)
+    timed = calibrated.cost
     assert timed is not None
     assert all(0 <= x < 1.0 for x in (timed.call, timed.constant, timed.linear, timed.quadratic))
-    assert calibrate_module(model, "vision", torch.float64) is timed  # cached: one timing
+    assert calibrate_module(model, "vision", torch.float64) is calibrated  # cached: one timing
 
     plan = _plan(specs, "colocated_enc_dp4_llm_dp2_tp2")
     calibration = {
@@ -406,7 +407,7 @@ def test_start_up_calibration_runs_only_without_a_profiled_cost(specs, monkeypat
     calls = []
     timed = SampleCost(constant=1e-3, linear=1e-5)
 
-    def fake(model, dtype, device, max_lens, modules):
+    def fake(model, dtype, device, max_lens, modules, say):
         calls.append(list(modules))
         return {m: timed for m in modules}
 
@@ -429,16 +430,15 @@ def test_start_up_calibration_runs_only_without_a_profiled_cost(specs, monkeypat
         dist.destroy_process_group()
 
 
-def test_calibration_times_the_data_s_longest_samples(specs):
-    """The per-pair rate is measured where the long samples are, not extrapolated from 256 tokens."""
+def test_calibration_climbs_towards_the_data_s_longest_samples(specs):
+    """Beyond the fixed shapes, single samples of doubling length up to the data's longest, the last rung that
+    length itself (timed while the budget lasts: tests/unit/test_calibration.py)."""
     from orch.planner.specs import DataSpec
-    from orch.runtime.train.orchestrator import CALIBRATION_SHAPES, calibration_shapes, longest_sample
+    from orch.runtime.train.orchestrator import calibration_ladder, longest_sample
 
-    assert calibration_shapes(0) == CALIBRATION_SHAPES
-    assert calibration_shapes(256) == CALIBRATION_SHAPES
-    longer = calibration_shapes(1024)
-    assert longer[: len(CALIBRATION_SHAPES)] == CALIBRATION_SHAPES
-    assert (1, 1024) in longer and max(n for _, n in longer) == 1024
+    assert calibration_ladder(0) == calibration_ladder(256) == ()
+    assert calibration_ladder(600) == (512, 600)
+    assert calibration_ladder(2048) == (512, 1024, 2048)
     model = specs[0]
     data = DataSpec.model_validate(
         {

@@ -191,7 +191,8 @@ def test_a_tower_over_tp2_or_cp2_is_refused_in_one_line(family):
 
 def test_the_start_up_calibration_times_the_familys_own_modules(family):
     """The dispatcher's calibrated costs come from the tower as it runs (Qwen2.5-VL's windows), not from orch's
-    reference module of the same shape; lengths as the tower takes them (whole merge windows)."""
+    reference module of the same shape; lengths as the tower takes them (whole merge windows); the LLM as the
+    family builds it."""
     from orch.planner.hf_config import model_spec_from_dir
     from orch.runtime.models.qwen_vl.language import MRopeCausalLM
     from orch.runtime.models.qwen_vl.vision import QwenVisionTower
@@ -201,6 +202,9 @@ def test_the_start_up_calibration_times_the_familys_own_modules(family):
     model = model_spec_from_dir(directory)
     tower = whole_module(model, "vision", torch.float64, torch.device("cpu"))
     assert isinstance(tower, QwenVisionTower) and len(tower.visual.blocks) == model.modules["vision"].layers
-    assert isinstance(whole_module(model, "llm", torch.float64, torch.device("cpu")), MRopeCausalLM)
+    llm = whole_module(model, "llm", torch.float64, torch.device("cpu"))
+    assert isinstance(llm, MRopeCausalLM)
     assert model.modules["vision"].round_length(2) == 4 and model.modules["vision"].round_length(65) == 64
     assert _time_module(model, "vision", tower, 2, 64, torch.float64) > 0
+    # the LLM timed on inputs as wide as the executors feed it (Qwen3-VL's rows carry its deepstack features)
+    assert _time_module(model, "llm", llm, 2, 16, torch.float64) > 0
