@@ -49,7 +49,7 @@ def agree_checkpoint(workdir: str | Path, start: int, identity: dict[str, object
             unverified = unverified or (step, folder)
         elif not newer:
             if rank == 0:
-                if unverified is not None:
+                if unverified is not None and unverified[0] <= start:  # a newer one: the launch said it
                     say(passed_over_line(unverified[1].name, folder.name))
                 say(f"resuming from {step_name(step)} (verified)")
                 if step != start:

@@ -38,6 +38,7 @@ from orch.runtime.checkpoint_metadata import METADATA, metadata_problem
 from orch.runtime.metrics import METRICS_FILE
 from orch.runtime.run_identity import data_identity, differences, fingerprint, layouts, model_identity
 from orch.runtime.run_lock import RunLock
+from orch.runtime.workdir_files import make_workdir
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -254,8 +255,7 @@ def open_run(
     """Steps 1-4 of the module docstring; the caller releases `lock` when the run ends (or exits)."""
     from orch.runtime.disk import check_free
 
-    out = Path(workdir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_workdir(workdir)  # 0700 unless asked; one that cannot be written: one line naming it
     check_free(checkpoint_root(out), checkpoint_needs, "a checkpoint")
     lock = RunLock(out)
     lock.acquire()

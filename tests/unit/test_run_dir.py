@@ -409,6 +409,44 @@ def test_a_launch_checks_sizes_and_the_ranks_fall_back_past_a_checksum_mismatch(
         dist.destroy_process_group()
 
 
+def test_the_ranks_take_a_checkpoint_without_a_manifest_only_when_none_verifies(tmp_path, capsys):
+    """A newer folder saved without a manifest (unverifiable) is passed over for a verified one; once the ranks find
+    every verified one damaged, it is what they resume from, each said in one line."""
+    import torch.distributed as dist
+
+    from orch.runtime.checkpoint_agree import agree_checkpoint
+
+    plan = _plan()
+    ident = model_identity(plan.model)
+    for step in (10, 20, 30):
+        _checkpoint(tmp_path, step, ident)
+    (tmp_path / "checkpoints" / step_name(30) / MANIFEST).unlink()
+    (tmp_path / "checkpoints" / step_name(20) / "__1_0.distcp").write_bytes(os.urandom(8192))  # same size
+    opened = open_run(tmp_path, plan, resume=True, factory=None, checkpoint_needs=0)
+    opened.lock.release()
+    assert opened.start == 20
+    assert capsys.readouterr().err.splitlines() == [
+        "orch: passing over step_00000030: saved without a manifest, it cannot be verified; step_00000020 can"
+    ]
+    _one_rank_group(tmp_path)
+    try:
+        assert agree_checkpoint(tmp_path, 20, ident, 0, 1) == 10
+        assert capsys.readouterr().err.splitlines() == [
+            "orch: skipping step_00000020: shard __1_0.distcp: checksum mismatch",
+            "orch: resuming from step_00000010 (verified)",
+        ]
+        (tmp_path / "checkpoints" / step_name(10) / "__0_0.distcp").write_bytes(os.urandom(8192))
+        assert agree_checkpoint(tmp_path, 20, ident, 0, 1) == 30
+        assert capsys.readouterr().err.splitlines() == [
+            "orch: skipping step_00000020: shard __1_0.distcp: checksum mismatch",
+            "orch: skipping step_00000010: shard __0_0.distcp: checksum mismatch",
+            "orch: step_00000030: saved without a manifest (an older orch) and no checkpoint verifies: loaded "
+            "unverified",
+        ]
+    finally:
+        dist.destroy_process_group()
+
+
 def test_pruning_keeps_the_newest_and_clears_a_crashed_delete(tmp_path):
     from orch.runtime.run_dir import TRASH, checkpoint_root, prune_checkpoints
 

@@ -165,3 +165,109 @@ def test_a_checkpoint_without_a_manifest_is_taken_only_when_none_verifies(tmp_pa
 
 def _shard_bytes(root: Path) -> str:
     return str(os.path.getsize(root / step_name(3) / "__0_0.distcp"))
+
+
+# -- files opened in place: never through a link ---------------------------------------------------------------
+
+
+def _outside(tmp_path: Path) -> Path:
+    precious = tmp_path / "outside" / "precious.txt"
+    precious.parent.mkdir()
+    precious.write_text("keep me\n")
+    return precious
+
+
+def test_a_run_lock_that_is_a_link_is_refused_in_one_line_and_its_target_kept(tmp_path, capsys):
+    from orch.runtime.run_lock import RunLock, probe
+    from orch.runtime.workdir_files import LinkRefused
+
+    precious = _outside(tmp_path)
+    work = tmp_path / "run"
+    work.mkdir()
+    (work / "run.lock").symlink_to(precious)
+    want = f"{work / 'run.lock'}: a symbolic link, where orch keeps its own file: not followed (remove the link)"
+    with pytest.raises(LinkRefused) as info:
+        RunLock(work).acquire()
+    assert str(info.value) == want
+    with pytest.raises(LinkRefused):
+        probe(work)
+    with pytest.raises(LinkRefused):
+        open_run(work, _plan(), resume=True, factory=None, checkpoint_needs=0)
+    assert precious.read_text() == "keep me\n"
+
+
+def test_heartbeats_metrics_and_data_problems_are_never_written_through_a_link(tmp_path):
+    from orch.runtime.data.problems import DataProblems
+    from orch.runtime.launch.heartbeat import Heartbeat, heartbeat_dir
+    from orch.runtime.metrics import StepRecord, append_record, metrics_path
+    from orch.runtime.workdir_files import LinkRefused
+
+    precious = _outside(tmp_path)
+    heartbeat_dir(tmp_path).mkdir()
+    (heartbeat_dir(tmp_path) / "rank0.json").symlink_to(precious)
+    with pytest.raises(LinkRefused):
+        Heartbeat(tmp_path, 0)
+    metrics_path(tmp_path).symlink_to(precious)
+    with pytest.raises(LinkRefused):
+        append_record(metrics_path(tmp_path), StepRecord(step=0, loss=1.0, tokens=7, step_time_s=0.5, ranks={}))
+    (tmp_path / "problems.jsonl").symlink_to(precious)
+    with pytest.raises(LinkRefused):
+        DataProblems(str(tmp_path / "problems.jsonl")).add("a.jsonl:3", "image", "bad", 0, "skipped")
+    assert precious.read_text() == "keep me\n"
+
+
+# -- the workdir: private, and one line when it cannot be written ----------------------------------------------
+
+
+def test_a_workdir_is_created_private_whatever_the_umask_unless_asked(tmp_path, monkeypatch):
+    import stat
+
+    from orch.planner.errors import OrchError
+    from orch.runtime.workdir_files import make_workdir
+
+    old = os.umask(0o002)
+    try:
+        opened = open_run(tmp_path / "run", _plan(), resume=True, factory=None, checkpoint_needs=0)
+        opened.lock.release()
+        assert stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o700
+        monkeypatch.setenv("ORCH_WORKDIR_MODE", "0750")
+        assert stat.S_IMODE(make_workdir(tmp_path / "shared").stat().st_mode) == 0o750
+        monkeypatch.setenv("ORCH_WORKDIR_MODE", "rwx")
+        with pytest.raises(OrchError, match=r"^ORCH_WORKDIR_MODE=rwx: expected an octal mode that lets its owner in"):
+            make_workdir(tmp_path / "other")
+    finally:
+        os.umask(old)
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory this process cannot write: a read-only bind mount for root (who ignores modes), else 0555."""
+    import subprocess
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)
+        return
+    mounted = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True).returncode == 0
+    if not mounted or subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], capture_output=True).returncode:
+        if mounted:
+            subprocess.run(["umount", str(folder)], check=True)
+        pytest.skip("root without mount: no directory it cannot write")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_read_only_workdir_is_one_line_naming_it(cli, plan_file, read_only_dir):
+    path, _, _ = plan_file
+    result = cli("launch", str(path), "--nproc", "2", "--steps", "1", "--workdir", str(read_only_dir))
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == (
+        f"error: {read_only_dir}: the workdir is not writable: a run writes its lock, checkpoints and metrics there; "
+        "make it writable or choose another --workdir"
+    )
+    assert "Traceback" not in result.output
