@@ -148,8 +148,12 @@ def append_record(path: str | Path, record: StepRecord) -> None:
     line = record.model_dump_json(exclude_none=True) + "\n"
     with no_space_guard(path, len(line.encode()), "a step's record"):
         fd = open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # appended in place: never through a link
-        with os.fdopen(fd, "a") as f:
-            f.write(line)
+        try:
+            data = memoryview(line.encode())
+            while data:  # a short write (a disk filling up) goes on until it fails with ENOSPC
+                data = data[os.write(fd, data) :]
+        finally:
+            os.close(fd)
 
 
 def truncate_after(path: str | Path, start: int) -> None:

@@ -38,7 +38,7 @@ from orch.runtime.checkpoint_metadata import METADATA, metadata_problem
 from orch.runtime.metrics import METRICS_FILE
 from orch.runtime.run_identity import data_identity, differences, fingerprint, layouts, model_identity
 from orch.runtime.run_lock import RunLock
-from orch.runtime.workdir_files import make_workdir
+from orch.runtime.workdir_files import make_workdir, others_can_write
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -256,6 +256,8 @@ def open_run(
     from orch.runtime.disk import check_free
 
     out = make_workdir(workdir)  # 0700 unless asked; one that cannot be written: one line naming it
+    if others_can_write(out):
+        say(f"{out}: its group or others can write it, and could plant files the run loads: chmod go-w {out}")
     check_free(checkpoint_root(out), checkpoint_needs, "a checkpoint")
     lock = RunLock(out)
     lock.acquire()

@@ -7,7 +7,9 @@ wherever it points: a `run.lock` linked to a file outside the workdir would get 
 refuses a link in one line (O_NOFOLLOW), and its descriptor is not inherited by a child (O_CLOEXEC).
 
 A workdir orch creates is 0700 (`make_workdir`): whoever can write it could plant files the run reads. Another mode
-is asked for with ORCH_WORKDIR_MODE (octal, e.g. 0750 to let a group read the run; the umask still applies).
+is asked for with ORCH_WORKDIR_MODE (octal, e.g. 0750 to let a group read the run; the umask still applies); a mode
+that lets others write is refused, and a run in an existing workdir others can write says so in one line
+(runtime/run_dir.py `open_run`): Slurm's task pickles (submitit's, in WORKDIR/slurm/) are loaded as they are.
 Torch-free.
 """
 
@@ -48,9 +50,17 @@ def workdir_mode(environ: dict[str, str] | os._Environ[str] = os.environ) -> int
         mode = int(text, 8)
     except ValueError:
         mode = -1
-    if not 0 <= mode <= 0o777 or not mode & 0o700 == 0o700:
-        raise OrchError(f"{MODE_VARIABLE}={text}: expected an octal mode that lets its owner in (0700, 0750, 0755)")
+    if not 0 <= mode <= 0o777 or mode & 0o700 != 0o700 or mode & 0o022:
+        raise OrchError(
+            f"{MODE_VARIABLE}={text}: expected an octal mode that lets its owner in and no one else write (0700, "
+            "0750, 0755): whoever can write a workdir can plant what its ranks load"
+        )
     return mode
+
+
+def others_can_write(path: str | Path) -> bool:
+    """Whether the directory's group or anyone else may write into it (its mode; ACLs aside)."""
+    return bool(os.stat(path).st_mode & 0o022)
 
 
 def make_workdir(path: str | Path) -> Path:

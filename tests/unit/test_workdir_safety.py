@@ -219,6 +219,17 @@ def test_heartbeats_metrics_and_data_problems_are_never_written_through_a_link(t
 # -- the workdir: private, and one line when it cannot be written ----------------------------------------------
 
 
+def test_a_workdir_others_can_write_is_said_in_one_line(tmp_path, capsys):
+    work = tmp_path / "shared"
+    work.mkdir()
+    work.chmod(0o775)
+    opened = open_run(work, _plan(), resume=True, factory=None, checkpoint_needs=0)
+    opened.lock.release()
+    assert capsys.readouterr().err.splitlines() == [
+        f"orch: {work}: its group or others can write it, and could plant files the run loads: chmod go-w {work}"
+    ]
+
+
 def test_a_workdir_is_created_private_whatever_the_umask_unless_asked(tmp_path, monkeypatch):
     import stat
 
@@ -232,9 +243,13 @@ def test_a_workdir_is_created_private_whatever_the_umask_unless_asked(tmp_path, 
         assert stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o700
         monkeypatch.setenv("ORCH_WORKDIR_MODE", "0750")
         assert stat.S_IMODE(make_workdir(tmp_path / "shared").stat().st_mode) == 0o750
-        monkeypatch.setenv("ORCH_WORKDIR_MODE", "rwx")
-        with pytest.raises(OrchError, match=r"^ORCH_WORKDIR_MODE=rwx: expected an octal mode that lets its owner in"):
-            make_workdir(tmp_path / "other")
+        for bad in ("rwx", "0770", "0500"):
+            monkeypatch.setenv("ORCH_WORKDIR_MODE", bad)
+            with pytest.raises(
+                OrchError, match=rf"^ORCH_WORKDIR_MODE={bad}: expected an octal mode that lets its owner"
+            ):
+                make_workdir(tmp_path / "other")
+        assert not (tmp_path / "other").exists()
     finally:
         os.umask(old)
 
