@@ -10,7 +10,8 @@ resumes from is the newest that verifies (runtime/run_dir.py `choose_checkpoint`
 keyed by module and parameter name (not the optimizer's parameter index, which differs between ranks
 serving different modules), so dcp can dedup replicas and reshard DTensors by name. A full disk during a
 save is one line naming the folder and the bytes a checkpoint needs (runtime/disk.py); the partial .tmp is
-removed.
+removed. Loading reads DCP's pickled `.metadata` through an unpickler that allows only its own names
+(runtime/checkpoint_metadata.py): a checkpoint folder is data, never code.
 """
 
 from __future__ import annotations
@@ -121,7 +122,10 @@ def load(
     state = _state(modules, optimizer)
     import torch.distributed.checkpoint as dcp
 
-    dcp.load(state, checkpoint_id=str(checkpoint_root(workdir) / step_name(step)))
+    from orch.runtime.checkpoint_metadata import load_planner, reader
+
+    folder = checkpoint_root(workdir) / step_name(step)
+    dcp.load(state, storage_reader=reader(folder), planner=load_planner())  # nothing in the folder runs code
     for name, module in modules.items():
         module.load_state_dict(state[name]["model"])
 

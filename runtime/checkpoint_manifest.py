@@ -2,9 +2,10 @@
 
 Written by rank 0 inside step_XXXXXXXX.tmp before the folder is renamed (runtime/checkpoint.py), so a
 published checkpoint always carries it. `verify` checks what resume and export rely on, cheapest first: the
-manifest parses, every file it lists is there with its size, then every file's sha256 (on threads: the
-checkpoint read once, at the disk's speed more than one core's; a launch leaves the sha256 to its ranks, each
-hashing a share: `share_of`). Torch-free.
+manifest parses, every file it lists is there with its size, DCP's `.metadata` names nothing but DCP's metadata
+(runtime/checkpoint_metadata.py: the sha256 is no key, anyone who can write the folder can recompute it), then
+every file's sha256 (on threads: the checkpoint read once, at the disk's speed more than one core's; a launch
+leaves the sha256 to its ranks, each hashing a share: `share_of`). Torch-free.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orch.runtime.checkpoint_metadata import METADATA, metadata_problem
+
 MANIFEST = "manifest.json"
+NO_MANIFEST = f"no {MANIFEST}"  # what `verify` says of a folder saved before manifests
 _CHUNK = 1 << 22
 
 
@@ -58,7 +62,7 @@ def read_manifest(folder: Path) -> Manifest | str:
     try:
         return Manifest.model_validate_json(path.read_bytes())
     except FileNotFoundError:
-        return f"no {MANIFEST}"
+        return NO_MANIFEST
     except OSError as exc:
         return f"{MANIFEST}: unreadable ({exc.strerror})"
     except ValidationError:
@@ -78,7 +82,7 @@ def verify(folder: Path, checksums: bool = True) -> Manifest | str:
     manifest = read_manifest(folder)
     if isinstance(manifest, str):
         return manifest
-    if ".metadata" not in manifest.files:
+    if METADATA not in manifest.files:
         return f"{MANIFEST}: lists no .metadata"
     for name, want in sorted(manifest.files.items()):
         try:
@@ -87,6 +91,9 @@ def verify(folder: Path, checksums: bool = True) -> Manifest | str:
             return f"{_kind(name)}: missing"
         if size != want.bytes:
             return f"{_kind(name)}: {size} bytes, {want.bytes} written (truncated or replaced)"
+    unsafe = metadata_problem(folder / METADATA)  # a hash anyone can recompute is no guard against code in a pickle
+    if unsafe is not None:
+        return unsafe
     if not checksums:
         return manifest
     problem = checksum_problem(folder, manifest, sorted(manifest.files))

@@ -11,6 +11,7 @@ disk while appending is one line naming the file and the bytes the record needed
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from orch.planner.errors import SpecError
 from orch.planner.io import write_text_atomic
 from orch.runtime.disk import no_space_guard
+from orch.runtime.workdir_files import open_own
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -144,8 +146,14 @@ def last_record(path: str | Path) -> StepRecord | None:
 def append_record(path: str | Path, record: StepRecord) -> None:
     """One line appended (rank 0 only; a line is written whole by one write call)."""
     line = record.model_dump_json(exclude_none=True) + "\n"
-    with no_space_guard(path, len(line.encode()), "a step's record"), open(path, "a") as f:
-        f.write(line)
+    with no_space_guard(path, len(line.encode()), "a step's record"):
+        fd = open_own(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # appended in place: never through a link
+        try:
+            data = memoryview(line.encode())
+            while data:  # a short write (a disk filling up) goes on until it fails with ENOSPC
+                data = data[os.write(fd, data) :]
+        finally:
+            os.close(fd)
 
 
 def truncate_after(path: str | Path, start: int) -> None:

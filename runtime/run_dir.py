@@ -10,7 +10,9 @@
 4. with resume: the workdir's plan.json of another model refused (`--no-resume` to start over), a layout
    change noted (DCP re-shards); then the newest checkpoint whose manifest, files and sizes check out
    (`choose_checkpoint`; its checksums the ranks verify together once they meet, falling back to an older one:
-   runtime/checkpoint_agree.py), each one skipped said in one line, a checkpoint of another model refused;
+   runtime/checkpoint_agree.py), each one skipped said in one line, a checkpoint of another model refused; one
+   saved without a manifest (an older orch's) only when none verifies, said in one line; a `.metadata` naming
+   anything but DCP's metadata never (runtime/checkpoint_metadata.py);
    checkpoints that exist and none verifies: refused, never a silent start at step 0. No checkpoint at all:
    step 0, earlier metrics moved aside rather than deleted.
 
@@ -31,10 +33,12 @@ from pathlib import Path
 from orch.planner.errors import OrchError
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
-from orch.runtime.checkpoint_manifest import Manifest, read_manifest, verify
+from orch.runtime.checkpoint_manifest import NO_MANIFEST, Manifest, read_manifest, verify
+from orch.runtime.checkpoint_metadata import METADATA, metadata_problem
 from orch.runtime.metrics import METRICS_FILE
 from orch.runtime.run_identity import data_identity, differences, fingerprint, layouts, model_identity
 from orch.runtime.run_lock import RunLock
+from orch.runtime.workdir_files import make_workdir, others_can_write
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -69,6 +73,18 @@ def step_folders(workdir: str | Path) -> list[tuple[int, Path]]:
         if m and p.is_dir():
             found.append((int(m.group(1)), p))
     return sorted(found, reverse=True)
+
+
+def unverified_line(name: str) -> str:
+    return f"{name}: saved without a manifest (an older orch) and no checkpoint verifies: loaded unverified"
+
+
+def passed_over_line(unverified: str, verified: str) -> str:
+    return f"passing over {unverified}: saved without a manifest, it cannot be verified; {verified} can"
+
+
+def _step_of(folder: Path) -> int:
+    return int(folder.name.removeprefix("step_"))
 
 
 TRASH = ".deleting-"  # a pruned folder's name while it is deleted: never a step folder, never loaded
@@ -140,7 +156,8 @@ def choose_checkpoint(
     tell: Callable[[str], None] = say,
     checksums: bool = True,
 ) -> Chosen | None:
-    """The newest checkpoint that verifies (None: the workdir has none). Says why each newer one was skipped;
+    """The newest checkpoint that verifies (None: the workdir has none), else the newest saved without a manifest
+    (an older orch's: unverifiable, so never preferred to one that verifies). Says why each newer one was skipped;
     RunMismatch if it belongs to another model, or if checkpoints exist and none verifies. checksums=False: the
     manifest and the files' sizes only (a launch: its ranks hash the files together, runtime/checkpoint_agree.py)."""
     folders = step_folders(workdir)
@@ -149,11 +166,14 @@ def choose_checkpoint(
     note = _latest_note(Path(workdir), folders)
     if note is not None:
         tell(note)
+    unverified: Path | None = None  # the newest folder saved without a manifest: taken only when none verifies
     for step, folder in folders:
         found = verify(folder, checksums)
-        if found == "no manifest.json":
-            tell(f"{folder.name}: saved without a manifest (an older orch): loaded unverified")
-            return Chosen(step, None)
+        if found == NO_MANIFEST:
+            found = metadata_problem(folder / METADATA) or found
+        if found == NO_MANIFEST:
+            unverified = unverified or folder
+            continue
         if isinstance(found, str):
             tell(f"skipping {folder.name}: {found}")
             continue
@@ -163,7 +183,12 @@ def choose_checkpoint(
                 f"{folder}: a checkpoint of another model ({'; '.join(what[:3]) or 'fingerprint differs'}): "
                 "launch with --no-resume to start over (the old run is moved aside) or choose another --workdir"
             )
+        if unverified is not None:
+            tell(passed_over_line(unverified.name, folder.name))
         return Chosen(step, found)
+    if unverified is not None:
+        tell(unverified_line(unverified.name))
+        return Chosen(_step_of(unverified), None)
     raise RunMismatch(
         f"{checkpoint_root(workdir)}: none of its {len(folders)} checkpoint(s) verifies (reasons above): launch "
         "with --no-resume to start over (they are moved aside) or restore one"
@@ -230,8 +255,9 @@ def open_run(
     """Steps 1-4 of the module docstring; the caller releases `lock` when the run ends (or exits)."""
     from orch.runtime.disk import check_free
 
-    out = Path(workdir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_workdir(workdir)  # 0700 unless asked; one that cannot be written: one line naming it
+    if others_can_write(out):
+        say(f"{out}: its group or others can write it, and could plant files the run loads: chmod go-w {out}")
     check_free(checkpoint_root(out), checkpoint_needs, "a checkpoint")
     lock = RunLock(out)
     lock.acquire()

@@ -3,8 +3,10 @@
 The lock is an exclusive `flock` on an open descriptor, so the kernel releases it when the holder exits in
 any way (a crash, SIGKILL, a node's reboot). The file also says who holds it (`Holder`: host, pid, job id,
 Slurm restart count, start time), in place: replacing the file would give a new inode that a second
-process could lock while the first still holds the old one. A clean release empties it; a file still naming
-a holder when the lock is free is a stale lock of a process that died, taken over with a note.
+process could lock while the first still holds the old one. It is never opened through a symbolic link (one
+line: runtime/workdir_files.py `open_own`): truncating it would truncate whatever the link points to. A clean
+release empties it; a file still naming a holder when the lock is free is a stale lock of a process that died,
+taken over with a note.
 
 A requeued Slurm job (the same job id, a higher restart count) takes the lock from its previous
 incarnation: if that one still holds it (a shared filesystem's lock lease outliving the process), it
@@ -26,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from orch.planner.errors import OrchError
+from orch.runtime.workdir_files import make_workdir, open_own
 
 LOCK_FILE = "run.lock"
 
@@ -96,8 +99,8 @@ class RunLock:
         if self._fd is not None:
             return
         me = Holder.here()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by children (PEP 446)
+        make_workdir(self.path.parent)
+        fd = open_own(self.path, os.O_RDWR | os.O_CREAT)  # a link would be truncated wherever it points: refused
         try:
             self._lock(fd, me)
             previous = read_holder(self.path)
@@ -162,9 +165,9 @@ def probe(workdir: str | Path) -> None:
 def is_held(workdir: str | Path) -> bool:
     """Whether a live process holds the run directory's lock now; takes nothing."""
     path = lock_path(workdir)
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return False
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_own(path, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as exc:

@@ -16,6 +16,8 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+from orch.runtime.workdir_files import open_own
+
 PROBLEMS_FILE = "data_problems.jsonl"
 
 
@@ -46,7 +48,7 @@ class DataProblems:
         record = {"file": name, "line": int(line) if line.isdigit() else line, "medium": medium, "error": error,
                   "step": step, "rank": self.rank, "action": action}  # fmt: skip
         data = (json.dumps(record) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = open_own(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)  # appended in place: no link
         try:
             os.write(fd, data)
         finally:

@@ -13,10 +13,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orch.planner.errors import OrchError
+from orch.runtime.workdir_files import make_workdir
 
 if TYPE_CHECKING:
     from orch.runtime.launch.rank import RankContext
@@ -109,7 +109,7 @@ class FunctionTask:
     timeout_s: float = 120.0
 
     def prepare(self) -> None:
-        Path(self.workdir).mkdir(parents=True, exist_ok=True)
+        make_workdir(self.workdir)
 
     def run(self, ctx: RankContext) -> None:
         self.fn(ctx)

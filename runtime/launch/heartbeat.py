@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from orch.runtime.workdir_files import open_own
+
 HEARTBEAT_DIR = ".heartbeat"
 ALIVE_EVERY_S = 1.0
 FROZEN_AFTER_S = 3.0  # a rank whose liveness thread has not written for this long is stopped, not waiting
@@ -82,7 +84,7 @@ class Heartbeat:
         folder = heartbeat_dir(workdir)
         folder.mkdir(parents=True, exist_ok=True)
         self.rank = rank
-        self._fd = os.open(folder / f"rank{rank}.json", os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = open_own(folder / f"rank{rank}.json", os.O_RDWR | os.O_CREAT)  # rewritten in place: no link
         self._lock = threading.Lock()
         self._state: dict[str, object] = {"rank": rank, "pid": os.getpid(), "step": None, "seq": 0, "phase": "setup"}
         self._state["progress"] = self._state["alive"] = time.time()

@@ -42,6 +42,7 @@ from orch.runtime.launch.partition import fit_to_partition, read_partition, stuc
 from orch.runtime.launch.rank import RankEnv, run_rank
 from orch.runtime.launch.sbatch import SlurmOptions, default_setup_text, executor_parameters, sbatch_text
 from orch.runtime.preemption import Preemption
+from orch.runtime.workdir_files import make_workdir
 
 if TYPE_CHECKING:  # launch/ knows tasks through base.Task; training is imported by submit_train alone
     from orch.runtime.train.config import TrainConfig
@@ -145,8 +146,7 @@ class SlurmTask:
         stop = _StopOnSignal(env.rank, self.grace_s)
         if env.world != self.task.world_size:
             raise OrchError(f"the allocation has {env.world} tasks, the task needs {self.task.world_size}")
-        workdir = Path(self.task.workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
+        workdir = make_workdir(self.task.workdir)
         record_node(workdir, env.job_id, env.rank)
         refusal: str | None = None
         if env.rank == 0:
@@ -186,8 +186,7 @@ class SlurmLauncher:
     def submit(self, task: Task) -> SlurmHandle:
         import submitit
 
-        out = Path(task.workdir).absolute()
-        out.mkdir(parents=True, exist_ok=True)
+        out = make_workdir(Path(task.workdir).absolute())  # before submitit makes its folder inside it
         # Half the warning signal's lead time to reach a step boundary and save; the rest to requeue and exit.
         grace_s = float(self.params["signal_delay_s"]) / 2  # type: ignore[arg-type]
         executor = submitit.SlurmExecutor(folder=out / "slurm" / "%j", max_num_timeout=3)

@@ -2,7 +2,9 @@
 (`orch launch --executor torchrun`; torchrun itself, or a Kubernetes PyTorchJob running the same entry point).
 
 The task is pickled to WORKDIR/task.pkl (`write_task`, atomically), and every rank runs
-`python -m orch.runtime.launch.torchrun_rank WORKDIR/task.pkl` (runtime/launch/torchrun_rank.py): it reads
+`python -m orch.runtime.launch.torchrun_rank --sha256 HEX WORKDIR/task.pkl` (runtime/launch/torchrun_rank.py):
+it unpickles the file only if its bytes have the sha256 the command line carries (whoever can write the workdir
+cannot make the ranks run their code: the command is the launch's own, not a file in the workdir), reads
 RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT into the one RankEnv and runs the rank-start path
 of every launcher (runtime/launch/rank.py `run_rank`); rank 0 prepares the task before the rendezvous, as
 on Slurm, so a restarted pod trims metrics to the checkpoint it resumes from.
@@ -16,6 +18,8 @@ filesystem every node sees. `TorchrunLauncher.submit` runs the command on this n
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import os
 import pickle
 import shlex
@@ -31,6 +35,7 @@ from orch.planner.errors import OrchError
 from orch.planner.io import write_bytes_atomic
 from orch.runtime.launch.base import Handle, LaunchError, Task
 from orch.runtime.launch.failures import first_failure
+from orch.runtime.workdir_files import make_workdir
 
 TASK_FILE = "task.pkl"
 ENTRY = "orch.runtime.launch.torchrun_rank"  # the ranks' module
@@ -40,22 +45,42 @@ def task_path(workdir: str | os.PathLike[str]) -> Path:
     return Path(workdir).absolute() / TASK_FILE
 
 
-def write_task(task: Task) -> Path:
-    """Pickle `task` to WORKDIR/task.pkl atomically (a rank never reads half a file); its path."""
+def task_bytes(task: Task) -> bytes:
+    return pickle.dumps(task)
+
+
+def task_digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_task(task: Task, data: bytes | None = None) -> Path:
+    """Pickle `task` (or write its `task_bytes`) to WORKDIR/task.pkl atomically (a rank never reads half a file),
+    the workdir created private (runtime/workdir_files.py); its path."""
     path = task_path(task.workdir)
-    write_bytes_atomic(path, pickle.dumps(task))
+    make_workdir(path.parent)
+    write_bytes_atomic(path, task_bytes(task) if data is None else data)
     return path
 
 
-def read_task(path: str | os.PathLike[str]) -> Task:
-    """The task `write_task` left at `path`; OrchError (one line) if it is missing or not a task file."""
+def read_task(path: str | os.PathLike[str], sha256: str) -> Task:
+    """The task `write_task` left at `path`, unpickled only when its bytes have the `sha256` the command carries
+    (the command line is the launch's own, the workdir anyone's who can write it); OrchError (one line) if it is
+    missing, rewritten since, or not a task file."""
     p = Path(path)
     if not p.is_file():
         raise OrchError(f"{p}: no such task file (`orch launch --executor torchrun` writes WORKDIR/{TASK_FILE})")
     try:
-        with p.open("rb") as f:
-            task = pickle.load(f)
-    except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError, IndexError) as exc:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise OrchError(f"{p}: unreadable ({exc.strerror})") from None
+    if not hmac.compare_digest(task_digest(data), sha256.lower()):
+        raise OrchError(
+            f"{p}: not the task file this command was made for (its sha256 differs: rewritten since `orch launch` "
+            "wrote it); not loaded: launch again"
+        )
+    try:
+        task = pickle.loads(data)
+    except (EOFError, pickle.UnpicklingError, AttributeError, ImportError, IndexError) as exc:
         raise OrchError(f"{p}: not a task file written by this orch version ({type(exc).__name__})") from None
     if not all(hasattr(task, name) for name in ("run", "world_size", "workdir", "device", "timeout_s")):
         raise OrchError(f"{p}: not a task file (a {type(task).__name__})")
@@ -71,13 +96,15 @@ def torchrun_program() -> list[str]:
 def torchrun_command(
     task_file: str | os.PathLike[str],
     *,
+    sha256: str,
     nodes: int,
     per_node: int,
     endpoint: str | None = None,
     run_id: str = "orch",
     program: list[str] | None = None,
 ) -> list[str]:
-    """The torchrun command line that starts `nodes` x `per_node` ranks of the task in `task_file`."""
+    """The torchrun command line that starts `nodes` x `per_node` ranks of the task in `task_file`, whose bytes'
+    `sha256` each rank checks before it unpickles them."""
     if nodes > 1 and not endpoint:
         raise OrchError(f"the plan needs {nodes} nodes: give --rdzv-endpoint HOST:PORT (a host every node reaches)")
     if endpoint:
@@ -88,7 +115,7 @@ def torchrun_command(
         *(program if program is not None else torchrun_program()),
         "--nnodes", str(nodes), "--nproc-per-node", str(per_node), *rendezvous,
         "--max-restarts", "0",  # a failed rank fails the run: orch resumes from checkpoints, not torchrun
-        "-m", ENTRY, str(task_file),
+        "-m", ENTRY, "--sha256", sha256, str(task_file),
     ]  # fmt: skip
 
 
@@ -111,10 +138,12 @@ class TorchrunLauncher:
         if self.nodes * per_node != task.world_size:
             raise OrchError(f"{self.nodes} node(s) x {per_node} ranks: the task needs {task.world_size} ranks")
         path = task_path(task.workdir)
+        data = task_bytes(task)
         command = torchrun_command(
-            path, nodes=self.nodes, per_node=per_node, endpoint=self.endpoint, run_id=_run_id(path)
-        )
-        write_task(task)  # once the command is known to be right
+            path, sha256=task_digest(data), nodes=self.nodes, per_node=per_node, endpoint=self.endpoint,
+            run_id=_run_id(path),
+        )  # fmt: skip
+        write_task(task, data)  # once the command is known to be right
         return command
 
     def submit(self, task: Task) -> TorchrunHandle:
@@ -129,8 +158,6 @@ class TorchrunLauncher:
 
 def _run_id(path: Path) -> str:
     """The same id on every node that runs the command (a c10d rendezvous needs one), one per workdir."""
-    import hashlib
-
     return "orch-" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
 
 

@@ -1,6 +1,8 @@
-"""One rank under torchrun (or a Kubernetes PyTorchJob): `python -m orch.runtime.launch.torchrun_rank TASKFILE`.
+"""One rank under torchrun (or a Kubernetes PyTorchJob): `python -m orch.runtime.launch.torchrun_rank --sha256 HEX
+TASKFILE`.
 
-Reads the task `orch launch --executor torchrun` pickled (runtime/launch/torchrun.py) and torch's standard
+Reads the task `orch launch --executor torchrun` pickled (runtime/launch/torchrun.py), once its bytes have the
+sha256 the command carries (a task file rewritten since is refused in one line, never unpickled), and torch's standard
 variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT: `RankEnv.from_torch_env`), then runs
 the rank-start path of every launcher (runtime/launch/rank.py `run_rank`). Rank 0 prepares the task before
 the rendezvous (the others wait in it), as a Slurm job's task 0 does. A missing or bad task file, or a
@@ -24,7 +26,10 @@ from orch.runtime.launch.rank import RankEnv, run_rank
 from orch.runtime.launch.torchrun import read_task
 from orch.runtime.preemption import Preemption
 
-USAGE = "usage: python -m orch.runtime.launch.torchrun_rank TASKFILE (under torchrun)"
+USAGE = (
+    "usage: python -m orch.runtime.launch.torchrun_rank --sha256 HEX TASKFILE (under torchrun: the command "
+    "`orch launch --executor torchrun --dry-run` prints)"
+)
 
 
 # torchrun's agent passes a SIGTERM (or SIGINT) it gets on to every rank as SIGTERM, and waits for them before it
@@ -50,14 +55,15 @@ def _end_stalled_job(workdir: str, stall: Stall) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0].startswith("-"):
+    if len(args) != 3 or args[0] != "--sha256" or args[2].startswith("-"):
         print(USAGE, file=sys.stderr)
         return 2
+    sha256, task_file = args[1], args[2]
     try:
         env = RankEnv.from_torch_env("auto")
-        task = read_task(args[0])
+        task = read_task(task_file, sha256)
         if env.world != task.world_size:
-            raise OrchError(f"WORLD_SIZE={env.world}: the task in {args[0]} needs {task.world_size} ranks")
+            raise OrchError(f"WORLD_SIZE={env.world}: the task in {task_file} needs {task.world_size} ranks")
         env = replace(env, device=task.device)  # "auto" is chosen on this rank's node (runtime/device.py)
         if env.rank == 0:
             task.prepare()  # before the rendezvous: no rank has started its body yet (a workdir in use: refused)

@@ -18,6 +18,7 @@ from orch.planner.profile import Profile
 from orch.planner.specs import ModelSpec
 from orch.runtime.profile.build import build_profile
 from orch.runtime.profile.cases import ProfileConfig
+from orch.runtime.workdir_files import make_workdir
 
 if TYPE_CHECKING:
     from orch.runtime.launch.rank import RankContext
@@ -38,7 +39,7 @@ class ProfileTask:
         return Path(self.workdir) / RAW
 
     def prepare(self) -> None:
-        Path(self.workdir).mkdir(parents=True, exist_ok=True)
+        make_workdir(self.workdir)
         self.raw_path.unlink(missing_ok=True)
 
     def run(self, ctx: RankContext) -> None:

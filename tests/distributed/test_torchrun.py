@@ -1,10 +1,14 @@
 """`orch launch --executor torchrun`: ranks started by real torchrun (torch's standard environment) run the
 rank-start path the local launcher's run, so their losses are the local launcher's; bad input is one line."""
 
+import hashlib
 import json
 import os
+import pickle
+import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -43,21 +47,25 @@ def test_dry_run_prints_the_torchrun_command_and_writes_the_task(cli, plan_file,
     assert result.exit_code == 0, result.output
     command = result.stdout.strip().split()
     task_file = str(workdir.absolute() / "task.pkl")
-    assert command[-3:] == ["-m", ENTRY, task_file]
+    sha256 = hashlib.sha256(Path(task_file).read_bytes()).hexdigest()
+    assert command[-5:] == ["-m", ENTRY, "--sha256", sha256, task_file]
     assert " --nnodes 1 --nproc-per-node 2 --standalone " in result.stdout
-    task = read_task(task_file)
+    task = read_task(task_file, sha256)
     assert (task.world_size, task.cfg.steps, task.workdir) == (2, 2, str(workdir))
     assert not (workdir / "metrics.jsonl").exists()  # nothing ran
+    assert stat.S_IMODE(workdir.stat().st_mode) == 0o700  # created private: only its owner can plant a file
 
 
 def test_the_command_of_several_nodes_needs_a_rendezvous():
-    cmd = torchrun_command("/w/task.pkl", nodes=2, per_node=4, endpoint="head:29400", run_id="r", program=["torchrun"])
+    cmd = torchrun_command(
+        "/w/task.pkl", sha256="ab", nodes=2, per_node=4, endpoint="head:29400", run_id="r", program=["torchrun"]
+    )
     assert cmd == [
         "torchrun", "--nnodes", "2", "--nproc-per-node", "4", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-        "head:29400", "--rdzv-id", "r", "--max-restarts", "0", "-m", ENTRY, "/w/task.pkl",
+        "head:29400", "--rdzv-id", "r", "--max-restarts", "0", "-m", ENTRY, "--sha256", "ab", "/w/task.pkl",
     ]  # fmt: skip
     with pytest.raises(OrchError, match="--rdzv-endpoint"):
-        torchrun_command("/w/task.pkl", nodes=2, per_node=4)
+        torchrun_command("/w/task.pkl", sha256="ab", nodes=2, per_node=4)
 
 
 def test_rank_env_from_torchs_variables():
@@ -80,25 +88,60 @@ def test_the_rank_entry_point_refuses_bad_input_in_one_line(cli, plan_file, tmp_
     ranked = {**bare, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
               "MASTER_PORT": "1"}  # fmt: skip
     missing = tmp_path / "nope.pkl"
-    done = _rank([str(missing)], ranked)
+    done = _rank(["--sha256", "ab", str(missing)], ranked)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert done.stderr.strip() == f"error: {missing}: no such task file (`orch launch --executor torchrun` writes " \
         "WORKDIR/task.pkl)"  # fmt: skip
+    done = _rank([str(missing)], ranked)  # no sha256: a task file is never unpickled unchecked
+    assert done.returncode == 2 and done.stderr.startswith(
+        "usage: python -m orch.runtime.launch.torchrun_rank --sha256"
+    )
 
     path, _, _ = plan_file
-    assert cli("launch", str(path), "--executor", "torchrun", "--dry-run", "--workdir", str(tmp_path)).exit_code == 0
-    task_file = str(tmp_path / "task.pkl")
-    done = _rank([task_file], bare)
+    result = cli("launch", str(path), "--executor", "torchrun", "--dry-run", "--workdir", str(tmp_path))
+    assert result.exit_code == 0
+    sha256, task_file = result.stdout.split()[-2:]
+    done = _rank(["--sha256", sha256, task_file], bare)
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines() == [
         "error: RANK is not set: start this with torchrun (or a launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, "
         "MASTER_ADDR, MASTER_PORT)"
     ]
-    done = _rank([task_file], {**ranked, "WORLD_SIZE": "3"})
+    done = _rank(["--sha256", sha256, task_file], {**ranked, "WORLD_SIZE": "3"})
     assert done.returncode != 0 and done.stderr.strip() == f"error: WORLD_SIZE=3: the task in {task_file} needs 2 ranks"
     (tmp_path / "junk.pkl").write_bytes(b"not a pickle")
-    done = _rank([str(tmp_path / "junk.pkl")], ranked)
+    junk = hashlib.sha256(b"not a pickle").hexdigest()
+    done = _rank(["--sha256", junk, str(tmp_path / "junk.pkl")], ranked)
     assert done.returncode != 0 and "Traceback" not in done.stderr and "not a task file" in done.stderr
+
+
+class _Payload:
+    """Pickles as a call that writes `marker`: what an attacker puts in a file a rank unpickles."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (exec, (f"open({str(self.marker)!r}, 'w').write('ran')",))
+
+
+def test_a_task_file_rewritten_after_the_launch_runs_nothing_and_is_refused_in_one_line(cli, plan_file, tmp_path):
+    path, _, _ = plan_file
+    workdir = tmp_path / "run"
+    result = cli("launch", str(path), "--executor", "torchrun", "--dry-run", "--workdir", str(workdir))
+    assert result.exit_code == 0, result.output
+    sha256, task_file = result.stdout.split()[-2:]
+    marker = tmp_path / "marker"
+    Path(task_file).write_bytes(pickle.dumps(_Payload(marker)))  # whoever can write the workdir
+    env = {k: v for k, v in os.environ.items() if k not in TORCH_ENV}
+    env.update(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    done = _rank(["--sha256", sha256, task_file], env)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: {task_file}: not the task file this command was made for (its sha256 differs: rewritten since "
+        "`orch launch` wrote it); not loaded: launch again"
+    ]
+    assert not marker.exists()
 
 
 def test_a_plan_of_several_nodes_without_a_rendezvous_is_one_line(cli, plan_file, tmp_path):

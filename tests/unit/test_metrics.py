@@ -70,30 +70,14 @@ def test_only_the_last_line_may_be_torn(tmp_path):
 
 
 def test_a_full_disk_while_appending_names_the_file_and_the_bytes(tmp_path, monkeypatch):
-    import builtins
-    import errno
+    import os
 
+    from orch.runtime import metrics
     from orch.runtime.disk import NoSpaceError
 
     path = tmp_path / "metrics.jsonl"
-    real_open = builtins.open
-
-    class Full:
-        def __init__(self, f):
-            self.f = f
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
-        def write(self, text):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(
-        builtins, "open", lambda p, *a, **k: Full(real_open(p, *a, **k)) if p == path else real_open(p, *a, **k)
-    )
+    # the record's file opened on /dev/full: its write fails with ENOSPC as a full disk's does
+    monkeypatch.setattr(metrics, "open_own", lambda p, flags, mode=0o644: os.open("/dev/full", os.O_WRONLY))
     line = _record(0).model_dump_json(exclude_none=True) + "\n"
     with pytest.raises(NoSpaceError) as err:
         append_record(path, _record(0))

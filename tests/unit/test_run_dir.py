@@ -39,13 +39,22 @@ def _plan(layers=2, llm=None):
     return hand_plan(model, data, {"llm": (llm or Layout(dp=2), [0, 1]), "vision": (Layout(dp=2), [0, 1])})
 
 
+# DCP's Metadata, empty, as a pickle (GLOBAL, EMPTY_TUPLE, NEWOBJ, STOP): what verify's metadata check accepts
+DCP_METADATA = b"ctorch.distributed.checkpoint.metadata\nMetadata\n)\x81."
+
+
+def _metadata():
+    """512 bytes of a .metadata that checks out, random after its STOP (never read): each one's sha256 differs."""
+    return DCP_METADATA + os.urandom(512 - len(DCP_METADATA))
+
+
 def _checkpoint(workdir, step, identity, shards=2):
     """A published checkpoint folder as checkpoint.save leaves it (random shard bytes, a manifest)."""
     folder = Path(workdir) / "checkpoints" / step_name(step)
     folder.mkdir(parents=True)
     for r in range(shards):
         (folder / f"__{r}_0.distcp").write_bytes(os.urandom(8192))
-    (folder / ".metadata").write_bytes(os.urandom(512))
+    (folder / ".metadata").write_bytes(_metadata())
     files = {p.name: file_sum(p) for p in folder.iterdir()}
     manifest = Manifest(
         step=step, model=fingerprint(identity), model_identity=identity, layouts={}, data="d", files=files
@@ -93,7 +102,7 @@ def test_the_newest_intact_checkpoint_is_chosen_and_each_skipped_one_said(tmp_pa
     with open(root / step_name(40) / "__0_0.distcp", "r+b") as f:
         f.truncate(100)
     (root / step_name(30) / "__1_0.distcp").unlink()
-    (root / step_name(20) / ".metadata").write_bytes(os.urandom(512))  # bad .metadata, same size
+    (root / step_name(20) / ".metadata").write_bytes(_metadata())  # another .metadata, same size
     assert _choose(tmp_path, ident) == (
         10,
         [
@@ -393,9 +402,47 @@ def test_a_launch_checks_sizes_and_the_ranks_fall_back_past_a_checksum_mismatch(
         assert kept == list(range(10))
         assert agree_checkpoint(tmp_path, 10, ident, 0, 1) == 10
         other = model_identity(_plan(layers=1).model)
-        (tmp_path / "checkpoints" / step_name(10) / ".metadata").write_bytes(os.urandom(512))
-        with pytest.raises(RunMismatch, match=r"none of its 1 checkpoint\(s\) verifies"):
+        (tmp_path / "checkpoints" / step_name(10) / ".metadata").write_bytes(_metadata())
+        with pytest.raises(RunMismatch, match=r"none of its 2 checkpoint\(s\) verifies"):  # step 20: said above
             agree_checkpoint(tmp_path, 10, other, 0, 1)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_ranks_take_a_checkpoint_without_a_manifest_only_when_none_verifies(tmp_path, capsys):
+    """A newer folder saved without a manifest (unverifiable) is passed over for a verified one; once the ranks find
+    every verified one damaged, it is what they resume from, each said in one line."""
+    import torch.distributed as dist
+
+    from orch.runtime.checkpoint_agree import agree_checkpoint
+
+    plan = _plan()
+    ident = model_identity(plan.model)
+    for step in (10, 20, 30):
+        _checkpoint(tmp_path, step, ident)
+    (tmp_path / "checkpoints" / step_name(30) / MANIFEST).unlink()
+    (tmp_path / "checkpoints" / step_name(20) / "__1_0.distcp").write_bytes(os.urandom(8192))  # same size
+    opened = open_run(tmp_path, plan, resume=True, factory=None, checkpoint_needs=0)
+    opened.lock.release()
+    assert opened.start == 20
+    assert capsys.readouterr().err.splitlines() == [
+        "orch: passing over step_00000030: saved without a manifest, it cannot be verified; step_00000020 can"
+    ]
+    _one_rank_group(tmp_path)
+    try:
+        assert agree_checkpoint(tmp_path, 20, ident, 0, 1) == 10
+        assert capsys.readouterr().err.splitlines() == [
+            "orch: skipping step_00000020: shard __1_0.distcp: checksum mismatch",
+            "orch: resuming from step_00000010 (verified)",
+        ]
+        (tmp_path / "checkpoints" / step_name(10) / "__0_0.distcp").write_bytes(os.urandom(8192))
+        assert agree_checkpoint(tmp_path, 20, ident, 0, 1) == 30
+        assert capsys.readouterr().err.splitlines() == [
+            "orch: skipping step_00000020: shard __1_0.distcp: checksum mismatch",
+            "orch: skipping step_00000010: shard __0_0.distcp: checksum mismatch",
+            "orch: step_00000030: saved without a manifest (an older orch) and no checkpoint verifies: loaded "
+            "unverified",
+        ]
     finally:
         dist.destroy_process_group()
 

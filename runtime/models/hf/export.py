@@ -26,14 +26,10 @@ PROJECTORS = "projectors.safetensors"  # orch's own parameters of a composed spe
 
 
 def read_checkpoint(step_dir: Path) -> dict[str, Any]:
-    """The whole DCP checkpoint as nested plain tensors, in this process."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    """The whole DCP checkpoint as nested plain tensors, in this process (its metadata read without pickle)."""
+    from orch.runtime.checkpoint_metadata import read_whole
 
-    with tempfile.TemporaryDirectory() as tmp:
-        flat = Path(tmp) / "state.pt"
-        dcp_to_torch_save(str(step_dir), str(flat))
-        return torch.load(flat, weights_only=False)  # type: ignore[no-any-return]
+    return read_whole(step_dir)
 
 
 def source_dtype(directory: Path) -> Any:
