@@ -13,8 +13,10 @@ case did not behave.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -37,6 +39,16 @@ class Case:
     observed: str = ""
     ok: bool = False
     seconds: float = 0.0
+
+
+class Payload:
+    """A pickle that, loaded, writes a marker file: what a crafted checkpoint or task file would run."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
 
 
 def plans(out: Path) -> dict[str, Path]:
@@ -326,6 +338,92 @@ def main() -> None:
         return case
 
     timed(full_disk)
+
+    marker = out / "marker-ran"
+
+    def craft_metadata(w: Path, manifest: str) -> None:
+        """The newest checkpoint's .metadata replaced by a pickle that runs code; its manifest recomputed (an
+        unkeyed sha256 anyone can redo) or deleted."""
+        folder = w / ckpt / "step_00000004"
+        (folder / ".metadata").write_bytes(pickle.dumps(Payload(str(marker))))
+        if manifest == "deleted":
+            (folder / "manifest.json").unlink()
+            return
+        record = json.loads((folder / "manifest.json").read_text())
+        data = (folder / ".metadata").read_bytes()
+        record["files"][".metadata"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        (folder / "manifest.json").write_text(json.dumps(record))
+
+    for manifest in ("recomputed", "deleted"):
+
+        def crafted(manifest: str = manifest) -> Case:
+            case = resume_case(
+                runs, base, ref, f"crafted .metadata, manifest {manifest}", "runs nothing; step_4 passed over, "
+                "resume from step_2", 2, lambda w: craft_metadata(w, manifest), "step_00000004")  # fmt: skip
+            ran = marker.exists()
+            marker.unlink(missing_ok=True)
+            case.observed += f"; code ran: {ran}"
+            case.ok = case.ok and not ran
+            return case
+
+        timed(crafted)
+
+    def unverified_flipped() -> Case:
+        def break_it(w: Path) -> None:
+            (w / ckpt / "step_00000004" / "manifest.json").unlink()
+            flip(w / ckpt / "step_00000004" / "__0_0.distcp", 1)
+
+        return resume_case(runs, base, ref, "no manifest, a byte flipped", "an older verified checkpoint preferred: "
+                           "resume from step_2, said", 2, break_it, "passing over step_00000004")  # fmt: skip
+
+    timed(unverified_flipped)
+
+    def lock_link() -> Case:
+        case = Case("run.lock a link out of the workdir", "refused in one line; the link's target untouched")
+        work, target = out / "lock-link", out / "lock-target"
+        work.mkdir(mode=0o700)
+        target.write_text("keep me")
+        (work / "run.lock").symlink_to(target)
+        rc, text = runs.launch(work, 2)
+        lines = orch_lines(text)
+        case.observed = f"rc {rc}; " + " | ".join(lines) + f"; target reads {target.read_text()!r}"
+        case.ok = rc != 0 and len(lines) == 1 and "symbolic link" in lines[0] and target.read_text() == "keep me"
+        return case
+
+    timed(lock_link)
+
+    def umask_002() -> Case:
+        case = Case("a new workdir under umask 002", "created 0700: no one else can plant a checkpoint")
+        work = out / "umask"
+        done = subprocess.run(["sh", "-c", 'umask 002 && exec "$@"', "sh", *runs.args(work, 1)], capture_output=True)
+        mode = oct(work.stat().st_mode & 0o777) if work.exists() else "missing"
+        case.observed = f"rc {done.returncode}; mode {mode}"
+        case.ok = done.returncode == 0 and mode == "0o700"
+        return case
+
+    timed(umask_002)
+
+    def read_only() -> Case:
+        case = Case("a read-only workdir", "one line naming it, rc != 0, no traceback")
+        work = out / "read-only"
+        work.mkdir(mode=0o700)
+        mounted = subprocess.run(["mount", "--bind", str(work), str(work)], capture_output=True).returncode == 0
+        if mounted:
+            subprocess.run(["mount", "-o", "remount,ro,bind", str(work)], check=True)
+        else:
+            work.chmod(0o500)
+        try:
+            rc, text = runs.launch(work, 2)
+        finally:
+            if mounted:
+                subprocess.run(["umount", str(work)], check=False)
+            work.chmod(0o700)
+        lines = orch_lines(text)
+        case.observed = f"rc {rc}; " + " | ".join(lines)
+        case.ok = rc != 0 and len(lines) == 1 and "not writable" in lines[0] and "Traceback" not in text
+        return case
+
+    timed(read_only)
 
     width = max(len(c.name) for c in cases)
     print()
