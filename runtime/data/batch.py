@@ -45,7 +45,8 @@ class MediaItem:
     """One image or video of a sample as a native-resolution tower takes it: its patch grid (temporal, height,
     width: patches before the merger; `t·h·w` input rows) and, for a video, the seconds one temporal grid step
     spans (0 for an image); a Qwen3-VL video is one item per temporal step, its seconds the step's timestamp
-    (the `<t seconds>` of its text). Known to every rank from the index, as lengths are (docs/qwen_vl.md)."""
+    (the `<t seconds>` of its text). Or one clip of a windowed audio tower (`takes_clips`): grid (1, 1, its input
+    rows). Known to every rank from the index, as lengths are (docs/qwen_vl.md)."""
 
     grid: tuple[int, int, int]
     seconds: float = 0.0
@@ -66,12 +67,20 @@ def takes_grids(model: ModelSpec, name: str) -> bool:
     return model.modules[name].item_attention
 
 
+def takes_clips(model: ModelSpec, name: str) -> bool:
+    """Whether encoder `name` is a windowed audio tower (`ModuleSpec.clip_tokens`: each clip attends within
+    itself): it takes each sample's clips (`MediaItem`s of their input rows) with its rows."""
+    from orch.planner.specs import Modality
+
+    return model.modality(name) == Modality.AUDIO and model.modules[name].clip_tokens is not None
+
+
 def item_map(
     batch: GlobalBatch, sample_id: int, encoders: tuple[str, ...] | list[str]
 ) -> dict[str, tuple[MediaItem, ...]]:
-    """The sample's media grids of those `encoders` that take them (`takes_grids`)."""
+    """The sample's media grids or clips of those `encoders` that take them (`takes_grids`, `takes_clips`)."""
     model = batch.model  # type: ignore[attr-defined]
-    return {e: batch.items(e, sample_id) for e in encoders if takes_grids(model, e)}
+    return {e: batch.items(e, sample_id) for e in encoders if takes_grids(model, e) or takes_clips(model, e)}
 
 
 def grid_items(patches: int, downsample: int) -> tuple[MediaItem, ...]:
@@ -127,8 +136,8 @@ class BatchLengths:
             if self._positions is not None:  # the LLM's family positions its rows (Qwen-VL's M-RoPE)
                 from dataclasses import replace
 
-                grids = item_map(self, sample_id, encoder_order(self.model))  # type: ignore[arg-type]
-                items = tuple(it for e in encoder_order(self.model) for it in grids.get(e, ()))
+                order = [e for e in encoder_order(self.model) if takes_grids(self.model, e)]
+                items = tuple(it for e in order for it in self.items(e, sample_id))
                 layout = replace(layout, positions=self._positions(layout, items))
             self._layouts[sample_id] = layout
         return self._layouts[sample_id]
@@ -147,9 +156,16 @@ class BatchLengths:
 
     def items(self, encoder: str, sample_id: int) -> tuple[MediaItem, ...]:
         """The sample's images and videos for `encoder` (a native-resolution tower): drawn from its tokens
-        (one image, `grid_items`); a data file's batch reads them from its index."""
+        (one image, `grid_items`); a data file's batch reads them, and a windowed audio tower's clips, from its
+        index. None drawn for an audio tower: its rows are windows of frames, 2 a token, every one real."""
+        if takes_clips(self.model, encoder):
+            return ()
         spec = self.model.modules[encoder]
         return grid_items(self.enc_tokens[sample_id][encoder], spec.downsample)
+
+    def input_rows(self, encoder: str, sample_id: int) -> int:
+        """The sample's input rows for `encoder`: its tokens' frames (`frames_per_token` a token)."""
+        return self.enc_tokens[sample_id][encoder] * self.model.modality(encoder).frames_per_token
 
 
 @runtime_checkable
@@ -189,7 +205,13 @@ class GlobalBatch(Protocol):
     def model(self) -> ModelSpec: ...
 
     def items(self, encoder: str, sample_id: int) -> tuple[MediaItem, ...]:
-        """The sample's images and videos for `encoder`, their grids (a native-resolution tower's input)."""
+        """The sample's images and videos for `encoder`, their grids (a native-resolution tower's input), or
+        its clips (a windowed audio tower's)."""
+        ...
+
+    def input_rows(self, encoder: str, sample_id: int) -> int:
+        """The sample's input rows for `encoder` (`input_dim` wide), known to every rank: its tokens' frames,
+        and for a windowed audio tower whose family's clips carry context rows, those (runtime/data/source.py)."""
         ...
 
     def sample(

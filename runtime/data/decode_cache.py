@@ -19,12 +19,13 @@ from orch.planner.specs import ModelSpec
 class DecodeCache:
     """Decoded encoder inputs of one step's samples, with the samples whose media could not be read."""
 
-    def __init__(self, model: ModelSpec, enc_tokens: tuple[dict[str, int], ...], empty: tuple[int, ...] = ()) -> None:
-        """`empty`: samples with no encoder input (skipped when the batch was built): nothing to decode."""
-        self._model, self._enc_tokens = model, enc_tokens
+    def __init__(self, model: ModelSpec, rows: tuple[dict[str, int], ...], empty: tuple[int, ...] = ()) -> None:
+        """`rows`: per sample, each encoder's input rows (`GlobalBatch.input_rows`); `empty`: samples with no
+        encoder input (skipped when the batch was built): nothing to decode."""
+        self._model, self._rows = model, rows
         self._lock = threading.Lock()
         self._inputs: dict[tuple[int, str], torch.Tensor] = {
-            (i, e): torch.zeros(0, model.modules[e].input_dim or 1) for i in empty for e in enc_tokens[i]
+            (i, e): torch.zeros(0, model.modules[e].input_dim or 1) for i in empty for e in rows[i]
         }
         self._failed: set[int] = set()
         self._held = len(self._inputs)  # not decoded: `counts` leaves them out
@@ -39,7 +40,7 @@ class DecodeCache:
         of the indexed shape where a file could not be read, and the sample counted as failed."""
         kept: dict[str, tuple[torch.Tensor, bool]] = {}  # encoder -> (input, read)
         for e in encoders:
-            rows = self._enc_tokens[sample_id][e] * self._model.modality(e).frames_per_token
+            rows = self._rows[sample_id][e]
             got = feats.get(e) if feats is not None else None
             if got is None or got.shape[0] != rows:  # unreadable now (or changed): zeros, trained on nothing
                 kept[e] = torch.zeros(rows, self._model.modules[e].input_dim or 1), False

@@ -69,7 +69,8 @@ def encoder_inputs(
             files = conv.images if r.modality == "vision" else conv.audios
             parts = proc.inputs(files, r, rules.max_image_tokens) if files else []
         features[r.name] = torch.cat(parts) if parts else torch.zeros(0, proc.width)
-        media[r.name] = [p.shape[0] // r.frames_per_token for p in parts]
+        context = getattr(r.clips, "context_rows", 0)  # a clip's rows past its tokens' (qwen2_audio/media.py)
+        media[r.name] = [(p.shape[0] - context) // r.frames_per_token for p in parts]
     return features, media
 
 
@@ -92,8 +93,7 @@ def process(
         videos = video_texts(rules, conv, items)
     text = counter.tokens(conv, videos)
     ids, labels = text.ids, text.labels
-    prefix = sum(projected_len(f.shape[0] // r.frames_per_token, r.downsample) for r in rules.encoders
-                 for f in [features.get(r.name)] if f is not None)  # fmt: skip
+    prefix = sum(projected_len(sum(media[r.name]), r.downsample) for r in rules.encoders if r.name in media)
     room = max(0, seq_len - prefix)
     truncated = len(ids) > room
     return ProcessedSample(conv.where, ids[:room], labels[:room], features, truncated, text.marks, media)

@@ -29,7 +29,15 @@ from typing import Any
 import torch
 
 from orch.planner.specs import DataSpec, ModelSpec, projected_len
-from orch.runtime.data.batch import BatchLengths, GlobalBatch, MediaItem, Sample, encoder_order, item_map
+from orch.runtime.data.batch import (
+    BatchLengths,
+    GlobalBatch,
+    MediaItem,
+    Sample,
+    encoder_order,
+    item_map,
+    takes_clips,
+)
 from orch.runtime.data.decode_cache import DecodeCache
 from orch.runtime.data.index import IGNORE, TextTokens
 from orch.runtime.data.mix import Mix
@@ -108,6 +116,15 @@ class ConversationData:
         lengths = self.lengths[row]
         return {e: per.get(e) or ([int(lengths[e])] if lengths.get(e) else []) for e in encoder_order(self.model)}
 
+    def clip_rows(self, row: int, encoder: str, tokens: int) -> list[int]:
+        """Each clip's input rows of the row for a windowed audio tower (`takes_clips`) of `tokens` encoder tokens
+        in all: its tokens' frames, and its family's context rows (runtime/models/qwen2_audio/media.py) where the
+        clip rule has them; from the index's tokens per clip, so every rank knows them without a file read."""
+        rule = next(r for r in self.rules.encoders if r.name == encoder)
+        per = (self._media[row] or {}).get(encoder) or ([tokens] if tokens else [])
+        context = getattr(rule.clips, "context_rows", 0)
+        return [n * rule.frames_per_token + context for n in per]
+
     def items(self, row: int) -> dict[str, list[MediaItem]]:
         """Each encoder's images and videos of the row as a native-resolution tower takes them (the index's
         `items`: patch grid and seconds per temporal step, in placeholder order); [] for an encoder without
@@ -160,11 +177,19 @@ class ConversationData:
             enc_tokens.append(enc)
             text_tokens.append(n)
             trained.append(t)
+        pairs = zip(rows, enc_tokens, strict=True)
+        inputs = tuple({e: self.input_rows(row, e, enc[e]) for e in enc} for row, enc in pairs)
         return ConversationBatch(
             self.model, seed, step, tuple(enc_tokens), tuple(text_tokens), source=self, rows=tuple(rows),
             trained=tuple(trained), skipped=tuple(skipped), truncated=truncated,
-            decoded=DecodeCache(self.model, tuple(enc_tokens), empty=tuple(skipped)),
+            decoded=DecodeCache(self.model, inputs, empty=tuple(skipped)),
         )  # fmt: skip
+
+    def input_rows(self, row: int, encoder: str, tokens: int) -> int:
+        """The row's input rows for `encoder` of `tokens` encoder tokens (`GlobalBatch.input_rows`)."""
+        if takes_clips(self.model, encoder):
+            return sum(self.clip_rows(row, encoder, tokens))
+        return tokens * self.model.modality(encoder).frames_per_token
 
 
 @dataclass(frozen=True)
@@ -198,11 +223,20 @@ class ConversationBatch(BatchLengths):
         return conversation_layout(self.model, text.marks, self.text_tokens[sample_id], self.source.media(row))
 
     def items(self, encoder: str, sample_id: int) -> tuple[MediaItem, ...]:
-        """The sample's images and videos for `encoder` as the index read them from their headers."""
+        """The sample's images and videos for `encoder` as the index read them from their headers, or its clips
+        (a windowed audio tower's: their input rows, `ConversationData.clip_rows`)."""
         if sample_id in self.skipped:
             return ()
+        if takes_clips(self.model, encoder):
+            rows = self.source.clip_rows(self.rows[sample_id], encoder, self.enc_tokens[sample_id][encoder])
+            return tuple(MediaItem((1, 1, n)) for n in rows)
         got = self.source.items(self.rows[sample_id]).get(encoder)
         return tuple(got) if got else super().items(encoder, sample_id)
+
+    def input_rows(self, encoder: str, sample_id: int) -> int:
+        """The sample's input rows for `encoder`: a windowed audio tower's its clips' (`items`)."""
+        n = self.enc_tokens[sample_id][encoder]
+        return self.source.input_rows(self.rows[sample_id], encoder, n) if sample_id not in self.skipped else 0
 
     def decode(self, wanted: dict[str, list[int]]) -> None:
         """Decode now what `wanted` (encoder -> sample ids) names that the cache does not hold yet."""

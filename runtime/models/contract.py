@@ -11,10 +11,12 @@ How the runtime parallelises either (runtime/parallel/parallelize.py) is read fr
 `after_tp(tp)` (what a family must adjust once sharded), `block_units()` (the transformer blocks: recompute
 and FSDP units), `keep_stage(stage, stages)` (the LLM's pipeline stage) and, for modules built on meta,
 `materialize(device, seed, name)`. Two optional flags: an encoder with `takes_items` is called with each sample's
-media grids (`items=`: a native-resolution tower), an LLM with `takes_layouts` has `run_blocks` called with the
-micro-batch's layouts (`layouts=`: positions other than 0..n-1). A module that does not define one of these
-gets the default of `parallelize.py` (TP over orch's reference `Block`s wherever they occur, blocks found under
-`layers` / `blocks` containers).
+media grids (`items=`: a native-resolution tower) or clips (an audio tower of windows: each clip's input rows,
+so each clip runs on its own; a family's clip may carry rows past its tokens' frames, as Qwen2-Audio's carry the
+frames its stem reads past them and the clip's real frame count: `GlobalBatch.input_rows`), an LLM with
+`takes_layouts` has `run_blocks` called with the micro-batch's layouts (`layouts=`: positions other than 0..n-1).
+A module that does not define one of these gets the default of `parallelize.py` (TP over orch's reference
+`Block`s wherever they occur, blocks found under `layers` / `blocks` containers).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class Encoder(Protocol):
-    """feats_TF: [sum of input rows, input_dim] of the samples, `seqlens` encoder tokens each; returns
+    """feats_TF: [sum of input rows, input_dim] of the samples, `seqlens` encoder tokens each (input rows over
+    frames per token, where its items do not say otherwise); returns
     [sum of projected tokens, output_dim]. Under CP (`cp`) the samples are sharded over the group and the
     result is every projected row, replicated."""
 
@@ -91,8 +94,8 @@ def run_llm_blocks(
 def encoder_call(
     encoder: object, feats_TF: torch.Tensor, seqlens: list[int], cp: CPShard | None, items: list[tuple[Any, ...]]
 ) -> torch.Tensor:
-    """The encoder on packed rows, given each sample's media items (`MediaItem`s: grids) where it declares
-    `takes_items` (a native-resolution tower: Qwen-VL's)."""
+    """The encoder on packed rows, given each sample's media items (`MediaItem`s: grids, or an audio tower's
+    clips) where it declares `takes_items` (a native-resolution tower: Qwen-VL's; Qwen2-Audio's)."""
     if getattr(encoder, "takes_items", False):
         return encoder(feats_TF, seqlens, cp, items=items)  # type: ignore[operator,no-any-return]
     return encoder(feats_TF, seqlens, cp) if cp is not None else encoder(feats_TF, seqlens)  # type: ignore[operator,no-any-return]

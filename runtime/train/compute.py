@@ -46,7 +46,7 @@ def encode(
             width = encoder.output_dim  # the contract's (runtime/models/contract.py)
             return torch.zeros(0, width, dtype=dtype, device=_device_of(encoder))
         device = _device_of(encoder)
-        if getattr(encoder, "takes_items", False):
+        if getattr(encoder, "takes_items", False) and not getattr(encoder, "is_audio", False):
             # a native-resolution tower needs an image: the smallest (one merge window), its rows dropped
             d = encoder_downsample(encoder)
             rows = torch.zeros(d * frames_per_token, empty_width, dtype=dtype, device=device)
@@ -54,7 +54,9 @@ def encode(
         # zero rows through every block: the module's gathers and reductions, no compute
         samples, seqlens, feats = [], [], [torch.zeros(0, empty_width, dtype=dtype, device=device)]
     items = []
-    if getattr(encoder, "takes_items", False):  # a native-resolution tower: each sample's grids
+    if getattr(encoder, "is_audio", False):  # a windowed audio tower: each sample's clips, where it has them
+        items = [s.items.get(name, ()) for s in samples]
+    elif getattr(encoder, "takes_items", False):  # a native-resolution tower: each sample's grids
         d = encoder_downsample(encoder)
         items = [s.items.get(name) or grid_items(n, d) for s, n in zip(samples, seqlens, strict=True)]
     shard = cp.shard(seqlens, unit=encoder.projector.downsample) if cp is not None else None  # type: ignore[union-attr]

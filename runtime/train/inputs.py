@@ -64,8 +64,7 @@ class InputRouter:
             rows = batch.text_tokens
             width, pack_dtype = 2, torch.int64
         else:
-            fpt = self.model.modality(name).frames_per_token
-            rows = tuple(t[name] * fpt for t in batch.enc_tokens)
+            rows = tuple(batch.input_rows(name, i) for i in range(batch.size))
             width, pack_dtype = self.model.modules[name].input_dim or 1, dtype
         empty_x = torch.zeros(0, width, dtype=pack_dtype, device=self.device)
         # The LLM's token ids go to its first pipeline stage and its labels to its last: one move per stage.

@@ -42,6 +42,9 @@ def run_reference(
     given = {k: v for k, v in (("optimizer", optimizer), ("lr", lr)) if v is not None}
     cfg = train or TrainConfig(steps=steps, **given)
     modules = build_modules(model, seed, dtype, model_factory)
+    for name, module in modules.items():  # a module built on meta (Hugging Face's): its weights read here, whole
+        if any(p.is_meta for p in module.parameters()):
+            module.materialize(torch.device("cpu"), seed, name)  # type: ignore[operator]
     params = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
     opt = build_optimizer(modules, cfg)
     assert opt is not None

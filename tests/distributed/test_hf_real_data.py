@@ -3,7 +3,8 @@ orch's step-0 loss (float64, lr 0) under several plans equals the loss LlavaForC
 in one process from the input_ids and labels `orch data inspect --json` shows (each image's tokens where its
 placeholder stood, one sample with two images, one with its image in the answer) and pixel_values, the
 cross-entropy over the trained labels taken in float64 (HF's loss_function would upcast the logits to
-float32), 1e-9. The same for a Qwen2-Audio, its clips before or after the request."""
+float32), 1e-9. The same for a Qwen2-Audio against Qwen2AudioForConditionalGeneration's forward on its
+processor's features, its clips before or after the request."""
 
 import pytest
 import torch
@@ -80,7 +81,7 @@ def hf_loss(model_dir, model, data) -> float:
             from PIL import Image
 
             proc = transformers.AutoImageProcessor.from_pretrained(model_dir)
-            pixels = proc(images=[Image.open(f).convert("RGB") for f in conv.images], return_tensors="pt")
+            pixels = proc(images=[Image.open(f) for f in conv.images], return_tensors="pt")
             pixels = pixels["pixel_values"].to(torch.float64)
         # HF's own loss_function upcasts the logits to float32: the cross-entropy of its float64 logits here
         logits = hf(input_ids=input_ids, pixel_values=pixels).logits[0]
@@ -124,9 +125,10 @@ def audio_setup(tmp_path_factory):
     from hf_models import make_qwen2_audio
 
     root = tmp_path_factory.mktemp("hf-audio")
-    model_dir = make_qwen2_audio(root / "qwen2-audio")
+    # a 2 s window (200 frames) that holds the longest tone whole, so HF's own forward takes every clip
+    model_dir = make_qwen2_audio(root / "qwen2-audio", max_source_positions=100)
     tok_file = make_tokenizer(root / "tok" / "tokenizer.json")
-    transformers.WhisperFeatureExtractor(feature_size=16).save_pretrained(model_dir)  # the tower's 16 mel bins
+    transformers.WhisperFeatureExtractor(feature_size=16, chunk_length=2).save_pretrained(model_dir)  # 16 mel bins
     tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tok_file), unk_token="[UNK]")
     tok.chat_template = TEMPLATE
     tok.save_pretrained(model_dir)
@@ -137,50 +139,35 @@ def audio_setup(tmp_path_factory):
 
 
 def hf_audio_loss(model_dir, model, data) -> float:
-    """Step 0's loss by Qwen2-Audio's modules in one process: each clip's frames from its feature extractor
-    (the index's whole tokens of them), cut into the tower's windows, each padded and masked as Qwen2AudioModel
-    does, its pooled tokens projected, in place of the audio tokens of the inspected input_ids; the
-    cross-entropy of the float64 logits."""
+    """Step 0's loss by Qwen2AudioForConditionalGeneration's own forward, sample by sample: the inspected
+    input_ids, its processor's `input_features` and `feature_attention_mask` of the sample's clips; the
+    cross-entropy of the float64 logits over the trained labels."""
     import transformers
-    from transformers.masking_utils import create_bidirectional_mask
 
     from orch.runtime.data.media import waveform_16k
 
     hf = transformers.Qwen2AudioForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float64)
     extractor = transformers.AutoFeatureExtractor.from_pretrained(model_dir)
-    window = 2 * hf.config.audio_config.max_source_positions
     source = BatchSource(model, data, SEED).files
     assert source is not None
     batch = source.batch(SEED, 0)
     total, count = torch.zeros((), dtype=torch.float64), 0
-    for i, row in enumerate(batch.rows):
+    for row in batch.rows:
         conv = source.conversation(row)
         shown = inspected(source, row)
-        parts = []
-        for f in conv.audios:
-            mel = extractor(waveform_16k(f).numpy(), sampling_rate=16000, padding="max_length", truncation=False,
-                            return_tensors="pt")["input_features"][0].T.to(torch.float64)  # fmt: skip
-            want = 2 * batch.enc_tokens[i]["audio"]
-            mel = mel[:want] if mel.shape[0] >= want else torch.cat([mel, mel.min().expand(want - mel.shape[0], 16)])
-            for clip in mel.split(window):
-                feats = F.pad(clip.t(), (0, window - clip.shape[0])).unsqueeze(0)
-                lengths, out = hf.model.audio_tower._get_feat_extract_output_lengths(torch.tensor([clip.shape[0]]))
-                mask_2d = (torch.arange(window // 2)[None, :] < lengths[:, None]).long()
-                mask = create_bidirectional_mask(config=hf.model.audio_tower.config,
-                                                 inputs_embeds=torch.zeros(1, window // 2, 1), attention_mask=mask_2d)  # fmt: skip
-                hidden = hf.model.audio_tower(feats, attention_mask=mask).last_hidden_state
-                parts.append(hf.model.multi_modal_projector(hidden)[0, : int(out[0])])
-        ids = torch.tensor(shown["input_ids"])
-        audio = ids == IMAGE_TOKEN  # the config's audio_token_id
-        embeds = hf.get_input_embeddings()(torch.where(audio, 0, ids))
-        if parts:
-            embeds = embeds.masked_scatter(audio[:, None], torch.cat(parts))
-        assert int(audio.sum()) == sum(p.shape[0] for p in parts)
-        logits = hf(inputs_embeds=embeds.unsqueeze(0)).logits[0]
+        ids = torch.tensor([shown["input_ids"]])
+        audio = {}
+        if conv.audios:
+            feats = extractor([waveform_16k(f).numpy() for f in conv.audios], sampling_rate=16000,
+                              padding="max_length", return_attention_mask=True, return_tensors="pt")  # fmt: skip
+            audio = {"input_features": feats["input_features"].to(torch.float64),
+                     "feature_attention_mask": feats["attention_mask"]}  # fmt: skip
+        with torch.no_grad():
+            logits = hf(input_ids=ids, **audio).logits[0]
         target = torch.tensor(shown["labels"])
         total = total + F.cross_entropy(logits[:-1], target[1:], ignore_index=-100, reduction="sum")
         count += int((target[1:] != -100).sum())
-    return float(total.detach() / count)
+    return float(total / count)
 
 
 @pytest.mark.slow

@@ -121,7 +121,8 @@ def test_qwen2_audio_ids_are_qwen2_audio_processors(cli, tmp_path, layout):
     assert per_clip == [(((m - 1) // 2 + 1) - 2) // 2 + 1 for m in frames]  # the processor's own formula
     assert got.count(audio_id) == sum(per_clip)
     assert got.count(tok.convert_tokens_to_ids("<|audio_bos|>")) == len(CLIPS)
-    # each clip's frames the tower gets (4 a token) are the processor's input_features
+    # each clip's frames the tower gets (4 a token, then the 3 its stem reads past them) are the processor's
+    # input_features, and its last row the clip's real frames past its tokens' (runtime/models/qwen2_audio/media.py)
     from orch.planner.hf_config import model_spec_from_dir
     from orch.runtime.data.index import TokenRules
     from orch.runtime.data.media import media_processors
@@ -129,8 +130,9 @@ def test_qwen2_audio_ids_are_qwen2_audio_processors(cli, tmp_path, layout):
     spec = model_spec_from_dir(model)
     rows = media_processors(spec)["audio"].inputs(tuple(str(tmp_path / f"{i}.wav") for i in range(len(CLIPS))),
                                                   TokenRules.of(spec).encoders[0], 1024)  # fmt: skip
-    for clip, n, feats in zip(rows, per_clip, out["input_features"], strict=True):
-        assert clip.shape == (4 * n, 16) and np.array_equal(clip.numpy(), feats.T[: 4 * n])
+    for clip, n, feats, m in zip(rows, per_clip, out["input_features"], frames, strict=True):
+        assert clip.shape == (4 * n + 4, 16) and np.array_equal(clip[:-1].numpy(), feats.T[: 4 * n + 3])
+        assert (clip[-1] == m - 4 * n).all()
     # the common rule (whole frames, pooled pairs rounded) would have given other counts for some of these clips
     common = [round(mel_frames(n, 16000) // 2 / 2) for n in CLIPS]
     assert common != per_clip

@@ -6,6 +6,7 @@ own key: `image_processor`, `feature_extractor`, `video_processor`), or the olde
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,6 +63,20 @@ def load_processor(directory: str, kind: Literal["image", "audio"]) -> Any:
     transformers.logging.set_verbosity_error()  # the PIL fallback's notice, once per process
     auto = transformers.AutoImageProcessor if kind == "image" else transformers.AutoFeatureExtractor
     return auto.from_pretrained(directory, local_files_only=True)
+
+
+def processor_images(files: Sequence[str]) -> list[Any]:
+    """The images at `files` as a user hands them to a Hugging Face image processor (`Image.open`): decoded in
+    their own mode, an animation's first frame. The processor makes them RGB (`do_convert_rgb`: transparency,
+    RGBA's, LA's or a palette's, composited onto white, anything else by Pillow's `convert`), so orch's pixels
+    are the processor's; OSError where a file does not decode."""
+    from PIL import Image
+
+    out = []
+    for f in files:
+        with Image.open(f) as im:
+            out.append(im.copy())  # decoded before the file closes; mode, palette and transparency kept
+    return out
 
 
 def processor_keys(directory: str | Path) -> dict[str, Any]:

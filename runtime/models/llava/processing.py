@@ -1,5 +1,6 @@
 """A CLIP or SigLIP tower's images by its own image processor (`AutoImageProcessor` from the tower's directory:
-resize, crop, normalisation): each image's [C, S, S] pixels cut into its g x g patches, row-major, a patch's
+conversion to RGB, resize, crop, normalisation; the files opened as HF's users open them, hf/processor.py
+`processor_images`): each image's [C, S, S] pixels cut into its g x g patches, row-major, a patch's
 C·p·p values channel-first (`HFVisionEncoder.images` reassembles them)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import torch
 
 from orch.planner.specs import ModuleSpec
 from orch.runtime.data.index import EncoderRule
-from orch.runtime.models.hf.processor import load_processor
+from orch.runtime.models.hf.processor import load_processor, processor_images
 
 
 class TowerImages:
@@ -23,13 +24,7 @@ class TowerImages:
         self.patch = math.isqrt(spec.input_dim // 3)
 
     def inputs(self, files: tuple[str, ...], rule: EncoderRule, max_image_tokens: int) -> list[torch.Tensor]:
-        from PIL import Image
-
-        images = []
-        for f in files:
-            with Image.open(f) as im:
-                images.append(im.convert("RGB"))
-        pixels = self.processor(images=images, return_tensors="pt")["pixel_values"].to(torch.float32)
+        pixels = self.processor(images=processor_images(files), return_tensors="pt")["pixel_values"].to(torch.float32)
         n, c, h, w = pixels.shape
         p = self.patch
         tiles = pixels.reshape(n, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)

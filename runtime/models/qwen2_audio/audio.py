@@ -1,16 +1,22 @@
 """Qwen2-Audio's Whisper-style audio tower and its projector as an orch encoder.
 
-orch's encoder contract: packed input rows in (a sample's mel frames, `num_mel_bins` wide, two frames
-per encoder token), packed LLM-width tokens out. The tower runs fixed 30 s windows as transformers runs
-them: a sample's frames are cut into clips of at most `2 x max_source_positions` frames, each clip
-zero-padded to that length, its padded positions masked out of the encoder's attention (the mask
-transformers' Qwen2AudioModel builds), and of its pooled output only the clip's own tokens kept
-((frames / 2 - 2) // 2 + 1 of them: half its encoder tokens, as orch's data gives every audio sample an
-even token count) before the projector.
+orch's encoder contract: packed input rows in (a sample's mel frames, `num_mel_bins` wide), packed LLM-width
+tokens out. The tower runs fixed 30 s windows as transformers runs them: each clip on its own, cut into windows
+of at most `2 x max_source_positions` frames, each window zero-padded to that length, the positions past its
+real frames masked out of the encoder's attention (the mask transformers' Qwen2AudioModel builds from the
+processor's `feature_attention_mask`: (l - 1) // 2 + 1 positions of l frames), and of its pooled output only
+the clip's own tokens kept before the projector.
+
+A sample's clips come as its `items` (runtime/models/contract.py: one `MediaItem` a clip, its grid (1, 1,
+input rows)); a clip's rows are its tokens' frames (4 a token), the 3 frames after them (the stem reads them at
+the last positions) and a length row (its real frames past the token rows: media.py `CONTEXT_ROWS`). Without
+items (synthetic samples, the start-up calibration) a sample's rows are 2 frames a token, windows of them, and
+every frame real.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,15 +24,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from orch.runtime.models.hf.module import HFModule, layer_plan
+from orch.runtime.models.qwen2_audio.media import CONTEXT_ROWS
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
+    from orch.runtime.data.batch import MediaItem
     from orch.runtime.parallel.context import CPShard
 
 
 class HFAudioEncoder(HFModule):
     is_audio = True
+    takes_items = True  # called with each sample's clips (runtime/models/contract.py)
 
     def __init__(self, tower: nn.Module, projector: nn.Module, config: Any) -> None:
         super().__init__()
@@ -56,22 +65,51 @@ class HFAudioEncoder(HFModule):
             out += list(sample.split(self.clip_frames)) if sample.shape[0] else []
         return out
 
-    def forward(self, feats_TF: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
+    def windows(
+        self, feats_TF: torch.Tensor, seqlens: list[int], items: Sequence[Sequence[MediaItem]] | None
+    ) -> list[tuple[torch.Tensor, int, int]]:
+        """Each window the tower runs, in sample order: (its rows, at most `clip_frames`; its real frames; the
+        LLM tokens kept of it). A sample with items: each clip's (module docstring); without: its rows cut."""
+        w, out = self.clip_frames, []
+        clip_rows = [[it.patches for it in got] if got else None for got in (items or [None] * len(seqlens))]
+        sizes = [sum(c) if c is not None else 2 * n for c, n in zip(clip_rows, seqlens, strict=True)]
+        for sample, clips in zip(feats_TF.split(sizes), clip_rows, strict=True):
+            if clips is None:
+                for c in sample.split(w) if sample.shape[0] else []:
+                    real = (c.shape[0] - 1) // 2 + 1
+                    out.append((c, c.shape[0], (real - 2) // 2 + 1))
+                continue
+            for clip in sample.split(clips):
+                tokens, after = clip[:-CONTEXT_ROWS], clip[-CONTEXT_ROWS:-1]
+                frames = tokens.shape[0] + int(clip[-1, 0].item())  # the length row: real frames past the tokens'
+                for start in range(0, tokens.shape[0], w):
+                    rows = tokens[start : start + w]
+                    if start + w >= tokens.shape[0]:  # the clip's last window: the frames after its tokens too
+                        rows = torch.cat([rows, after])[:w]
+                    out.append((rows, min(w, frames - start), min(w, tokens.shape[0] - start) // 4))
+        return out
+
+    def forward(
+        self,
+        feats_TF: torch.Tensor,
+        seqlens: list[int],
+        cp: CPShard | None = None,
+        items: Sequence[Sequence[MediaItem]] | None = None,
+    ) -> torch.Tensor:
         if cp is not None:
             raise ValueError("an audio tower of fixed clips takes no context parallelism")
         from transformers.masking_utils import create_bidirectional_mask
 
-        clips = self.clips(feats_TF, seqlens)
-        frames = torch.stack([F.pad(c.t(), (0, self.clip_frames - c.shape[0])) for c in clips])
+        windows = self.windows(feats_TF, seqlens, items)
+        frames = torch.stack([F.pad(c.t(), (0, self.clip_frames - c.shape[0])) for c, _, _ in windows])
         positions = self.clip_frames // 2
-        real = torch.tensor([(c.shape[0] - 1) // 2 + 1 for c in clips], device=feats_TF.device)
+        real = torch.tensor([(n - 1) // 2 + 1 for _, n, _ in windows], device=feats_TF.device)
         mask_2d = (torch.arange(positions, device=feats_TF.device)[None, :] < real[:, None]).long()
-        dummy = feats_TF.new_zeros(len(clips), positions, 1)
+        dummy = feats_TF.new_zeros(len(windows), positions, 1)
         mask = create_bidirectional_mask(config=self.audio_tower.config, inputs_embeds=dummy, attention_mask=mask_2d)
         hidden = self.audio_tower(frames, attention_mask=mask).last_hidden_state
         projected = self.multi_modal_projector(hidden)
-        keep = ((real - 2) // 2 + 1).tolist()
-        return torch.cat([projected[i, :k] for i, k in enumerate(keep)])
+        return torch.cat([projected[i, :k] for i, (_, _, k) in enumerate(windows)])
 
 
 class HFWhisperEncoder(HFAudioEncoder):
@@ -87,7 +125,14 @@ class HFWhisperEncoder(HFAudioEncoder):
         self.downsample = downsample
         self.output_dim = llm_hidden
 
-    def forward(self, feats_TF: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        feats_TF: torch.Tensor,
+        seqlens: list[int],
+        cp: CPShard | None = None,
+        items: Sequence[Sequence[MediaItem]] | None = None,
+    ) -> torch.Tensor:
+        """A sample's rows cut into windows (its clips, `items`, are not told apart: no context rows)."""
         if cp is not None:
             raise ValueError("an audio tower of fixed clips takes no context parallelism")
         clips = self.clips(feats_TF, seqlens)

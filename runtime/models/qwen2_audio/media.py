@@ -9,21 +9,26 @@ transformers' `Qwen2AudioProcessor` and LLaMA-Factory's `qwen2_audio` plugin mak
 * Text: each clip's rows between `<|audio_bos|>` and `<|audio_eos|>` (the processor config's
   `audio_bos_token` / `audio_eos_token` where it names them), text tokens the index counts as text.
 
-The index keeps a clip's encoder tokens (twice its LLM tokens: the pool merges 2); the tower keeps
-(frames + 1) // 4 of a clip's 4·tokens frames, the same count (runtime/models/qwen2_audio/audio.py).
-A composed spec's bare Whisper encoder keeps the common rule (runtime/data/index.py `audio_tokens`).
+The index keeps a clip's encoder tokens (twice its LLM tokens: the pool merges 2). A clip's input rows are its
+4·tokens frames and `CONTEXT_ROWS` more (processing.py): the 3 frames after them, which the tower's stem reads
+at the clip's last positions (HF's tower reads the feature extractor's padded frames there), and a length row
+carrying the clip's real frames past its token rows, so the tower attends over as many positions as HF's
+(runtime/models/qwen2_audio/audio.py). A composed spec's bare Whisper encoder keeps the common rule
+(runtime/data/index.py `audio_tokens`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from orch.planner.specs import Modality, ModuleSpec
 from orch.runtime.data.index import MEL_HOP, MEL_RATE
 from orch.runtime.models.hf.processor import processor_keys
 
 BOS, EOS = "<|audio_bos|>", "<|audio_eos|>"
+CONTEXT_ROWS = 4  # a clip's rows past its tokens' frames: 3 frames the stem reads past them, 1 length row
 
 
 @dataclass(frozen=True)
@@ -32,12 +37,17 @@ class ClipTokens:
 
     window_frames: int  # the tower's window: 2·max_source_positions log-mel frames
     wrap: tuple[str, str] = (BOS, EOS)
+    context_rows: ClassVar[int] = CONTEXT_ROWS  # input rows a clip has past its tokens' (module docstring)
+
+    def frames(self, num_samples: int, rate: int) -> int:
+        """The clip's log-mel frames as the processor counts them (its `feature_attention_mask`): every started
+        hop at 16 kHz."""
+        samples = num_samples if rate == MEL_RATE else round(num_samples * MEL_RATE / rate)
+        return math.ceil(samples / MEL_HOP)
 
     def llm_tokens(self, num_samples: int, rate: int) -> int:
         """LLM tokens of a clip of `num_samples` at `rate` Hz: (l + 1) // 4 per window of its l frames."""
-        samples = num_samples if rate == MEL_RATE else round(num_samples * MEL_RATE / rate)
-        frames = math.ceil(samples / MEL_HOP)
-        whole, rest = divmod(frames, self.window_frames)
+        whole, rest = divmod(self.frames(num_samples, rate), self.window_frames)
         return max(1, whole * ((self.window_frames + 1) // 4) + (rest + 1) // 4)
 
     def tokens(self, num_samples: int, rate: int) -> int:

@@ -1,8 +1,10 @@
 """A Whisper-style tower's clips by its own feature extractor (`AutoFeatureExtractor` from the tower's
-directory): each clip's log-mel frames at 16 kHz, [frames, n_mels], computed as the model's processor computes
+directory): each clip's log-mel frames at 16 kHz, [rows, n_mels], computed as the model's processor computes
 them (the clip zero-padded to the extractor's 30 s, so its frames are the processor's `input_features`; a longer
 clip whole: the module cuts it into windows), cut or padded with the clip's quietest value to the index's whole
-tokens."""
+tokens. Where the family's clip rule has context rows (Qwen2-Audio's, media.py): the 3 frames after those, as
+the processor computed them, and a length row, every value the clip's real frames (`frames`) less its token
+rows."""
 
 from __future__ import annotations
 
@@ -23,7 +25,18 @@ class WhisperFeatures:
         self.width = spec.input_dim or 1
 
     def inputs(self, files: tuple[str, ...], rule: EncoderRule, max_image_tokens: int) -> list[torch.Tensor]:
-        return [self.frames(f, audio_tokens(rule, *soundfile_frames(f)) * rule.frames_per_token) for f in files]
+        out = []
+        for f in files:
+            samples, rate = soundfile_frames(f)
+            rows = audio_tokens(rule, samples, rate) * rule.frames_per_token
+            context = getattr(rule.clips, "context_rows", 0)
+            if not context:
+                out.append(self.frames(f, rows))
+                continue
+            got = self.frames(f, rows + context - 1)
+            past = rule.clips.frames(samples, rate) - rows  # real frames past the token rows (-1 to 2)
+            out.append(torch.cat([got, got.new_full((1, got.shape[1]), float(past))]))
+        return out
 
     def frames(self, path: str, rows: int) -> torch.Tensor:
         """One clip's [rows, n_mels] log-mel frames."""

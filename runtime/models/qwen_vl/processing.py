@@ -2,8 +2,9 @@
 order of Hugging Face's `pixel_values` / `pixel_values_videos` (merge windows contiguous), the grid the index
 counted (media.py).
 
-* Images: HF's own image processor (`Qwen2VLImageProcessorPil` from the model directory: resize to the
-  `smart_resize` grid, rescale, normalise, each image's patches repeated over the temporal patch).
+* Images: HF's own image processor (`Qwen2VLImageProcessorPil` from the model directory, given the files as
+  hf/processor.py `processor_images` opens them: conversion to RGB, resize to the `smart_resize` grid,
+  rescale, normalise, each image's patches repeated over the temporal patch).
 * Videos: decoded with PyAV, the frames HF's video processor samples (media.py `frame_indices`), each frame
   resized, rescaled and normalised by the same image processor's operations (PIL bicubic; HF's torchvision
   video path resizes with torchvision's kernel, so its values differ by resampling alone), the last frame
@@ -22,6 +23,7 @@ import torch
 from orch.planner.specs import ModuleSpec
 from orch.runtime.data.conversations import IMAGE
 from orch.runtime.data.index import EncoderRule
+from orch.runtime.models.hf.processor import processor_images
 from orch.runtime.models.qwen_vl.media import NORMALISE_DEFAULTS, VisionGrids, read_rule, video_header
 
 
@@ -90,13 +92,7 @@ class VisionMedia:
 
     def image_rows(self, files: list[str]) -> list[torch.Tensor]:
         """Each image's rows by HF's image processor (one call for all of a sample's images, split by grid)."""
-        from PIL import Image
-
-        images = []
-        for f in files:
-            with Image.open(f) as im:
-                images.append(im.convert("RGB"))
-        out = self.processor(images=images, return_tensors="pt")
+        out = self.processor(images=processor_images(files), return_tensors="pt")
         sizes = [int(t * h * w) for t, h, w in out["image_grid_thw"].tolist()]
         return list(out["pixel_values"].to(torch.float32).split(sizes))
 
