@@ -11,6 +11,8 @@ torch, pydantic's TrainSpec and the runtime are imported inside the command so `
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import typer
@@ -217,7 +219,8 @@ def launch(
             return
         handle = launcher.submit(task)
         out.print(f"launching {plan.placement} plan under torchrun: {nodes} node(s) x {per_node} ranks ({cfg.dtype})")
-        records = handle.result()
+        with _divergence_said(task):
+            records = handle.result()
         steps = StepProgress(out, metrics_path(workdir), cfg.steps)
         for r in records:
             steps.show(r)
@@ -238,7 +241,7 @@ def launch(
             f"seed {cfg.seed})"
         )
         local = LocalLauncher(world).submit(task)
-        with StepProgress(out, metrics_path(workdir), cfg.steps) as steps:
+        with _divergence_said(task), StepProgress(out, metrics_path(workdir), cfg.steps) as steps:
             local.wait(on_poll=steps.poll)
         records = task.result()
         _say_stopped(out, local.stopped_by, local.stopped_at)
@@ -256,6 +259,21 @@ def launch(
     out.print(f"metrics written to [bold]{workdir}/metrics.jsonl[/]")
     if cfg.trace is not None and Path(cfg.trace).exists():
         out.print(f"trace written to [bold]{cfg.trace}[/]")
+
+
+@contextmanager
+def _divergence_said(task: Any) -> Iterator[None]:
+    """A run that stopped because a step diverged is said as such, in the line every rank raised
+    (runtime/train/divergence.py), not as one rank's failure."""
+    from orch.runtime.launch.base import LaunchError
+
+    try:
+        yield
+    except LaunchError:
+        diverged = task.diverged()
+        if diverged is None:
+            raise
+        raise diverged from None
 
 
 def report_backends(text: str) -> list[str]:
@@ -303,6 +321,8 @@ def _flag_message(err: Any) -> str:
     if err["type"] in ("greater_than_equal", "greater_than"):
         bound = format(ctx.get("ge", ctx.get("gt")), "g")  # the field's bound: 0, not 0.0
         return f"expected a value {'>=' if err['type'] == 'greater_than_equal' else '>'} {bound}, got {got}"
+    if err["type"] == "finite_number":
+        return f"expected a finite number, got {got}"
     return f"{err['msg']} (got {got!r})"
 
 

@@ -50,6 +50,8 @@ def _field_message(err: Any, model: type[BaseModel]) -> tuple[str, str]:
         msg = "unknown field"
     elif err["type"] == "missing":
         msg = "required field is missing"
+    elif err["type"] == "finite_number":
+        msg = f"expected a finite number, got {err['input']}"
     elif "input" in err and err["type"] not in ("value_error", "assertion_error"):
         msg = f"{msg} (got {err['input']!r})"
     return loc, msg

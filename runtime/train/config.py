@@ -49,8 +49,10 @@ DEFAULT_BALANCE = Mode.ORCH  # the one default of post-balancing, for the CLI an
 class TrainSpec(BaseModel):
     """A training run's config: the `--config` file of `orch launch` and what every rank runs with."""
 
-    # protected_namespaces: `model_factory` is a field, not pydantic's `model_*` API.
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+    # protected_namespaces: `model_factory` is a field, not pydantic's `model_*` API. allow_inf_nan: every float
+    # setting, nested ones too (betas, module_lr's factors), is finite: `lr: .inf` or a NaN factor is refused
+    # here, in one line naming the field, not found by the ranks as a diverging run.
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), allow_inf_nan=False)
 
     version: Literal[1] = 1
     # -- the optimisation ------------------------------------------------------------------------------------
@@ -131,6 +133,13 @@ class TrainSpec(BaseModel):
         for module, factor in value.items():
             if factor <= 0:
                 raise ValueError(f"{module}: expected a factor > 0, got {factor}")
+        return value
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_below_one(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= beta < 1.0 for beta in value):  # AdamW's own bound, said here rather than by every rank
+            raise ValueError(f"expected two values in [0, 1), got {list(value)}")
         return value
 
     def data_step(self, step: int) -> int:

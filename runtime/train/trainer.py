@@ -8,7 +8,8 @@ StepRecords back; `release` frees the run directory's lock (the launcher, once t
 
 `Trainer.run`, on each rank: resume from the checkpoint rank 0's `prepare` chose (or start at 0), build the
 rank's `TrainStep`, then per step: run it, gather every rank's phase times, rank 0 appends the step's record
-(runtime/metrics.py), save a checkpoint every `checkpoint_every` steps, and stop at a step boundary when
+(runtime/metrics.py), stop if the step diverged (a non-finite loss or gradient norm, before any checkpoint:
+runtime/train/divergence.py), save a checkpoint every `checkpoint_every` steps, and stop at a step boundary when
 the ranks agree on a stop request (Slurm's warning signal, a signal to the local launcher:
 runtime/preemption.py), having saved there. The last step is always saved too, so `orch export` works after
 any run. Each phase boundary beats the rank's heartbeat (the watchdog's: runtime/launch/heartbeat.py); rank 0
@@ -30,11 +31,12 @@ from orch.planner.specs import DataSpec
 from orch.runtime.disk import no_space_guard
 from orch.runtime.launch.failures import clear_failures
 from orch.runtime.launch.heartbeat import Heartbeat, clear_heartbeats
-from orch.runtime.metrics import StepRecord, append_record, metrics_path, read_metrics, truncate_after
+from orch.runtime.metrics import StepRecord, append_record, last_record, metrics_path, read_metrics, truncate_after
 from orch.runtime.progress import Pace
 from orch.runtime.run_dir import PLAN_FILE, TRAIN_FILE
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig
+from orch.runtime.train.divergence import Diverged, divergence
 
 if TYPE_CHECKING:
     from orch.runtime.launch.rank import RankContext
@@ -155,6 +157,14 @@ class TrainTask:
     def result(self) -> list[StepRecord]:
         return read_metrics(metrics_path(self.workdir), missing_ok=True)
 
+    def diverged(self) -> Diverged | None:
+        """Why the ranks stopped, when the last step they recorded diverged (the line each rank raised); the
+        launcher's `rank R failed` would blame one rank for what every rank found."""
+        last = last_record(metrics_path(self.workdir))
+        if last is None or last.step < self.start:
+            return None
+        return divergence(last.step, last.loss, last.grad_norm, last.lr, self.cfg.steps, self.workdir)
+
 
 class Trainer:
     """One rank's run of a plan: the loop around `TrainStep` (module docstring)."""
@@ -224,6 +234,11 @@ class Trainer:
             trace.add(k, m.spans)
             step.beat("record")
             self._record(m, setup_s if k == start else 0.0)
+            diverged = divergence(k, m.loss, m.grad_norm, m.lr, cfg.steps, self.workdir)
+            if diverged is not None:  # the same verdict on every rank: loss and norm are all-reduced
+                dist.barrier()  # rank 0's record of the step is written before any rank ends
+                self._close_reporter()
+                raise diverged  # before a checkpoint: the newest is still from before the divergence
             step.beat("step end")
             done = k + 1
             if done == cfg.steps:

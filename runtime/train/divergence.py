@@ -1,0 +1,48 @@
+"""A diverged run: a step whose loss or gradient norm is not finite (NaN or infinite) ends the run.
+
+What Megatron-LM (`check_for_nan_in_loss_and_grad`) and torchtitan do in fp32 and bf16: no step skipping
+(that is fp16's loss scaling), the run stops. Both values are all-reduced, the same on every rank, so every
+rank decides alike without another collective. The trainer (runtime/train/trainer.py) writes the step's
+record first, NaN and all (runtime/metrics.py), then every rank raises `Diverged` before any checkpoint of
+the broken weights is saved: the newest checkpoint is still the last one from before the divergence, which
+a relaunch resumes from. The CLI says the same line, not a rank's failure (cli/launch_cmd.py). Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from orch.planner.errors import OrchError
+
+
+class Diverged(OrchError):
+    """A step's loss or gradient norm is not finite: the run stopped (the message says the step and why)."""
+
+
+def divergence(
+    step: int, loss: float, grad_norm: float | None, lr: float | None, steps: int, workdir: str | Path
+) -> Diverged | None:
+    """`Diverged` when step `step` (0-based) of a run of `steps` has a non-finite loss or gradient norm, else
+    None. The loss is named first when both are: it went wrong before the gradient."""
+    norm = math.nan if grad_norm is None else grad_norm
+    if math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)):
+        return None
+    if not math.isfinite(loss):
+        what = f"loss is {loss} (grad norm {norm:.4g})"
+    else:
+        what = f"grad norm is {norm} (loss {loss:.4g})"
+    rate = f" (now {lr:g})" if lr is not None else ""
+    newest = _newest_before(workdir, step + 1)
+    resume = f"resumes from {newest}, saved before it" if newest is not None else "starts again at step 0"
+    return Diverged(
+        f"step {step + 1}/{steps}: {what}: the run diverged; lower lr{rate}, or set clip_norm or warmup_steps in "
+        f"the --config file; a relaunch {resume}"
+    )
+
+
+def _newest_before(workdir: str | Path, done: int) -> str | None:
+    """The newest checkpoint folder's name of fewer than `done` completed steps (None: there is none)."""
+    from orch.runtime.run_dir import step_folders
+
+    return next((p.name for s, p in step_folders(workdir) if s < done), None)
