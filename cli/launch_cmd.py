@@ -195,7 +195,8 @@ def launch(
             from orch.runtime.run_dir import check_same_model
             from orch.runtime.run_identity import model_identity
 
-            check_same_model(workdir, plan, model_identity(plan.model, cfg.model_factory), cfg.model_factory)
+            identity = model_identity(plan.model, cfg.model_factory)
+            check_same_model(workdir, plan, identity, cfg.model_factory, tell=lambda line: None)  # prepare says
     if executor == "slurm":
         from orch.cli.jobs_cmd import launch_slurm
         from orch.runtime.launch.sbatch import SlurmOptions

@@ -22,7 +22,8 @@ command, never at start-up (tests/unit/test_packaging.py). torch is imported onl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -158,7 +159,25 @@ class TrainSpec(BaseModel):
         return torch_dtype(self.dtype)
 
 
+# The fields that decide what a run trains (the first group above): a resumed run that sets one otherwise than its
+# checkpoint was trained with says so (`changed_settings`). The run options change how, not what: not compared.
+OPTIMISATION = (
+    "steps", "seed", "dtype", "optimizer", "lr", "weight_decay", "betas", "eps", "lr_schedule", "warmup_steps",
+    "min_lr", "clip_norm", "module_lr", "repeat_every", "balance",
+)  # fmt: skip
+
+
+def changed_settings(was: Mapping[str, Any], now: TrainSpec) -> dict[str, tuple[Any, Any]]:
+    """Field -> (then, now) of each OPTIMISATION field `now` sets otherwise than `was` (a checkpoint's train.json as
+    read); a field `was` lacks (an older file) is not compared."""
+    current = now.model_dump(mode="json")
+    return {f: (was[f], current[f]) for f in OPTIMISATION if f in was and was[f] != current[f]}
+
+
 # The runtime's name for the same model (the trainer, the optimizer, the tests): one definition, two names.
 TrainConfig = TrainSpec
 
-__all__ = ["DEFAULT_BALANCE", "DTYPES", "ELEM_BYTES", "TrainConfig", "TrainSpec", "torch_dtype"]
+__all__ = [
+    "DEFAULT_BALANCE", "DTYPES", "ELEM_BYTES", "OPTIMISATION", "TrainConfig", "TrainSpec", "changed_settings",
+    "torch_dtype",
+]  # fmt: skip

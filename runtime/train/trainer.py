@@ -209,7 +209,10 @@ class Trainer:
         if start > 0:
             folder = checkpoint.checkpoint_root(self.workdir) / checkpoint.step_name(start)
             check_data_position(folder, step, start)
-            checkpoint.load(self.workdir, start, step.modules, resumed_optimizer(folder, step.optimizer, cfg, rank))
+            changed = say_changed_settings(folder, cfg, rank)
+            # a checkpoint of another optimizer: its state would not fit this one's (the weights still load)
+            optimizer = None if "optimizer" in changed else step.optimizer
+            checkpoint.load(self.workdir, start, step.modules, optimizer)
         setup_s = time.perf_counter() - t
         trace = RankTrace(rank, time.perf_counter())  # setup ends in collectives: origins agree closely
         belonging = belongs(self.plan, self.data, cfg)
@@ -334,21 +337,32 @@ def _data_counts(per_rank: list[dict[str, int]]) -> dict[str, int] | None:
 DATA_FILE = "data.json"
 
 
-def resumed_optimizer(folder: Path, optimizer: Any, cfg: TrainConfig, rank: int) -> Any:
-    """`optimizer`, to load its state from the checkpoint in `folder`; None when the checkpoint was trained with
-    another optimizer (its state would not fit this one's): the weights load, the optimizer starts fresh, said."""
-    from orch.runtime.run_dir import say
+# What a changed setting means for the resumed run, where more than its new value follows.
+CONSEQUENCES = {"optimizer": "the model's weights are loaded, the optimizer's state starts fresh"}
+
+
+def say_changed_settings(folder: Path, cfg: TrainConfig, rank: int) -> dict[str, tuple[Any, Any]]:
+    """Each setting of the run (config.py `OPTIMISATION`) that differs from the one the checkpoint in `folder` was
+    trained with, said by rank 0 in one line, `name then -> now`; returns them (field -> (then, now)). A
+    checkpoint without its config (an older one) compares nothing."""
+    from orch.runtime.run_dir import say_changed
+    from orch.runtime.train.config import changed_settings
 
     try:
-        was = json.loads((folder / TRAIN_FILE).read_text()).get("optimizer")
-    except (OSError, ValueError, AttributeError):
-        return optimizer  # an older checkpoint without its config: as before
-    if was is None or was == cfg.optimizer:
-        return optimizer
+        was = json.loads((folder / TRAIN_FILE).read_text())
+    except (OSError, ValueError):
+        was = None
+    changes = changed_settings(was, cfg) if isinstance(was, dict) else {}
     if rank == 0:
-        say(f"{folder.name} was trained with {was}, this run uses {cfg.optimizer}: the model's weights are loaded, "
-            "the optimizer's state starts fresh")  # fmt: skip
-    return None
+        for name, (then, now) in changes.items():
+            consequence = f": {CONSEQUENCES[name]}" if name in CONSEQUENCES else ""
+            say_changed(folder.name, name, f"{_shown(then)} -> {_shown(now)}{consequence}")
+    return changes
+
+
+def _shown(value: Any) -> str:
+    """A setting's value as a config file spells it (a list or mapping as JSON)."""
+    return json.dumps(value) if isinstance(value, list | dict) else str(value)
 
 
 def check_data_position(folder: Path, step: TrainStep, start: int) -> None:
