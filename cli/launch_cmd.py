@@ -324,6 +324,8 @@ def _flag_message(err: Any) -> str:
         return f"expected a value {'>=' if err['type'] == 'greater_than_equal' else '>'} {bound}, got {got}"
     if err["type"] == "finite_number":
         return f"expected a finite number, got {got}"
+    if err["type"] == "value_error":  # a validator's own words
+        return str(err["msg"]).removeprefix("Value error, ")
     return f"{err['msg']} (got {got!r})"
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orch.planner.balance.mode import Mode
 from orch.planner.plan import Schedule
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 DTYPES = ("float32", "bfloat16", "float64")
 ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}  # bytes per element of each of DTYPES
+# The largest finite value of each of DTYPES (torch.finfo(...).max): a rate above it overflows the optimizer's step.
+DTYPE_MAX = {"float32": 3.4028234663852886e38, "bfloat16": 3.3895313892515355e38, "float64": 1.7976931348623157e308}
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -142,6 +144,21 @@ class TrainSpec(BaseModel):
         if not all(0.0 <= beta < 1.0 for beta in value):  # AdamW's own bound, said here rather than by every rank
             raise ValueError(f"expected two values in [0, 1), got {list(value)}")
         return value
+
+    @model_validator(mode="after")
+    def _steps_fit_the_dtype(self) -> TrainSpec:
+        """The largest step size the optimizer computes is finite in the parameters' dtype (torch refuses a larger
+        one in every rank): the rate times the largest module_lr factor, over 1 - beta1 under AdamW (its first
+        step's bias correction)."""
+        top, factor = DTYPE_MAX[self.dtype], max([1.0, *self.module_lr.values()])
+        correction = 1.0 - self.betas[0] if self.optimizer == "adamw" else 1.0
+        for name, rate in (("lr", self.lr), ("min_lr", self.min_lr)):
+            if rate * factor / correction > top:
+                raise ValueError(
+                    f"{name} {rate:g}: the optimizer's step size reaches {rate * factor / correction:.4g}, more than "
+                    f"the parameters' {self.dtype} holds ({top:.4g})"
+                )
+        return self
 
     def data_step(self, step: int) -> int:
         """Which global batch step `step` trains on."""

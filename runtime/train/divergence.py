@@ -2,7 +2,8 @@
 
 What Megatron-LM (`check_for_nan_in_loss_and_grad`) and torchtitan do in fp32 and bf16: no step skipping
 (that is fp16's loss scaling), the run stops. Both values are all-reduced, the same on every rank, so every
-rank decides alike without another collective. The trainer (runtime/train/trainer.py) writes the step's
+rank decides alike without another collective; before a checkpoint is saved, the weights are checked too (one
+all-reduce of a flag). The trainer (runtime/train/trainer.py) writes the step's
 record first, NaN and all (runtime/metrics.py), then every rank raises `Diverged` before any checkpoint of
 the broken weights is saved: the newest checkpoint is still the last one from before the divergence, which
 a relaunch resumes from. The CLI says the same line, not a rank's failure (cli/launch_cmd.py). Torch-free.
@@ -21,17 +22,27 @@ class Diverged(OrchError):
 
 
 def divergence(
-    step: int, loss: float, grad_norm: float | None, lr: float | None, steps: int, workdir: str | Path
+    step: int,
+    loss: float,
+    grad_norm: float | None,
+    lr: float | None,
+    steps: int,
+    workdir: str | Path,
+    *,
+    weights_finite: bool = True,
 ) -> Diverged | None:
-    """`Diverged` when step `step` (0-based) of a run of `steps` has a non-finite loss or gradient norm, else
-    None. The loss is named first when both are: it went wrong before the gradient."""
+    """`Diverged` when step `step` (0-based) of a run of `steps` has a non-finite loss or gradient norm, or left
+    non-finite weights (`weights_finite`, checked before a checkpoint is saved: an update of a finite gradient
+    can overflow), else None. The loss is named first when both are: it went wrong before the gradient."""
     norm = math.nan if grad_norm is None else grad_norm
-    if math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)):
-        return None
     if not math.isfinite(loss):
         what = f"loss is {loss} (grad norm {norm:.4g})"
-    else:
+    elif grad_norm is not None and not math.isfinite(grad_norm):
         what = f"grad norm is {norm} (loss {loss:.4g})"
+    elif not weights_finite:
+        what = f"its update left weights that are not finite (loss {loss:.4g}, grad norm {norm:.4g})"
+    else:
+        return None
     rate = f" (now {lr:g})" if lr is not None else ""
     newest = _newest_before(workdir, step + 1)
     resume = f"resumes from {newest}, saved before it" if newest is not None else "starts again at step 0"

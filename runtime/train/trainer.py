@@ -188,6 +188,7 @@ class Trainer:
         import torch.distributed as dist
 
         from orch.runtime import checkpoint
+        from orch.runtime.train.optim import weights_finite
         from orch.runtime.train.step import TrainStep
         from orch.runtime.train.trace import RankTrace, write_trace
 
@@ -218,8 +219,12 @@ class Trainer:
         belonging = belongs(self.plan, self.data, cfg)
         needs = checkpoint_needs(self.plan, cfg, self.workdir)
 
-        def save(done: int) -> None:
+        def save(done: int, m: StepMetrics) -> None:
             nonlocal needs
+            if not weights_finite(step.modules, step.device):  # a finite gradient's update can still overflow them
+                broken = divergence(done - 1, m.loss, m.grad_norm, m.lr, cfg.steps, self.workdir, weights_finite=False)
+                if broken is not None:
+                    raise broken
             checkpoint.save(
                 self.workdir,
                 done,
@@ -246,16 +251,16 @@ class Trainer:
             done = k + 1
             if done == cfg.steps:
                 step.beat("checkpoint")
-                save(done)  # always: `orch export` works after any run
+                save(done, m)  # always: `orch export` works after any run
                 break
             saved = cfg.checkpoint_every > 0 and done % cfg.checkpoint_every == 0
             if saved:
                 step.beat("checkpoint")
-                save(done)
+                save(done, m)
             if self.ctx.preemption.agreed():
                 if not saved:
                     step.beat("checkpoint")
-                    save(done)
+                    save(done, m)
                 self.ctx.preemption.mark_stopped(done)
                 heartbeat.close("stopped", done)
                 self._close_reporter()

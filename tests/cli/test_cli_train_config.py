@@ -150,6 +150,15 @@ def test_a_non_finite_setting_is_refused_before_anything_runs(cli, plan_file, tr
         ({"module_lr": {"vision": float("nan")}}, "module_lr.vision: expected a finite number, got nan"),
         ({"clip_norm": float("inf")}, "clip_norm: expected a finite number, got inf"),
         ({"betas": [0.9, 1.0]}, "betas: expected two values in [0, 1), got [0.9, 1.0]"),
+        # finite, but AdamW's first step (lr / (1 - beta1)) overflows float32: torch refused it in every rank
+        (
+            {"lr": 1e38},
+            "lr 1e+38: the optimizer's step size reaches 1e+39, more than the parameters' float32 holds (3.403e+38)",
+        ),
+        (
+            {"lr": 1e30, "module_lr": {"vision": 1e10}, "optimizer": "sgd"},
+            "lr 1e+30: the optimizer's step size reaches 1e+40, more than the parameters' float32 holds (3.403e+38)",
+        ),
     ):
         config = train_config(**fields)
         result = cli("launch", path, "--config", config, "--dry-run")

@@ -23,3 +23,34 @@ def test_the_line_names_the_step_the_quantity_and_the_checkpoint_before_it(tmp_p
     got = divergence(0, math.inf, math.nan, 0.5, 8, tmp_path / "empty")
     assert str(got).startswith("step 1/8: loss is inf (grad norm nan): the run diverged; lower lr (now 0.5)")
     assert str(got).endswith("a relaunch starts again at step 0")
+
+
+def test_an_update_that_overflowed_the_weights_is_named_when_loss_and_norm_were_finite(tmp_path):
+    assert divergence(2, 3.25, 1.5, 0.1, 8, tmp_path, weights_finite=True) is None
+    got = divergence(2, 3.25, 1.5, 0.1, 8, tmp_path, weights_finite=False)
+    assert str(got).startswith(
+        "step 3/8: its update left weights that are not finite (loss 3.25, grad norm 1.5): the run diverged; lower lr"
+    )
+
+
+def test_weights_finite_sees_one_infinite_entry_of_any_module(tmp_path):
+    """What the trainer checks before a checkpoint is saved (a collective; here a one-rank group)."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from orch.runtime.train.optim import weights_finite
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        modules = {"vision": nn.Linear(3, 2), "llm": nn.Linear(2, 2)}
+        assert weights_finite(modules, "cpu")
+        with torch.no_grad():
+            modules["llm"].bias[1] = math.inf
+        assert not weights_finite(modules, "cpu")
+        with torch.no_grad():
+            modules["llm"].bias[1] = math.nan
+        assert not weights_finite(modules, "cpu")
+        assert weights_finite({}, "cpu")  # nothing trainable here: this rank agrees
+    finally:
+        dist.destroy_process_group()
