@@ -30,10 +30,13 @@ def divergence(
     workdir: str | Path,
     *,
     weights_finite: bool = True,
+    resumed_at: int = 0,
 ) -> Diverged | None:
     """`Diverged` when step `step` (0-based) of a run of `steps` has a non-finite loss or gradient norm, or left
     non-finite weights (`weights_finite`, checked before a checkpoint is saved: an update of a finite gradient
-    can overflow), else None. The loss is named first when both are: it went wrong before the gradient."""
+    can overflow), else None. The loss is named first when both are: it went wrong before the gradient. A launch
+    that resumed after `resumed_at` steps and diverged on its first step may have loaded weights an earlier
+    divergence already ruined (finite, but huge): the line says how to start over."""
     norm = math.nan if grad_norm is None else grad_norm
     if not math.isfinite(loss):
         what = f"loss is {loss} (grad norm {norm:.4g})"
@@ -46,9 +49,14 @@ def divergence(
     rate = f" (now {lr:g})" if lr is not None else ""
     newest = _newest_before(workdir, step + 1)
     resume = f"resumes from {newest}, saved before it" if newest is not None else "starts again at step 0"
+    first = (
+        f" (the first step after {newest}: if its weights are already broken, --no-resume starts over)"
+        if resumed_at > 0 and step == resumed_at and newest is not None
+        else ""
+    )
     return Diverged(
         f"step {step + 1}/{steps}: {what}: the run diverged; lower lr{rate}, or set clip_norm or warmup_steps in "
-        f"the --config file; a relaunch {resume}"
+        f"the --config file; a relaunch {resume}{first}"
     )
 
 

@@ -163,7 +163,9 @@ class TrainTask:
         last = last_record(metrics_path(self.workdir))
         if last is None or last.step < self.start:
             return None
-        return divergence(last.step, last.loss, last.grad_norm, last.lr, self.cfg.steps, self.workdir)
+        return divergence(
+            last.step, last.loss, last.grad_norm, last.lr, self.cfg.steps, self.workdir, resumed_at=self.start
+        )
 
 
 class Trainer:
@@ -222,7 +224,9 @@ class Trainer:
         def save(done: int, m: StepMetrics) -> None:
             nonlocal needs
             if not weights_finite(step.modules, step.device):  # a finite gradient's update can still overflow them
-                broken = divergence(done - 1, m.loss, m.grad_norm, m.lr, cfg.steps, self.workdir, weights_finite=False)
+                broken = divergence(
+                    done - 1, m.loss, m.grad_norm, m.lr, cfg.steps, self.workdir, weights_finite=False, resumed_at=start
+                )
                 if broken is not None:
                     raise broken
             checkpoint.save(
@@ -242,7 +246,7 @@ class Trainer:
             trace.add(k, m.spans)
             step.beat("record")
             self._record(m, setup_s if k == start else 0.0)
-            diverged = divergence(k, m.loss, m.grad_norm, m.lr, cfg.steps, self.workdir)
+            diverged = divergence(k, m.loss, m.grad_norm, m.lr, cfg.steps, self.workdir, resumed_at=start)
             if diverged is not None:  # the same verdict on every rank: loss and norm are all-reduced
                 dist.barrier()  # rank 0's record of the step is written before any rank ends
                 self._close_reporter()

@@ -54,3 +54,16 @@ def test_weights_finite_sees_one_infinite_entry_of_any_module(tmp_path):
         assert weights_finite({}, "cpu")  # nothing trainable here: this rank agrees
     finally:
         dist.destroy_process_group()
+
+
+def test_a_divergence_on_the_first_step_after_a_resume_says_how_to_start_over(tmp_path):
+    """AdamW at lr 1e30 leaves finite weights of 1e30 in step_00000001; a relaunch at a sane lr diverges on its first
+    step from them: lowering lr again cannot help, the line says so."""
+    (tmp_path / "checkpoints" / "step_00000001").mkdir(parents=True)
+    got = str(divergence(1, 5.5, math.nan, 1e-4, 6, tmp_path, resumed_at=1))
+    assert got.endswith(
+        "a relaunch resumes from step_00000001, saved before it (the first step after step_00000001: if its weights "
+        "are already broken, --no-resume starts over)"
+    )
+    assert "--no-resume" not in str(divergence(2, 5.5, math.nan, 1e-4, 6, tmp_path, resumed_at=1))
+    assert "--no-resume" not in str(divergence(1, 5.5, math.nan, 1e-4, 6, tmp_path))  # no resume: a later step
