@@ -11,6 +11,8 @@ torch, pydantic's TrainSpec and the runtime are imported inside the command so `
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import typer
@@ -207,7 +209,8 @@ def launch(
             from orch.runtime.run_dir import check_same_model
             from orch.runtime.run_identity import model_identity
 
-            check_same_model(workdir, plan, model_identity(plan.model, cfg.model_factory), cfg.model_factory)
+            identity = model_identity(plan.model, cfg.model_factory)
+            check_same_model(workdir, plan, identity, cfg.model_factory, tell=lambda line: None)  # prepare says
     if executor == "slurm":
         from orch.cli.jobs_cmd import launch_slurm
         from orch.runtime.launch.sbatch import SlurmOptions
@@ -231,7 +234,8 @@ def launch(
             return
         handle = launcher.submit(task)
         out.print(f"launching {plan.placement} plan under torchrun: {nodes} node(s) x {per_node} ranks ({cfg.dtype})")
-        records = handle.result()
+        with _divergence_said(task):
+            records = handle.result()
         steps = StepProgress(out, metrics_path(workdir), cfg.steps)
         for r in records:
             steps.show(r)
@@ -252,7 +256,7 @@ def launch(
             f"seed {cfg.seed})"
         )
         local = LocalLauncher(world).submit(task)
-        with StepProgress(out, metrics_path(workdir), cfg.steps) as steps:
+        with _divergence_said(task), StepProgress(out, metrics_path(workdir), cfg.steps) as steps:
             local.wait(on_poll=steps.poll)
         records = task.result()
         _say_stopped(out, local.stopped_by, local.stopped_at)
@@ -288,6 +292,21 @@ def launch_data(plan: Any, data: str, tokenizer: str | None, index_dir: str | No
 
         console().print(f"hint: {escape(hint)}")
     return spec
+
+
+@contextmanager
+def _divergence_said(task: Any) -> Iterator[None]:
+    """A run that stopped because a step diverged is said as such, in the line every rank raised
+    (runtime/train/divergence.py), not as one rank's failure."""
+    from orch.runtime.launch.base import LaunchError
+
+    try:
+        yield
+    except LaunchError:
+        diverged = task.diverged()
+        if diverged is None:
+            raise
+        raise diverged from None
 
 
 def report_backends(text: str) -> list[str]:
@@ -335,6 +354,10 @@ def _flag_message(err: Any) -> str:
     if err["type"] in ("greater_than_equal", "greater_than"):
         bound = format(ctx.get("ge", ctx.get("gt")), "g")  # the field's bound: 0, not 0.0
         return f"expected a value {'>=' if err['type'] == 'greater_than_equal' else '>'} {bound}, got {got}"
+    if err["type"] == "finite_number":
+        return f"expected a finite number, got {got}"
+    if err["type"] == "value_error":  # a validator's own words
+        return str(err["msg"]).removeprefix("Value error, ")
     return f"{err['msg']} (got {got!r})"
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orch.planner.errors import SpecError
+from orch.planner.loading import read_spec_text
 from orch.planner.specs import HFPart, Modality, ModelSpec, ModuleKind, ModuleSpec
 
 TEXT_TYPES = ("llama", "qwen2", "mistral")
@@ -146,8 +147,8 @@ def read_config(directory: str | Path) -> tuple[str, dict[str, Any]]:
     if not path.is_file():
         raise SpecError(str(directory), "", "a model directory needs config.json (a Hugging Face model directory)")
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        raw = json.loads(read_spec_text(path))
+    except json.JSONDecodeError as exc:
         raise SpecError(str(path), "", f"not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise SpecError(str(path), "", f"expected a JSON object, got {type(raw).__name__}")

@@ -16,6 +16,12 @@ from orch.planner.specs import ClusterSpec, DataSpec, Modality, ModelSpec, TaskS
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
 PRESET_KINDS = {"model": "models", "cluster": "clusters", "data": "data"}
+# The most a spec or config file orch reads may hold (a plan for 100,000 GPUs is about 2 MB): a larger one is
+# refused before it is parsed (PyYAML took 70-90 s to reject a 50 MB line; a model spec took one of 1.2 GB).
+MAX_SPEC_BYTES = 16 * 2**20
+# libyaml's parser where PyYAML was built with it: the safe constructor and resolver, so the same values, parsed
+# 10-100x faster than the pure-Python one.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def preset_dir(kind: str) -> Any:
@@ -26,14 +32,40 @@ def preset_names(kind: str) -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in preset_dir(kind).iterdir() if p.name.endswith(".yaml"))
 
 
+def read_spec_text(path: str | Path) -> str:
+    """The text of a spec or config file (YAML or JSON): what every one orch reads goes through, so that one larger
+    than MAX_SPEC_BYTES is one line naming it and the limit, before any parsing."""
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise SpecError(str(path), "", f"cannot read: {exc.strerror}") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(
+            str(path),
+            "",
+            f"{_size(p)}: more than a spec or config file may hold ({MAX_SPEC_BYTES >> 20} MiB, {MAX_SPEC_BYTES:,} "
+            "bytes; is it a data file?)",
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(str(path), "", f"not UTF-8 text (byte {exc.start})") from None
+
+
+def _size(path: Path) -> str:
+    try:
+        return f"{path.stat().st_size:,} bytes"
+    except OSError:
+        return "over the limit"
+
+
 def resolve(kind: str, ref: str) -> tuple[str, str]:
     """Return (source label, YAML text) for a file path or a preset name."""
     path = Path(ref)
     if path.is_file():
-        try:
-            return str(path), path.read_text()
-        except OSError as exc:
-            raise SpecError(str(path), "", f"cannot read: {exc.strerror}") from None
+        return str(path), read_spec_text(path)
     preset = preset_dir(kind) / f"{ref}.yaml"
     if preset.is_file():
         return f"preset {ref}", preset.read_text()
@@ -50,6 +82,8 @@ def _field_message(err: Any, model: type[BaseModel]) -> tuple[str, str]:
         msg = "unknown field"
     elif err["type"] == "missing":
         msg = "required field is missing"
+    elif err["type"] == "finite_number":
+        msg = f"expected a finite number, got {err['input']}"
     elif "input" in err and err["type"] not in ("value_error", "assertion_error"):
         msg = f"{msg} (got {err['input']!r})"
     return loc, msg
@@ -71,7 +105,7 @@ def parse(model: type[SpecT], source: str, data: Any) -> SpecT:
 
 def _yaml(source: str, text: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_YAML_LOADER)  # a safe loader (above)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
@@ -128,7 +162,7 @@ def load_json_file(model: type[SpecT], path: str) -> SpecT:
     p = Path(path)
     if not p.is_file():
         raise SpecError(path, "", "no such file")
-    text = p.read_text()
+    text = read_spec_text(p)
     if p.suffix == ".json":
         try:
             data = json.loads(text)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orch.planner.errors import SpecError
 from orch.planner.io import write_text_atomic
@@ -27,13 +27,19 @@ METRICS_FILE = "metrics.jsonl"
 
 
 class StepRecord(BaseModel):
-    """One training step as the ranks measured it (the slowest rank's time is the step's)."""
+    """One training step as the ranks measured it (the slowest rank's time is the step's).
 
-    model_config = ConfigDict(extra="forbid")
+    A diverging step's loss and gradient norm are kept as they were, NaN or infinite: written as JSON's
+    common extension `NaN` / `Infinity` (Python's json and pandas read them), so the record of the step that
+    stopped the run says what went wrong (runtime/train/divergence.py)."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     version: Literal[1] = 1
     step: int = Field(ge=0, description="the step's index (0-based)")
-    loss: float = Field(description="the global loss: summed over the LLM's label tokens / their count")
+    loss: float = Field(
+        description="the global loss: summed over the LLM's label tokens / their count (NaN or Infinity: diverged)"
+    )
     tokens: int = Field(ge=0, description="label tokens of the global batch")
     step_time_s: float = Field(ge=0, description="the slowest rank's step time")
     setup_s: float = Field(default=0.0, ge=0, description="building the modules (first step of a launch only)")
@@ -43,7 +49,9 @@ class StepRecord(BaseModel):
     balance: dict[str, Any] = Field(
         default_factory=dict, description="post-balancing: mode, per-phase costs and bytes, dispatcher seconds"
     )
-    grad_norm: float | None = Field(default=None, ge=0, description="the whole model's gradient norm, before clipping")
+    grad_norm: float | None = Field(
+        default=None, description="the whole model's gradient norm, before clipping (NaN or Infinity: diverged)"
+    )
     lr: float | None = Field(default=None, ge=0, description="the step's learning rate (before per-module factors)")
     memory: dict[str, dict[str, int]] = Field(
         default_factory=dict,
@@ -59,6 +67,13 @@ class StepRecord(BaseModel):
     processed: dict[str, dict[str, dict[str, int]]] | None = Field(
         default=None, description="rank -> module -> sample id -> tokens (tests' token counts; absent otherwise)"
     )
+
+    @field_validator("grad_norm")
+    @classmethod
+    def _not_negative(cls, value: float | None) -> float | None:
+        if value is not None and value < 0:  # NaN and +inf pass: a diverged step's norm, recorded as it was
+            raise ValueError(f"expected a norm >= 0, got {value}")
+        return value
 
 
 def phase_imbalance(record: StepRecord, *, before: bool = False) -> dict[str, float]:

@@ -56,6 +56,12 @@ def say(line: str) -> None:
     print(f"orch: {line}", file=sys.stderr, flush=True)
 
 
+def say_changed(checkpoint: str, what: str, change: str) -> None:
+    """A resumed run's one line for a setting it changed since the checkpoint it continues from (the training
+    config's: runtime/train/trainer.py `say_changed_settings`; the data spec's: `open_run`)."""
+    say(f"{what} changed since {checkpoint}: {change}")
+
+
 def checkpoint_root(workdir: str | Path) -> Path:
     return Path(workdir) / CHECKPOINTS
 
@@ -213,8 +219,15 @@ def move_aside(workdir: str | Path, now: float | None = None) -> Path | None:
     return target
 
 
-def check_same_model(workdir: str | Path, plan: Plan, identity: dict[str, object], factory: str | None) -> None:
-    """RunMismatch if the workdir's plan.json is of another model; a layout change is said and allowed."""
+def check_same_model(
+    workdir: str | Path,
+    plan: Plan,
+    identity: dict[str, object],
+    factory: str | None,
+    tell: Callable[[str], None] = say,
+) -> None:
+    """RunMismatch if the workdir's plan.json is of another model; a layout change is told and allowed (the
+    launch's early check tells nothing: `open_run` says it, once, where the run is prepared)."""
     from pydantic import ValidationError
 
     path = Path(workdir) / PLAN_FILE
@@ -223,7 +236,7 @@ def check_same_model(workdir: str | Path, plan: Plan, identity: dict[str, object
     try:
         was = Plan.model_validate_json(path.read_bytes())
     except (OSError, ValidationError):
-        say(f"{path}: unreadable, not compared (the checkpoints' manifests are)")
+        tell(f"{path}: unreadable, not compared (the checkpoints' manifests are)")
         return
     what = differences(model_identity(was.model, factory), identity)
     if what:
@@ -234,7 +247,7 @@ def check_same_model(workdir: str | Path, plan: Plan, identity: dict[str, object
     before, now = layouts(was), layouts(plan)
     changed = [f"{m} {before.get(m)} -> {now[m]}" for m in now if before.get(m) != now[m]]
     if changed:
-        say(f"the same model on a new layout ({'; '.join(changed)}): checkpoints are re-sharded on load")
+        tell(f"the same model on a new layout ({'; '.join(changed)}): checkpoints are re-sharded on load")
 
 
 @dataclass
@@ -286,7 +299,7 @@ def open_run(
             and chosen.manifest is not None
             and chosen.manifest.data != fingerprint(data_identity(data))
         ):
-            say(f"{step_name(chosen.step)} was trained on another data spec: continuing on this one")
+            say_changed(step_name(chosen.step), "the data spec", "continuing on this one")
         return OpenRun(lock, chosen.step)
     except BaseException:
         lock.release()

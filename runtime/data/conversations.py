@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from orch.planner.errors import SpecError
+from orch.planner.loading import read_spec_text
 from orch.runtime.data.layouts import AUDIO as AUDIO  # the placeholders: the index and the loader import them here
 from orch.runtime.data.layouts import IMAGE, MEDIA_KEYS, VIDEO, Layout, LayoutError, read_record
 from orch.runtime.data.layouts import TRAINED_ROLES as TRAINED_ROLES  # the index imports it here
@@ -119,7 +120,7 @@ def is_conversation_data(ref: str) -> bool:
         import yaml
 
         try:
-            doc = yaml.safe_load(p.read_text())
+            doc = yaml.safe_load(read_spec_text(p))
         except yaml.YAMLError:
             return False
         return isinstance(doc, dict) and "sources" in doc
@@ -166,7 +167,7 @@ def read_sources(ref: str) -> list[Source]:
         return [Source(str(p.resolve()))]
     import yaml
 
-    doc = yaml.safe_load(p.read_text())
+    doc = yaml.safe_load(read_spec_text(p))
     sources = doc.get("sources") if isinstance(doc, dict) else None
     if not isinstance(sources, list) or not sources:
         raise SpecError(ref, "sources", "expected a list of {path, weight}")

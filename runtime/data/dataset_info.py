@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from orch.planner.errors import SpecError
+from orch.planner.loading import read_spec_text
 from orch.runtime.data.conversations import SUFFIXES, Source, data_files
 from orch.runtime.data.layouts import Layout
 
@@ -71,7 +72,7 @@ def is_dataset_info(path: str) -> bool:
 
 def read_dataset_info(path: str, names: list[str]) -> list[Source]:
     """The sources of the datasets `names` of the description at `path` (module docstring)."""
-    doc: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
+    doc: dict[str, Any] = json.loads(read_spec_text(path))
     described = ", ".join(doc)
     if not names:
         raise SpecError(path, "", f"name the datasets to read: {path}:NAME[,NAME] (it describes {described})")

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from orch.planner.errors import SpecError
+from orch.planner.loading import read_spec_text
 
 STRATEGIES = ("concat", "interleave_under", "interleave_over")
 DEFAULT_STRATEGY = "interleave_over"
@@ -97,7 +98,7 @@ def read_mix_spec(ref: str) -> MixSpec:
         return MixSpec()
     import yaml
 
-    doc = yaml.safe_load(p.read_text())
+    doc = yaml.safe_load(read_spec_text(p))
     if not isinstance(doc, dict):
         return MixSpec()
     strategy = doc.get("strategy", doc.get("mix_strategy", DEFAULT_STRATEGY))

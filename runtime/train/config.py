@@ -22,9 +22,10 @@ command, never at start-up (tests/unit/test_packaging.py). torch is imported onl
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orch.planner.balance.mode import Mode
 from orch.planner.plan import Schedule
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 
 DTYPES = ("float32", "bfloat16", "float64")
 ELEM_BYTES = {"float32": 4, "bfloat16": 2, "float64": 8}  # bytes per element of each of DTYPES
+# The largest finite value of each of DTYPES (torch.finfo(...).max): a rate above it overflows the optimizer's step.
+DTYPE_MAX = {"float32": 3.4028234663852886e38, "bfloat16": 3.3895313892515355e38, "float64": 1.7976931348623157e308}
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -49,8 +52,10 @@ DEFAULT_BALANCE = Mode.ORCH  # the one default of post-balancing, for the CLI an
 class TrainSpec(BaseModel):
     """A training run's config: the `--config` file of `orch launch` and what every rank runs with."""
 
-    # protected_namespaces: `model_factory` is a field, not pydantic's `model_*` API.
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+    # protected_namespaces: `model_factory` is a field, not pydantic's `model_*` API. allow_inf_nan: every float
+    # setting, nested ones too (betas, module_lr's factors), is finite: `lr: .inf` or a NaN factor is refused
+    # here, in one line naming the field, not found by the ranks as a diverging run.
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), allow_inf_nan=False)
 
     version: Literal[1] = 1
     # -- the optimisation ------------------------------------------------------------------------------------
@@ -133,6 +138,28 @@ class TrainSpec(BaseModel):
                 raise ValueError(f"{module}: expected a factor > 0, got {factor}")
         return value
 
+    @field_validator("betas")
+    @classmethod
+    def _betas_below_one(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= beta < 1.0 for beta in value):  # AdamW's own bound, said here rather than by every rank
+            raise ValueError(f"expected two values in [0, 1), got {list(value)}")
+        return value
+
+    @model_validator(mode="after")
+    def _steps_fit_the_dtype(self) -> TrainSpec:
+        """The largest step size the optimizer computes is finite in the parameters' dtype (torch refuses a larger
+        one in every rank): the rate times the largest module_lr factor, over 1 - beta1 under AdamW (its first
+        step's bias correction)."""
+        top, factor = DTYPE_MAX[self.dtype], max([1.0, *self.module_lr.values()])
+        correction = 1.0 - self.betas[0] if self.optimizer == "adamw" else 1.0
+        for name, rate in (("lr", self.lr), ("min_lr", self.min_lr)):
+            if rate * factor / correction > top:
+                raise ValueError(
+                    f"{name} {rate:g}: the optimizer's step size reaches {rate * factor / correction:.4g}, more than "
+                    f"the parameters' {self.dtype} holds ({top:.4g})"
+                )
+        return self
+
     def data_step(self, step: int) -> int:
         """Which global batch step `step` trains on."""
         return step % self.repeat_every if self.repeat_every > 0 else step
@@ -149,7 +176,25 @@ class TrainSpec(BaseModel):
         return torch_dtype(self.dtype)
 
 
+# The fields that decide what a run trains (the first group above): a resumed run that sets one otherwise than its
+# checkpoint was trained with says so (`changed_settings`). The run options change how, not what: not compared.
+OPTIMISATION = (
+    "steps", "seed", "dtype", "optimizer", "lr", "weight_decay", "betas", "eps", "lr_schedule", "warmup_steps",
+    "min_lr", "clip_norm", "module_lr", "repeat_every", "balance",
+)  # fmt: skip
+
+
+def changed_settings(was: Mapping[str, Any], now: TrainSpec) -> dict[str, tuple[Any, Any]]:
+    """Field -> (then, now) of each OPTIMISATION field `now` sets otherwise than `was` (a checkpoint's train.json as
+    read); a field `was` lacks (an older file) is not compared."""
+    current = now.model_dump(mode="json")
+    return {f: (was[f], current[f]) for f in OPTIMISATION if f in was and was[f] != current[f]}
+
+
 # The runtime's name for the same model (the trainer, the optimizer, the tests): one definition, two names.
 TrainConfig = TrainSpec
 
-__all__ = ["DEFAULT_BALANCE", "DTYPES", "ELEM_BYTES", "TrainConfig", "TrainSpec", "torch_dtype"]
+__all__ = [
+    "DEFAULT_BALANCE", "DTYPES", "ELEM_BYTES", "OPTIMISATION", "TrainConfig", "TrainSpec", "changed_settings",
+    "torch_dtype",
+]  # fmt: skip

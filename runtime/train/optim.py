@@ -146,3 +146,13 @@ def clip_grads(modules: dict[str, nn.Module], norm: float, max_norm: float) -> N
         for p in module.parameters():
             if p.grad is not None:
                 local_part(p.grad).mul_(coef)
+
+
+def weights_finite(modules: dict[str, nn.Module], device: Any) -> bool:
+    """Whether every parameter is finite on every rank (collective: one all-reduce of a flag): no checkpoint is
+    saved of weights an update made infinite or NaN (runtime/train/divergence.py)."""
+    flags = [torch.isfinite(local_part(p.detach())).all() for m in modules.values() for p in m.parameters()]
+    ok = torch.stack(flags).all() if flags else torch.ones((), dtype=torch.bool, device=device)
+    bad = (~ok).to(torch.int32)
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return not bool(bad.item())

@@ -8,7 +8,8 @@ StepRecords back; `release` frees the run directory's lock (the launcher, once t
 
 `Trainer.run`, on each rank: resume from the checkpoint rank 0's `prepare` chose (or start at 0), build the
 rank's `TrainStep`, then per step: run it, gather every rank's phase times, rank 0 appends the step's record
-(runtime/metrics.py), save a checkpoint every `checkpoint_every` steps, and stop at a step boundary when
+(runtime/metrics.py), stop if the step diverged (a non-finite loss or gradient norm, before any checkpoint:
+runtime/train/divergence.py), save a checkpoint every `checkpoint_every` steps, and stop at a step boundary when
 the ranks agree on a stop request (Slurm's warning signal, a signal to the local launcher:
 runtime/preemption.py), having saved there. The last step is always saved too, so `orch export` works after
 any run. Each phase boundary beats the rank's heartbeat (the watchdog's: runtime/launch/heartbeat.py); rank 0
@@ -30,11 +31,12 @@ from orch.planner.specs import DataSpec
 from orch.runtime.disk import no_space_guard
 from orch.runtime.launch.failures import clear_failures
 from orch.runtime.launch.heartbeat import Heartbeat, clear_heartbeats
-from orch.runtime.metrics import StepRecord, append_record, metrics_path, read_metrics, truncate_after
+from orch.runtime.metrics import StepRecord, append_record, last_record, metrics_path, read_metrics, truncate_after
 from orch.runtime.progress import Pace
 from orch.runtime.run_dir import PLAN_FILE, TRAIN_FILE
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig
+from orch.runtime.train.divergence import Diverged, divergence
 
 if TYPE_CHECKING:
     from orch.runtime.launch.rank import RankContext
@@ -155,6 +157,16 @@ class TrainTask:
     def result(self) -> list[StepRecord]:
         return read_metrics(metrics_path(self.workdir), missing_ok=True)
 
+    def diverged(self) -> Diverged | None:
+        """Why the ranks stopped, when the last step they recorded diverged (the line each rank raised); the
+        launcher's `rank R failed` would blame one rank for what every rank found."""
+        last = last_record(metrics_path(self.workdir))
+        if last is None or last.step < self.start:
+            return None
+        return divergence(
+            last.step, last.loss, last.grad_norm, last.lr, self.cfg.steps, self.workdir, resumed_at=self.start
+        )
+
 
 class Trainer:
     """One rank's run of a plan: the loop around `TrainStep` (module docstring)."""
@@ -178,6 +190,7 @@ class Trainer:
         import torch.distributed as dist
 
         from orch.runtime import checkpoint
+        from orch.runtime.train.optim import weights_finite
         from orch.runtime.train.step import TrainStep
         from orch.runtime.train.trace import RankTrace, write_trace
 
@@ -199,14 +212,23 @@ class Trainer:
         if start > 0:
             folder = checkpoint.checkpoint_root(self.workdir) / checkpoint.step_name(start)
             check_data_position(folder, step, start)
-            checkpoint.load(self.workdir, start, step.modules, resumed_optimizer(folder, step.optimizer, cfg, rank))
+            changed = say_changed_settings(folder, cfg, rank)
+            # a checkpoint of another optimizer: its state would not fit this one's (the weights still load)
+            optimizer = None if "optimizer" in changed else step.optimizer
+            checkpoint.load(self.workdir, start, step.modules, optimizer)
         setup_s = time.perf_counter() - t
         trace = RankTrace(rank, time.perf_counter())  # setup ends in collectives: origins agree closely
         belonging = belongs(self.plan, self.data, cfg)
         needs = checkpoint_needs(self.plan, cfg, self.workdir)
 
-        def save(done: int) -> None:
+        def save(done: int, m: StepMetrics) -> None:
             nonlocal needs
+            if not weights_finite(step.modules, step.device):  # a finite gradient's update can still overflow them
+                broken = divergence(
+                    done - 1, m.loss, m.grad_norm, m.lr, cfg.steps, self.workdir, weights_finite=False, resumed_at=start
+                )
+                if broken is not None:
+                    raise broken
             checkpoint.save(
                 self.workdir,
                 done,
@@ -224,20 +246,25 @@ class Trainer:
             trace.add(k, m.spans)
             step.beat("record")
             self._record(m, setup_s if k == start else 0.0)
+            diverged = divergence(k, m.loss, m.grad_norm, m.lr, cfg.steps, self.workdir, resumed_at=start)
+            if diverged is not None:  # the same verdict on every rank: loss and norm are all-reduced
+                dist.barrier()  # rank 0's record of the step is written before any rank ends
+                self._close_reporter()
+                raise diverged  # before a checkpoint: the newest is still from before the divergence
             step.beat("step end")
             done = k + 1
             if done == cfg.steps:
                 step.beat("checkpoint")
-                save(done)  # always: `orch export` works after any run
+                save(done, m)  # always: `orch export` works after any run
                 break
             saved = cfg.checkpoint_every > 0 and done % cfg.checkpoint_every == 0
             if saved:
                 step.beat("checkpoint")
-                save(done)
+                save(done, m)
             if self.ctx.preemption.agreed():
                 if not saved:
                     step.beat("checkpoint")
-                    save(done)
+                    save(done, m)
                 self.ctx.preemption.mark_stopped(done)
                 heartbeat.close("stopped", done)
                 self._close_reporter()
@@ -319,21 +346,32 @@ def _data_counts(per_rank: list[dict[str, int]]) -> dict[str, int] | None:
 DATA_FILE = "data.json"
 
 
-def resumed_optimizer(folder: Path, optimizer: Any, cfg: TrainConfig, rank: int) -> Any:
-    """`optimizer`, to load its state from the checkpoint in `folder`; None when the checkpoint was trained with
-    another optimizer (its state would not fit this one's): the weights load, the optimizer starts fresh, said."""
-    from orch.runtime.run_dir import say
+# What a changed setting means for the resumed run, where more than its new value follows.
+CONSEQUENCES = {"optimizer": "the model's weights are loaded, the optimizer's state starts fresh"}
+
+
+def say_changed_settings(folder: Path, cfg: TrainConfig, rank: int) -> dict[str, tuple[Any, Any]]:
+    """Each setting of the run (config.py `OPTIMISATION`) that differs from the one the checkpoint in `folder` was
+    trained with, said by rank 0 in one line, `name then -> now`; returns them (field -> (then, now)). A
+    checkpoint without its config (an older one) compares nothing."""
+    from orch.runtime.run_dir import say_changed
+    from orch.runtime.train.config import changed_settings
 
     try:
-        was = json.loads((folder / TRAIN_FILE).read_text()).get("optimizer")
-    except (OSError, ValueError, AttributeError):
-        return optimizer  # an older checkpoint without its config: as before
-    if was is None or was == cfg.optimizer:
-        return optimizer
+        was = json.loads((folder / TRAIN_FILE).read_text())
+    except (OSError, ValueError):
+        was = None
+    changes = changed_settings(was, cfg) if isinstance(was, dict) else {}
     if rank == 0:
-        say(f"{folder.name} was trained with {was}, this run uses {cfg.optimizer}: the model's weights are loaded, "
-            "the optimizer's state starts fresh")  # fmt: skip
-    return None
+        for name, (then, now) in changes.items():
+            consequence = f": {CONSEQUENCES[name]}" if name in CONSEQUENCES else ""
+            say_changed(folder.name, name, f"{_shown(then)} -> {_shown(now)}{consequence}")
+    return changes
+
+
+def _shown(value: Any) -> str:
+    """A setting's value as a config file spells it (a list or mapping as JSON)."""
+    return json.dumps(value) if isinstance(value, list | dict) else str(value)
 
 
 def check_data_position(folder: Path, step: TrainStep, start: int) -> None:

@@ -138,3 +138,30 @@ def test_a_deprecated_flag_still_reaches_the_run(cli, plan_file, tmp_path, launc
     assert "warning: --optimizer is deprecated" in result.output
     cfg = launched_tasks[-1].cfg
     assert (cfg.optimizer, cfg.warmup_steps, cfg.lr, cfg.resume, cfg.device) == ("sgd", 2, 0.25, False, "cpu")
+
+
+def test_a_non_finite_setting_is_refused_before_anything_runs(cli, plan_file, train_config, launched_tasks):
+    """Every float of the config is finite (an infinite lr or a NaN factor trained as a divergence); AdamW's betas
+    within [0, 1): each one line naming the flag or the file and field, a dry run too."""
+    path = str(plan_file[0])
+    result = cli("launch", path, "--lr", "inf", "--dry-run")
+    assert (result.exit_code, result.output.strip()) == (1, "error: --lr: expected a finite number, got inf")
+    for fields, line in (
+        ({"min_lr": float("inf")}, "min_lr: expected a finite number, got inf"),
+        ({"module_lr": {"vision": float("nan")}}, "module_lr.vision: expected a finite number, got nan"),
+        ({"clip_norm": float("inf")}, "clip_norm: expected a finite number, got inf"),
+        ({"betas": [0.9, 1.0]}, "betas: expected two values in [0, 1), got [0.9, 1.0]"),
+        # finite, but AdamW's first step (lr / (1 - beta1)) overflows float32: torch refused it in every rank
+        (
+            {"lr": 1e38},
+            "lr 1e+38: the optimizer's step size reaches 1e+39, more than the parameters' float32 holds (3.403e+38)",
+        ),
+        (
+            {"lr": 1e30, "module_lr": {"vision": 1e10}, "optimizer": "sgd"},
+            "lr 1e+30: the optimizer's step size reaches 1e+40, more than the parameters' float32 holds (3.403e+38)",
+        ),
+    ):
+        config = train_config(**fields)
+        result = cli("launch", path, "--config", config, "--dry-run")
+        assert (result.exit_code, result.output.strip()) == (1, f"error: {config}: {line}")
+    assert launched_tasks == []

@@ -40,7 +40,12 @@ def test_resumed_run_continues_the_loss_trajectory(cli, plan_file, tmp_path, tra
     assert (r := cli(*base, "--steps", "3", "--workdir", str(part), "--resume")).exit_code == 0, r.output
     assert "names step_00000002, which is missing; scanning the step folders" in r.output
     # said by rank 0 once the ranks verified the checksums together (its own process's stderr)
-    assert "orch: resuming from step_00000001 (verified)" in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert "orch: resuming from step_00000001 (verified)" in err
+    # the one setting of the run changed since the checkpoint (checkpoint_every is a run option: not compared)
+    assert [ln for ln in err.splitlines() if " changed since " in ln] == [
+        "orch: steps changed since step_00000001: 2 -> 3"
+    ]
     want_steps, want = _losses(full)
     got_steps, got = _losses(part)
     assert got_steps == want_steps == [0, 1, 2]  # metrics appended
@@ -159,7 +164,8 @@ def test_resume_onto_a_new_layout_and_past_a_corrupted_checkpoint(tmp_path, capf
         launcher=LocalLauncher(start_method="spawn"),  # rank 0 says which checkpoint the ranks verified
     )
     err = capfd.readouterr().err
-    assert "step_00000004 was trained with adamw, this run uses sgd: the model's weights are loaded" in err
+    assert "orch: optimizer changed since step_00000004: adamw -> sgd: the model's weights are loaded" in err
+    assert "orch: steps changed since step_00000004: 4 -> 5" in err
     assert [r.step for r in resumed["sgd"]] == [0, 1, 2, 3, 4]
     assert "the same model on a new layout (audio dp2 ranks 0-1 -> tp2 dp1 ranks 0-1; llm dp2" in err
     assert "orch: resuming from step_00000002 (verified)" in err

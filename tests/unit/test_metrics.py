@@ -83,3 +83,22 @@ def test_a_full_disk_while_appending_names_the_file_and_the_bytes(tmp_path, monk
         append_record(path, _record(0))
     assert str(err.value).startswith(f"{path}: no space left on device: a step's record needs about")
     assert f"({len(line)} bytes)" in str(err.value) and str(err.value).endswith(" free")
+
+
+def test_a_diverged_steps_record_keeps_its_nan_and_infinite_values(tmp_path):
+    """The step that stops a diverging run is written as it was (NaN, Infinity) and read back by every reader;
+    a negative norm is still refused."""
+    import math
+
+    path = tmp_path / "metrics.jsonl"
+    append_record(path, _record(0))
+    nan = _record(1).model_copy(update={"loss": math.nan, "grad_norm": math.nan})
+    append_record(path, nan)
+    append_record(path, _record(2).model_copy(update={"loss": math.inf, "grad_norm": math.inf}))
+    assert '"loss":NaN' in path.read_text() and '"grad_norm":Infinity' in path.read_text()
+    read = read_metrics(path)
+    assert math.isnan(read[1].loss) and math.isnan(read[1].grad_norm)
+    assert read[2].loss == math.inf == read[2].grad_norm
+    assert last_record(path).grad_norm == math.inf
+    with pytest.raises(ValueError, match="expected a norm >= 0"):
+        StepRecord(step=0, loss=1.0, tokens=1, step_time_s=1.0, grad_norm=-1.0)

@@ -212,7 +212,7 @@ def test_a_resumed_launch_resumes_and_says_from_where(tmp_path, capsys):
     opened = open_run(tmp_path, plan, resume=True, factory=None, checkpoint_needs=0, data=other_data)
     opened.lock.release()
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "orch: step_00000010 was trained on another data spec: continuing on this one"
+        "orch: the data spec changed since step_00000010: continuing on this one"
     )
 
 

@@ -156,3 +156,40 @@ def test_sampling_does_not_depend_on_yaml_key_order():
         "global_batch: 4\nseq_len: 64\ntasks: [{weight: 1, tokens: {llm: 20, vision: 9}, max: {llm: 60, vision: 40}}]",
     )
     assert sample_lengths(a, 50, 3) == sample_lengths(b, 50, 3)
+
+
+def test_a_spec_or_config_file_over_the_limit_is_one_line_before_it_is_parsed(tmp_path):
+    """A 17 MiB YAML line (PyYAML took 70-90 s on 50 MB before its error; the model spec accepted 1.2 GB): every
+    spec and config loader refuses it at once, naming the file and the limit."""
+    import json
+    import time
+
+    from orch.planner.hf_config import read_config
+    from orch.planner.loading import MAX_SPEC_BYTES, load_json_file, load_model
+    from orch.planner.plan import Plan
+    from orch.runtime.data.conversations import read_sources
+    from orch.runtime.train.config import TrainSpec
+
+    line = "name: " + "a" * (MAX_SPEC_BYTES + 1024) + "\n"
+    model, train, plan, mix = (tmp_path / n for n in ("m.yaml", "train.yaml", "plan.json", "mix.yaml"))
+    for p in (model, train, mix):
+        p.write_text(line)
+    plan.write_text(json.dumps({"name": "a" * (MAX_SPEC_BYTES + 1024)}))
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(plan.read_text())
+    t = time.perf_counter()
+    for path, load in (
+        (model, lambda: load_model(str(model))),
+        (train, lambda: load_json_file(TrainSpec, str(train))),
+        (plan, lambda: load_json_file(Plan, str(plan))),
+        (mix, lambda: read_sources(str(mix))),
+        (hf / "config.json", lambda: read_config(hf)),
+    ):
+        with pytest.raises(SpecError) as err:
+            load()
+        assert str(err.value) == (
+            f"{path}: {path.stat().st_size:,} bytes: more than a spec or config file may hold (16 MiB, 16,777,216 "
+            "bytes; is it a data file?)"
+        )
+    assert time.perf_counter() - t < 5  # read up to the limit, never parsed
