@@ -154,7 +154,7 @@ def resume_case(runs: Runs, base: Path, ref: list, name: str, expected: str, wan
     rel = max_rel(got, ref)
     lines = orch_lines(text)
     case.observed = f"rc {rc}; " + " | ".join(lines) + f"; resumed at step {restarted}; max rel diff {rel:.1e}"
-    case.ok = rc == 0 and restarted == [0, want_from] and rel <= tol and any(said in ln for ln in lines)
+    case.ok = rc == 0 and restarted == [0, want_from] and rel <= tol and sum(said in ln for ln in lines) == 1
     return case
 
 
@@ -424,6 +424,89 @@ def main() -> None:
         return case
 
     timed(read_only)
+
+    def diverging(optimizer: str, lr: str) -> Case:
+        case = Case(f"diverging run ({optimizer}, lr {lr}, fp32)", "stops at the step in one line naming it, its "
+                    "record written, the last good checkpoint kept latest; rc != 0")  # fmt: skip
+        work = out / f"diverge-{optimizer}"
+        cfg = out / f"{optimizer}-every1.yaml"
+        cfg.write_text(f"optimizer: {optimizer}\ncheckpoint_every: 1\nbalance: none\n")
+        cmd = [*runs.args(work, 6)[:-2], "--config", str(cfg)]
+        cmd[cmd.index("float64")] = "float32"
+        done = subprocess.run([*cmd, "--lr", lr], capture_output=True, text=True)
+        lines = orch_lines(done.stdout + done.stderr)
+        records = (work / "metrics.jsonl").read_text().splitlines() if (work / "metrics.jsonl").exists() else []
+        latest = (work / ckpt / "latest").read_text().strip() if (work / ckpt / "latest").exists() else None
+        case.observed = f"rc {done.returncode}; " + " | ".join(lines) + f"; {len(records)} records; latest {latest}"
+        step = len(records)
+        case.ok = (
+            done.returncode != 0
+            and len(lines) == 1
+            and f"step {step}/6" in lines[0]
+            and "the run diverged" in lines[0]
+            and "pydantic" not in done.stdout + done.stderr
+            and latest == f"step_{step - 1:08d}"
+        )
+        return case
+
+    timed(lambda: diverging("sgd", "1e4"))
+    timed(lambda: diverging("adamw", "1e30"))
+
+    def bad_settings() -> Case:
+        case = Case("non-finite settings", "--lr inf, min_lr .inf, module_lr nan: each refused in one line before "
+                    "anything runs")  # fmt: skip
+        results = []
+        for name, extra, text in (
+            ("--lr inf", ("--lr", "inf"), None),
+            ("min_lr .inf", (), "min_lr: .inf\n"),
+            ("module_lr nan", (), "module_lr: {vision: .nan}\n"),
+        ):
+            cmd = runs.args(out / "bad-settings", 2)
+            if text is not None:
+                cfg = out / f"bad-{len(results)}.yaml"
+                cfg.write_text(text)
+                cmd[cmd.index(str(runs.plain))] = str(cfg)
+            done = subprocess.run([*cmd, *extra, "--dry-run"], capture_output=True, text=True)
+            lines = orch_lines(done.stdout + done.stderr)
+            results.append((name, done.returncode, lines))
+        case.observed = "; ".join(f"{n}: rc {rc} {' | '.join(ln)}" for n, rc, ln in results)
+        case.ok = all(rc != 0 and len(ln) == 1 and "finite" in ln[0] for _, rc, ln in results)
+        return case
+
+    timed(bad_settings)
+
+    def settings_changed() -> Case:
+        case = Case("settings changed on resume", "each changed setting said by name, old -> new")
+        work = out / "settings-changed"
+        shutil.copytree(base, work)
+        cmd = runs.args(work, 6)
+        cmd[cmd.index("float64")] = "float32"
+        cmd[cmd.index("--seed") + 1] = "4"
+        done = subprocess.run([*cmd, "--lr", "0.02"], capture_output=True, text=True)
+        said = [ln for ln in orch_lines(done.stdout + done.stderr) if "changed since" in ln]
+        case.observed = f"rc {done.returncode}; " + " | ".join(said)
+        want = ("seed changed since step_00000004: 7 -> 4", "dtype changed since step_00000004: float64 -> float32",
+                "lr changed since step_00000004: 0.01 -> 0.02")  # fmt: skip
+        case.ok = done.returncode == 0 and all(any(w in ln for ln in said) for w in want)
+        return case
+
+    timed(settings_changed)
+
+    def huge_yaml() -> Case:
+        case = Case("a 50 MB YAML line", "refused in one line naming the file and the limit, before parsing (< 5 s)")
+        big = out / "big.yaml"
+        big.write_text("name: " + "a" * 50_000_000 + "\n")
+        t0 = time.perf_counter()
+        done = subprocess.run([*runs.args(out / "huge", 2)[:-2], "--config", str(big), "--dry-run"],
+                              capture_output=True, text=True)  # fmt: skip
+        took = time.perf_counter() - t0
+        big.unlink()
+        lines = orch_lines(done.stdout + done.stderr)
+        case.observed = f"rc {done.returncode} in {took:.1f} s; " + " | ".join(lines)
+        case.ok = done.returncode != 0 and len(lines) == 1 and "big.yaml" in lines[0] and took < 5
+        return case
+
+    timed(huge_yaml)
 
     width = max(len(c.name) for c in cases)
     print()
