@@ -13,6 +13,13 @@ save collectively. Slurm's tasks and the local launcher's and torchrun's ranks a
 
 from __future__ import annotations
 
+import signal
+
+# What a rank (and the local launcher) takes as a stop request: a scheduler's or container's stop (SIGTERM, to the
+# whole process group under systemd or `kill -TERM -PGID`), a terminal's Ctrl-C (SIGINT, to the foreground group),
+# the local launcher's forwarded request (SIGUSR1).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
 
 class Preemption:
     def __init__(self, *, armed: bool = False) -> None:
@@ -43,3 +50,11 @@ class Preemption:
 
     def mark_stopped(self, step: int) -> None:
         self.stopped_at = step
+
+
+def take_stop_signals(stop: Preemption) -> None:
+    """Make each of STOP_SIGNALS a stop request of `stop` in this process (a rank), instead of its death or a
+    KeyboardInterrupt raised wherever the rank is (inside a collective of a save, its peers left waiting)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stop.request)
+        signal.siginterrupt(signum, False)  # a system call the signal lands in is restarted, not failed

@@ -11,8 +11,11 @@ collective (a timeout, a reset connection) is not blamed when the heartbeats sho
 Signals, as a Slurm job's warning signal (runtime/preemption.py): SIGTERM, SIGINT or SIGUSR1 to the launcher
 while it waits is forwarded to the ranks as SIGUSR1; every rank stops at the next step boundary, where they
 save a checkpoint together, and exits 0 (`LocalHandle.stopped_by`, `.stopped_at`). A second one kills the
-ranks at once (`Aborted`). Ranks take SIGINT (a terminal's Ctrl-C reaches the whole process group) and SIGUSR1
-as stop requests; SIGTERM to a rank still ends it at once (the launcher's and torch's way to stop a rank).
+ranks at once (`Aborted`). Ranks take the same signals as stop requests: one sent to the whole process group
+(a terminal's Ctrl-C, systemd's stop, `kill -TERM -PGID`) reaches the launcher and every rank at once, and the
+ranks stop together at one step as when the launcher alone had it. The launcher kills a rank with SIGKILL;
+torch's SIGTERM to the survivors of a failed rank is a stop request they cannot reach (their peer is gone),
+and they are SIGKILLed a grace period later.
 
 The watchdog: while waiting, the launcher reads the ranks' heartbeats (runtime/launch/heartbeat.py) and, once
 a rank made no progress for the task's `watchdog_s`, kills the ranks and raises `RankStalled` naming that rank
@@ -35,10 +38,8 @@ from orch.runtime.launch.base import Aborted, Handle, LaunchError, RankStalled, 
 from orch.runtime.launch.failures import first_failure, is_peer_error, last_line
 from orch.runtime.launch.heartbeat import blame, read_beats, stalled
 from orch.runtime.launch.rank import RankEnv, run_rank
-from orch.runtime.preemption import Preemption
+from orch.runtime.preemption import STOP_SIGNALS, Preemption, take_stop_signals
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # what the launcher turns into a stop request
-RANK_STOP_SIGNALS = (signal.SIGINT, signal.SIGUSR1)  # what a rank takes as one (the launcher forwards SIGUSR1)
 POLL_S = 0.5
 
 
@@ -48,9 +49,7 @@ def _spawned(index: int, task: Task, env: RankEnv) -> None:
     from dataclasses import replace
 
     stop = Preemption(armed=True)  # every local rank arms it: they agree at each step boundary
-    for signum in RANK_STOP_SIGNALS:
-        signal.signal(signum, stop.request)
-        signal.siginterrupt(signum, False)  # a system call the signal lands in is restarted, not failed
+    take_stop_signals(stop)
     run_rank(task, replace(env, rank=index, local_rank=index), preemption=stop)
     # The rank's work is done, its files written and its process group destroyed. Leave without the
     # interpreter's teardown: there, a finished gloo rank now and then aborts on a C++ thread still joinable
@@ -96,7 +95,7 @@ class LocalLauncher:
                 import multiprocessing
 
                 multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the server first starts
-            with _ignoring(RANK_STOP_SIGNALS):  # inherited: a stop request before a rank's handler is not its death
+            with _ignoring(STOP_SIGNALS):  # inherited: a stop request before a rank's handler is not its death
                 context = mp.start_processes(
                     _spawned, args=(task, env), nprocs=nproc, join=False, start_method=self.start_method
                 )
