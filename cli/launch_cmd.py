@@ -144,6 +144,9 @@ def launch(
     plan = load_json_file(Plan, plan_file)
     data_spec = load_data(data) if data else plan.data
     check_data_against_model(data_spec, plan.model, data or plan_file)
+    from orch.runtime.data.freshness import check_index_current
+
+    check_index_current(data_spec, data or plan_file)  # a data file edited since `orch plan`: here, before any rank
     if data_spec.source is not None and data_spec.manifest is not None:
         from orch.cli.data_cmd import warn_batch_over_data
         from orch.planner.data import read_manifest
@@ -194,6 +197,9 @@ def launch(
             from orch.runtime.run_identity import model_identity
 
             check_same_model(workdir, plan, model_identity(plan.model, cfg.model_factory), cfg.model_factory)
+            from orch.runtime.data.freshness import check_resume_data
+
+            check_resume_data(workdir, data_spec, model_identity(plan.model, cfg.model_factory))  # a re-plan's index
     if executor == "slurm":
         from orch.cli.jobs_cmd import launch_slurm
         from orch.runtime.launch.sbatch import SlurmOptions
