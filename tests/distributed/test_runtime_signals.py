@@ -183,3 +183,17 @@ def test_signals_to_the_whole_group_during_saves_stop_cleanly_every_time(tiny, t
     assert [r.step for r in resumed] == list(range(cfg.steps))
     for got, expected in zip([r.loss for r in resumed], want, strict=True):
         assert got == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def test_a_stop_signal_to_the_group_as_the_ranks_start_is_a_stop_request(tiny, tmp_path, harmless_signals):
+    """systemd's stop (SIGTERM to the launcher and its ranks) before the launcher waits and before the ranks' handlers
+    are in place: neither lost nor a death; the ranks stop at their first step boundary."""
+    plan, data = tiny
+    cfg = TrainConfig(steps=20, device="cpu")
+    handle = LAUNCHER.submit(TrainTask(plan, data, cfg, str(tmp_path), DebugConfig(), 60.0))
+    for pid in handle.context.pids():
+        os.kill(pid, signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGTERM)
+    handle.wait()
+    assert (handle.stopped_by, handle.stopped_at) == ("SIGTERM", 1)
+    assert (checkpoint_root(tmp_path) / "latest").read_text().strip() == step_name(1)
