@@ -160,6 +160,9 @@ def launch(
     plan = load_json_file(Plan, plan_file)
     data_spec = plan.data if data is None else launch_data(plan, data, tokenizer, index_dir, media_root)
     check_data_against_model(data_spec, plan.model, data or plan_file)
+    from orch.runtime.data.freshness import check_index_current
+
+    check_index_current(data_spec, data or plan_file)  # a data file edited since `orch plan`: here, before any rank
     if data is None and data_spec.source is not None and data_spec.manifest is not None:  # (--data's warns itself)
         from orch.cli.data_cmd import warn_batch_over_data
         from orch.planner.data import read_manifest
@@ -206,11 +209,13 @@ def launch(
 
         probe(workdir)
         if cfg.resume:
+            from orch.runtime.data.freshness import check_resume_data
             from orch.runtime.run_dir import check_same_model
             from orch.runtime.run_identity import model_identity
 
             identity = model_identity(plan.model, cfg.model_factory)
             check_same_model(workdir, plan, identity, cfg.model_factory, tell=lambda line: None)  # prepare says
+            check_resume_data(workdir, data_spec, identity)  # a re-plan's index
     if executor == "slurm":
         from orch.cli.jobs_cmd import launch_slurm
         from orch.runtime.launch.sbatch import SlurmOptions

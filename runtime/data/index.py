@@ -826,7 +826,9 @@ class DataIndex:
         return Mix(sizes, tuple(float(s["weight"]) for s in self.sources), self.strategy, self.replacement)
 
 
-def _file_key(path: str) -> str:
+def file_key(path: str) -> str:
+    """A file as its index is keyed by: where it is, its size and its mtime. The summary keeps each source's, so
+    a plan on an index whose data file changed since is refused at launch (runtime/data/freshness.py)."""
     st = Path(path).stat()
     return f"{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}"
 
@@ -884,10 +886,10 @@ def build_index(
     for part in (
         str(INDEX_VERSION),
         rules.key(),
-        _file_key(chat.tokenizer_file),
+        file_key(chat.tokenizer_file),
         chat.key(),
         f"{mix.strategy}:{mix.replacement}:{root}",
-        *(f"{_file_key(s.path)}:{s.key()}" for s in sources),
+        *(f"{file_key(s.path)}:{s.key()}" for s in sources),
     ):
         digest.update(part.encode())
     from orch.runtime.data.dataset_info import index_anchor
@@ -920,6 +922,7 @@ def build_index(
     meta_sources = tuple(
         dict(
             path=i.path,
+            key=file_key(s.path),
             weight=s.weight,
             samples=len(i.rows),
             share=share,

@@ -41,6 +41,17 @@ def _decode_in_worker(row: int, encoders: tuple[str, ...], step: int) -> dict[st
     return _WORKER_DATA[0].decode(row, encoders, step)
 
 
+def _hold_stop_signals() -> None:
+    """The loader thread's (and so its worker processes': they inherit the mask of the thread that starts them)
+    stop signals held: a Ctrl-C or a systemd stop reaches the rank's whole process group, and the rank, which
+    stops at its next step boundary and closes the pool, acts on it; a worker it killed would break the pool."""
+    import signal
+
+    from orch.runtime.preemption import STOP_SIGNALS
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
 class SamplePrefetcher:
     def __init__(self, workers: int = 0, opened: Opened | None = None) -> None:
         """`workers` processes decoding (0: one thread); `opened`: the model and data they open (and where they
@@ -67,7 +78,7 @@ class SamplePrefetcher:
     def start(self, batch: ConversationBatch, wanted: Callable[[], dict[str, list[int]]]) -> None:
         """Decode every (module -> sample ids) `wanted()` returns (it may wait for tables), off the step's path."""
         if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="orch-load")
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="orch-load", initializer=_hold_stop_signals)
         procs = self._pool()
 
         cache = batch.decoded

@@ -11,8 +11,13 @@ collective (a timeout, a reset connection) is not blamed when the heartbeats sho
 Signals, as a Slurm job's warning signal (runtime/preemption.py): SIGTERM, SIGINT or SIGUSR1 to the launcher
 while it waits is forwarded to the ranks as SIGUSR1; every rank stops at the next step boundary, where they
 save a checkpoint together, and exits 0 (`LocalHandle.stopped_by`, `.stopped_at`). A second one kills the
-ranks at once (`Aborted`). Ranks take SIGINT (a terminal's Ctrl-C reaches the whole process group) and SIGUSR1
-as stop requests; SIGTERM to a rank still ends it at once (the launcher's and torch's way to stop a rank).
+ranks at once (`Aborted`). Ranks take the same signals as stop requests: one sent to the whole process group
+(a terminal's Ctrl-C, systemd's stop, `kill -TERM -PGID`) reaches the launcher and every rank at once, and the
+ranks stop together at one step as when the launcher alone had it. The launcher kills a rank with SIGKILL;
+torch's SIGTERM to the survivors of a failed rank is a stop request they cannot reach (their peer is gone),
+and they are SIGKILLed a grace period later. The launcher's handlers are in place from the moment it starts the
+ranks, and each rank starts with the signals held until its own are (`_held`): a stop signal as the run starts is
+neither lost nor a death.
 
 The watchdog: while waiting, the launcher reads the ranks' heartbeats (runtime/launch/heartbeat.py) and, once
 a rank made no progress for the task's `watchdog_s`, kills the ranks and raises `RankStalled` naming that rank
@@ -35,10 +40,8 @@ from orch.runtime.launch.base import Aborted, Handle, LaunchError, RankStalled, 
 from orch.runtime.launch.failures import first_failure, is_peer_error, last_line
 from orch.runtime.launch.heartbeat import blame, read_beats, stalled
 from orch.runtime.launch.rank import RankEnv, run_rank
-from orch.runtime.preemption import Preemption
+from orch.runtime.preemption import STOP_SIGNALS, Preemption, take_stop_signals
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # what the launcher turns into a stop request
-RANK_STOP_SIGNALS = (signal.SIGINT, signal.SIGUSR1)  # what a rank takes as one (the launcher forwards SIGUSR1)
 POLL_S = 0.5
 
 
@@ -48,9 +51,8 @@ def _spawned(index: int, task: Task, env: RankEnv) -> None:
     from dataclasses import replace
 
     stop = Preemption(armed=True)  # every local rank arms it: they agree at each step boundary
-    for signum in RANK_STOP_SIGNALS:
-        signal.signal(signum, stop.request)
-        signal.siginterrupt(signum, False)  # a system call the signal lands in is restarted, not failed
+    take_stop_signals(stop)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # held since the launcher started it (`_held`)
     run_rank(task, replace(env, rank=index, local_rank=index), preemption=stop)
     # The rank's work is done, its files written and its process group destroyed. Leave without the
     # interpreter's teardown: there, a finished gloo rank now and then aborts on a C++ thread still joinable
@@ -90,20 +92,31 @@ class LocalLauncher:
             raise OrchError(f"--nproc {nproc}: the plan needs {task.world_size} ranks")
         device = device_kind(task.device, nproc)  # every rank the same kind ("auto" resolved); DeviceError here
         task.prepare()
+        signals = StopSignals([])
         try:
             env = RankEnv(0, nproc, 0, nproc, port=free_port(), device=device)
-            if self.start_method == "forkserver":
-                import multiprocessing
+            import multiprocessing
+            from multiprocessing import resource_tracker
 
+            if self.start_method == "forkserver":
                 multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the server first starts
-            with _ignoring(RANK_STOP_SIGNALS):  # inherited: a stop request before a rank's handler is not its death
+            # Started before `_held`: starting it unblocks SIGINT and SIGTERM in this thread (the standard library
+            # blocks them around its spawn and then unblocks them, whatever the mask was), so a rank would not
+            # inherit them held.
+            resource_tracker.ensure_running()
+            # From here a stop signal to the launcher is a stop request, as while it waits (not its death with the
+            # ranks left running); each rank starts with them held and takes one that came early once it can.
+            signals.install()
+            with _held(STOP_SIGNALS):
                 context = mp.start_processes(
                     _spawned, args=(task, env), nprocs=nproc, join=False, start_method=self.start_method
                 )
+                signals.pids = list(context.pids())
         except BaseException:
+            signals.restore()
             task.release()
             raise
-        return LocalHandle(task, context, str(context.pids()[0]) if context.pids() else "local")
+        return LocalHandle(task, context, str(context.pids()[0]) if context.pids() else "local", signals)
 
 
 def _main_thread() -> bool:
@@ -111,23 +124,21 @@ def _main_thread() -> bool:
 
 
 @contextlib.contextmanager
-def _ignoring(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
-    """These signals ignored meanwhile (in the main thread; elsewhere handlers cannot change)."""
-    if not _main_thread():
-        yield
-        return
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in signals}
+def _held(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
+    """These signals blocked in this thread meanwhile: a process it starts inherits the mask (through exec too), so
+    a signal sent to it before its handlers are in place waits for them (`_spawned` unblocks them)."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
         yield
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 class StopSignals:
     """The launcher's handlers of STOP_SIGNALS while it waits: the first asks the ranks to stop at the next step
     boundary (SIGUSR1 to each, repeated at each poll: a rank still starting may have missed it), the second
-    aborts. Installed only in the main thread (Python's rule); restored on exit."""
+    aborts. Installed only in the main thread (Python's rule), from the ranks' start (`install`) or on entry;
+    restored on exit."""
 
     def __init__(self, pids: list[int]) -> None:
         self.pids = pids
@@ -135,14 +146,21 @@ class StopSignals:
         self.second: str | None = None
         self._old: dict[int, Any] = {}
 
-    def __enter__(self) -> StopSignals:
-        if _main_thread():
+    def install(self) -> StopSignals:
+        if _main_thread() and not self._old:
             self._old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def restore(self) -> None:
         for s, handler in self._old.items():
             signal.signal(s, handler)
+        self._old = {}
+
+    def __enter__(self) -> StopSignals:
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
 
     def _on_signal(self, signum: int, frame: object) -> None:
         name = signal.Signals(signum).name
@@ -159,8 +177,9 @@ class StopSignals:
 
 
 class LocalHandle(Handle):
-    def __init__(self, task: Task, context: Any, job_id: str) -> None:
+    def __init__(self, task: Task, context: Any, job_id: str, signals: StopSignals | None = None) -> None:
         self.task, self.context, self.job_id = task, context, job_id
+        self.signals = signals or StopSignals(list(context.pids()))  # installed from the ranks' start (`submit`)
         self._state = "RUNNING"
         self._error: OrchError | None = None
         self.stopped_by: str | None = None  # the signal the ranks stopped at, saving a checkpoint
@@ -193,7 +212,7 @@ class LocalHandle(Handle):
         import torch.multiprocessing as mp
 
         workdir, limit = self.task.workdir, float(getattr(self.task, "watchdog_s", 0.0) or 0.0)
-        with StopSignals(list(self.context.pids())) as signals:
+        with self.signals as signals:
             try:
                 # grace_period: a stopped rank ignores torch's SIGTERM; it is SIGKILLed after this, not after 30 s.
                 while not self.context.join(timeout=POLL_S, grace_period=1.0):

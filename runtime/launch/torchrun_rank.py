@@ -24,17 +24,12 @@ from orch.runtime.launch.failures import record_stall
 from orch.runtime.launch.heartbeat import Stall, Watchdog
 from orch.runtime.launch.rank import RankEnv, run_rank
 from orch.runtime.launch.torchrun import read_task
-from orch.runtime.preemption import Preemption
+from orch.runtime.preemption import Preemption, take_stop_signals
 
 USAGE = (
     "usage: python -m orch.runtime.launch.torchrun_rank --sha256 HEX TASKFILE (under torchrun: the command "
     "`orch launch --executor torchrun --dry-run` prints)"
 )
-
-
-# torchrun's agent passes a SIGTERM (or SIGINT) it gets on to every rank as SIGTERM, and waits for them before it
-# kills them: each is a stop request (the ranks save at the next step boundary and end).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 
 def _end_stalled_job(workdir: str, stall: Stall) -> None:
@@ -58,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 3 or args[0] != "--sha256" or args[2].startswith("-"):
         print(USAGE, file=sys.stderr)
         return 2
+    # torchrun's agent passes a SIGTERM (or SIGINT) it gets on to every rank as SIGTERM, and waits for them before
+    # it kills them: each is a stop request (the ranks save at the next step boundary and end), from the start (a
+    # request while rank 0 prepares the run is kept for the first step boundary, not a traceback).
+    stop = Preemption(armed=True)  # every rank arms it: they agree at each step boundary
+    take_stop_signals(stop)
     sha256, task_file = args[1], args[2]
     try:
         env = RankEnv.from_torch_env("auto")
@@ -70,10 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     except OrchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    stop = Preemption(armed=True)  # every rank arms it: they agree at each step boundary
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, stop.request)
-        signal.siginterrupt(signum, False)  # a system call the signal lands in is restarted, not failed
     workdir = str(task.workdir)
     limit = float(getattr(task, "watchdog_s", 0.0) or 0.0)
     watchdog = Watchdog(workdir, limit, lambda stall: _end_stalled_job(workdir, stall))

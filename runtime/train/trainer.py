@@ -375,17 +375,12 @@ def _shown(value: Any) -> str:
 
 
 def check_data_position(folder: Path, step: TrainStep, start: int) -> None:
-    """Refuse to resume on other data than the checkpoint's: the sampler's position only means the same
-    batches on the same index."""
+    """Refuse to resume on other data than the checkpoint's (`orch launch` checked it already: this is for a run
+    started otherwise)."""
     from orch.planner.errors import OrchError
+    from orch.runtime.data.freshness import index_mismatch
 
-    saved = folder / DATA_FILE
     now = step.data_position(start)
-    if not saved.is_file() or now is None:
-        return
-    was = json.loads(saved.read_text())
-    if was.get("index") != now["index"]:
-        raise OrchError(
-            f"{saved}: the checkpoint drew its batches from {was.get('index')}; the data now indexes as "
-            f"{now['index']} (the data file, its tokenizer or the model changed): resume in a fresh workdir"
-        )
+    problem = None if now is None else index_mismatch(folder, str(now["index"]))
+    if problem is not None:
+        raise OrchError(problem)

@@ -13,12 +13,12 @@ from orch.runtime.launch.heartbeat import read_beats
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("signum", "group"), [(signal.SIGTERM, False), (signal.SIGINT, True)])
+@pytest.mark.parametrize(("signum", "group"), [(signal.SIGTERM, False), (signal.SIGINT, True), (signal.SIGTERM, True)])
 def test_a_signal_to_launch_saves_and_exits_zero_with_one_line(plan_file, tmp_path, signum, group):
     path, _, _ = plan_file
     workdir = tmp_path / "run"
     proc = launch_in_background(str(path), "--nproc", "2", "--steps", "500", workdir=workdir)
-    # group: Ctrl-C in a terminal, which reaches the launcher and its ranks at once
+    # group: Ctrl-C in a terminal, systemd's stop or `kill -TERM -PGID`, which reach the launcher and its ranks at once
     (os.killpg if group else os.kill)(proc.pid, signum)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, out + err

@@ -1,6 +1,7 @@
 """Local runs under signals and hangs: a stop request saves one step on every rank, a second one kills them, and
 the watchdog (or the blame after a collective timeout) names the rank that stopped, with its last phase."""
 
+import contextlib
 import os
 import re
 import signal
@@ -132,3 +133,67 @@ def test_a_rank_own_error_is_still_its_own(tiny, tmp_path):
     task = TrainTask(plan, data, TrainConfig(steps=3, device="cpu"), str(tmp_path), DebugConfig(fail_at=(1, 1)), 30.0)
     with pytest.raises(OrchError, match=r"^rank 1 failed: RuntimeError: injected failure at step 1"):
         LAUNCHER.submit(task).wait()
+
+
+def _signal_all_in_save(workdir, pids, launcher_signal=signal.SIGINT):
+    """A thread that, once a rank enters its checkpoint phase, sends every rank SIGINT, SIGUSR1 and SIGTERM at once
+    (a Ctrl-C or a systemd stop to the whole process group, with the launcher's forwarded request) and this process,
+    the launcher, `launcher_signal`."""
+
+    def send():
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            if any(b.phase == "checkpoint" for b in read_beats(workdir).values()):
+                break
+            time.sleep(0.002)
+        for signum in (signal.SIGINT, signal.SIGUSR1, signal.SIGTERM):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+        os.kill(os.getpid(), launcher_signal)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_signals_to_the_whole_group_during_saves_stop_cleanly_every_time(tiny, tmp_path, harmless_signals):
+    """Ctrl-C or SIGTERM to the launcher and its ranks while they save: each time the ranks stop together at one step
+    with a checkpoint (never a hang: the watchdog would name a rank that did; never a rank killed), and the run
+    resumed through several such stops trains the same losses as one uninterrupted run."""
+    plan, data = tiny
+    cfg = TrainConfig(
+        steps=6, dtype="float64", optimizer="sgd", lr=0.1, seed=4, device="cpu", checkpoint_every=1, watchdog_s=15
+    )
+    want = [r.loss for r in train_local(plan, data, cfg.model_copy(update={"checkpoint_every": 0}), tmp_path / "full")]
+
+    run, stops = tmp_path / "stopped", []
+    for launcher_signal in (signal.SIGINT, signal.SIGTERM):
+        handle = LAUNCHER.submit(TrainTask(plan, data, cfg, str(run), DebugConfig(), 30.0))
+        _signal_all_in_save(run, handle.context.pids(), launcher_signal)
+        handle.wait()  # RankStalled if a rank hung in the save, LaunchError if one died
+        stopped = handle.stopped_at
+        assert handle.stopped_by == signal.Signals(launcher_signal).name and stopped is not None
+        assert (checkpoint_root(run) / "latest").read_text().strip() == step_name(stopped)
+        assert {b.phase for b in read_beats(run).values()} == {"stopped"}
+        stops.append(stopped)
+    assert stops == sorted(set(stops)) and stops[-1] < cfg.steps  # each launch resumed and got further
+
+    resumed = train_local(plan, data, cfg, run)
+    assert [r.step for r in resumed] == list(range(cfg.steps))
+    for got, expected in zip([r.loss for r in resumed], want, strict=True):
+        assert got == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def test_a_stop_signal_to_the_group_as_the_ranks_start_is_a_stop_request(tiny, tmp_path, harmless_signals):
+    """systemd's stop (SIGTERM to the launcher and its ranks) before the launcher waits and before the ranks' handlers
+    are in place: neither lost nor a death; the ranks stop at their first step boundary."""
+    plan, data = tiny
+    cfg = TrainConfig(steps=20, device="cpu")
+    handle = LAUNCHER.submit(TrainTask(plan, data, cfg, str(tmp_path), DebugConfig(), 60.0))
+    for pid in handle.context.pids():
+        os.kill(pid, signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGTERM)
+    handle.wait()
+    assert (handle.stopped_by, handle.stopped_at) == ("SIGTERM", 1)
+    assert (checkpoint_root(tmp_path) / "latest").read_text().strip() == step_name(1)

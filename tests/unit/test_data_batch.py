@@ -107,3 +107,29 @@ def test_unreadable_media_are_zeros_counted_once_per_sample(files):
     s = batch.sample(with_images[0], torch.float32, encoders=("vision",))
     assert not s.feats["vision"].any() and s.feats["vision"].shape[0] > 0
     assert batch.data_counts()["failed"] == len(with_images)
+
+
+@pytest.mark.slow
+def test_a_signal_to_the_process_group_leaves_the_loader_workers_to_the_rank(files):
+    """Ctrl-C or systemd's stop reaches a rank's loader workers too (one process group): the rank stops at a step
+    boundary and closes them; a worker the signal killed would break the pool and fail the rank's next step."""
+    import multiprocessing
+    import os
+    import signal
+
+    _, model, data = files
+    loader = SamplePrefetcher(1, (model, data))
+    try:
+        for step in (1, 2):
+            batch = _conversation_batch(model, data, step=step)
+            ids = list(range(batch.size))
+            loader.start(batch, lambda ids=ids: {e: ids for e in ENCODERS})
+            loader.wait(step)
+            assert batch.decoded.counts() == {"failed": 0, "decoded": len(ids) * len(ENCODERS)}
+            workers = multiprocessing.active_children()
+            assert workers
+            for worker in workers:
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    os.kill(worker.pid, signum)
+    finally:
+        loader.close()
