@@ -94,12 +94,16 @@ def test_an_index_summary_without_keys_is_checked_by_time(planned):
         check_index_current(plan.data, "plan.yaml")
 
 
+# DCP's Metadata, empty, as a pickle (GLOBAL, EMPTY_TUPLE, NEWOBJ, STOP)
+DCP_METADATA = b"ctorch.distributed.checkpoint.metadata\nMetadata\n)\x81."
+
+
 def _checkpoint(workdir: Path, step: int, plan, index: str) -> None:
     """A published checkpoint as checkpoint.save leaves it, whose sampler drew from `index`."""
     folder = workdir / "checkpoints" / step_name(step)
     folder.mkdir(parents=True)
     (folder / "__0_0.distcp").write_bytes(os.urandom(1024))
-    (folder / ".metadata").write_bytes(os.urandom(256))
+    (folder / ".metadata").write_bytes(DCP_METADATA)  # an empty DCP Metadata: what a launch's check accepts
     (folder / "data.json").write_text(json.dumps({"index": index, "epoch": 0, "position": 8}))
     identity = model_identity(plan.model)
     files = {p.name: file_sum(p) for p in folder.iterdir()}
