@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orch.planner.hf_config import model_spec_from_dir
+from orch.runtime.models.registry import model_spec_from_dir
 from orch.planner.plan import Layout
 from orch.planner.specs import DataSpec, TaskSpec
 from orch.runtime.launch.base import TaskSequence

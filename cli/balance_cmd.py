@@ -111,8 +111,8 @@ def analyze(
     from orch.runtime.data.conversations import is_conversation_data
 
     if is_conversation_data(manifest):  # a user's data file: its token index (runtime/data/index.py)
-        from orch.planner.loading import load_model
         from orch.runtime.data.index import build_index
+        from orch.runtime.models.registry import load_model
 
         if model is None:
             raise SpecError(manifest, "", "a conversation data file is counted for a model: pass --model")

@@ -54,8 +54,8 @@ def index(
 
     from orch.planner.data import read_manifest
     from orch.planner.errors import SpecError
-    from orch.planner.loading import load_model
     from orch.runtime.data.index import build_index
+    from orch.runtime.models.registry import load_model
 
     for flag, value in (("--global-batch", global_batch), ("--steps", steps)):
         if value <= 0:
@@ -182,11 +182,11 @@ def inspect(
     from rich.text import Text
 
     from orch.planner.errors import SpecError
-    from orch.planner.loading import load_model
     from orch.runtime.data.conversations import NO_SUCH, BadSample, SampleFile, read_sources
     from orch.runtime.data.index import IGNORE, TextCounter, TokenRules, find_tokenizer
     from orch.runtime.data.media import media_processors
     from orch.runtime.data.processing import as_json, process
+    from orch.runtime.models.registry import load_model
 
     spec = load_model(model)
     sources = read_sources(data)

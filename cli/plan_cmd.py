@@ -52,11 +52,12 @@ def plan(
     from orch.planner.costs import CostConfig
     from orch.planner.errors import SpecError
     from orch.planner.io import to_yaml, write_text_atomic
-    from orch.planner.loading import load_cluster, load_json_file, load_model
+    from orch.planner.loading import load_cluster, load_json_file
     from orch.planner.plan import DataParallel, Placement
     from orch.planner.planner import make_plan
     from orch.planner.profile import Profile
     from orch.planner.search import SolverConfig
+    from orch.runtime.models.registry import load_model
 
     modes = ("auto", *(d.value for d in DataParallel))
     if data_parallel not in modes:

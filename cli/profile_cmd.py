@@ -57,7 +57,8 @@ def profile(
     from orch.cli.output import console, print_json
     from orch.planner.errors import SpecError
     from orch.planner.io import to_yaml, write_text_atomic
-    from orch.planner.loading import load_cluster, load_model
+    from orch.planner.loading import load_cluster
+    from orch.runtime.models.registry import load_model
 
     if executor not in EXECUTORS:
         raise SpecError("--executor", "", f"expected one of {', '.join(EXECUTORS)}, got '{executor}'")

@@ -13,7 +13,8 @@ SCHEMAS = ("model", "cluster", "data", "plan", "profile", "batch", "metrics", "t
 
 def presets(json_out: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
     """List the built-in model, cluster and data presets."""
-    from orch.planner.loading import PRESET_KINDS, load_cluster, load_data, load_model, preset_names
+    from orch.planner.loading import PRESET_KINDS, load_cluster, load_data, preset_names
+    from orch.runtime.models.registry import load_model
 
     loaders = {"model": load_model, "cluster": load_cluster, "data": load_data}
     rows = []

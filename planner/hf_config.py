@@ -1,14 +1,9 @@
 """A Hugging Face model directory read into a ModelSpec from its config.json alone (no torch, no transformers).
 
-The readers of each module kind; which family takes which is planner/families.py's table, which the runtime
-reads too. The families the runtime builds with transformers' own classes (runtime/models/<family>/):
-  llava        a CLIP or SigLIP vision tower and its projector (module `vision`) feeding a Llama, Qwen2 or
-               Mistral language model (module `llm`);
-  qwen2_audio  a Whisper-style audio encoder (module `audio`: 2 mel frames per encoder token, its average
-               pool merging 2 encoder tokens into one LLM token) feeding a Qwen2 language model;
-  llama, qwen2, mistral  a language model alone (module `llm`);
-  qwen2_vl, qwen2_5_vl, qwen3_vl  a native-resolution vision tower feeding a Qwen decoder
-               (planner/qwen_vl_config.py).
+The readers of each module kind the families share: a Llama-style decoder (`decoder_module`, `text_module`), a
+CLIP or SigLIP tower (`tower_module`, `vision_module`), a Whisper-style audio encoder (`audio_module`). Each
+family's own reader (its folder's, runtime/models/<family>/; docs/model_families.md) puts them together; the
+planner reads a directory through the family its caller hands it (planner/model_dir.py).
 A config.json written by hand (or by an older transformers) may leave fields at their class defaults;
 `_DEFAULTS` holds those of transformers 5.24 (tests/unit/test_hf_config.py checks them against it).
 """
@@ -20,10 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from orch.planner.errors import SpecError
-from orch.planner.loading import read_spec_text
+from orch.planner.io import read_spec_text
 from orch.planner.specs import HFPart, Modality, ModelSpec, ModuleKind, ModuleSpec
 
 TEXT_TYPES = ("llama", "qwen2", "mistral")
@@ -272,87 +265,11 @@ def audio_module(cfg: HFConfig, hf: HFPart, downsample: int = 2) -> ModuleSpec:
     )
 
 
-def model_spec_from_dir(directory: str | Path) -> ModelSpec:
-    """The ModelSpec of a Hugging Face model directory (its modules carry `hf` so the runtime builds them), by its
-    family's reader (planner/families.py)."""
-    from orch.planner.families import Role, family_of
-
-    path = str(Path(directory).resolve())
-    source, raw = read_config(directory)
-    top = HFConfig(source, "", raw)
-    family = family_of(top.model_type, source, "model_type", Role.MODEL, Role.LLM)
-    assert family.read is not None  # every MODEL and LLM row has one
-    modules = family.read(top, path)
-    if ties_embeddings(raw):
-        modules = {n: m.model_copy(update={"tied_embeddings": m.kind == ModuleKind.LLM}) for n, m in modules.items()}
-    try:
-        return ModelSpec(name=Path(path).name, modules=modules)
-    except ValidationError as exc:  # a shape the readers do not check field by field: one line, not a traceback
-        err = exc.errors()[0]
-        raise SpecError(source, "", str(err["msg"]).removeprefix("Value error, ")) from None
-
-
 def ties_embeddings(raw: dict[str, Any]) -> bool:
     """Whether the language model's head is its input embedding: `tie_word_embeddings` at the top or in
     text_config (transformers reads one or the other by family; either true keeps the LLM on one stage)."""
     text = raw.get("text_config")
     return bool(raw.get("tie_word_embeddings")) or (isinstance(text, dict) and bool(text.get("tie_word_embeddings")))
-
-
-# What a composed spec's module takes from its hf source; the spec may not set these itself.
-DERIVED = ("kind", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "mlp", "vocab", "input_dim",
-           "image_tokens", "clip_tokens", "experts", "top_k", "tied_embeddings")  # fmt: skip
-BARE_ENCODER_TYPES = (*VISION_TYPES, "whisper")  # CLIPVisionModel / SiglipVisionModel / Whisper (part: encoder)
-
-
-def composed_module(name: str, entry: dict[str, Any], base: Path, source: str) -> dict[str, Any]:
-    """A composed spec's module entry naming `hf` (a directory, relative to the spec file, or a mapping with
-    path, part and feature_layer) with the fields its config.json gives filled in: a bare CLIP or SigLIP
-    tower or Whisper's encoder (part: encoder; `downsample` tokens merged by the projector), each with a
-    projector built by orch, or a Llama, Qwen2 or Mistral language model."""
-    where = f"modules.{name}"
-    ref = entry["hf"]
-    if isinstance(ref, str):
-        ref = {"path": ref}
-    if not isinstance(ref, dict) or not isinstance(ref.get("path"), str):
-        raise SpecError(source, f"{where}.hf", "expected a model directory, or a mapping with path")
-    unknown = sorted(set(ref) - {"path", "part", "feature_layer"})
-    if unknown:
-        raise SpecError(source, f"{where}.hf.{unknown[0]}", "unknown field; expected path, part, feature_layer")
-    for key in DERIVED:
-        if key in entry:
-            raise SpecError(source, f"{where}.{key}", "comes from the hf source's config.json; remove it")
-    path = Path(ref["path"])
-    directory = (path if path.is_absolute() else base / path).resolve()
-    config_path, raw = read_config(directory)
-    top = HFConfig(config_path, "", raw)
-    from orch.planner.families import Role, family_of
-
-    family = family_of(top.model_type, config_path, "model_type", Role.TOWER, Role.LLM).model_type
-    rest = {k: v for k, v in entry.items() if k != "hf"}
-    wants_encoder = "feeds" in entry
-    if wants_encoder == (family in TEXT_TYPES):
-        role, need = (
-            ("an encoder", ", ".join(BARE_ENCODER_TYPES)) if wants_encoder else ("the llm", ", ".join(TEXT_TYPES))
-        )
-        raise SpecError(source, f"{where}.hf", f"{directory} holds a {family} model; {role} needs one of {need}")
-    if family in TEXT_TYPES:
-        spec = text_module(top, HFPart(path=str(directory), part="text"))
-        spec = spec.model_copy(update={"tied_embeddings": ties_embeddings(raw)})
-    elif family == "whisper":
-        if ref.get("part") != "encoder":
-            raise SpecError(
-                source, f"{where}.hf.part", "a whisper source is a sequence-to-sequence model: give part: encoder"
-            )
-        downsample = rest.pop("downsample", 1)
-        if not isinstance(downsample, int) or downsample <= 0:
-            raise SpecError(source, f"{where}.downsample", f"expected a positive integer, got {downsample!r}")
-        spec = audio_module(top, HFPart(path=str(directory), part="audio"), downsample)
-    else:
-        feature = ref.get("feature_layer", default_feature_layer(family))
-        part = HFPart(path=str(directory), part="vision", feature_layer=feature)
-        spec = tower_module(top, feature, f"{source}: {where}.hf.feature_layer", part)
-    return {**spec.model_dump(exclude_none=True), **{k: v for k, v in rest.items() if v is not None}}
 
 
 def describe(model: ModelSpec) -> list[str]:

@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader never sees half a plan, profile or metrics file."""
+"""Spec and config files read within a size limit, and written atomically: a reader never sees half a plan,
+profile or metrics file."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from orch.planner.errors import SpecError
+
+# The most a spec or config file orch reads may hold (a plan for 100,000 GPUs is about 2 MB): a larger one is
+# refused before it is parsed (PyYAML took 70-90 s to reject a 50 MB line; a model spec took one of 1.2 GB).
+MAX_SPEC_BYTES = 16 * 2**20
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -51,3 +56,32 @@ def to_yaml(data: Any) -> str:
 
     FlowListDumper.add_representer(list, represent_list)
     return yaml.dump(data, Dumper=FlowListDumper, sort_keys=False, width=120)
+
+
+def read_spec_text(path: str | Path) -> str:
+    """The text of a spec or config file (YAML or JSON): what every one orch reads goes through, so that one larger
+    than MAX_SPEC_BYTES is one line naming it and the limit, before any parsing."""
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise SpecError(str(path), "", f"cannot read: {exc.strerror}") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(
+            str(path),
+            "",
+            f"{_size(p)}: more than a spec or config file may hold ({MAX_SPEC_BYTES >> 20} MiB, {MAX_SPEC_BYTES:,} "
+            "bytes; is it a data file?)",
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(str(path), "", f"not UTF-8 text (byte {exc.start})") from None
+
+
+def _size(path: Path) -> str:
+    try:
+        return f"{path.stat().st_size:,} bytes"
+    except OSError:
+        return "over the limit"

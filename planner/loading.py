@@ -5,20 +5,21 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from orch.planner.errors import SpecError, SpecErrors
+from orch.planner.io import read_spec_text
 from orch.planner.specs import ClusterSpec, DataSpec, Modality, ModelSpec, TaskSpec
+
+if TYPE_CHECKING:
+    from orch.planner.model_dir import Families
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
 PRESET_KINDS = {"model": "models", "cluster": "clusters", "data": "data"}
-# The most a spec or config file orch reads may hold (a plan for 100,000 GPUs is about 2 MB): a larger one is
-# refused before it is parsed (PyYAML took 70-90 s to reject a 50 MB line; a model spec took one of 1.2 GB).
-MAX_SPEC_BYTES = 16 * 2**20
 # libyaml's parser where PyYAML was built with it: the safe constructor and resolver, so the same values, parsed
 # 10-100x faster than the pure-Python one.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -30,35 +31,6 @@ def preset_dir(kind: str) -> Any:
 
 def preset_names(kind: str) -> list[str]:
     return sorted(p.name[: -len(".yaml")] for p in preset_dir(kind).iterdir() if p.name.endswith(".yaml"))
-
-
-def read_spec_text(path: str | Path) -> str:
-    """The text of a spec or config file (YAML or JSON): what every one orch reads goes through, so that one larger
-    than MAX_SPEC_BYTES is one line naming it and the limit, before any parsing."""
-    p = Path(path)
-    try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_SPEC_BYTES + 1)
-    except OSError as exc:
-        raise SpecError(str(path), "", f"cannot read: {exc.strerror}") from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise SpecError(
-            str(path),
-            "",
-            f"{_size(p)}: more than a spec or config file may hold ({MAX_SPEC_BYTES >> 20} MiB, {MAX_SPEC_BYTES:,} "
-            "bytes; is it a data file?)",
-        )
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(str(path), "", f"not UTF-8 text (byte {exc.start})") from None
-
-
-def _size(path: Path) -> str:
-    try:
-        return f"{path.stat().st_size:,} bytes"
-    except OSError:
-        return "over the limit"
 
 
 def resolve(kind: str, ref: str) -> tuple[str, str]:
@@ -116,26 +88,34 @@ def parse_text(model: type[SpecT], source: str, text: str) -> SpecT:
     return parse(model, source, _yaml(source, text))
 
 
-def load_model(ref: str) -> ModelSpec:
-    """A model spec file, a preset, or a Hugging Face model directory (planner/hf_config.py)."""
+def load_model(ref: str, families: Families | None = None) -> ModelSpec:
+    """A model spec file, a preset, or a Hugging Face model directory; a directory, and a composed spec's module
+    naming one, are read through their family in `families` (the runtime's registry, handed in by the caller:
+    planner/model_dir.py)."""
     if Path(ref).is_dir():
-        from orch.planner.hf_config import model_spec_from_dir
+        from orch.planner.model_dir import read_model_dir
 
-        return model_spec_from_dir(ref)
+        return read_model_dir(ref, _families(ref, families))
     source, text = resolve("model", ref)
     data = _yaml(source, text)
     modules = data.get("modules") if isinstance(data, dict) else None
     if isinstance(modules, dict) and any(isinstance(m, dict) and "hf" in m for m in modules.values()):
         # A composed spec: modules naming a Hugging Face source take their shapes from its config.json.
-        from orch.planner.hf_config import composed_module
+        from orch.planner.model_dir import composed_module
 
-        base = Path(ref).parent
+        base, table = Path(ref).parent, _families(source, families)
         filled = {
-            name: composed_module(name, m, base, source) if isinstance(m, dict) and "hf" in m else m
+            name: composed_module(name, m, base, source, table) if isinstance(m, dict) and "hf" in m else m
             for name, m in modules.items()
         }
         data = {**data, "modules": filled}
     return parse(ModelSpec, source, data)
+
+
+def _families(source: str, families: Families | None) -> Families:
+    if families is None:
+        raise SpecError(source, "", "a Hugging Face model is read through the family registry; none was given")
+    return families
 
 
 def load_cluster(ref: str, nodes: int | None = None) -> ClusterSpec:

@@ -1,4 +1,4 @@
-"""Every model family the registry lists (planner/families.py, FAMILIES), as the CLI tests build one: a tiny
+"""Every model family the registry lists (runtime/models/registry.py, FAMILIES), as the CLI tests build one: a tiny
 model from its config, given to `orch plan --model` as a user would (a model directory; a bare tower or
 language model in a composed spec of its own), and the data spec and plan steps the CLI tests share."""
 

@@ -32,7 +32,7 @@ def hf_processor(directory, cls: str = "Qwen2_5_VLProcessor"):
 
 def qwen_vl_spec(directory: Path) -> ModelSpec:
     """The spec the planner's config reader gives a tiny Qwen-VL directory (`--model DIR`)."""
-    from orch.planner.hf_config import model_spec_from_dir
+    from orch.runtime.models.registry import model_spec_from_dir
 
     return model_spec_from_dir(directory)
 

@@ -14,7 +14,6 @@ Torch-free at import (the profile's case list reads `encoder_order` before any t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from orch.planner.specs import ModelSpec
-    from orch.runtime.models.sequence import SequenceLayout
+    from orch.runtime.sample import SequenceLayout
 
 
 def encoder_order(model: ModelSpec) -> list[str]:
@@ -38,27 +37,6 @@ def encoder_order(model: ModelSpec) -> list[str]:
 
 def initial_dp_index(sample_id: int, dp: int) -> int:
     return sample_id % dp
-
-
-@dataclass(frozen=True)
-class MediaItem:
-    """One image or video of a sample as a native-resolution tower takes it: its patch grid (temporal, height,
-    width: patches before the merger; `t·h·w` input rows) and, for a video, the seconds one temporal grid step
-    spans (0 for an image); a Qwen3-VL video is one item per temporal step, its seconds the step's timestamp
-    (the `<t seconds>` of its text). Or one clip of a windowed audio tower (`takes_clips`): grid (1, 1, its input
-    rows). Known to every rank from the index, as lengths are (docs/qwen_vl.md)."""
-
-    grid: tuple[int, int, int]
-    seconds: float = 0.0
-
-    @property
-    def patches(self) -> int:
-        t, h, w = self.grid
-        return t * h * w
-
-    @property
-    def is_video(self) -> bool:
-        return self.seconds > 0
 
 
 def takes_grids(model: ModelSpec, name: str) -> bool:
@@ -83,17 +61,7 @@ def item_map(
     return {e: batch.items(e, sample_id) for e in encoders if takes_grids(model, e) or takes_clips(model, e)}
 
 
-def grid_items(patches: int, downsample: int) -> tuple[MediaItem, ...]:
-    """One image of `patches` patches (a multiple of `downsample` = merge²), as near square as its factors allow:
-    the grid a synthetic or profiled sample of a native-resolution tower takes (none for no patches)."""
-    if patches <= 0:
-        return ()
-    merge = math.isqrt(downsample)
-    units = patches // downsample
-    if merge * merge != downsample or units * downsample != patches:
-        raise ValueError(f"{patches} patches are not whole {merge}x{merge} merge windows")
-    rows = max(d for d in range(1, math.isqrt(units) + 1) if units % d == 0)
-    return (MediaItem((1, merge * rows, merge * (units // rows))),)
+
 
 
 @dataclass(frozen=True)
@@ -144,12 +112,11 @@ class BatchLengths:
 
     @cached_property
     def _positions(self) -> Callable[[SequenceLayout, tuple[MediaItem, ...]], torch.Tensor] | None:
-        """The LLM family's `layout_positions(model)` rule, if its folder has one (runtime/models/<family>/)."""
-        from orch.runtime.models.hf.build import family_module
+        """The LLM family's `layout_positions(model)` rule, where its positions are not 0..n-1 (M-RoPE)."""
+        from orch.runtime.models.registry import family_of_spec
 
-        family = family_module(self.model.llm)
-        rule = getattr(family, "layout_positions", None)
-        return rule(self.model) if rule is not None else None
+        family = family_of_spec(self.model.llm)
+        return family.layout_positions(self.model) if family is not None else None
 
     def _build_layout(self, sample_id: int) -> SequenceLayout:
         raise NotImplementedError

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from orch.planner.errors import SpecError
-from orch.planner.loading import read_spec_text
+from orch.planner.io import read_spec_text
 from orch.runtime.data.layouts import AUDIO as AUDIO  # the placeholders: the index and the loader import them here
 from orch.runtime.data.layouts import IMAGE, MEDIA_KEYS, VIDEO, Layout, LayoutError, read_record
 from orch.runtime.data.layouts import TRAINED_ROLES as TRAINED_ROLES  # the index imports it here

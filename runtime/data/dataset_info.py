@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from orch.planner.errors import SpecError
-from orch.planner.loading import read_spec_text
+from orch.planner.io import read_spec_text
 from orch.runtime.data.conversations import SUFFIXES, Source, data_files
 from orch.runtime.data.layouts import Layout
 

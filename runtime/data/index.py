@@ -41,9 +41,8 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from importlib import import_module
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from orch.planner.errors import SpecError
 from orch.planner.io import write_text_atomic
@@ -66,43 +65,6 @@ MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz
 DEFAULT_MAX_IMAGE_TOKENS = 1024
 INDEX_DIR = ".orch-index"
 INDEX_VERSION = 8  # part of the cache key: an index of another layout is made afresh
-_MODELS = Path(__file__).resolve().parent.parent / "models"
-
-
-class GridRule(Protocol):
-    """A native-resolution family's token rule (its runtime folder's `media.py` `token_rule(spec, modality,
-    model_type)`): each image's or video's items (patch grids) from the file's header, the text around each
-    item's rows, and whether its tower takes videos. A frozen dataclass of JSON values (it keys the index).
-
-    An image is one item; a video one or more, each its own group of rows in the text (Qwen3-VL: one per
-    temporal step, after its timestamp): the k-th `<video>` renders as, per item, `video_prefix(item)`, then
-    `wrap[0]`, the item's rows, `wrap[1]` (`video_texts`, `TextCounter.render`)."""
-
-    wrap: tuple[str, str]  # text before and after each item's rows ("" where none)
-    no_video: str  # why the tower takes no video ("" where it does)
-
-    def image_item(self, path: str) -> tuple[int, int, int, float]:
-        """(t, h, w, seconds) of an image: OSError where it cannot be read, ValueError (its processor's error)."""
-        ...
-
-    def video_items(self, path: str) -> tuple[tuple[int, int, int, float], ...]:
-        """The items (t, h, w, seconds) a video becomes, in order; ValueError saying what is wrong."""
-        ...
-
-    def video_prefix(self, item: tuple[int, int, int, float]) -> str:
-        """The text before a video item's `wrap` (its timestamp, say; "" where none)."""
-        ...
-
-
-def family_folder(directory: str) -> str | None:
-    """The runtime folder (runtime/models/<folder>) of a Hugging Face directory's family, by its config.json's
-    model_type through the planner's table (None: not a family orch knows)."""
-    from orch.planner.families import FAMILIES
-    from orch.planner.hf_config import read_config
-
-    model_type = str(read_config(directory)[1].get("model_type"))
-    family = FAMILIES.get(model_type)
-    return family.runtime if family is not None else None
 
 
 def _stamp(directory: str) -> tuple[int, ...]:
@@ -112,30 +74,13 @@ def _stamp(directory: str) -> tuple[int, ...]:
     return tuple((d / n).stat().st_mtime_ns if (d / n).is_file() else 0 for n in names)
 
 
-class ClipRule(Protocol):
-    """An audio family's token rule (its folder's `media.py` `token_rule`, e.g. Qwen2-Audio's): a clip's encoder
-    tokens from its length, and the text around its rows. A frozen dataclass of JSON values (it keys the index)."""
-
-    wrap: tuple[str, str]  # text before and after each clip's rows ("" where none)
-
-    def tokens(self, num_samples: int, rate: int) -> int:
-        """Encoder tokens of a clip of `num_samples` at `rate` Hz."""
-        ...
-
-
 @lru_cache(maxsize=64)
 def _family_rule(spec_json: str, modality: str, stamp: tuple[int, ...]) -> Any:
-    from orch.planner.hf_config import read_config
+    from orch.runtime.models.registry import family_of_spec
 
     spec = ModuleSpec.model_validate_json(spec_json)
-    assert spec.hf is not None
-    folder = family_folder(spec.hf.path)
-    if folder is None or not (_MODELS / folder / "media.py").is_file():  # the folder's package is not imported
-        return None
-    hook = getattr(import_module(f"orch.runtime.models.{folder}.media"), "token_rule", None)
-    if hook is None:
-        return None
-    return hook(spec, Modality(modality), str(read_config(spec.hf.path)[1].get("model_type")))
+    family = family_of_spec(spec)
+    return family.token_rule(spec, Modality(modality)) if family is not None else None
 
 
 def grid_rule(spec: ModuleSpec, modality: Modality) -> GridRule | None:
@@ -179,19 +124,6 @@ def encoder_tags(model: ModelSpec, name: str) -> tuple[str, ...]:
         return (AUDIO,)
     rule = grid_rule(model.modules[name], modality)
     return (IMAGE, VIDEO) if rule is not None and not rule.no_video else (IMAGE,)
-
-
-@dataclass(frozen=True)
-class EncoderRule:
-    name: str
-    modality: str  # vision or audio
-    downsample: int
-    image_tokens: int | None = None
-    patch: int | None = None  # a reference vision encoder's patch side
-    clip_tokens: int | None = None
-    frames_per_token: int = 1
-    grids: Any = None  # a native-resolution family's rule (`GridRule`): per image or video its patch grid
-    clips: Any = None  # an audio family's rule (`ClipRule`): a clip's tokens from its length
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Each encoder's input rows from its media files, by the processor of its kind: orch's own for the reference
-modules (here), its family's for a Hugging Face tower (runtime/models/<family>/processing.py, found through
-planner/families.py). A processor returns one tensor per image or clip, `width` values a row; the rows per
+modules (here), its family's for a Hugging Face tower (`Family.media_processor`, found through
+runtime/models/registry.py). A processor returns one tensor per image or clip, `width` values a row; the rows per
 file are the tokens the index counted from the file's header times the encoder's frames per token.
 
 * orch's images: resized to the index's patch grid and cut into `input_dim` = 3·side² pixel rows in [0, 1]
@@ -12,32 +12,24 @@ file are the tokens the index counted from the file's header times the encoder's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from orch.planner.specs import Modality, ModelSpec, ModuleSpec
-from orch.runtime.data.index import MEL_HOP, MEL_RATE, EncoderRule, mel_frames, patch_grid
-from orch.runtime.models.hf.build import family_module
+from orch.runtime.data.index import MEL_HOP, MEL_RATE, mel_frames, patch_grid
+from orch.runtime.models.registry import family_of_spec
+from orch.runtime.sample import EncoderRule
 
 N_FFT = 400
 
 
-class MediaProcessor(Protocol):
-    width: int  # values per input row
-
-    def inputs(self, files: tuple[str, ...], rule: EncoderRule, max_image_tokens: int) -> list[torch.Tensor]:
-        """One tensor of input rows per file (raises OSError/ValueError on a file that cannot be read)."""
-        ...
-
-
 def media_processors(model: ModelSpec) -> dict[str, MediaProcessor]:
-    """Each encoder's processor: its family's for a Hugging Face tower (its folder's `media_processor`), orch's
+    """Each encoder's processor: its family's for a Hugging Face tower (`Family.media_processor`), orch's
     for the reference modules."""
     out: dict[str, MediaProcessor] = {}
     for name in model.encoder_names:
         spec, modality = model.modules[name], model.modality(name)
-        family = family_module(spec)
+        family = family_of_spec(spec)
         out[name] = reference_processor(spec, modality) if family is None else family.media_processor(spec, modality)
     return out
 

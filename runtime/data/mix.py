@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from orch.planner.errors import SpecError
-from orch.planner.loading import read_spec_text
+from orch.planner.io import read_spec_text
 
 STRATEGIES = ("concat", "interleave_under", "interleave_over")
 DEFAULT_STRATEGY = "interleave_over"

@@ -25,7 +25,8 @@ from orch.planner.specs import ModelSpec, projected_len
 from orch.runtime.data.conversations import BadSample, Conversation
 from orch.runtime.data.expansion import conversation_layout, expanded, placeholder_ids
 from orch.runtime.data.index import IGNORE, TextCounter, TokenRules, encoder_items, video_texts
-from orch.runtime.data.media import MediaProcessor, media_processors
+from orch.runtime.data.media import media_processors
+from orch.runtime.sample import MediaProcessor
 
 
 @dataclass

@@ -29,21 +29,13 @@ from typing import Any
 import torch
 
 from orch.planner.specs import DataSpec, ModelSpec, projected_len
-from orch.runtime.data.batch import (
-    BatchLengths,
-    GlobalBatch,
-    MediaItem,
-    Sample,
-    encoder_order,
-    item_map,
-    takes_clips,
-)
+from orch.runtime.data.batch import BatchLengths, GlobalBatch, Sample, encoder_order, item_map, takes_clips
 from orch.runtime.data.decode_cache import DecodeCache
 from orch.runtime.data.index import IGNORE, TextTokens
 from orch.runtime.data.mix import Mix
 from orch.runtime.data.problems import DataProblems
 from orch.runtime.data.synthetic import SyntheticBatch
-from orch.runtime.models.sequence import SequenceLayout
+from orch.runtime.sample import MediaItem, SequenceLayout
 
 
 class ConversationData:

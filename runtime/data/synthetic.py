@@ -20,7 +20,7 @@ import torch
 from orch.planner.data import sample_lengths
 from orch.planner.specs import DataSpec, ModelSpec, projected_len
 from orch.runtime.data.batch import BatchLengths, Sample, encoder_order, item_map
-from orch.runtime.models.sequence import SequenceLayout
+from orch.runtime.sample import SequenceLayout
 from orch.runtime.seeds import stable_seed
 
 

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed.tensor.parallel import ParallelStyle
 
-    from orch.runtime.models.sequence import SequenceLayout
     from orch.runtime.parallel.context import CPShard
+    from orch.runtime.sample import SequenceLayout
 
 
 @runtime_checkable

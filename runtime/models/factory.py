@@ -11,7 +11,7 @@ alone, whatever the plan. The modules' contracts are runtime/models/contract.py'
   tokens projected into the LLM's width, packed ([sum of projected tokens, llm hidden]);
 * the LLM has `embed_inputs(prefixes, texts, cp, layouts)`, `run_blocks(x_TD, seqlens, cp)` and
   `text_logits(x_TD, seqlens, layouts, cp)` (and `keep_stage(stage, stages)` for a pipeline): a
-  sample's `SequenceLayout` (runtime/models/sequence.py) says where its encoder rows and text go and
+  sample's `SequenceLayout` (runtime/sample.py) says where its encoder rows and text go and
   which logits are scored; `embed_packed` and `score_rows` do both. The reference
   `orch.runtime.models.reference.LLM` is the easiest base.
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from orch.runtime.models.contract import run_llm_blocks
-from orch.runtime.models.sequence import SequenceLayout, layouts_or_prefix_first, score_rows
+from orch.runtime.sample import SequenceLayout, layouts_or_prefix_first, score_rows
 
 if TYPE_CHECKING:
     from orch.runtime.parallel.context import CPShard

@@ -45,8 +45,8 @@ import torch.distributed as dist
 if TYPE_CHECKING:
     from torch import nn
 
-    from orch.runtime.models.sequence import SequenceLayout
     from orch.runtime.parallel.grid import Grid
+    from orch.runtime.sample import SequenceLayout
 
 
 _CPU = torch.device("cpu")

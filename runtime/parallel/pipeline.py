@@ -27,9 +27,9 @@ import torch.distributed as dist
 
 from orch.planner.trace import one_f_one_b_order
 from orch.runtime.models.contract import CausalLM, run_llm_blocks
-from orch.runtime.models.sequence import SequenceLayout
 from orch.runtime.parallel.context import CPGroup, CPShard
 from orch.runtime.parallel.grid import Grid
+from orch.runtime.sample import SequenceLayout
 
 
 @dataclass(frozen=True)

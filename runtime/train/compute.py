@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from orch.runtime.data.batch import Sample, grid_items
+from orch.runtime.data.batch import Sample
 from orch.runtime.models.contract import encoder_call
-from orch.runtime.models.sequence import SequenceLayout, layouts_or_prefix_first, scored_labels
 from orch.runtime.parallel.context import CPGroup
+from orch.runtime.sample import SequenceLayout, grid_items, layouts_or_prefix_first, scored_labels
 
 
 def encode(

@@ -1,4 +1,4 @@
-"""Every family the registry lists (planner/families.py), planned and launched through the CLI as a new user
+"""Every family the registry lists (runtime/models/registry.py), planned and launched through the CLI as a new user
 would: a tiny model from its config, `orch plan --model`, then `orch launch` with DEFAULT settings (the start-up
 calibration on), one CPU rank, one step; it must train. A family added to the registry is launched here
 without a new test (and fails until tests/families.py can build a tiny one)."""
@@ -9,7 +9,7 @@ import math
 import pytest
 from families import FAMILY_MODELS, ONE_RANK, data_for, plan_of, write_yaml
 
-from orch.planner.families import FAMILIES
+from orch.runtime.models.registry import FAMILIES
 from orch.planner.loading import load_model
 
 

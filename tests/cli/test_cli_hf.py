@@ -96,7 +96,7 @@ def test_tied_embeddings_keep_the_llm_on_one_stage(cli, data_file, tmp_path):
 
 def test_an_untied_llm_may_take_a_pipeline(tmp_path):
     from orch.planner.candidates import SearchInput, degrees
-    from orch.planner.hf_config import model_spec_from_dir
+    from orch.runtime.models.registry import model_spec_from_dir
     from orch.planner.loading import load_cluster, load_data
 
     untied = model_spec_from_dir(make_llava(tmp_path / "untied", "siglip", "qwen2"))

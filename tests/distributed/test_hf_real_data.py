@@ -13,7 +13,7 @@ from hf_models import IMAGE_TOKEN, make_llava
 from launching import train_tasks
 
 from orch.cli.data_cmd import conversation_data
-from orch.planner.hf_config import model_spec_from_dir
+from orch.runtime.models.registry import model_spec_from_dir
 from orch.planner.plan import DataParallel, Layout
 from orch.runtime.data.demo_data import make_dataset, make_tokenizer
 from orch.runtime.data.source import BatchSource

@@ -17,7 +17,7 @@ from equivalence import assert_matches_hf
 from launching import train_tasks
 from qwen_vl_models import make_qwen_vl
 
-from orch.planner.hf_config import model_spec_from_dir
+from orch.runtime.models.registry import model_spec_from_dir
 from orch.planner.plan import DataParallel, Layout, Sharding
 from orch.planner.specs import DataSpec, TaskSpec
 from orch.runtime.data.synthetic import SyntheticBatch

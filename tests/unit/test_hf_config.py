@@ -5,7 +5,7 @@ import json
 import pytest
 
 from orch.planner.errors import SpecError
-from orch.planner.hf_config import model_spec_from_dir
+from orch.runtime.models.registry import model_spec_from_dir
 from orch.planner.specs import Modality, ModuleKind
 
 
@@ -147,7 +147,7 @@ def test_composed_whisper_encoder_defaults_and_part(tmp_path):
     transformers = pytest.importorskip("transformers")
     import yaml
 
-    from orch.planner.loading import load_model
+    from orch.runtime.models.registry import load_model
 
     write(tmp_path, {"model_type": "whisper"}, "short")
     write(tmp_path, full_dict(transformers.WhisperConfig()), "full")

@@ -15,7 +15,7 @@ from hf_models import IMAGE_TOKEN, make_llava
 from qwen_vl_data import hf_images, qwen_vl_spec
 from qwen_vl_models import make_qwen_vl
 
-from orch.planner.hf_config import model_spec_from_dir
+from orch.runtime.models.registry import model_spec_from_dir
 from orch.runtime.data.index import TokenRules
 
 SIZE = (37, 23)  # width, height: neither the towers' side nor a multiple of their patch

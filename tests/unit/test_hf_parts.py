@@ -4,7 +4,7 @@ import pytest
 import torch
 from hf_models import make_llava, make_qwen2_audio
 
-from orch.planner.hf_config import model_spec_from_dir
+from orch.runtime.models.registry import model_spec_from_dir
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,7 @@
-"""The module contract, the family table and the one TP path (runtime/models/contract.py, planner/families.py,
-runtime/parallel/tensor.py; docs/model_families.md)."""
+"""The module contract, the family registry and the one TP path (runtime/models/contract.py,
+runtime/models/registry.py, runtime/parallel/tensor.py; docs/model_families.md)."""
 
 import ast
-import importlib
 from pathlib import Path
 
 import pytest
@@ -10,33 +9,39 @@ import torch
 from hf_models import make_llava, make_qwen2_audio
 
 from orch.planner.errors import SpecError
-from orch.planner.families import FAMILIES, Role, family_of, types_of
-from orch.planner.hf_config import model_spec_from_dir
 from orch.planner.loading import load_model
+from orch.planner.model_dir import Role, family_of, types_of
+from orch.runtime.models.family import Family
+from orch.runtime.models.registry import FAMILIES, model_spec_from_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_every_family_row_names_a_transformers_class_and_a_folder_with_wrap_and_its_media_processor():
+def _overrides(family: Family, method: str) -> bool:
+    return getattr(type(family), method) is not getattr(Family, method)
+
+
+def test_every_registered_family_names_a_transformers_class_and_gives_wrap_and_its_media_processor():
     import transformers
 
     for model_type, family in FAMILIES.items():
+        assert family.model_type == model_type
         assert hasattr(transformers, family.transformers_class), model_type
-        folder = importlib.import_module(f"orch.runtime.models.{family.runtime}")
-        assert callable(folder.wrap), model_type
+        assert _overrides(family, "wrap"), model_type
         if family.role != Role.LLM:  # a family with encoders processes their media
-            assert callable(folder.media_processor), model_type
-        assert (family.read is None) == (family.role == Role.TOWER), model_type
+            assert _overrides(family, "media_processor"), model_type
+        assert _overrides(family, "read") == (family.role != Role.TOWER), model_type
+        assert _overrides(family, "read_source") == (family.role != Role.MODEL), model_type
 
 
 def test_an_unsupported_model_type_names_the_supported_ones():
     with pytest.raises(SpecError) as err:
-        family_of("qwen2_5_omni", "m/config.json", "model_type", Role.MODEL, Role.LLM)
+        family_of(FAMILIES, "qwen2_5_omni", "m/config.json", "model_type", Role.MODEL, Role.LLM)
     assert str(err.value) == (
         "m/config.json: model_type: 'qwen2_5_omni' is not supported; expected one of "
-        + ", ".join(types_of(Role.MODEL, Role.LLM))
+        + ", ".join(types_of(FAMILIES, Role.MODEL, Role.LLM))
     )
-    assert types_of(Role.MODEL) == ("llava", "qwen2_audio", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+    assert types_of(FAMILIES, Role.MODEL) == ("llava", "qwen2_audio", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 
 def test_the_reference_modules_implement_the_contract():
@@ -116,7 +121,8 @@ def _imports(path: Path) -> set[str]:
 
 def test_train_and_parallel_name_no_model_family():
     """Adding a family edits nothing under runtime/train/ or runtime/parallel/: they import no family folder."""
-    folders = {f"orch.runtime.models.{f.runtime}" for f in FAMILIES.values()}
+    folders = {type(f).__module__.rsplit(".", 1)[0] for f in FAMILIES.values()}
+    assert folders == {f"orch.runtime.models.{n}" for n in ("decoder", "llava", "qwen2_audio", "qwen_vl")}
     for sub in ("train", "parallel"):
         for path in (ROOT / "runtime" / sub).rglob("*.py"):
             named = {m for m in _imports(path) if any(m == f or m.startswith(f + ".") for f in folders)}

@@ -123,7 +123,7 @@ def test_qwen2_audio_ids_are_qwen2_audio_processors(cli, tmp_path, layout):
     assert got.count(tok.convert_tokens_to_ids("<|audio_bos|>")) == len(CLIPS)
     # each clip's frames the tower gets (4 a token, then the 3 its stem reads past them) are the processor's
     # input_features, and its last row the clip's real frames past its tokens' (runtime/models/qwen2_audio/media.py)
-    from orch.planner.hf_config import model_spec_from_dir
+    from orch.runtime.models.registry import model_spec_from_dir
     from orch.runtime.data.index import TokenRules
     from orch.runtime.data.media import media_processors
 

@@ -75,7 +75,7 @@ def test_every_clip_length_is_hfs_forward(qwen2_audio):
     import transformers
 
     from orch.cli.data_cmd import conversation_data
-    from orch.planner.hf_config import model_spec_from_dir
+    from orch.runtime.models.registry import model_spec_from_dir
     from orch.runtime.data.processing import as_json, process
     from orch.runtime.data.source import BatchSource
     from orch.runtime.models.build import build_modules

@@ -20,7 +20,7 @@ from equivalence import assert_same_gradients
 from qwen_vl_data import qwen_vl_spec, turn, write_conversations, write_image, write_video
 from qwen_vl_models import make_qwen_vl
 
-from orch.runtime.data.batch import MediaItem
+from orch.runtime.sample import MediaItem
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_loss_and_gradients_on_a_data_file_equal_hf(qwen3, tmp_path):
     from orch.runtime.models.qwen_vl.language import DeepstackCausalLM
     from orch.runtime.models.qwen_vl.media import read_rule
     from orch.runtime.models.qwen_vl.vision import QwenVisionTower
-    from orch.runtime.models.sequence import scored_labels
+    from orch.runtime.sample import scored_labels
 
     directory, model = qwen3
     data_file = write_data(tmp_path)

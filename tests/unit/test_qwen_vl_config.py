@@ -1,4 +1,4 @@
-"""The Qwen-VL family's config.json read by the planner (planner/qwen_vl_config.py): fields against transformers
+"""The Qwen-VL family's config.json read by the planner (runtime/models/qwen_vl/config.py): fields against transformers
 5.24's own config classes (both layouts, tiny and default sizes), the tower's attention in the spec and the cost
 model, the planner never giving the tower TP or CP, and bad fields named."""
 
@@ -7,7 +7,8 @@ import json
 import pytest
 
 from orch.planner.errors import SpecError
-from orch.planner.hf_config import describe, model_spec_from_dir
+from orch.planner.hf_config import describe
+from orch.runtime.models.registry import model_spec_from_dir
 from orch.planner.specs import HFPart, Modality, ModelSpec, ModuleKind, ModuleSpec
 
 transformers = pytest.importorskip("transformers")

@@ -136,8 +136,8 @@ def test_index_rows_keep_items_in_placeholder_order(qwen, tmp_path, cli):
     assert "items" not in rows[2] and rows[2]["lengths"]["vision"] == 0
 
     from orch.cli.data_cmd import conversation_data
-    from orch.runtime.data.batch import MediaItem
     from orch.runtime.data.source import ConversationData
+    from orch.runtime.sample import MediaItem
 
     source = ConversationData(model, conversation_data(model, str(data), 3, None, None)[0])
     assert source.items(0) == {"vision": [MediaItem((1, 4, 8)), MediaItem((2, 4, 4), 1.25), MediaItem((1, 36, 2))]}

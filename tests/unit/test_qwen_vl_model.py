@@ -10,9 +10,8 @@ import torch.nn.functional as F
 from equivalence import assert_same_gradients
 from qwen_vl_models import make_qwen_vl
 
-from orch.runtime.data.batch import MediaItem, grid_items
 from orch.runtime.models.qwen_vl.rope import mrope_positions
-from orch.runtime.models.sequence import SequenceLayout
+from orch.runtime.sample import MediaItem, SequenceLayout, grid_items
 
 CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
            "qwen3_vl": "Qwen3VLForConditionalGeneration"}  # fmt: skip
@@ -116,7 +115,7 @@ def test_loss_and_gradients_equal_hf(family):
     from orch.runtime.models.hf.attention import register
     from orch.runtime.models.qwen_vl.language import DeepstackCausalLM, MRopeCausalLM
     from orch.runtime.models.qwen_vl.vision import QwenVisionTower
-    from orch.runtime.models.sequence import scored_labels
+    from orch.runtime.sample import scored_labels
 
     name, directory = family
     hf = _hf(directory, name)
@@ -173,7 +172,7 @@ def test_loss_and_gradients_equal_hf(family):
 
 
 def test_a_tower_over_tp2_or_cp2_is_refused_in_one_line(family):
-    from orch.planner.hf_config import model_spec_from_dir
+    from orch.runtime.models.registry import model_spec_from_dir
     from orch.planner.plan import Layout
     from orch.planner.specs import DataSpec, TaskSpec
     from orch.runtime.plans import hand_plan
@@ -193,7 +192,7 @@ def test_the_start_up_calibration_times_the_familys_own_modules(family):
     """The dispatcher's calibrated costs come from the tower as it runs (Qwen2.5-VL's windows), not from orch's
     reference module of the same shape; lengths as the tower takes them (whole merge windows); the LLM as the
     family builds it."""
-    from orch.planner.hf_config import model_spec_from_dir
+    from orch.runtime.models.registry import model_spec_from_dir
     from orch.runtime.models.qwen_vl.language import MRopeCausalLM
     from orch.runtime.models.qwen_vl.vision import QwenVisionTower
     from orch.runtime.train.orchestrator import _time_module, whole_module

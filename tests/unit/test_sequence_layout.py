@@ -1,4 +1,4 @@
-"""Placeholders expanded in place (runtime/models/sequence.py, runtime/data/expansion.py): where a sample's
+"""Placeholders expanded in place (runtime/sample.py, runtime/data/expansion.py): where a sample's
 encoder rows and text go, which logits are scored, and the LLM over an interleaved layout equals the same
 rows run as one plain sequence."""
 
@@ -10,7 +10,7 @@ from orch.planner.specs import ModelSpec
 from orch.runtime.data.conversations import Conversation
 from orch.runtime.data.expansion import conversation_layout, expanded, media_rows
 from orch.runtime.data.index import IGNORE
-from orch.runtime.models.sequence import SequenceLayout, score_rows, scored_labels
+from orch.runtime.sample import SequenceLayout, score_rows, scored_labels
 
 
 def test_interleaved_places_rows_before_their_tokens_and_scores_the_row_before_each_token():

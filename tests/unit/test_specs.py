@@ -165,7 +165,8 @@ def test_a_spec_or_config_file_over_the_limit_is_one_line_before_it_is_parsed(tm
     import time
 
     from orch.planner.hf_config import read_config
-    from orch.planner.loading import MAX_SPEC_BYTES, load_json_file, load_model
+    from orch.planner.io import MAX_SPEC_BYTES
+    from orch.planner.loading import load_json_file, load_model
     from orch.planner.plan import Plan
     from orch.runtime.data.conversations import read_sources
     from orch.runtime.train.config import TrainSpec

@@ -24,8 +24,8 @@ from orch.runtime.models.staged import StagedDecoder
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
-    from orch.runtime.models.sequence import SequenceLayout
     from orch.runtime.parallel.context import CPShard
+    from orch.runtime.sample import SequenceLayout
 
 
 class HFCausalLM(HFModule, StagedDecoder):
@@ -105,3 +105,11 @@ class HFCausalLM(HFModule, StagedDecoder):
             if added is not None and (i + 1) * width <= added.shape[1]:
                 hidden = hidden + added[:, i * width : (i + 1) * width].unsqueeze(0)
         return hidden.squeeze(0)
+
+
+def wrap_language_model(full: nn.Module) -> HFCausalLM:
+    """The language model of a `...ForCausalLM` or of a multimodal model's `language_model`, with its head."""
+    config: Any = full.config  # type: ignore[assignment]
+    base: Any = full.model
+    decoder = getattr(base, "language_model", base)
+    return HFCausalLM(decoder, full.lm_head, getattr(config, "text_config", None) or config)  # type: ignore[arg-type]

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from orch.planner.specs import ModuleSpec
-from orch.runtime.data.index import EncoderRule
 from orch.runtime.models.hf.processor import load_processor, processor_images
+from orch.runtime.sample import EncoderRule
 
 
 class TowerImages:

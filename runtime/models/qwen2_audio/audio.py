@@ -29,8 +29,8 @@ from orch.runtime.models.qwen2_audio.media import CONTEXT_ROWS
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
-    from orch.runtime.data.batch import MediaItem
     from orch.runtime.parallel.context import CPShard
+    from orch.runtime.sample import MediaItem
 
 
 class HFAudioEncoder(HFModule):

@@ -55,10 +55,10 @@ class ClipTokens:
         return 2 * self.llm_tokens(num_samples, rate)
 
 
-def token_rule(spec: ModuleSpec, modality: Modality, model_type: str) -> ClipTokens | None:
-    """The family's hook for the index (runtime/data/index.py): Qwen2-Audio's clips (module docstring); None
-    for a bare Whisper encoder of a composed spec."""
-    if modality != Modality.AUDIO or spec.hf is None or model_type != "qwen2_audio" or spec.clip_tokens is None:
+def token_rule(spec: ModuleSpec, modality: Modality) -> ClipTokens | None:
+    """Qwen2-Audio's rule for the index (runtime/data/index.py; family.py `Qwen2Audio.token_rule`): its clips
+    (module docstring)."""
+    if modality != Modality.AUDIO or spec.hf is None or spec.clip_tokens is None:
         return None
     keys = processor_keys(spec.hf.path)
     bos, eos = keys.get("audio_bos_token"), keys.get("audio_eos_token")

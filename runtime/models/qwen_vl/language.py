@@ -16,8 +16,8 @@ from orch.runtime.models.decoder.causal_lm import HFCausalLM
 from orch.runtime.models.staged import stage_layers
 
 if TYPE_CHECKING:
-    from orch.runtime.models.sequence import SequenceLayout
     from orch.runtime.parallel.context import CPShard
+    from orch.runtime.sample import SequenceLayout
 
 
 class MRopeCausalLM(HFCausalLM):

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from orch.runtime.data.batch import MediaItem
-from orch.runtime.models.sequence import SequenceLayout
+from orch.runtime.sample import MediaItem, SequenceLayout
 
 
 def item_positions(start: int, item: MediaItem, merge: int, interval: float) -> torch.Tensor:

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from orch.runtime.data.batch import MediaItem
 from orch.runtime.models.hf.module import HFModule
+from orch.runtime.sample import MediaItem
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -75,7 +75,7 @@ class QwenVisionTower(HFModule):
         positions, and its attention inside each image or, for a windowed block (Qwen2.5-VL), each window."""
         from transformers import vision_utils
 
-        from orch.runtime.data.batch import grid_items
+        from orch.runtime.sample import grid_items
 
         visual: Any = self.visual
         unit = self.merge * self.merge  # a length not of whole merge windows is padded to them, then cut back

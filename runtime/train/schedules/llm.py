@@ -8,9 +8,9 @@ from collections.abc import Callable
 import torch
 
 from orch.runtime.data.batch import Sample, encoder_order
-from orch.runtime.models.sequence import scored_labels
 from orch.runtime.parallel.context import CPShard
 from orch.runtime.parallel.pipeline import MicroBatch
+from orch.runtime.sample import scored_labels
 from orch.runtime.train.compute import join_prefix, label_loss
 from orch.runtime.train.schedules.context import StepContext, StepWork
 

@@ -131,7 +131,7 @@ def vision_module(cfg: HFConfig, family: str, hf: HFPart) -> ModuleSpec:
 
 
 def read_qwen_vl(top: HFConfig, path: str) -> dict[str, ModuleSpec]:
-    """config.json of a Qwen-VL model -> its `vision` and `llm` modules (planner/families.py's reader)."""
+    """config.json of a Qwen-VL model -> its `vision` and `llm` modules (family.py `QwenVL.read`)."""
     family = top.expect_type(FAMILY_TYPES)
     vision = vision_module(_sub(top, "vision_config", family, "vision"), family, HFPart(path=path, part="vision"))
     llm = decoder_module(text_config(top, family), HFPart(path=path, part="text"))
