@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orch.runtime.models.registry import model_spec_from_dir
 from orch.planner.plan import Layout
 from orch.planner.specs import DataSpec, TaskSpec
 from orch.runtime.launch.base import TaskSequence
 from orch.runtime.launch.local import LocalLauncher
+from orch.runtime.models.registry import model_spec_from_dir
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.trainer import TrainTask

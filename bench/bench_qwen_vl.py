@@ -69,9 +69,9 @@ from typing import Any
 
 from bench_balance_runtime import WARMUP, _interleaved, balanced_floor, critical_and_ideal, speedups, summarise
 
-from orch.runtime.models.registry import model_spec_from_dir
 from orch.planner.plan import Layout, Plan
 from orch.planner.specs import DataSpec, ModelSpec, TaskSpec
+from orch.runtime.models.registry import model_spec_from_dir
 from orch.runtime.plans import hand_plan
 
 WORLD = 4

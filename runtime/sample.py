@@ -39,6 +39,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
+IMAGE, VIDEO, AUDIO = "<image>", "<video>", "<audio>"  # a sample's placeholders (LLaMA-Factory's, ms-swift's)
+MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz, a 10 ms hop
+
 
 @dataclass(frozen=True)
 class SequenceLayout:
@@ -167,8 +170,9 @@ class EncoderRule:
 
 
 class GridRule(Protocol):
-    """A native-resolution family's token rule (its `Family.token_rule`, e.g. Qwen-VL's): each image's or video's items (patch grids) from the file's header, the text around each
-    item's rows, and whether its tower takes videos. A frozen dataclass of JSON values (it keys the index).
+    """A native-resolution family's token rule (its `Family.token_rule`, e.g. Qwen-VL's): each image's or video's
+    items (patch grids) from the file's header, the text around each item's rows, and whether its tower takes
+    videos. A frozen dataclass of JSON values (it keys the index).
 
     An image is one item; a video one or more, each its own group of rows in the text (Qwen3-VL: one per
     temporal step, after its timestamp): the k-th `<video>` renders as, per item, `video_prefix(item)`, then
@@ -209,3 +213,41 @@ class MediaProcessor(Protocol):
     def inputs(self, files: tuple[str, ...], rule: EncoderRule, max_image_tokens: int) -> list[torch.Tensor]:
         """One tensor of input rows per file (raises OSError/ValueError on a file that cannot be read)."""
         ...
+
+
+def mel_frames(num_samples: int, rate: int) -> int:
+    """Log-mel frames of a clip of `num_samples` at `rate` Hz: 16 kHz, a 160-sample hop, the last
+    (partial) frame dropped as Whisper's feature extractor does; at least one."""
+    return max(1, round(num_samples * MEL_RATE / rate) // MEL_HOP)
+
+
+def audio_tokens(rule: EncoderRule, num_samples: int, rate: int) -> int:
+    """Encoder tokens of one clip (module docstring; its family's rule where it has one)."""
+    if rule.clips is not None:
+        return int(rule.clips.tokens(num_samples, rate))
+    tokens = max(1, mel_frames(num_samples, rate) // rule.frames_per_token)
+    if rule.clip_tokens is not None:  # whole LLM tokens: a multiple of the pooling (ModuleSpec.round_length)
+        return max(1, round(tokens / rule.downsample)) * rule.downsample
+    return tokens
+
+
+def soundfile_frames(path: str) -> tuple[int, int]:
+    """(samples, rate) of the clip at `path`, from its header."""
+    import soundfile
+
+    info = soundfile.info(path)
+    return int(info.frames), int(info.samplerate)
+
+
+def waveform_16k(path: str) -> torch.Tensor:
+    """The clip at `path`, mono, at 16 kHz (linear resampling from another rate)."""
+    import numpy as np
+    import soundfile
+    import torch
+
+    wave, rate = soundfile.read(path, dtype="float32", always_2d=True)
+    audio = torch.from_numpy(np.ascontiguousarray(wave.mean(axis=1)))
+    if rate != MEL_RATE:
+        size = max(1, round(audio.numel() * MEL_RATE / rate))
+        audio = torch.nn.functional.interpolate(audio[None, None], size=size, mode="linear", align_corners=False)[0, 0]
+    return audio

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from orch.runtime.sample import MediaItem, grid_items
+
 if TYPE_CHECKING:
     import torch
 
@@ -59,9 +61,6 @@ def item_map(
     """The sample's media grids or clips of those `encoders` that take them (`takes_grids`, `takes_clips`)."""
     model = batch.model  # type: ignore[attr-defined]
     return {e: batch.items(e, sample_id) for e in encoders if takes_grids(model, e) or takes_clips(model, e)}
-
-
-
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,9 @@ from typing import Any
 
 from orch.planner.errors import SpecError
 from orch.planner.io import read_spec_text
-from orch.runtime.data.layouts import AUDIO as AUDIO  # the placeholders: the index and the loader import them here
-from orch.runtime.data.layouts import IMAGE, MEDIA_KEYS, VIDEO, Layout, LayoutError, read_record
+from orch.runtime.data.layouts import MEDIA_KEYS, Layout, LayoutError, read_record
 from orch.runtime.data.layouts import TRAINED_ROLES as TRAINED_ROLES  # the index imports it here
+from orch.runtime.sample import IMAGE, VIDEO
 
 SUFFIXES = (".jsonl", ".json", ".parquet")
 _VISUAL = re.compile(f"{re.escape(IMAGE)}|{re.escape(VIDEO)}")

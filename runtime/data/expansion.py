@@ -26,9 +26,8 @@ import itertools
 from orch.planner.hf_config import read_config
 from orch.planner.specs import Modality, ModelSpec, ModuleSpec, projected_len
 from orch.runtime.data.batch import encoder_order
-from orch.runtime.data.conversations import AUDIO, IMAGE, VIDEO
 from orch.runtime.data.index import encoder_tags
-from orch.runtime.sample import SequenceLayout
+from orch.runtime.sample import AUDIO, IMAGE, VIDEO, SequenceLayout
 
 PLACEHOLDER = {Modality.VISION: IMAGE, Modality.AUDIO: AUDIO}
 # A placeholder's id in `orch data inspect` where the model names none (LLaVA's repository marks images -200).

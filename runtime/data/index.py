@@ -48,10 +48,7 @@ from orch.planner.errors import SpecError
 from orch.planner.io import write_text_atomic
 from orch.planner.specs import Modality, ModelSpec, ModuleSpec, projected_len
 from orch.runtime.data.conversations import (
-    AUDIO,
-    IMAGE,
     TRAINED_ROLES,
-    VIDEO,
     BadSample,
     Conversation,
     Source,
@@ -60,8 +57,8 @@ from orch.runtime.data.conversations import (
 )
 from orch.runtime.data.layouts import tool_calls
 from orch.runtime.models.hf.processor import CONFIG_FILES
+from orch.runtime.sample import AUDIO, IMAGE, VIDEO, ClipRule, EncoderRule, GridRule, audio_tokens
 
-MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz, a 10 ms hop
 DEFAULT_MAX_IMAGE_TOKENS = 1024
 INDEX_DIR = ".orch-index"
 INDEX_VERSION = 8  # part of the cache key: an index of another layout is made afresh
@@ -186,22 +183,6 @@ def image_tokens(rule: EncoderRule, width: int, height: int, cap: int) -> int:
         return rule.image_tokens
     cols, rows = patch_grid(rule.patch or 14, width, height, cap)
     return cols * rows
-
-
-def mel_frames(num_samples: int, rate: int) -> int:
-    """Log-mel frames of a clip of `num_samples` at `rate` Hz: 16 kHz, a 160-sample hop, the last
-    (partial) frame dropped as Whisper's feature extractor does; at least one."""
-    return max(1, round(num_samples * MEL_RATE / rate) // MEL_HOP)
-
-
-def audio_tokens(rule: EncoderRule, num_samples: int, rate: int) -> int:
-    """Encoder tokens of one clip (module docstring; its family's rule where it has one)."""
-    if rule.clips is not None:
-        return int(rule.clips.tokens(num_samples, rate))
-    tokens = max(1, mel_frames(num_samples, rate) // rule.frames_per_token)
-    if rule.clip_tokens is not None:  # whole LLM tokens: a multiple of the pooling (ModuleSpec.round_length)
-        return max(1, round(tokens / rule.downsample)) * rule.downsample
-    return tokens
 
 
 IGNORE = -100  # a label not trained on (Hugging Face's ignore_index)

@@ -34,7 +34,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-IMAGE, VIDEO, AUDIO = "<image>", "<video>", "<audio>"
+from orch.runtime.sample import AUDIO, IMAGE, VIDEO
+
 TRAINED_ROLES = ("assistant", "function_call")  # the turns whose tokens train (LLaMA-Factory's)
 MEDIA_KEYS = {"images": IMAGE, "videos": VIDEO, "audios": AUDIO}
 ACCEPTED = (

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from orch.planner.specs import Modality, ModelSpec, ModuleSpec
-from orch.runtime.data.index import MEL_HOP, MEL_RATE, mel_frames, patch_grid
+from orch.runtime.data.index import patch_grid
 from orch.runtime.models.registry import family_of_spec
-from orch.runtime.sample import EncoderRule
+from orch.runtime.sample import MEL_HOP, MEL_RATE, EncoderRule, MediaProcessor, mel_frames, waveform_16k
 
 N_FFT = 400
 
@@ -87,27 +87,6 @@ def _mel_filters(n_mels: int, n_fft: int = N_FFT, rate: int = MEL_RATE) -> torch
     up = (freqs[None, :] - lower) / (centre - lower)
     down = (upper - freqs[None, :]) / (upper - centre)
     return torch.clamp(torch.minimum(up, down), min=0).to(torch.float32)
-
-
-def soundfile_frames(path: str) -> tuple[int, int]:
-    """(samples, rate) of the clip at `path`, from its header."""
-    import soundfile
-
-    info = soundfile.info(path)
-    return int(info.frames), int(info.samplerate)
-
-
-def waveform_16k(path: str) -> torch.Tensor:
-    """The clip at `path`, mono, at 16 kHz (linear resampling from another rate)."""
-    import numpy as np
-    import soundfile
-
-    wave, rate = soundfile.read(path, dtype="float32", always_2d=True)
-    audio = torch.from_numpy(np.ascontiguousarray(wave.mean(axis=1)))
-    if rate != MEL_RATE:
-        size = max(1, round(audio.numel() * MEL_RATE / rate))
-        audio = torch.nn.functional.interpolate(audio[None, None], size=size, mode="linear", align_corners=False)[0, 0]
-    return audio
 
 
 def log_mel(path: str, n_mels: int) -> torch.Tensor:

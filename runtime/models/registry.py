@@ -45,7 +45,9 @@ def family_of_dir(directory: str) -> Family:
     family = FAMILIES.get(str(raw.get("model_type")))
     if family is None:
         raise SpecError(
-            source, "model_type", f"'{raw.get('model_type')}' is not built by the runtime; it builds {', '.join(FAMILIES)}"
+            source,
+            "model_type",
+            f"'{raw.get('model_type')}' is not built by the runtime; it builds {', '.join(FAMILIES)}",
         )
     return family
 

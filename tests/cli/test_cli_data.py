@@ -215,8 +215,8 @@ def test_processing_gives_the_index_counts_and_labels_on_assistant_turns_only(da
 
 
 def test_token_rules_of_windowed_towers_and_capped_images():
-    from orch.runtime.data.index import audio_tokens, image_tokens
-    from orch.runtime.sample import EncoderRule
+    from orch.runtime.data.index import image_tokens
+    from orch.runtime.sample import EncoderRule, audio_tokens
 
     whisper = EncoderRule("audio", "audio", 2, clip_tokens=1500, frames_per_token=2)  # 30 s windows, pooled by 2
     assert audio_tokens(whisper, 16000 * 30, 16000) == 1500  # the clip's own frames, not padded windows

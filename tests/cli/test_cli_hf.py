@@ -96,8 +96,8 @@ def test_tied_embeddings_keep_the_llm_on_one_stage(cli, data_file, tmp_path):
 
 def test_an_untied_llm_may_take_a_pipeline(tmp_path):
     from orch.planner.candidates import SearchInput, degrees
-    from orch.runtime.models.registry import model_spec_from_dir
     from orch.planner.loading import load_cluster, load_data
+    from orch.runtime.models.registry import model_spec_from_dir
 
     untied = model_spec_from_dir(make_llava(tmp_path / "untied", "siglip", "qwen2"))
     tied = model_spec_from_dir(make_llava(tmp_path / "tied", "siglip", "qwen2", tie_word_embeddings=True))

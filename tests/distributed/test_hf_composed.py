@@ -10,9 +10,9 @@ from hf_models import make_parts
 from launching import train_tasks
 from test_hf_equivalence import SEED, data_spec
 
-from orch.runtime.models.registry import load_model
 from orch.planner.plan import Layout
 from orch.runtime.data.synthetic import SyntheticBatch
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 

@@ -14,10 +14,10 @@ from equivalence import assert_matches_hf
 from hf_models import make_llava, make_qwen2_audio
 from launching import train_tasks
 
-from orch.runtime.models.registry import model_spec_from_dir
 from orch.planner.plan import DataParallel, Layout, Recompute
 from orch.planner.specs import DataSpec, TaskSpec
 from orch.runtime.data.synthetic import SyntheticBatch
+from orch.runtime.models.registry import model_spec_from_dir
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 

@@ -13,10 +13,10 @@ from hf_models import IMAGE_TOKEN, make_llava
 from launching import train_tasks
 
 from orch.cli.data_cmd import conversation_data
-from orch.runtime.models.registry import model_spec_from_dir
 from orch.planner.plan import DataParallel, Layout
 from orch.runtime.data.demo_data import make_dataset, make_tokenizer
 from orch.runtime.data.source import BatchSource
+from orch.runtime.models.registry import model_spec_from_dir
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 
@@ -144,7 +144,7 @@ def hf_audio_loss(model_dir, model, data) -> float:
     cross-entropy of the float64 logits over the trained labels."""
     import transformers
 
-    from orch.runtime.data.media import waveform_16k
+    from orch.runtime.sample import waveform_16k
 
     hf = transformers.Qwen2AudioForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float64)
     extractor = transformers.AutoFeatureExtractor.from_pretrained(model_dir)

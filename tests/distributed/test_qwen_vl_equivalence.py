@@ -17,10 +17,10 @@ from equivalence import assert_matches_hf
 from launching import train_tasks
 from qwen_vl_models import make_qwen_vl
 
-from orch.runtime.models.registry import model_spec_from_dir
 from orch.planner.plan import DataParallel, Layout, Sharding
 from orch.planner.specs import DataSpec, TaskSpec
 from orch.runtime.data.synthetic import SyntheticBatch
+from orch.runtime.models.registry import model_spec_from_dir
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 

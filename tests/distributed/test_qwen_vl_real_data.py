@@ -18,9 +18,9 @@ from qwen_vl_data import turn, write_conversations, write_image, write_video
 from qwen_vl_models import make_qwen_vl
 
 from orch.cli.data_cmd import conversation_data
-from orch.runtime.models.registry import model_spec_from_dir
 from orch.planner.plan import DataParallel, Layout
 from orch.runtime.data.source import BatchSource
+from orch.runtime.models.registry import model_spec_from_dir
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 

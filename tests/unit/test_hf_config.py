@@ -5,8 +5,8 @@ import json
 import pytest
 
 from orch.planner.errors import SpecError
-from orch.runtime.models.registry import model_spec_from_dir
 from orch.planner.specs import Modality, ModuleKind
+from orch.runtime.models.registry import model_spec_from_dir
 
 
 def write(tmp_path, config, name="m"):

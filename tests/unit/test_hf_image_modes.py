@@ -15,8 +15,8 @@ from hf_models import IMAGE_TOKEN, make_llava
 from qwen_vl_data import hf_images, qwen_vl_spec
 from qwen_vl_models import make_qwen_vl
 
-from orch.runtime.models.registry import model_spec_from_dir
 from orch.runtime.data.index import TokenRules
+from orch.runtime.models.registry import model_spec_from_dir
 
 SIZE = (37, 23)  # width, height: neither the towers' side nor a multiple of their patch
 

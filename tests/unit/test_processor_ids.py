@@ -91,7 +91,7 @@ def test_qwen2_audio_ids_are_qwen2_audio_processors(cli, tmp_path, layout):
     and `<|audio_eos|>`, as LLaMA-Factory's qwen2_audio plugin places them for an `<audio>` placeholder."""
     import transformers
 
-    from orch.runtime.data.index import mel_frames
+    from orch.runtime.sample import mel_frames
 
     tok = tokenizer(tmp_path / "tok")
     audio_id = tok.convert_tokens_to_ids("<|AUDIO|>")
@@ -123,9 +123,9 @@ def test_qwen2_audio_ids_are_qwen2_audio_processors(cli, tmp_path, layout):
     assert got.count(tok.convert_tokens_to_ids("<|audio_bos|>")) == len(CLIPS)
     # each clip's frames the tower gets (4 a token, then the 3 its stem reads past them) are the processor's
     # input_features, and its last row the clip's real frames past its tokens' (runtime/models/qwen2_audio/media.py)
-    from orch.runtime.models.registry import model_spec_from_dir
     from orch.runtime.data.index import TokenRules
     from orch.runtime.data.media import media_processors
+    from orch.runtime.models.registry import model_spec_from_dir
 
     spec = model_spec_from_dir(model)
     rows = media_processors(spec)["audio"].inputs(tuple(str(tmp_path / f"{i}.wav") for i in range(len(CLIPS))),

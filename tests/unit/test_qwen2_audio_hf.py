@@ -75,10 +75,10 @@ def test_every_clip_length_is_hfs_forward(qwen2_audio):
     import transformers
 
     from orch.cli.data_cmd import conversation_data
-    from orch.runtime.models.registry import model_spec_from_dir
     from orch.runtime.data.processing import as_json, process
     from orch.runtime.data.source import BatchSource
     from orch.runtime.models.build import build_modules
+    from orch.runtime.models.registry import model_spec_from_dir
     from orch.runtime.train.compute import encode
     from orch.runtime.train.single_process import run_reference
 

@@ -8,8 +8,8 @@ import pytest
 
 from orch.planner.errors import SpecError
 from orch.planner.hf_config import describe
-from orch.runtime.models.registry import model_spec_from_dir
 from orch.planner.specs import HFPart, Modality, ModelSpec, ModuleKind, ModuleSpec
+from orch.runtime.models.registry import model_spec_from_dir
 
 transformers = pytest.importorskip("transformers")
 

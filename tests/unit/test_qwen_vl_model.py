@@ -172,9 +172,9 @@ def test_loss_and_gradients_equal_hf(family):
 
 
 def test_a_tower_over_tp2_or_cp2_is_refused_in_one_line(family):
-    from orch.runtime.models.registry import model_spec_from_dir
     from orch.planner.plan import Layout
     from orch.planner.specs import DataSpec, TaskSpec
+    from orch.runtime.models.registry import model_spec_from_dir
     from orch.runtime.plans import hand_plan
     from orch.runtime.train.support import UnsupportedPlan, check_supported
 
@@ -192,9 +192,9 @@ def test_the_start_up_calibration_times_the_familys_own_modules(family):
     """The dispatcher's calibrated costs come from the tower as it runs (Qwen2.5-VL's windows), not from orch's
     reference module of the same shape; lengths as the tower takes them (whole merge windows); the LLM as the
     family builds it."""
-    from orch.runtime.models.registry import model_spec_from_dir
     from orch.runtime.models.qwen_vl.language import MRopeCausalLM
     from orch.runtime.models.qwen_vl.vision import QwenVisionTower
+    from orch.runtime.models.registry import model_spec_from_dir
     from orch.runtime.train.orchestrator import _time_module, whole_module
 
     _, directory = family

@@ -47,7 +47,9 @@ class Qwen2Audio(_WhisperClips):
         if spec.hf.part == "text":
             return wrap_language_model(full)
         if spec.hf.part != "audio" or not hasattr(base, "audio_tower"):
-            raise SpecError(f"{config.name_or_path}/config.json", spec.hf.part, "a Qwen2-Audio model gives audio and text")
+            raise SpecError(
+                f"{config.name_or_path}/config.json", spec.hf.part, "a Qwen2-Audio model gives audio and text"
+            )
         return HFAudioEncoder(base.audio_tower, base.multi_modal_projector, config)
 
     def token_rule(self, spec: ModuleSpec, modality: Modality) -> ClipTokens | None:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from orch.planner.specs import Modality, ModuleSpec
-from orch.runtime.data.index import MEL_HOP, MEL_RATE
 from orch.runtime.models.hf.processor import processor_keys
+from orch.runtime.sample import MEL_HOP, MEL_RATE
 
 BOS, EOS = "<|audio_bos|>", "<|audio_eos|>"
 CONTEXT_ROWS = 4  # a clip's rows past its tokens' frames: 3 frames the stem reads past them, 1 length row

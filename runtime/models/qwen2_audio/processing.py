@@ -13,10 +13,8 @@ from typing import Any
 import torch
 
 from orch.planner.specs import ModuleSpec
-from orch.runtime.data.index import MEL_RATE, audio_tokens
-from orch.runtime.data.media import soundfile_frames, waveform_16k
 from orch.runtime.models.hf.processor import load_processor
-from orch.runtime.sample import EncoderRule
+from orch.runtime.sample import MEL_RATE, EncoderRule, audio_tokens, soundfile_frames, waveform_16k
 
 
 class WhisperFeatures:

@@ -21,10 +21,9 @@ from typing import Any
 import torch
 
 from orch.planner.specs import ModuleSpec
-from orch.runtime.data.conversations import IMAGE
 from orch.runtime.models.hf.processor import processor_images
 from orch.runtime.models.qwen_vl.media import NORMALISE_DEFAULTS, VisionGrids, read_rule, video_header
-from orch.runtime.sample import EncoderRule
+from orch.runtime.sample import IMAGE, EncoderRule
 
 
 class VisionMedia:
