@@ -105,7 +105,7 @@ def _watch(job_id: str) -> JobStatus:
     from rich.live import Live
 
     from orch.cli.output import console
-    from orch.runtime.launch.jobs import job_status
+    from orch.runtime.launch.job_status import job_status
     from orch.runtime.launch.partition import stuck_reason
 
     out = console()
@@ -142,7 +142,7 @@ def status(
 
     from orch.cli.output import console, print_json
     from orch.planner.errors import OrchError
-    from orch.runtime.launch.jobs import job_status
+    from orch.runtime.launch.job_status import job_status
     from orch.runtime.launch.run_status import is_run_dir
 
     if is_run_dir(job) or (Path(job).is_dir() and not job.isdigit()):
@@ -223,7 +223,8 @@ def logs(
     import sys
 
     from orch.planner.errors import OrchError
-    from orch.runtime.launch.jobs import job_status, load_record, log_path
+    from orch.runtime.launch.job_status import job_status
+    from orch.runtime.launch.jobs import load_record, log_path
 
     record = load_record(job_id)
     if not 0 <= rank < record.world_size:

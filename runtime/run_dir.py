@@ -44,6 +44,7 @@ CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 PLAN_FILE = "plan.json"  # the plan a run directory was trained under
 TRAIN_FILE = "train.json"  # the training config it ran with (also in every checkpoint)
+DATA_FILE = "data.json"  # in every checkpoint: where the data loader stood
 MOVED_ASIDE = (CHECKPOINTS, METRICS_FILE, PLAN_FILE, TRAIN_FILE)  # a run's own files, as --no-resume moves them
 _STEP = re.compile(r"step_(\d{8})")
 

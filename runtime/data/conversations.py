@@ -27,20 +27,20 @@ the index reports it and the loader skips and counts it.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orch.planner.errors import SpecError
 from orch.planner.io import read_spec_text
+from orch.runtime.data.data_files import SUFFIXES, Source, data_files
+from orch.runtime.data.dataset_info import is_dataset_info, read_dataset_info, split_ref
 from orch.runtime.data.layouts import MEDIA_KEYS, Layout, LayoutError, read_record
 from orch.runtime.data.layouts import TRAINED_ROLES as TRAINED_ROLES  # the index imports it here
 from orch.runtime.sample import IMAGE, VIDEO
 
-SUFFIXES = (".jsonl", ".json", ".parquet")
 _VISUAL = re.compile(f"{re.escape(IMAGE)}|{re.escape(VIDEO)}")
 
 
@@ -85,28 +85,9 @@ class BadSample:
         return f"{self.where}: {self.what}"
 
 
-@dataclass(frozen=True)
-class Source:
-    path: str
-    weight: float = 1.0
-    # how its records name their fields (a dataset description's columns and tags)
-    layout: Layout = field(default_factory=Layout)
-    media_dir: str | None = None  # where its media paths are relative to (else the data file's folder)
-
-    def key(self) -> str:
-        """What of it keys the index beside the file itself."""
-        return json.dumps([self.weight, self.layout.as_json(), self.media_dir], sort_keys=True)
-
-    def as_json(self) -> dict[str, Any]:
-        """Its reading recipe as the index's summary keeps it (`SampleFile.of`)."""
-        return {"layout": self.layout.as_json(), "media_dir": self.media_dir}
-
-
 def is_conversation_data(ref: str) -> bool:
     """A data file orch reads as conversations (by suffix), a mix file of them (YAML with `sources`), a directory
     of them, or LLaMA-Factory's dataset description (`dataset_info.json[:NAME,...]`)."""
-    from orch.runtime.data.dataset_info import is_dataset_info, split_ref
-
     if split_ref(ref) is not None or is_dataset_info(ref):
         return True
     p = Path(ref)
@@ -153,8 +134,6 @@ def _is_manifest_row(row: dict[str, Any]) -> bool:
 def read_sources(ref: str) -> list[Source]:
     """The data files of `ref` with their weights: itself (weight 1), a mix file's sources, a directory's data files
     (weight 1 each), or the datasets LLaMA-Factory's description names (runtime/data/dataset_info.py)."""
-    from orch.runtime.data.dataset_info import is_dataset_info, read_dataset_info, split_ref
-
     named = split_ref(ref)
     if named is not None or is_dataset_info(ref):
         return read_dataset_info(*(named or (ref, [])))
@@ -185,22 +164,6 @@ def read_sources(ref: str) -> list[Source]:
             raise SpecError(ref, f"sources[{i}].weight", f"expected a number > 0, got {weight!r}")
         out.append(Source(str(path), float(weight)))
     return out
-
-
-def data_files(folder: Path, ref: str) -> list[str]:
-    """A directory's data files (.jsonl, .json, .parquet; not a dataset description), in name order, as LLaMA-Factory
-    reads a folder named as a dataset; SpecError saying what it expected where it holds none."""
-    from orch.runtime.data.dataset_info import is_dataset_info
-
-    files = sorted(str(f.resolve()) for f in folder.iterdir() if f.is_file() and f.suffix in SUFFIXES
-                   and not f.name.startswith(".") and not is_dataset_info(str(f)))  # fmt: skip
-    if not files:
-        hint = (f"; it holds a dataset description: name its datasets, {ref.rstrip(os.sep)}/dataset_info.json:NAME"
-                if (folder / "dataset_info.json").is_file() else "")  # fmt: skip
-        raise SpecError(
-            ref, "", f"a directory as DATA: expected .jsonl, .json or .parquet data files in it, found none{hint}"
-        )
-    return files
 
 
 def read_conversations(

@@ -21,14 +21,12 @@ from typing import Any
 
 from orch.planner.errors import SpecError
 from orch.planner.io import read_spec_text
-from orch.runtime.data.conversations import SUFFIXES, Source, data_files
+from orch.runtime.data.data_files import HUB_KEYS, SUFFIXES, Source, data_files, is_dataset_info
 from orch.runtime.data.layouts import Layout
 
 FORMATTINGS = ("alpaca", "sharegpt", "openai")
 COLUMNS = ("messages", "prompt", "query", "response", "history", "system", "tools", "images", "videos", "audios")
 TAGS = ("role_tag", "content_tag", "user_tag", "assistant_tag", "observation_tag", "function_tag", "system_tag")
-_HUB = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
-_ENTRY = ("file_name", *_HUB)
 
 
 def split_ref(ref: str) -> tuple[str, list[str]] | None:
@@ -51,25 +49,6 @@ def index_anchor(ref: str) -> str:
     return named[0] if named is not None else ref
 
 
-def is_dataset_info(path: str) -> bool:
-    """Whether `path` is a dataset description: a JSON object of entries, each naming a file or a hub dataset."""
-    p = Path(path)
-    if p.suffix != ".json" or not p.is_file():
-        return False
-    with p.open(encoding="utf-8", errors="replace") as f:
-        if not f.read(4096).lstrip().startswith("{"):
-            return False
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return False
-    return (
-        isinstance(doc, dict)
-        and bool(doc)
-        and all(isinstance(v, dict) and any(k in v for k in _ENTRY) for v in doc.values())
-    )
-
-
 def read_dataset_info(path: str, names: list[str]) -> list[Source]:
     """The sources of the datasets `names` of the description at `path` (module docstring)."""
     doc: dict[str, Any] = json.loads(read_spec_text(path))
@@ -88,7 +67,7 @@ def read_dataset_info(path: str, names: list[str]) -> list[Source]:
 
 def _sources(path: str, name: str, entry: dict[str, Any], folder: Path) -> list[Source]:
     if "file_name" not in entry:
-        hub = next(k for k in _HUB if k in entry)
+        hub = next(k for k in HUB_KEYS if k in entry)
         raise SpecError(path, f"{name}.{hub}", "a hub dataset: orch reads local files (download it and describe "
                         "it by file_name)")  # fmt: skip
     if entry.get("ranking"):

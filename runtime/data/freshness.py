@@ -70,7 +70,7 @@ def check_index_current(data: DataSpec, where: str) -> None:
 def index_mismatch(folder: Path, index: str) -> str | None:
     """Why a run on the data index `index` cannot resume the checkpoint in `folder` (None: it can): the sampler's
     position it saved (data.json) means the same batches only on the index it drew them from."""
-    from orch.runtime.train.trainer import DATA_FILE
+    from orch.runtime.run_dir import DATA_FILE
 
     saved = folder / DATA_FILE
     if not saved.is_file():

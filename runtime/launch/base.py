@@ -1,6 +1,7 @@
 """What every launcher shares (STYLE.md rule 12): `Launcher.submit(task) -> Handle`.
 
-A `Task` is what each rank runs (`run`, inside its process group: runtime/launch/rank.py), what is
+A `Task` (runtime/launch/rank.py, beside the rank start it is run by) is what each rank runs (`run`, inside its
+process group), what is
 prepared once before the ranks start (`prepare`), and what it produced once they are done (`result`).
 A `Handle` is a submitted task: its `state`, `wait` (raises LaunchError naming the rank that failed
 first), `result`, and a rank's `logs`. The local launcher (runtime/launch/local.py) and the Slurm one
@@ -19,7 +20,7 @@ from orch.planner.errors import OrchError
 from orch.runtime.workdir_files import make_workdir
 
 if TYPE_CHECKING:
-    from orch.runtime.launch.rank import RankContext
+    from orch.runtime.launch.rank import RankContext, Task
 
 # Slurm's states after which a job does not change; a local job ends COMPLETED or FAILED.
 TERMINAL = frozenset(
@@ -45,28 +46,6 @@ class RankStalled(LaunchError):
 
 class Aborted(OrchError):
     """The user asked twice: the ranks were killed without saving."""
-
-
-class Task(Protocol):
-    world_size: int
-    workdir: str
-    device: str  # "auto" | "cpu" | "cuda" (runtime/device.py)
-    timeout_s: float  # a collective blocked longer than this on a dead peer fails
-    # A task whose ranks beat (runtime/launch/heartbeat.py) may also have `watchdog_s`: the launcher ends the
-    # job when a rank makes no progress for that long (absent or 0: no watchdog).
-
-    def prepare(self) -> None:
-        """Once, before any rank starts (the launcher's host, or rank 0 of a Slurm job before the rendezvous)."""
-
-    def run(self, ctx: RankContext) -> None:
-        """One rank's body, inside the world process group."""
-
-    def result(self) -> Any:
-        """What the ranks produced, read from the workdir once they are done."""
-
-    def release(self) -> None:
-        """What `prepare` holds for the run's life (the run directory's lock), freed once the ranks ended, in the
-        process that prepared (a process's exit frees it too)."""
 
 
 class Handle(ABC):

@@ -17,7 +17,6 @@ from orch.planner.errors import OrchError
 from orch.planner.io import write_text_atomic
 from orch.runtime.launch.base import TERMINAL
 from orch.runtime.launch.failures import last_line
-from orch.runtime.metrics import last_record, metrics_path
 
 
 class JobRecord(BaseModel):
@@ -159,29 +158,6 @@ def _user(uid: str) -> str:
         return uid
 
 
-def job_status(job_id: str) -> JobStatus:
-    record = load_record(job_id)
-    acct = accounting(job_id)
-    status = JobStatus(
-        job_id=job_id,
-        state=acct.state,
-        elapsed=acct.elapsed,
-        exit_code=acct.exit_code,
-        nodes=acct.nodes,
-        reason=acct.reason,
-        workdir=record.workdir,
-        log_folder=record.log_folder,
-    )
-    last = last_record(metrics_path(record.workdir))
-    if last is not None:
-        status.step, status.loss = last.step, last.loss
-    if acct.state != "COMPLETED":
-        from orch.runtime.launch.diagnose import diagnose_failure
-
-        status.failure = diagnose_failure(record, acct)
-    return status
-
-
 def cancel(job_id: str) -> None:
     load_record(job_id)
     try:
@@ -192,4 +168,4 @@ def cancel(job_id: str) -> None:
         raise OrchError(f"scancel {job_id}: {last_line(done.stderr)}")
 
 
-__all__ = ["Accounting", "Failure", "JobRecord", "JobStatus", "accounting", "cancel", "job_status", "load_record"]
+__all__ = ["Accounting", "Failure", "JobRecord", "JobStatus", "accounting", "cancel", "load_record"]

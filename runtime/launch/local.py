@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from orch.planner.errors import OrchError
-from orch.runtime.launch.base import Aborted, Handle, LaunchError, RankStalled, Task
+from orch.runtime.launch.base import Aborted, Handle, LaunchError, RankStalled
 from orch.runtime.launch.failures import first_failure, is_peer_error, last_line
 from orch.runtime.launch.heartbeat import blame, read_beats, stalled
-from orch.runtime.launch.rank import RankEnv, run_rank
+from orch.runtime.launch.rank import RankEnv, Task, run_rank
 from orch.runtime.preemption import STOP_SIGNALS, Preemption, take_stop_signals
 
 POLL_S = 0.5

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orch.planner.errors import OrchError
 from orch.runtime.launch.failures import record_failure
@@ -20,8 +20,6 @@ from orch.runtime.preemption import Preemption
 
 if TYPE_CHECKING:
     import torch
-
-    from orch.runtime.launch.base import Task
 
 
 @dataclass(frozen=True)
@@ -103,6 +101,28 @@ class RankContext:
     backend: str
     preemption: Preemption = field(default_factory=Preemption)
     log_steps: bool = False  # print "orch: " and the progress line on stdout (rank 0; the Slurm job's log)
+
+
+class Task(Protocol):
+    world_size: int
+    workdir: str
+    device: str  # "auto" | "cpu" | "cuda" (runtime/device.py)
+    timeout_s: float  # a collective blocked longer than this on a dead peer fails
+    # A task whose ranks beat (runtime/launch/heartbeat.py) may also have `watchdog_s`: the launcher ends the
+    # job when a rank makes no progress for that long (absent or 0: no watchdog).
+
+    def prepare(self) -> None:
+        """Once, before any rank starts (the launcher's host, or rank 0 of a Slurm job before the rendezvous)."""
+
+    def run(self, ctx: RankContext) -> None:
+        """One rank's body, inside the world process group."""
+
+    def result(self) -> Any:
+        """What the ranks produced, read from the workdir once they are done."""
+
+    def release(self) -> None:
+        """What `prepare` holds for the run's life (the run directory's lock), freed once the ranks ended, in the
+        process that prepared (a process's exit frees it too)."""
 
 
 WATCHDOG_FIRST_S = 60.0  # how much later than the watchdog a collective times out

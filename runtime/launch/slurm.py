@@ -33,13 +33,14 @@ from typing import TYPE_CHECKING, Any
 from orch.planner.errors import OrchError
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
-from orch.runtime.launch.base import Handle, LaunchError, Task
+from orch.runtime.launch.base import Handle, LaunchError
 from orch.runtime.launch.diagnose import REFUSED, record_node
 from orch.runtime.launch.failures import last_line, record_stall
 from orch.runtime.launch.heartbeat import Stall, Watchdog
-from orch.runtime.launch.jobs import JobRecord, JobStatus, job_status, log_path, save_record
+from orch.runtime.launch.job_status import job_status
+from orch.runtime.launch.jobs import JobRecord, JobStatus, log_path, save_record
 from orch.runtime.launch.partition import fit_to_partition, read_partition, stuck_reason
-from orch.runtime.launch.rank import RankEnv, run_rank
+from orch.runtime.launch.rank import RankEnv, Task, run_rank
 from orch.runtime.launch.sbatch import SlurmOptions, default_setup_text, executor_parameters, sbatch_text
 from orch.runtime.preemption import Preemption
 from orch.runtime.workdir_files import make_workdir

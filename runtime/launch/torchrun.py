@@ -33,8 +33,9 @@ from typing import Any
 
 from orch.planner.errors import OrchError
 from orch.planner.io import write_bytes_atomic
-from orch.runtime.launch.base import Handle, LaunchError, Task
+from orch.runtime.launch.base import Handle, LaunchError
 from orch.runtime.launch.failures import first_failure
+from orch.runtime.launch.rank import Task
 from orch.runtime.workdir_files import make_workdir
 
 TASK_FILE = "task.pkl"

@@ -33,7 +33,7 @@ from orch.runtime.launch.failures import clear_failures
 from orch.runtime.launch.heartbeat import Heartbeat, clear_heartbeats
 from orch.runtime.metrics import StepRecord, append_record, last_record, metrics_path, read_metrics, truncate_after
 from orch.runtime.progress import Pace
-from orch.runtime.run_dir import PLAN_FILE, TRAIN_FILE
+from orch.runtime.run_dir import DATA_FILE, PLAN_FILE, TRAIN_FILE
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig
 from orch.runtime.train.divergence import Diverged, divergence
@@ -341,9 +341,6 @@ def _data_counts(per_rank: list[dict[str, int]]) -> dict[str, int] | None:
     if not per_rank:
         return None
     return {**per_rank[0], "failed": sum(d["failed"] for d in per_rank), "decoded": sum(d["decoded"] for d in per_rank)}
-
-
-DATA_FILE = "data.json"
 
 
 # What a changed setting means for the resumed run, where more than its new value follows.

@@ -20,7 +20,8 @@ import yaml
 from orch.planner.errors import OrchError
 from orch.planner.loading import load_data, load_model
 from orch.planner.plan import Layout
-from orch.runtime.launch.jobs import job_status, log_path
+from orch.runtime.launch.job_status import job_status
+from orch.runtime.launch.jobs import log_path
 from orch.runtime.launch.sbatch import SlurmOptions
 from orch.runtime.launch.slurm import submit_train
 from orch.runtime.plans import hand_plan

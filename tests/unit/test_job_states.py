@@ -10,7 +10,8 @@ import orch.runtime.launch.diagnose as diagnose_mod
 import orch.runtime.launch.jobs as jobs_mod
 from orch.runtime.launch.failures import failure_dir
 from orch.runtime.launch.heartbeat import heartbeat_dir
-from orch.runtime.launch.jobs import JobRecord, job_status, save_record
+from orch.runtime.launch.job_status import job_status
+from orch.runtime.launch.jobs import JobRecord, save_record
 
 JOB = "4242"
 WHEN = "2026-12-04T04:40:01|2026-12-04T04:40:15"
