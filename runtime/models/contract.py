@@ -6,29 +6,32 @@ LLM's width, packed. The **causal LM** runs in three pieces so a pipeline stage 
 `embed_inputs` (first stage: encoder rows and text embedded where each sample's `SequenceLayout` puts
 them), `run_blocks` (every stage, its layers), `text_logits` (last stage: the scored positions' logits).
 
-How the runtime parallelises either (runtime/parallel/parallelize.py) is read from the module by name:
-`tp_plan()` (tensor parallelism as PyTorch's `parallelize_module` takes it, keys relative to the module),
-`after_tp(tp)` (what a family must adjust once sharded), `block_units()` (the transformer blocks: recompute
-and FSDP units), `keep_stage(stage, stages)` (the LLM's pipeline stage) and, for modules built on meta,
-`materialize(device, seed, name)`. Two optional flags: an encoder with `takes_items` is called with each sample's
-media grids (`items=`: a native-resolution tower) or clips (an audio tower of windows: each clip's input rows,
-so each clip runs on its own; a family's clip may carry rows past its tokens' frames, as Qwen2-Audio's carry the
-frames its stem reads past them and the clip's real frame count: `GlobalBatch.input_rows`), an LLM with
-`takes_layouts` has `run_blocks` called with the micro-batch's layouts (`layouts=`: positions other than 0..n-1).
-A module that does not define one of these gets the default of `parallelize.py` (TP over orch's reference
-`Block`s wherever they occur, blocks found under `layers` / `blocks` containers).
+Every optional capability is a Protocol of its own below, checked with `isinstance` (nothing is probed by
+name): how the runtime parallelises a module (runtime/parallel/parallelize.py) is `TensorParallel` (`tp_plan()`:
+tensor parallelism as PyTorch's `parallelize_module` takes it, keys relative to the module), `AdjustsAfterTP`
+(`after_tp(tp)`: what a family must adjust once sharded), `NamesBlocks` (`block_units()`: the transformer blocks,
+recompute and FSDP units), `Staged` (`keep_stage(stage, stages)`: the LLM's pipeline stage) and, for modules built
+on meta, `materialize(device, seed, name)`. What a module takes beyond packed rows: an encoder that is
+`TakesItems` is called with each sample's media items (`items=`): grids of a native-resolution tower
+(`MergesPatches`, which also says its merge) or clips of an audio tower of windows (each clip's input rows, so
+each clip runs on its own; a family's clip may carry rows past its tokens' frames, as Qwen2-Audio's carry the
+frames its stem reads past them and the clip's real frame count: `GlobalBatch.input_rows`); an LLM that is
+`TakesLayouts` has `run_blocks` called with the micro-batch's layouts (`layouts=`: positions other than 0..n-1).
+A module that is none of these gets the default of `parallelize.py` (TP over orch's reference `Block`s wherever
+they occur, blocks found under `layers` / `blocks` containers), no items, no layouts.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
     from torch.distributed.tensor.parallel import ParallelStyle
 
     from orch.runtime.parallel.context import CPShard
-    from orch.runtime.sample import SequenceLayout
+    from orch.runtime.sample import MediaItem, SequenceLayout
 
 
 @runtime_checkable
@@ -81,45 +84,101 @@ class TensorParallel(Protocol):
     def tp_plan(self) -> dict[str, ParallelStyle]: ...
 
 
+@runtime_checkable
+class AdjustsAfterTP(Protocol):
+    """A module that must adjust what its config says but TP changes once sharded (a head count in a reshape)."""
+
+    def after_tp(self, tp: int) -> None: ...
+
+
+@runtime_checkable
+class NamesBlocks(Protocol):
+    """A module that names its transformer blocks (recompute and FSDP units) itself."""
+
+    def block_units(self) -> list[nn.Module]: ...
+
+
+@runtime_checkable
+class TakesItems(Protocol):
+    """An encoder called with each sample's media items (`MediaItem`s: grids, or an audio tower's clips)."""
+
+    takes_items: Literal[True]
+
+    def __call__(
+        self,
+        feats_TF: torch.Tensor,
+        seqlens: list[int],
+        cp: CPShard | None = None,
+        *,
+        items: list[tuple[MediaItem, ...]],
+    ) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class MergesPatches(TakesItems, Protocol):
+    """A native-resolution tower: its items are patch grids, `merge` x `merge` patches one LLM token."""
+
+    merge: int
+
+
+@runtime_checkable
+class TakesLayouts(Protocol):
+    """An LLM whose positions are not 0..n-1 (Qwen-VL's M-RoPE reads `SequenceLayout.positions`): `run_blocks`
+    is called with the micro-batch's layouts."""
+
+    takes_layouts: Literal[True]
+
+    def run_blocks(
+        self,
+        x_TD: torch.Tensor,
+        seqlens: list[int],
+        cp: CPShard | None = None,
+        layouts: list[SequenceLayout] | None = None,
+    ) -> torch.Tensor: ...
+
+
 def run_llm_blocks(
-    llm: object, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None, layouts: list[SequenceLayout]
+    llm: CausalLM, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None, layouts: list[SequenceLayout]
 ) -> torch.Tensor:
-    """`llm.run_blocks`, given the micro-batch's layouts where the LLM declares `takes_layouts` (its positions
-    are not 0..n-1: Qwen-VL's M-RoPE reads `SequenceLayout.positions`)."""
-    if getattr(llm, "takes_layouts", False):
-        return llm.run_blocks(x_TD, seqlens, cp, layouts=layouts)  # type: ignore[attr-defined,no-any-return]
-    return llm.run_blocks(x_TD, seqlens, cp)  # type: ignore[attr-defined,no-any-return]
+    """`llm.run_blocks`, given the micro-batch's layouts where the LLM takes them (`TakesLayouts`)."""
+    if isinstance(llm, TakesLayouts):
+        return llm.run_blocks(x_TD, seqlens, cp, layouts=layouts)
+    return llm.run_blocks(x_TD, seqlens, cp)
 
 
 def encoder_call(
-    encoder: object, feats_TF: torch.Tensor, seqlens: list[int], cp: CPShard | None, items: list[tuple[Any, ...]]
+    encoder: Encoder,
+    feats_TF: torch.Tensor,
+    seqlens: list[int],
+    cp: CPShard | None,
+    items: list[tuple[MediaItem, ...]],
 ) -> torch.Tensor:
-    """The encoder on packed rows, given each sample's media items (`MediaItem`s: grids, or an audio tower's
-    clips) where it declares `takes_items` (a native-resolution tower: Qwen-VL's; Qwen2-Audio's)."""
-    if getattr(encoder, "takes_items", False):
-        return encoder(feats_TF, seqlens, cp, items=items)  # type: ignore[operator,no-any-return]
-    return encoder(feats_TF, seqlens, cp) if cp is not None else encoder(feats_TF, seqlens)  # type: ignore[operator,no-any-return]
+    """The encoder on packed rows, given each sample's media items where it takes them (`TakesItems`: a
+    native-resolution tower, Qwen-VL's; an audio tower of windows, Qwen2-Audio's)."""
+    if isinstance(encoder, TakesItems):
+        return encoder(feats_TF, seqlens, cp, items=items)
+    return encoder(feats_TF, seqlens, cp) if cp is not None else encoder(feats_TF, seqlens)
 
 
 LLM_METHODS = ("embed_inputs", "run_blocks", "text_logits")
 
 
 def missing_llm_methods(module: object) -> list[str]:
-    """The CausalLM methods `module` lacks (empty when it implements the contract)."""
+    """The CausalLM methods `module` lacks (empty when it implements the contract): what a user's factory module
+    is told it misses."""
     return [m for m in LLM_METHODS if not callable(getattr(module, m, None))]
 
 
 BLOCK_CONTAINERS = ("layers", "blocks")  # the attribute names that hold a module's transformer blocks
 
 
-def block_units(module: object) -> list:  # type: ignore[type-arg]
-    """The module's transformer blocks, the units of recompute and FSDP: its own `block_units()` if it names
-    them, else the children of every ModuleList/ModuleDict named `layers` or `blocks`, in order."""
+def block_units(module: object) -> list[nn.Module]:
+    """The module's transformer blocks, the units of recompute and FSDP: its own `block_units()` where it names
+    them (`NamesBlocks`), else the children of every ModuleList/ModuleDict named `layers` or `blocks`, in order."""
     from torch import nn
 
-    own = getattr(module, "block_units", None)
-    if callable(own):
-        return list(own())
+    if isinstance(module, NamesBlocks):
+        return list(module.block_units())
     assert isinstance(module, nn.Module)
     out: list[nn.Module] = []
     for name, sub in module.named_modules():

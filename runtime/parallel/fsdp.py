@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from orch.planner.plan import DataParallel, Sharding
-from orch.runtime.models.contract import block_units
+from orch.runtime.models.contract import CausalLM, block_units
 from orch.runtime.parallel import fsdp_private
 from orch.runtime.parallel.tensor import local_nbytes
 
@@ -138,7 +138,7 @@ def llm_parts(module: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
     micro-batch's ids in one call, none or not; `text_logits` projects its rows, zero or not). None for an
     encoder (its stem may be skipped on an empty call: an audio conv on zero frames) or where two parts share
     a parameter (tied embeddings: one unit must hold it)."""
-    if not all(callable(getattr(module, m, None)) for m in ("embed_inputs", "text_logits")):
+    if not isinstance(module, CausalLM):
         return []
     inside = {id(sub) for b in blocks for sub in b.modules()}
     parts = [

@@ -47,9 +47,10 @@ def apply_tp(module: nn.Module, *, tp_mesh: DeviceMesh | None) -> None:
         return
     from torch.distributed.tensor.parallel import parallelize_module
 
+    from orch.runtime.models.contract import AdjustsAfterTP
+
     plan = tp_plan_of(module)
     if plan:
         parallelize_module(module, tp_mesh, plan)
-    after = getattr(module, "after_tp", None)
-    if callable(after):
-        after(tp_mesh.size())
+    if isinstance(module, AdjustsAfterTP):
+        module.after_tp(tp_mesh.size())

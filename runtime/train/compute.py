@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from orch.runtime.data.batch import Sample
-from orch.runtime.models.contract import encoder_call
+from orch.runtime.models.contract import MergesPatches, TakesItems, encoder_call
 from orch.runtime.parallel.context import CPGroup
 from orch.runtime.sample import SequenceLayout, grid_items, layouts_or_prefix_first, scored_labels
 
@@ -46,7 +46,7 @@ def encode(
             width = encoder.output_dim  # the contract's (runtime/models/contract.py)
             return torch.zeros(0, width, dtype=dtype, device=_device_of(encoder))
         device = _device_of(encoder)
-        if getattr(encoder, "takes_items", False) and not getattr(encoder, "is_audio", False):
+        if isinstance(encoder, TakesItems) and not encoder.is_audio:
             # a native-resolution tower needs an image: the smallest (one merge window), its rows dropped
             d = encoder_downsample(encoder)
             rows = torch.zeros(d * frames_per_token, empty_width, dtype=dtype, device=device)
@@ -54,9 +54,9 @@ def encode(
         # zero rows through every block: the module's gathers and reductions, no compute
         samples, seqlens, feats = [], [], [torch.zeros(0, empty_width, dtype=dtype, device=device)]
     items = []
-    if getattr(encoder, "is_audio", False):  # a windowed audio tower: each sample's clips, where it has them
+    if encoder.is_audio:  # a windowed audio tower: each sample's clips, where it has them
         items = [s.items.get(name, ()) for s in samples]
-    elif getattr(encoder, "takes_items", False):  # a native-resolution tower: each sample's grids
+    elif isinstance(encoder, TakesItems):  # a native-resolution tower: each sample's grids
         d = encoder_downsample(encoder)
         items = [s.items.get(name) or grid_items(n, d) for s, n in zip(samples, seqlens, strict=True)]
     shard = cp.shard(seqlens, unit=encoder.projector.downsample) if cp is not None else None  # type: ignore[union-attr]
@@ -65,8 +65,7 @@ def encode(
 
 def encoder_downsample(encoder: nn.Module) -> int:
     """Encoder tokens per LLM token of a native-resolution tower (merge²), for grids drawn from a length."""
-    merge = getattr(encoder, "merge", None)
-    return int(merge) ** 2 if merge else 1
+    return encoder.merge**2 if isinstance(encoder, MergesPatches) else 1
 
 
 def join_prefix(rows: list[torch.Tensor], width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
