@@ -50,7 +50,7 @@ def test_cli_import_loads_no_runtime_and_no_pydantic():
 
 
 def test_launchers_know_tasks_only_through_base_task():
-    """runtime/launch/ never imports train/ at module level: a task is a `base.Task` (docs/architecture.md)."""
+    """runtime/launch/ never imports train/ at module level: a task is a `rank.Task` (docs/architecture.md)."""
     launchers = ("base", "rank", "local", "slurm", "torchrun", "torchrun_rank", "sbatch", "jobs", "diagnose")
     code = (
         f"import sys\nfor m in {launchers!r}: __import__('orch.runtime.launch.' + m)\n"
