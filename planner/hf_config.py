@@ -55,15 +55,6 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         d_model=1280, encoder_layers=32, encoder_attention_heads=20, encoder_ffn_dim=5120, num_mel_bins=128,
         max_source_positions=1500,
     ),
-    # The sub-configs a composite config builds when its config.json names none.
-    "llava.vision_config": dict(
-        model_type="clip_vision_model", hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
-        num_attention_heads=16, image_size=336, patch_size=14,
-    ),
-    "llava.text_config": dict(model_type="llama"),  # a named sub-config takes its own family's defaults
-    "llava": dict(vision_feature_layer=-2, vision_feature_select_strategy="default"),
-    "qwen2_audio.audio_config": dict(model_type="qwen2_audio_encoder"),
-    "qwen2_audio.text_config": dict(model_type="qwen2"),
 }  # fmt: skip
 
 
@@ -75,19 +66,23 @@ class HFConfig:
         source: str,
         where: str,
         raw: dict[str, Any],
-        defaults_key: str | None = None,
+        built: dict[str, Any] | None = None,
         default_type: Any = None,
         *,
         defaults: dict[str, Any] | None = None,
     ) -> None:
         """`defaults`: the class defaults behind `raw`, where a family's reader keeps its own table (else
-        `_DEFAULTS` by model_type and `defaults_key`)."""
+        `_DEFAULTS` by model_type, then `built`: what a composite builds for a sub-config it names none of)."""
         self.source, self.where = source, where
         model_type = raw.get("model_type") or default_type
         self.model_type = str(model_type) if model_type is not None else None
         if defaults is None:
-            defaults = {**_DEFAULTS.get(self.model_type or "", {}), **_DEFAULTS.get(defaults_key or "", {})}
+            defaults = {**_DEFAULTS.get(self.model_type or "", {}), **(built or {})}
         self.values = {**defaults, **raw}
+
+    def with_defaults(self, defaults: dict[str, Any]) -> HFConfig:
+        """This config with class defaults of a composite's own behind it (LLaVA's vision_feature_layer)."""
+        return HFConfig(self.source, self.where, self.values, defaults=defaults)
 
     def field(self, name: str) -> str:
         return f"{self.where}.{name}" if self.where else name
@@ -115,14 +110,15 @@ class HFConfig:
             raise SpecError(self.source, self.field(name), f"a block is named twice in {list(value)}")
         return tuple(value)
 
-    def sub(self, name: str, family: str) -> HFConfig:
+    def sub(self, name: str, built: dict[str, Any]) -> HFConfig:
+        """Sub-config `name`; `built`: the one the composite's class builds when config.json names none (its
+        model_type and fields, transformers 5.24's: the family's reader keeps them)."""
         raw = self.values.get(name) or {}
         if not isinstance(raw, dict):
             raise SpecError(self.source, name, f"expected a mapping, got {type(raw).__name__}")
         # A composite builds its own default sub-config only when config.json names none; a sub-config
         # without a model_type is of the composite's default type, with that type's defaults (as transformers does).
-        key = f"{family}.{name}"
-        return HFConfig(self.source, name, raw, None if raw else key, _DEFAULTS.get(key, {}).get("model_type"))
+        return HFConfig(self.source, name, raw, None if raw else built, built.get("model_type"))
 
     def expect_type(self, allowed: tuple[str, ...]) -> str:
         if self.model_type not in allowed:

@@ -21,6 +21,16 @@ if TYPE_CHECKING:
     from orch.runtime.models.llava.processing import TowerImages
 
 
+# What LlavaConfig builds where config.json names none (transformers 5.24; tests/unit/test_hf_config.py checks
+# them against it): its vision and text sub-configs, and its own fields.
+VISION_CONFIG = dict(
+    model_type="clip_vision_model", hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+    num_attention_heads=16, image_size=336, patch_size=14,
+)  # fmt: skip
+TEXT_CONFIG = dict(model_type="llama")  # a named sub-config takes its own family's defaults
+LLAVA_DEFAULTS = dict(vision_feature_layer=-2, vision_feature_select_strategy="default")
+
+
 class _TowerImages(Family):
     def media_processor(self, spec: ModuleSpec, modality: Modality) -> TowerImages:
         """The tower's images by its own image processor (processing.py)."""
@@ -34,8 +44,12 @@ class Llava(_TowerImages):
         super().__init__(model_type, transformers_class, Role.MODEL)
 
     def read(self, top: HFConfig, path: str) -> dict[str, ModuleSpec]:
-        vision = llava_vision_module(top.sub("vision_config", "llava"), top, HFPart(path=path, part="vision"))
-        return {"vision": vision, "llm": text_module(top.sub("text_config", "llava"), HFPart(path=path, part="text"))}
+        top = top.with_defaults(LLAVA_DEFAULTS)
+        vision = llava_vision_module(top.sub("vision_config", VISION_CONFIG), top, HFPart(path=path, part="vision"))
+        return {
+            "vision": vision,
+            "llm": text_module(top.sub("text_config", TEXT_CONFIG), HFPart(path=path, part="text")),
+        }
 
     def wrap(self, full: nn.Module, spec: ModuleSpec, llm_hidden: int) -> HFModule:
         from orch.runtime.models.decoder.causal_lm import wrap_language_model

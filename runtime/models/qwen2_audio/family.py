@@ -20,6 +20,11 @@ if TYPE_CHECKING:
     from orch.runtime.models.qwen2_audio.processing import WhisperFeatures
 
 
+# The sub-configs Qwen2AudioConfig builds where config.json names none (transformers 5.24).
+AUDIO_CONFIG = dict(model_type="qwen2_audio_encoder")
+TEXT_CONFIG = dict(model_type="qwen2")
+
+
 class _WhisperClips(Family):
     def media_processor(self, spec: ModuleSpec, modality: Modality) -> WhisperFeatures:
         """The tower's clips by its own feature extractor (processing.py)."""
@@ -33,8 +38,8 @@ class Qwen2Audio(_WhisperClips):
         super().__init__(model_type, transformers_class, Role.MODEL)
 
     def read(self, top: HFConfig, path: str) -> dict[str, ModuleSpec]:
-        audio = audio_module(top.sub("audio_config", "qwen2_audio"), HFPart(path=path, part="audio"))
-        text = text_module(top.sub("text_config", "qwen2_audio"), HFPart(path=path, part="text"))
+        audio = audio_module(top.sub("audio_config", AUDIO_CONFIG), HFPart(path=path, part="audio"))
+        text = text_module(top.sub("text_config", TEXT_CONFIG), HFPart(path=path, part="text"))
         return {"audio": audio, "llm": text}
 
     def wrap(self, full: nn.Module, spec: ModuleSpec, llm_hidden: int) -> HFModule:
