@@ -36,9 +36,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from orch.planner.loading import load_model
 from orch.planner.plan import Layout, Plan
 from orch.planner.specs import DataSpec, ModelSpec
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 

@@ -14,10 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from orch.planner.loading import load_model
 from orch.runtime.data.conversations import read_conversations
 from orch.runtime.data.demo_data import make_images, make_tokenizer, make_tones
 from orch.runtime.data.index import TextCounter, build_index
+from orch.runtime.models.registry import load_model
 
 CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"  # Qwen2's turn markup, without its default system prompt
 

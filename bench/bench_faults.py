@@ -52,8 +52,9 @@ class Payload:
 
 
 def plans(out: Path) -> dict[str, Path]:
-    from orch.planner.loading import load_data, load_model
+    from orch.planner.loading import load_data
     from orch.planner.plan import Layout
+    from orch.runtime.models.registry import load_model
     from orch.runtime.plans import hand_plan
 
     model = load_model("tiny")

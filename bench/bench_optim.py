@@ -14,10 +14,11 @@ import tempfile
 from pathlib import Path
 
 from orch.planner.balance.mode import Mode
-from orch.planner.loading import load_data, load_model
+from orch.planner.loading import load_data
 from orch.planner.plan import Layout
 from orch.runtime.launch.base import TaskSequence
 from orch.runtime.launch.local import LocalLauncher
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.trainer import TrainTask

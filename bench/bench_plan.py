@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 from orch.planner.candidates import SearchInput
-from orch.planner.loading import load_cluster, load_data, load_model
+from orch.planner.loading import load_cluster, load_data
 from orch.planner.planner import make_plan
 from orch.planner.search import SolverConfig, build_candidates
+from orch.runtime.models.registry import load_model
 
 # (model, cluster, nodes, data, global batch): the batch grows with the cluster, as it does in
 # practice (OrchMLLM's 2,560-GPU runs), so every DP degree has samples to work on.

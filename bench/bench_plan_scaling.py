@@ -33,10 +33,11 @@ from pathlib import Path
 
 from orch.planner.candidates import SearchInput
 from orch.planner.errors import OrchError
-from orch.planner.loading import default_mix, load_cluster, load_model
+from orch.planner.loading import default_mix, load_cluster
 from orch.planner.planner import make_plan
 from orch.planner.search import SolverConfig, build_candidates
 from orch.planner.specs import ModelSpec
+from orch.runtime.models.registry import load_model
 
 GPUS = (8, 64, 512, 2560, 10240, 100000)
 ENCODERS = (1, 2, 3, 4)

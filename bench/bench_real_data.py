@@ -16,11 +16,11 @@ import tempfile
 from pathlib import Path
 
 from orch.cli.data_cmd import conversation_data
-from orch.planner.loading import load_model
 from orch.planner.plan import Layout
 from orch.runtime.data.demo_data import make_dataset, make_tokenizer
 from orch.runtime.launch.base import TaskSequence
 from orch.runtime.launch.local import LocalLauncher
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.trainer import TrainTask

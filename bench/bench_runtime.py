@@ -16,11 +16,12 @@ from pathlib import Path
 
 from orch.planner.candidates import SearchInput
 from orch.planner.errors import OrchError
-from orch.planner.loading import load_cluster, load_data, load_model
+from orch.planner.loading import load_cluster, load_data
 from orch.planner.plan import Placement, Plan
 from orch.planner.planner import make_plan
 from orch.planner.search import SolverConfig
 from orch.runtime.launch.local import LocalLauncher
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.support import check_supported

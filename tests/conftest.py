@@ -18,8 +18,9 @@ def cli():
 @pytest.fixture
 def plan_file(tmp_path):
     """A 2-rank colocated plan of the tiny model (LLM TP2, vision DP2), with its specs."""
-    from orch.planner.loading import load_data, load_model
+    from orch.planner.loading import load_data
     from orch.planner.plan import Layout
+    from orch.runtime.models.registry import load_model
     from orch.runtime.plans import hand_plan
 
     model = load_model("tiny")

@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from orch.planner.data import read_manifest
-from orch.planner.loading import load_model
 from orch.runtime.data.conversations import is_conversation_data, read_conversations
 from orch.runtime.data.demo_data import make_dataset, make_tokenizer
 from orch.runtime.data.index import build_index
+from orch.runtime.models.registry import load_model
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,13 @@ import yaml
 
 from orch.cli.data_cmd import conversation_data
 from orch.planner.data import manifest_row_weights, read_manifest
-from orch.planner.loading import load_model
 from orch.runtime.data import index as index_module
 from orch.runtime.data.demo_data import make_dataset, make_tokenizer
 from orch.runtime.data.index import build_index
 from orch.runtime.data.mix import Mix
 from orch.runtime.data.problems import DataProblems, read_problems
 from orch.runtime.data.source import ConversationData
+from orch.runtime.models.registry import load_model
 
 
 @pytest.fixture(scope="module")

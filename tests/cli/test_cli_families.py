@@ -9,8 +9,7 @@ import math
 import pytest
 from families import FAMILY_MODELS, ONE_RANK, data_for, plan_of, write_yaml
 
-from orch.planner.loading import load_model
-from orch.runtime.models.registry import FAMILIES
+from orch.runtime.models.registry import FAMILIES, load_model
 
 
 @pytest.mark.slow

@@ -11,11 +11,12 @@ import time
 import pytest
 from launching import LAUNCHER, train_local
 
-from orch.planner.loading import load_data, load_model
+from orch.planner.loading import load_data
 from orch.planner.plan import Layout
 from orch.runtime.launch.base import LaunchError
 from orch.runtime.launch.run_status import run_status
 from orch.runtime.metrics import metrics_path, read_metrics
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig

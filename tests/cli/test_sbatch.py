@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from orch.planner.errors import SpecError
-from orch.planner.loading import load_data, load_model
+from orch.planner.loading import load_data
 from orch.planner.plan import Layout
 from orch.runtime.launch.sbatch import (
     SlurmOptions,
@@ -17,6 +17,7 @@ from orch.runtime.launch.sbatch import (
     render_setup,
     sbatch_text,
 )
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 
 GOLDEN = Path(__file__).parent / "golden" / "sbatch_tiny.txt"

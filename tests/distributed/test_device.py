@@ -95,8 +95,9 @@ def test_local_launcher_refuses_cuda_before_starting(gpus, tmp_path):
     """The local launcher resolves the device before starting: no process starts for an impossible device."""
     from launching import train_local
 
-    from orch.planner.loading import load_data, load_model
+    from orch.planner.loading import load_data
     from orch.planner.plan import Layout
+    from orch.runtime.models.registry import load_model
     from orch.runtime.plans import hand_plan
     from orch.runtime.train.config import TrainConfig
 
@@ -131,9 +132,10 @@ def test_train_step_threads_its_device_through(tmp_path):
     """One gloo rank in this process: the TrainStep hands its device to every part that creates tensors."""
     import torch.distributed as dist
 
-    from orch.planner.loading import load_data, load_model
+    from orch.planner.loading import load_data
     from orch.planner.plan import Layout
     from orch.runtime.launch.procgroup import free_port, init_rank
+    from orch.runtime.models.registry import load_model
     from orch.runtime.plans import hand_plan
     from orch.runtime.train.config import TrainConfig
     from orch.runtime.train.step import TrainStep

@@ -6,9 +6,10 @@ from equivalence import assert_close, merged
 from launching import train_local
 
 from orch.planner.errors import SpecError
-from orch.planner.loading import load_data, load_model
+from orch.planner.loading import load_data
 from orch.planner.plan import Layout
 from orch.runtime.models.factory import build_from_factory
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig

@@ -23,12 +23,13 @@ import torch
 from equivalence import assert_close, merged
 
 from orch.planner.costs import forward_coefficients
-from orch.planner.loading import load_data, load_model
+from orch.planner.loading import load_data
 from orch.planner.plan import Layout
 from orch.planner.routing import RouteTable
 from orch.planner.sample_cost import SampleCost
 from orch.runtime.data.batch import GlobalBatch, encoder_order
 from orch.runtime.data.synthetic import SyntheticBatch
+from orch.runtime.models.registry import load_model
 from orch.runtime.parallel.grid import Grid, build_grids
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig

@@ -60,8 +60,9 @@ def test_resume_with_pipeline_experts_and_context_parallel_shards(tmp_path):
     from launching import train_local, train_runs
 
     from orch.planner.balance.mode import Mode
-    from orch.planner.loading import load_data, load_model
+    from orch.planner.loading import load_data
     from orch.planner.plan import DataParallel, Layout
+    from orch.runtime.models.registry import load_model
     from orch.runtime.plans import hand_plan
     from orch.runtime.train.config import TrainConfig
 
@@ -98,8 +99,9 @@ def test_resume_with_pipeline_experts_and_context_parallel_shards(tmp_path):
 
 
 def _tiny_plan(llm_layout, layers=None):
-    from orch.planner.loading import load_data, load_model
+    from orch.planner.loading import load_data
     from orch.planner.plan import Layout
+    from orch.runtime.models.registry import load_model
     from orch.runtime.plans import hand_plan
 
     model = load_model("tiny")

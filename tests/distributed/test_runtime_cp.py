@@ -85,9 +85,9 @@ ENC_BATCHES = {  # encoder tokens per sample
 def _check_cp_modules(out: str, ctx) -> None:
     import torch.distributed as dist
 
-    from orch.planner.loading import load_model
     from orch.runtime.data.batch import Sample
     from orch.runtime.models.reference import build_model
+    from orch.runtime.models.registry import load_model
     from orch.runtime.parallel.context import cp_group
     from orch.runtime.parallel.grid import Grid, build_meshes
     from orch.runtime.parallel.tensor import apply_tp

@@ -10,9 +10,10 @@ from equivalence import assert_close, run_plans
 from launching import train_local
 
 from orch.planner.balance.mode import Mode
-from orch.planner.loading import load_data, load_model
+from orch.planner.loading import load_data
 from orch.planner.plan import Layout
 from orch.runtime.launch.base import LaunchError
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig

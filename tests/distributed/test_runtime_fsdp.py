@@ -11,8 +11,9 @@ from equivalence import assert_close, merged
 from launching import train_tasks
 
 from orch.planner.balance.mode import Mode
-from orch.planner.loading import load_data, load_model
+from orch.planner.loading import load_data
 from orch.planner.plan import DataParallel, Layout, Recompute
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.optim import lr_at

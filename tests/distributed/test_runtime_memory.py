@@ -4,8 +4,9 @@ import pytest
 from launching import train_tasks
 
 from orch.planner.balance.mode import Mode
-from orch.planner.loading import load_data, load_model
+from orch.planner.loading import load_data
 from orch.planner.plan import Layout
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 

@@ -10,9 +10,10 @@ import torch
 from equivalence import assert_close, run_plans
 
 from orch.planner.balance.mode import Mode
-from orch.planner.loading import load_data, load_model
+from orch.planner.loading import load_data
 from orch.planner.plan import Layout
 from orch.runtime.models.reference import MoE, build_model, init_module
+from orch.runtime.models.registry import load_model
 from orch.runtime.parallel.expert import ep_groups, expert_owner, local_experts
 from orch.runtime.parallel.grid import Grid
 from orch.runtime.plans import hand_plan

@@ -12,10 +12,10 @@ from equivalence import assert_close, merged
 from launching import train_local, train_runs, train_tasks
 
 from orch.cli.data_cmd import conversation_data
-from orch.planner.loading import load_model
 from orch.planner.plan import Layout
 from orch.runtime.data.demo_data import make_dataset, make_tokenizer
 from orch.runtime.data.source import BatchSource
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig

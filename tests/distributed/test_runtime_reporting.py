@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from launching import train_local
 
-from orch.planner.loading import load_data, load_model
+from orch.planner.loading import load_data
 from orch.planner.plan import Layout
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.reporting import step_scalars
 from orch.runtime.train.config import TrainConfig

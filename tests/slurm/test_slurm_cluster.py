@@ -18,12 +18,13 @@ import pytest
 import yaml
 
 from orch.planner.errors import OrchError
-from orch.planner.loading import load_data, load_model
+from orch.planner.loading import load_data
 from orch.planner.plan import Layout
 from orch.runtime.launch.job_status import job_status
 from orch.runtime.launch.jobs import log_path
 from orch.runtime.launch.sbatch import SlurmOptions
 from orch.runtime.launch.slurm import submit_train
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig

@@ -6,8 +6,8 @@ SampleCost), so the assertions are exact and nothing is slow."""
 import pytest
 import torch
 
-from orch.planner.loading import load_model
 from orch.planner.sample_cost import SampleCost
+from orch.runtime.models.registry import load_model
 from orch.runtime.train import orchestrator
 from orch.runtime.train.orchestrator import CALIBRATION_BUDGET, CALIBRATION_SHAPES, Timing, calibrate_points
 

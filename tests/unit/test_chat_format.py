@@ -8,9 +8,9 @@ import json
 import pytest
 
 from orch.planner.errors import SpecError
-from orch.planner.loading import load_model
 from orch.runtime.data.conversations import Conversation
 from orch.runtime.data.index import IGNORE, TextCounter, find_tokenizer
+from orch.runtime.models.registry import load_model
 
 CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 LLAMA2 = (

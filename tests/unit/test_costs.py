@@ -14,9 +14,10 @@ from orch.planner.costs import (
     state_bytes_per_param,
     workload,
 )
-from orch.planner.loading import load_cluster, load_data, load_model, parse_text
+from orch.planner.loading import load_cluster, load_data, parse_text
 from orch.planner.plan import DataParallel, Layout, Recompute
 from orch.planner.specs import DataSpec, ModelSpec
+from orch.runtime.models.registry import load_model
 
 FIXED = DataSpec.model_validate(
     {"global_batch": 64, "seq_len": 4096, "tasks": [{"weight": 1, "tokens": {"vision": 1024, "llm": 2048}}]}

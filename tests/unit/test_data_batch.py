@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from orch.cli.data_cmd import conversation_data
-from orch.planner.loading import load_data, load_model
+from orch.planner.loading import load_data
 from orch.runtime.data.batch import GlobalBatch
 from orch.runtime.data.demo_data import make_dataset, make_tokenizer
 from orch.runtime.data.prefetch import SamplePrefetcher
 from orch.runtime.data.source import BatchSource, ConversationBatch
 from orch.runtime.data.synthetic import SyntheticBatch
+from orch.runtime.models.registry import load_model
 
 ENCODERS = ("audio", "vision")
 

@@ -274,8 +274,8 @@ def test_a_template_without_tool_calls_trains_the_calls_json(hf_tokenizer):
 
 
 def test_a_sample_the_template_refuses_is_a_bad_sample(tmp_path, hf_tokenizer):
-    from orch.planner.loading import load_model
     from orch.runtime.data.index import build_index
+    from orch.runtime.models.registry import load_model
 
     tok, path = hf_tokenizer
     folder = tmp_path / "tok"

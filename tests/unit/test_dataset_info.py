@@ -45,9 +45,9 @@ def test_columns_tags_and_media_dir(tmp_path):
 
 
 def test_a_folder_as_file_name_and_the_index_keeps_the_layout(tmp_path):
-    from orch.planner.loading import load_model
     from orch.runtime.data.demo_data import make_tokenizer
     from orch.runtime.data.index import build_index
+    from orch.runtime.models.registry import load_model
 
     parts = tmp_path / "parts"
     parts.mkdir()
@@ -86,9 +86,9 @@ def test_a_run_reads_a_described_dataset_as_the_index_did(tmp_path):
     media folder, and tokenizes it to the text the index counted."""
     from orch.cli.data_cmd import conversation_data
     from orch.planner.data import read_manifest
-    from orch.planner.loading import load_model
     from orch.runtime.data.demo_data import make_tokenizer
     from orch.runtime.data.source import BatchSource
+    from orch.runtime.models.registry import load_model
 
     records = [{"ask": f"what is {w}", "say": f"a {w} circle", "sys": "be brief"} for w in ("red", "blue", "green")]
     (tmp_path / "d.json").write_text(json.dumps(records))

@@ -6,11 +6,12 @@ import pytest
 
 from orch.planner.candidates import Pin, SearchInput
 from orch.planner.islands import Islands, IslandSizes, island_layouts, island_sizes, llm_island_sizes, set_partitions
-from orch.planner.loading import load_cluster, load_data, load_model, parse_text
+from orch.planner.loading import load_cluster, load_data, parse_text
 from orch.planner.plan import Placement
 from orch.planner.planner import make_plan
 from orch.planner.search import SolverConfig, search
 from orch.planner.specs import ClusterSpec, ModelSpec
+from orch.runtime.models.registry import load_model
 
 SEVEN = """
 name: seven

@@ -6,10 +6,9 @@ import torch
 from hf_models import make_llava, make_qwen2_audio
 
 from orch.planner.errors import SpecError
-from orch.planner.loading import load_model
 from orch.planner.model_dir import Role, family_of, types_of
 from orch.runtime.models.family import Family
-from orch.runtime.models.registry import FAMILIES, model_spec_from_dir
+from orch.runtime.models.registry import FAMILIES, load_model, model_spec_from_dir
 
 
 def _overrides(family: Family, method: str) -> bool:

@@ -7,9 +7,10 @@ import pytest
 import yaml
 
 from orch.planner.costs import module_cost
-from orch.planner.loading import load_cluster, load_data, load_model
+from orch.planner.loading import load_cluster, load_data
 from orch.planner.plan import Layout, Recompute
 from orch.planner.profile import BoundaryFit, CollectiveRow, ComputeFit, LinkFit, ModuleProfile, Profile
+from orch.runtime.models.registry import load_model
 from orch.runtime.profile.build import build_profile
 from orch.runtime.profile.cases import (
     BlockCase,

@@ -44,8 +44,9 @@ def test_an_older_checkpoint_without_a_config_or_with_fewer_fields_compares_what
 def test_a_relaunch_on_a_new_layout_says_it_once(cli, tmp_path, launched_tasks, capsys):
     """The launch's early check (another model is refused before a job is submitted) says nothing; preparing the run
     says the new layout, once."""
-    from orch.planner.loading import load_data, load_model
+    from orch.planner.loading import load_data
     from orch.planner.plan import Layout
+    from orch.runtime.models.registry import load_model
     from orch.runtime.plans import hand_plan
 
     model = load_model("tiny")

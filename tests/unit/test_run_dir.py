@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from orch.planner.loading import load_data, load_model
+from orch.planner.loading import load_data
 from orch.planner.plan import Layout
 from orch.runtime.checkpoint_manifest import MANIFEST, Manifest, file_sum, verify
 from orch.runtime.disk import NoSpaceError, check_free, no_space_guard
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.run_dir import (
     RunMismatch,

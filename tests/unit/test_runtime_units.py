@@ -3,12 +3,13 @@
 import pytest
 import torch
 
-from orch.planner.loading import load_data, load_model
+from orch.planner.loading import load_data
 from orch.planner.plan import Axis, EdgeKind, Layout, ModulePlan, Placement, Transport
 from orch.planner.specs import projected_len
 from orch.runtime.data.batch import initial_dp_index
 from orch.runtime.data.synthetic import SyntheticBatch
 from orch.runtime.models.reference import build_model
+from orch.runtime.models.registry import load_model
 from orch.runtime.parallel.boundary import expected_kind
 from orch.runtime.parallel.grid import Grid
 from orch.runtime.plans import hand_plan

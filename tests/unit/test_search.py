@@ -10,11 +10,12 @@ from orch.planner.candidates import Pin, SearchInput, homogeneous_options, modul
 from orch.planner.errors import InfeasibleError, SpecError
 from orch.planner.evaluate import evaluate, evaluate_homogeneous
 from orch.planner.islands import island_layouts
-from orch.planner.loading import load_cluster, load_data, load_model, parse_text
+from orch.planner.loading import load_cluster, load_data, parse_text
 from orch.planner.plan import Placement
 from orch.planner.planner import make_plan
 from orch.planner.search import SolverConfig, search
 from orch.planner.specs import ModelSpec
+from orch.runtime.models.registry import load_model
 
 SMALL = """
 name: small

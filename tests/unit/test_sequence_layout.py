@@ -5,11 +5,11 @@ rows run as one plain sequence."""
 import pytest
 import torch
 
-from orch.planner.loading import load_model
 from orch.planner.specs import ModelSpec
 from orch.runtime.data.conversations import Conversation
 from orch.runtime.data.expansion import conversation_layout, expanded, media_rows
 from orch.runtime.data.index import IGNORE
+from orch.runtime.models.registry import load_model
 from orch.runtime.sample import SequenceLayout, score_rows, scored_labels
 
 

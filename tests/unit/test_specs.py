@@ -6,8 +6,9 @@ import pytest
 
 from orch.planner.data import sample_lengths, token_stats
 from orch.planner.errors import SpecError, SpecErrors
-from orch.planner.loading import load_cluster, load_data, load_model, parse_text, preset_names
+from orch.planner.loading import load_cluster, load_data, parse_text, preset_names
 from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec
+from orch.runtime.models.registry import load_model
 
 DESIGN_MODEL = """
 name: llava-1b-70b
@@ -166,9 +167,10 @@ def test_a_spec_or_config_file_over_the_limit_is_one_line_before_it_is_parsed(tm
 
     from orch.planner.hf_config import read_config
     from orch.planner.io import MAX_SPEC_BYTES
-    from orch.planner.loading import load_json_file, load_model
+    from orch.planner.loading import load_json_file
     from orch.planner.plan import Plan
     from orch.runtime.data.conversations import read_sources
+    from orch.runtime.models.registry import load_model
     from orch.runtime.train.config import TrainSpec
 
     line = "name: " + "a" * (MAX_SPEC_BYTES + 1024) + "\n"

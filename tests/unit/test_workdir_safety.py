@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from orch.planner.loading import load_data, load_model
+from orch.planner.loading import load_data
 from orch.planner.plan import Layout
 from orch.runtime.checkpoint_manifest import MANIFEST, Manifest, file_sum
 from orch.runtime.checkpoint_metadata import _DTYPES, metadata_problem
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.run_dir import RunMismatch, choose_checkpoint, open_run, step_name
 from orch.runtime.run_identity import fingerprint, model_identity
