@@ -5,7 +5,7 @@ Image sizes come from the file header (Pillow opens lazily), audio durations fro
 (`TextCounter.render`). Per sample and module, as the runtime takes them (`ModuleSpec.round_length`):
 
 * a vision encoder: per image, `image_tokens` for a fixed-size tower (the processor resizes every image);
-  a native-resolution family's tower (its folder's `media.py` `token_rule`, e.g. Qwen-VL's): per image or
+  a native-resolution family's tower (its `Family.token_rule`, e.g. Qwen-VL's): per image or
   video its patch grid `t·h·w` by the family's rule (`GridRule`), in placeholder order; else the image's
   patches at its own resolution (patch side from `input_dim` = 3·side²), the image scaled down where they
   exceed `max_image_tokens`;
