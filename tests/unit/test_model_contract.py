@@ -100,3 +100,40 @@ def test_moe_blocks_shard_only_their_attention():
     llm = build_model(moe_spec, 0, torch.float32, [model.llm_name])[model.llm_name]
     assert any(isinstance(m, MoE) for m in llm.modules())
     assert {k.rsplit(".", 1)[-1] for k in block_tp_plan(llm)} == {"q", "k", "v", "o"}
+
+
+def test_what_each_module_takes_is_a_declared_protocol(tmp_path):
+    """Optional capabilities are Protocols checked with isinstance: a Qwen-VL tower merges patches of grids, a
+    Qwen2-Audio tower takes clips (items, no merge), a LLaVA tower and orch's reference encoders take neither;
+    a Qwen-VL LLM takes layouts, the others do not."""
+    from qwen_vl_models import make_qwen_vl
+
+    from orch.runtime.models.contract import AdjustsAfterTP, MergesPatches, TakesItems, TakesLayouts
+    from orch.runtime.models.hf.build import build_hf_modules
+    from orch.runtime.models.reference import build_model
+
+    tiny = load_model("tiny")
+    for name, module in build_model(tiny, 0, torch.float32).items():
+        assert not isinstance(module, (TakesItems, TakesLayouts)), name
+    takes: dict[str, tuple[bool, bool, bool]] = {}
+    for maker, directory in (
+        ("llava", make_llava(tmp_path / "llava")),
+        ("qwen2_audio", make_qwen2_audio(tmp_path / "qa")),
+        ("qwen2_5_vl", make_qwen_vl(tmp_path / "qvl")),
+    ):
+        model = model_spec_from_dir(directory)
+        for name, module in build_hf_modules(model).items():
+            assert isinstance(module, AdjustsAfterTP), (maker, name)
+            takes[f"{maker}.{name}"] = (
+                isinstance(module, TakesItems),
+                isinstance(module, MergesPatches),
+                isinstance(module, TakesLayouts),
+            )
+    assert takes == {
+        "llava.vision": (False, False, False),
+        "llava.llm": (False, False, False),
+        "qwen2_audio.audio": (True, False, False),
+        "qwen2_audio.llm": (False, False, False),
+        "qwen2_5_vl.vision": (True, True, False),
+        "qwen2_5_vl.llm": (False, False, True),
+    }
