@@ -80,7 +80,7 @@ def main() -> int:
     from bench_qwen_vl import make_model
 
     from orch.planner.candidates import SearchInput
-    from orch.planner.hf_config import model_spec_from_dir
+    from orch.runtime.models.registry import model_spec_from_dir
     from orch.planner.loading import load_cluster
     from orch.planner.plan import Recompute
     from orch.planner.planner import make_plan

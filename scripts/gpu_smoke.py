@@ -31,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-from orch.planner.loading import load_data, load_model
+from orch.planner.loading import load_data
+from orch.runtime.models.registry import load_model
 from orch.planner.plan import Layout
 from orch.planner.specs import DataSpec, ModelSpec
 from orch.runtime.launch.local import LocalLauncher
