@@ -80,12 +80,12 @@ def main() -> int:
     from bench_qwen_vl import make_model
 
     from orch.planner.candidates import SearchInput
-    from orch.runtime.models.registry import model_spec_from_dir
     from orch.planner.loading import load_cluster
     from orch.planner.plan import Recompute
     from orch.planner.planner import make_plan
     from orch.planner.search import SolverConfig
     from orch.runtime.launch.local import LocalLauncher
+    from orch.runtime.models.registry import model_spec_from_dir
     from orch.runtime.train.config import TrainConfig
     from orch.runtime.train.trainer import TrainTask
 

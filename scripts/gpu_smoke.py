@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 
 from orch.planner.loading import load_data
-from orch.runtime.models.registry import load_model
 from orch.planner.plan import Layout
 from orch.planner.specs import DataSpec, ModelSpec
 from orch.runtime.launch.local import LocalLauncher
+from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig
