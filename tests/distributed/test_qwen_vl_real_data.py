@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from equivalence import assert_matches_hf
 from launching import train_tasks
-from qwen_vl_data import hf_processor, turn, write_conversations, write_image, write_video
+from qwen_vl_data import hf_auto_images, hf_processor, turn, write_conversations, write_image, write_video
 from qwen_vl_models import make_qwen_vl
 
 from orch.cli.data_cmd import conversation_data
@@ -70,7 +70,7 @@ def hf_reference(directory, model, data):
     from PIL import Image
 
     hf = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(directory, dtype=torch.float64)
-    images = transformers.Qwen2VLImageProcessorPil.from_pretrained(directory)
+    images = hf_auto_images(directory)
     source = BatchSource(model, data, SEED).files
     assert source is not None
     batch = source.batch(SEED, 0)
@@ -127,14 +127,13 @@ ODD_SIZES = [(37, 245), (245, 37), (300, 20), (90, 150), (189, 95), (56, 56), (4
 
 def hf_processor_reference(directory, source, batch):
     """(loss, gradients) of step 0 by HF's processor and forward, sample by sample: `proc(text, images)` on the
-    rendered conversation (the image processor `AutoImageProcessor` gives for the directory, as a user's
-    `AutoProcessor` has it), `model(**inputs)`, the labels `orch data inspect` shows (its ids asserted HF's)."""
+    rendered conversation (its image processor as `AutoImageProcessor` picks it, as a user's `AutoProcessor`
+    has it), `model(**inputs)`, the labels `orch data inspect` shows (its ids asserted HF's)."""
     import transformers
     from PIL import Image
 
     hf = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(directory, dtype=torch.float64)
     proc = hf_processor(directory)
-    proc.image_processor = transformers.AutoImageProcessor.from_pretrained(directory)  # the class HF picks here
     total, count = torch.zeros((), dtype=torch.float64), 0
     for row in batch.rows:
         conv, shown = source.conversation(row), inspected(source, row)
