@@ -244,7 +244,9 @@ def _check_loss_and_gradients(name, directory, samples):
     assert_same_gradients(mine, hf)
 
 
-def test_a_tower_over_tp2_or_cp2_is_refused_in_one_line(family):
+def test_a_tower_takes_tp2_and_is_refused_cp2_in_one_line(family):
+    """The tower at TP 2 passes the launch check (its heads and FFN split); CP 2 is refused in one line, and so
+    is TP 2 where the user bounds the tower to TP 1 (max_tp)."""
     from orch.planner.hf_config import model_spec_from_dir
     from orch.planner.plan import Layout
     from orch.planner.specs import DataSpec, TaskSpec
@@ -253,12 +255,21 @@ def test_a_tower_over_tp2_or_cp2_is_refused_in_one_line(family):
 
     _, directory = family
     model = model_spec_from_dir(directory)
+    bounded = model.model_copy(
+        update={"modules": {**model.modules, "vision": model.modules["vision"].model_copy(update={"max_tp": 1})}}
+    )
     data = DataSpec(global_batch=4, seq_len=64, tasks=[TaskSpec(weight=1, tokens={"vision": 16, "llm": 32})])
-    for layout, want in ((Layout(tp=2, dp=2), "modules.vision.layout.tp: 2: this module takes tensor parallelism up to 1"),
-                         (Layout(cp=2, dp=2), "modules.vision.layout.cp: 2: a tower of fixed windows")):  # fmt: skip
-        plan = hand_plan(model, data, {"llm": (Layout(dp=4), [0, 1, 2, 3]), "vision": (layout, [0, 1, 2, 3])})
+
+    def plan_of(spec, layout):
+        return hand_plan(spec, data, {"llm": (Layout(dp=4), [0, 1, 2, 3]), "vision": (layout, [0, 1, 2, 3])})
+
+    check_supported(plan_of(model, Layout(tp=2, dp=2)))
+    for spec, layout, want in (
+        (bounded, Layout(tp=2, dp=2), "modules.vision.layout.tp: 2: this module takes tensor parallelism up to 1"),
+        (model, Layout(cp=2, dp=2), "modules.vision.layout.cp: 2: a tower of fixed windows"),
+    ):
         with pytest.raises(UnsupportedPlan, match=want.replace(".", r"\.").replace("(", r"\(")):
-            check_supported(plan)
+            check_supported(plan_of(spec, layout))
 
 
 def test_the_start_up_calibration_times_the_familys_own_modules(family):
