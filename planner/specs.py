@@ -146,8 +146,9 @@ class ModuleSpec(_Spec):
     max_tp: int | None = Field(
         default=None,
         gt=0,
-        description="the largest tensor-parallel degree the runtime can shard this module over (1: Qwen-VL's "
-        "towers, whose fused qkv projection it cannot split yet); default: any degree that splits heads and FFN",
+        description="the largest tensor-parallel degree to shard this module over (a user's bound: every module "
+        "orch builds, towers included, shards over any degree that splits its heads and FFN); default: any such "
+        "degree",
     )
     tied_embeddings: bool = Field(
         default=False,
@@ -241,10 +242,7 @@ class ModuleSpec(_Spec):
         if degree <= 1:
             return None
         if axis == "tp" and self.max_tp is not None and degree > self.max_tp:
-            return (
-                f"this module takes tensor parallelism up to {self.max_tp} "
-                "(a native-resolution tower's fused qkv projection is not sharded)"
-            )
+            return f"this module takes tensor parallelism up to {self.max_tp} (its max_tp)"
         if axis == "tp" and not self.splits_over(degree):
             return f"does not split {self.heads} heads, {self.num_kv_heads} KV heads and FFN {self.ffn} evenly"
         if axis == "cp" and self.windowed:

@@ -44,6 +44,7 @@ def assert_matches_hf(records: dict, name: str, out: Path, keys: dict[str, str],
     assert records[name][0].loss == pytest.approx(want_loss, rel=1e-9), name
     got = {keys.get(k, k): v for k, v in merged(out / name, "grads").items()}
     assert set(got) == set(want), (name, sorted(set(got) ^ set(want)))
+    got = {k: v.reshape(want[k].shape) for k, v in got.items()}  # a fused qkv held by q, k and v group: HF's rows
     floor = 1e-6 * max(g.abs().max().item() for g in want.values())
     for k, ref in want.items():
         err = (got[k] - ref).abs().max().item()
@@ -60,6 +61,7 @@ def assert_same_gradients(mine, theirs_model) -> None:
         if p.grad is None:
             assert theirs[key].grad is None or not theirs[key].grad.any(), key
             continue
-        torch.testing.assert_close(p.grad, theirs[key].grad, rtol=1e-9, atol=1e-12, msg=key)
+        grad = p.grad.reshape(theirs[key].grad.shape)  # a fused qkv held by q, k and v group: HF's rows
+        torch.testing.assert_close(grad, theirs[key].grad, rtol=1e-9, atol=1e-12, msg=key)
         checked += 1
     assert checked == sum(1 for _ in mine.parameters())  # every parameter has a gradient (lm_head untied)

@@ -15,9 +15,18 @@ def hf_images(directory, **kwargs):
     return transformers.Qwen2VLImageProcessorPil.from_pretrained(directory, **kwargs)
 
 
+def hf_auto_images(directory):
+    """The directory's image processor as HF's AutoImageProcessor (a user's AutoProcessor) picks it: torchvision's
+    backend where torchvision is installed, else the PIL one."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers.AutoImageProcessor.from_pretrained(directory)
+
+
 def hf_processor(directory, cls: str = "Qwen2_5_VLProcessor"):
-    """HF's processor `cls` of the directory's PIL image processor and tokenizer (its video processor needs
-    torchvision, absent here: the processor is built without one)."""
+    """HF's processor `cls` of the directory's image processor (as AutoImageProcessor picks it) and tokenizer (its
+    video processor needs torchvision, absent here: the processor is built without one)."""
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -25,7 +34,7 @@ def hf_processor(directory, cls: str = "Qwen2_5_VLProcessor"):
     check = transformers.ProcessorMixin.check_argument_for_proper_class
     transformers.ProcessorMixin.check_argument_for_proper_class = lambda self, name, arg: None  # type: ignore
     try:
-        return getattr(transformers, cls)(image_processor=hf_images(directory), tokenizer=tokenizer)
+        return getattr(transformers, cls)(image_processor=hf_auto_images(directory), tokenizer=tokenizer)
     finally:
         transformers.ProcessorMixin.check_argument_for_proper_class = check  # type: ignore
 

@@ -37,9 +37,12 @@ def make_tokenizer(directory: Path) -> Path:
     return path
 
 
-def make_qwen_vl(directory: Path, family: str = "qwen2_5_vl", *, seed: int = 0, **text_extra) -> Path:
+def make_qwen_vl(
+    directory: Path, family: str = "qwen2_5_vl", *, seed: int = 0, vision_extra: dict | None = None, **text_extra
+) -> Path:
     """A tiny `family` model (4 vision blocks, 4 LLM layers) saved with safetensors, its tokenizer, chat template
-    and processor configs; returns the directory."""
+    and processor configs; returns the directory. `vision_extra` overrides vision config fields (Qwen2.5-VL's
+    `window_size`, `fullatt_block_indexes`), `text_extra` text config fields."""
     import json
 
     import torch
@@ -53,21 +56,23 @@ def make_qwen_vl(directory: Path, family: str = "qwen2_5_vl", *, seed: int = 0, 
     patch = PATCH[family]
     text = {**TEXT, "vocab_size": vocab, **text_extra}
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": MROPE}
+    vx = vision_extra or {}
     if family == "qwen2_vl":
         vision = transformers.Qwen2VLVisionConfig(depth=4, embed_dim=32, num_heads=4, mlp_ratio=2, hidden_size=48,
-                                                  patch_size=patch)  # fmt: skip
+                                                  patch_size=patch, **vx)  # fmt: skip
         text_config = transformers.Qwen2VLTextConfig(**text, rope_parameters=rope)
         cls, config_cls = transformers.Qwen2VLForConditionalGeneration, transformers.Qwen2VLConfig
     elif family == "qwen2_5_vl":
-        vision = transformers.Qwen2_5_VLVisionConfig(depth=4, hidden_size=32, intermediate_size=64, num_heads=4,
-                                                     out_hidden_size=48, window_size=56, fullatt_block_indexes=[1, 3],
-                                                     patch_size=patch, tokens_per_second=2)  # fmt: skip
+        vision = transformers.Qwen2_5_VLVisionConfig(**{"depth": 4, "hidden_size": 32, "intermediate_size": 64,
+                                                        "num_heads": 4, "out_hidden_size": 48, "window_size": 56,
+                                                        "fullatt_block_indexes": [1, 3], "patch_size": patch,
+                                                        "tokens_per_second": 2, **vx})  # fmt: skip
         text_config = transformers.Qwen2_5_VLTextConfig(**text, rope_parameters=rope)
         cls, config_cls = transformers.Qwen2_5_VLForConditionalGeneration, transformers.Qwen2_5_VLConfig
     elif family == "qwen3_vl":
         vision = transformers.Qwen3VLVisionConfig(depth=4, hidden_size=32, intermediate_size=64, num_heads=4,
                                                   out_hidden_size=48, patch_size=patch, num_position_embeddings=64,
-                                                  deepstack_visual_indexes=[1, 2])  # fmt: skip
+                                                  deepstack_visual_indexes=[1, 2], **vx)  # fmt: skip
         text_config = transformers.Qwen3VLTextConfig(**text, head_dim=12,
                                                      rope_parameters={**rope, "mrope_interleaved": True})  # fmt: skip
         cls, config_cls = transformers.Qwen3VLForConditionalGeneration, transformers.Qwen3VLConfig

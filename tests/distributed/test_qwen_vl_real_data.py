@@ -7,6 +7,10 @@ samples, a video; the whole file is step 0's global batch. The reference runs HF
 HF's processor), the images' `pixel_values` from HF's own image processor, the video's rows from orch's (HF's
 video processor needs torchvision), its `second_per_grid_ts`, and `mm_token_type_ids` from the ids: HF computes
 its own M-RoPE positions. Every plan gives HF's loss (1e-9 relative) and every parameter's gradient (1e-9).
+
+And as a user holds one rank against HF: images at many aspect ratios (4 to 56 merged tokens, most larger than
+the tower's 2x2-unit windows and of sides they do not divide), up to three per sample, through HF's own
+processor (`Qwen2_5_VLProcessor` on the rendered text and the images) and `model(**inputs)`.
 """
 
 import pytest
@@ -14,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from equivalence import assert_matches_hf
 from launching import train_tasks
-from qwen_vl_data import turn, write_conversations, write_image, write_video
+from qwen_vl_data import hf_auto_images, hf_processor, turn, write_conversations, write_image, write_video
 from qwen_vl_models import make_qwen_vl
 
 from orch.cli.data_cmd import conversation_data
@@ -66,7 +70,7 @@ def hf_reference(directory, model, data):
     from PIL import Image
 
     hf = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(directory, dtype=torch.float64)
-    images = transformers.Qwen2VLImageProcessorPil.from_pretrained(directory)
+    images = hf_auto_images(directory)
     source = BatchSource(model, data, SEED).files
     assert source is not None
     batch = source.batch(SEED, 0)
@@ -116,3 +120,64 @@ def test_qwen2_5_vl_on_a_data_file_matches_hf(tmp_path):
     for name in built:
         assert_matches_hf(records, name, tmp_path / "runs", *want)
         assert records[name][0].data["failed"] == 0 and records[name][0].data["skipped"] == 0
+
+
+ODD_SIZES = [(37, 245), (245, 37), (300, 20), (90, 150), (189, 95), (56, 56), (400, 130), (61, 333), (150, 150)]
+
+
+def hf_processor_reference(directory, source, batch):
+    """(loss, gradients) of step 0 by HF's processor and forward, sample by sample: `proc(text, images)` on the
+    rendered conversation (its image processor as `AutoImageProcessor` picks it, as a user's `AutoProcessor`
+    has it), `model(**inputs)`, the labels `orch data inspect` shows (its ids asserted HF's)."""
+    import transformers
+    from PIL import Image
+
+    hf = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(directory, dtype=torch.float64)
+    proc = hf_processor(directory)
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    for row in batch.rows:
+        conv, shown = source.conversation(row), inspected(source, row)
+        pad = "<|vision_start|><|image_pad|><|vision_end|>"
+        messages = [{"role": role, "content": content.replace("<image>", pad)} for role, content in conv.messages]
+        text = proc.tokenizer.apply_chat_template(messages, tokenize=False)
+        images = [Image.open(f).convert("RGB") for f in conv.images] or None
+        inputs = proc(text=[text], images=images, return_tensors="pt")
+        assert inputs["input_ids"][0].tolist() == shown["input_ids"]
+        logits = hf(**inputs).logits[0]
+        target = torch.tensor(shown["labels"])
+        total = total + F.cross_entropy(logits[:-1], target[1:], ignore_index=-100, reduction="sum")
+        count += int((target[1:] != -100).sum())
+    loss = total / count
+    loss.backward()
+    return loss.item(), {k: v.grad for k, v in hf.named_parameters() if v.grad is not None}
+
+
+@pytest.mark.slow
+def test_qwen2_5_vl_on_odd_images_matches_hfs_processor_and_forward_on_one_rank(tmp_path):
+    root = tmp_path / "data"
+    for i, (w, h) in enumerate(ODD_SIZES):
+        write_image(root / f"o{i}.png", w, h, seed=10 + i)
+    records = [
+        turn("<image>what is it", "a tall strip", images=["o0.png"]),
+        turn("compare <image> with <image>", "the wide one", images=["o1.png", "o2.png"]),
+        turn("plain text", "yes"),
+        turn("<image><image> and <image>", "three", images=["o3.png", "o4.png", "o5.png"]),
+        turn("look <image>", "it is <image> too", images=["o6.png", "o7.png"]),
+        turn("<image>", "square", images=["o8.png"]),
+    ]
+    data_file = write_conversations(root / "data.jsonl", records)
+    directory = make_qwen_vl(tmp_path / "model", "qwen2_5_vl", seed=2)
+    model = model_spec_from_dir(directory)
+    data, _ = conversation_data(model, str(data_file), len(records), None, None)
+    source = BatchSource(model, data, SEED).files
+    assert source is not None
+    batch = source.batch(SEED, 0)
+    assert sorted(batch.rows) == list(range(len(records)))
+    grids = [it.grid for i in range(len(records)) for it in batch.items("vision", i)]
+    assert len(grids) == 9 and all(4 <= h * w // 4 <= 64 for _, h, w in grids)  # the model's limits
+    assert sum((h // 2) % 2 or (w // 2) % 2 for _, h, w in grids) >= 6  # sides the 2-unit window does not divide
+    want = (orch_keys(model), *hf_processor_reference(directory, source, batch))
+    plan = hand_plan(model, data, {"llm": (Layout(dp=1), [0])})
+    cfg = TrainConfig(optimizer="sgd", steps=1, seed=SEED, dtype="float64", lr=0.0, calibrate=False)
+    got = train_tasks({"one_rank": plan}, data, cfg, tmp_path / "runs")
+    assert_matches_hf(got, "one_rank", tmp_path / "runs", *want)

@@ -63,7 +63,7 @@ def check_against(spec: ModelSpec, config, family: str, directory) -> None:
     assert vision.downsample == v.spatial_merge_size**2
     assert vision.mlp_kind == ("swiglu" if family == "qwen2_5_vl" else "gelu")
     assert vision.item_attention and vision.windowed and vision.image_tokens is None
-    assert vision.max_tp == 1 and not vision.splits_over(2) and vision.splits_over(1)
+    assert vision.max_tp is None and vision.refuses("tp", 2) is None and vision.refuses("cp", 2) is not None
     assert vision.projector_hidden == hidden * v.spatial_merge_size**2
     if family == "qwen2_5_vl":
         side = v.window_size // v.spatial_merge_size // v.patch_size  # HF's vit_merger_window_size
@@ -106,7 +106,7 @@ def test_qwen2_5_vl_7b_tower_windows_of_64_patches(tmp_path):
     assert (v.window_tokens, v.full_attention_blocks, v.input_dim, v.downsample) == (64, (7, 15, 23, 31), 1176, 4)
     assert describe(spec)[0] == (
         "vision: 32 blocks (4 full-attention, the rest in 64-patch windows), width 1280, 16 heads, ffn 3420 swiglu, "
-        "merge 2x2 → 4 patches per LLM token, 1176 values per patch, TP at most 1"
+        "merge 2x2 → 4 patches per LLM token, 1176 values per patch"
     )
 
 
@@ -117,7 +117,7 @@ def test_qwen3_vl_patch_16_and_deepstack_are_described(tmp_path):
     assert lines[0] == (
         "vision: 27 blocks (full attention within each image or frame), width 1152, 16 heads, ffn 4304 gelu, "
         "merge 2x2 → 4 patches per LLM token, 1536 values per patch, deepstack: blocks 8, 16, 24 also feed the "
-        "LLM's first 3 layers (a merger each), TP at most 1"
+        "LLM's first 3 layers (a merger each)"
     )
     assert lines[1] == "llm: 32 layers, hidden 4096, 32 heads, ffn 22016, vocab 151936"
 
@@ -227,7 +227,7 @@ def tower(**extra) -> ModuleSpec:
     """The tiny Qwen2.5-VL tower's spec: 4 blocks of width 32 (blocks 1 and 3 full-attention, 16-patch windows)."""
     fields = dict(kind="encoder", layers=4, hidden=32, heads=4, ffn=64, mlp="swiglu", feeds="llm", input_dim=1176,
                   downsample=4, item_attention=True, window_tokens=16, full_attention_blocks=(1, 3),
-                  projector_hidden=128, max_tp=1, hf={"path": "m", "part": "vision"})  # fmt: skip
+                  projector_hidden=128, hf={"path": "m", "part": "vision"})  # fmt: skip
     return ModuleSpec.model_validate({**fields, **extra})
 
 
@@ -283,14 +283,13 @@ def test_spec_fields_are_checked_and_old_specs_unchanged():
     assert plain.splits_over(4) and not plain.windowed and plain.head_width == 8
 
 
-def test_planner_never_gives_the_tower_tp_or_cp(tmp_path):
-    """On a 2 x 2 cluster where TP 2 splits the tower's heads and FFN: no candidate of the tower has TP or CP,
-    a homogeneous option has the LLM's TP and CP of 1 only, and the plan gives the tower TP 1 and CP 1."""
+def test_planner_may_give_the_tower_tp_never_cp(tmp_path):
+    """On a 2 x 2 cluster where TP 2 splits the tower's heads and FFN: the tower's candidates include TP 2 (its
+    fused qkv is sharded by heads) and never CP, and a homogeneous option (tower and LLM on one grid) may have
+    the LLM at TP 2; a tower whose max_tp is 1 gets TP 1 only, and homogeneous options then the LLM's TP 1."""
     from orch.planner.candidates import SearchInput, homogeneous_options, module_candidates
     from orch.planner.loading import load_cluster
     from orch.planner.plan import Placement
-    from orch.planner.planner import make_plan
-    from orch.planner.search import SolverConfig
     from orch.planner.specs import DataSpec
 
     tiny_config("qwen2_5_vl").save_pretrained(tmp_path / "m")
@@ -298,23 +297,18 @@ def test_planner_never_gives_the_tower_tp_or_cp(tmp_path):
     data = DataSpec(global_batch=8, seq_len=256, tasks=[
         {"weight": 0.5, "tokens": {"vision": 256, "llm": 200}, "max": {"vision": 1024, "llm": 256}},
         {"weight": 0.5, "tokens": {"llm": 100}}])  # fmt: skip
-    inp = SearchInput(model, load_cluster("local-cpu"), data)
     assert model.modules["vision"].heads % 2 == 0 and model.modules["vision"].ffn % 2 == 0
-    seen = 0
-    for gpus in (1, 2, 4):
-        for placement in (Placement.COLOCATED, Placement.DISAGGREGATED):
-            for c in module_candidates(inp, "vision", gpus, placement, prune=False):
-                assert (c.layout.tp, c.layout.cp) == (1, 1)
-                seen += 1
-    assert seen
-    llm_tps = {c.layout.tp for c in module_candidates(inp, "llm", 4, Placement.COLOCATED, prune=False)}
-    assert 2 in llm_tps  # the LLM alone may take TP 2 ...
-    options = homogeneous_options(inp)
-    assert options and all((o.llm.layout.tp, o.llm.layout.cp) == (1, 1) for o in options)  # ... not sharing a grid
-    plan = make_plan(inp, SolverConfig(alternatives=2))
-    chosen = [plan.modules, *([plan.baseline.modules] if plan.baseline is not None else [])]
-    for modules in chosen:
-        assert (modules["vision"].layout.tp, modules["vision"].layout.cp) == (1, 1)
-    assert plan.baseline is None or plan.baseline.modules["llm"].layout.tp == 1
-    for alt in plan.alternatives:  # short layouts name only the degrees above 1 (and dp)
-        assert "tp" not in alt.layouts["vision"] and "cp" not in alt.layouts["vision"]
+    bounded = model.model_copy(
+        update={"modules": {**model.modules, "vision": model.modules["vision"].model_copy(update={"max_tp": 1})}}
+    )
+    for spec, tower_tps in ((model, {1, 2}), (bounded, {1})):
+        inp = SearchInput(spec, load_cluster("local-cpu"), data)
+        seen: set[int] = set()
+        for gpus in (1, 2, 4):
+            for placement in (Placement.COLOCATED, Placement.DISAGGREGATED):
+                for c in module_candidates(inp, "vision", gpus, placement, prune=False):
+                    assert c.layout.cp == 1
+                    seen.add(c.layout.tp)
+        assert seen == tower_tps
+        options = homogeneous_options(inp)
+        assert options and {o.llm.layout.tp for o in options} == tower_tps

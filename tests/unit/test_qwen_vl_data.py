@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
+from qwen_vl_data import hf_auto_images, hf_processor, qwen_vl_spec, turn, write_conversations, write_image, write_video
 from qwen_vl_data import hf_images as _hf_images
-from qwen_vl_data import hf_processor, qwen_vl_spec, turn, write_conversations, write_image, write_video
 from qwen_vl_models import make_qwen_vl
 
 from orch.runtime.data.index import build_index
@@ -215,6 +215,29 @@ def test_inspect_ids_are_hfs(qwen, tmp_path, cli):
     assert shown["encoder_inputs"]["vision"] == [sum(a * b * c for a, b, c in grids) + t * h * w, 1176]
 
 
+def test_image_rows_come_from_the_image_processor_hf_picks(qwen, tmp_path, monkeypatch):
+    """An image's rows are those of the image processor AutoImageProcessor picks for the directory (as a user's
+    AutoProcessor does: torchvision's backend where it is installed, whose bicubic differs from PIL's), not a
+    fixed class's. Stood in for here (no torchvision) by a picked processor that resamples otherwise."""
+    import torch
+    import transformers
+    from PIL import Image
+
+    directory, model = qwen
+    write_image(tmp_path / "odd.png", 189, 95, seed=4)
+    pick = transformers.AutoImageProcessor.from_pretrained
+
+    def picked(path, *args, **kwargs):  # the backend HF would pick: another resampling
+        proc = pick(path, *args, **kwargs)
+        proc.resample = 2  # bilinear where the directory's config says bicubic
+        return proc
+
+    monkeypatch.setattr(transformers.AutoImageProcessor, "from_pretrained", picked)
+    want = picked(directory)(images=[Image.open(tmp_path / "odd.png").convert("RGB")], return_tensors="pt")
+    rows = VisionMedia_of(model).image_rows([str(tmp_path / "odd.png")])
+    assert len(rows) == 1 and torch.equal(rows[0], want["pixel_values"])
+
+
 @pytest.mark.parametrize("codec", ["mpeg4", "libx264rgb"])
 def test_video_rows_are_the_image_processors_patches_of_its_frames(qwen, tmp_path, codec):
     """A video's rows, per temporal step and slot, are HF's image processor's patches of the decoded frame
@@ -411,7 +434,7 @@ def _hf_qwen3_processor(directory, rule):
     check = transformers.ProcessorMixin.check_argument_for_proper_class
     transformers.ProcessorMixin.check_argument_for_proper_class = lambda self, name, arg: None  # type: ignore
     try:
-        proc = transformers.Qwen3VLProcessor(image_processor=_hf_images(directory), tokenizer=tokenizer)
+        proc = transformers.Qwen3VLProcessor(image_processor=hf_auto_images(directory), tokenizer=tokenizer)
     finally:
         transformers.ProcessorMixin.check_argument_for_proper_class = check  # type: ignore
     proc.video_processor = types.SimpleNamespace(merge_size=rule.merge, temporal_patch_size=rule.temporal_patch)

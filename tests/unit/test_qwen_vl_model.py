@@ -23,11 +23,40 @@ SAMPLES = [
     ([2, 6], [(2, 6, 4, 1.0)]),  # a video of two temporal grids, 1 s each
     ([3, 2, 5], [(1, 16, 16, 0.0), (3, 4, 4, 0.5)]),  # an image of 64 merged tokens, a video
 ]
+# Shapes unlike SAMPLES': images of 4 to 48 merged tokens at many aspect ratios, most larger than Qwen2.5-VL's
+# window (2x2 merged units at window_size 56, 4x4 at 112) and of merged sides it does not divide (3, 5, 7, 1 x 12),
+# up to three images in a sample, an image after a video.
+ODD_SAMPLES = [
+    ([4, 2], [(1, 6, 10, 0.0)]),  # 3 x 5 merged
+    ([3, 1, 6], [(1, 14, 4, 0.0), (1, 2, 24, 0.0)]),  # 7 x 2, then 1 x 12
+    ([6], []),  # text only
+    ([2, 0, 3, 4], [(1, 10, 6, 0.0), (1, 4, 4, 0.0), (1, 12, 14, 0.0)]),  # 5 x 3, one window, 6 x 7
+    ([1, 2, 3], [(2, 6, 10, 1.0), (1, 8, 12, 0.0)]),  # a video of 3 x 5 merged, an image of 4 x 6
+]
+# The models the odd shapes run on: each family's, and a Qwen2.5-VL of 4x4-unit windows whose full-attention
+# blocks are not the tests' usual [1, 3].
+ODD_MODELS = {"qwen2_vl": ("qwen2_vl", None), "qwen2_5_vl": ("qwen2_5_vl", None),
+              "qwen2_5_vl_window112": ("qwen2_5_vl", {"window_size": 112, "fullatt_block_indexes": [0, 2]}),
+              "qwen3_vl": ("qwen3_vl", None)}  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=list(CLASSES))
 def family(request, tmp_path_factory):
     return request.param, make_qwen_vl(tmp_path_factory.mktemp(request.param), request.param, seed=3)
+
+
+@pytest.fixture(scope="module")
+def odd_models(tmp_path_factory):
+    """key of ODD_MODELS -> (family, directory), each model written once on first use."""
+    made = {}
+
+    def get(key):
+        if key not in made:
+            name, vision = ODD_MODELS[key]
+            made[key] = name, make_qwen_vl(tmp_path_factory.mktemp(key), name, seed=5, vision_extra=vision)
+        return made[key]
+
+    return get
 
 
 def _hf(directory, family, attention=None):
@@ -39,19 +68,19 @@ def _hf(directory, family, attention=None):
     return model
 
 
-def _samples(family):
-    """SAMPLES; Qwen3-VL's videos are frames between timestamps in the text (tests/unit/test_qwen3_vl_video.py):
+def _samples(family, samples=SAMPLES):
+    """`samples`; Qwen3-VL's videos are frames between timestamps in the text (tests/unit/test_qwen3_vl_video.py):
     images only here."""
     if family != "qwen3_vl":
-        return SAMPLES
-    return [(pieces, [(1, h, w, 0.0) for _, h, w, _ in items]) for pieces, items in SAMPLES]
+        return samples
+    return [(pieces, [(1, h, w, 0.0) for _, h, w, _ in items]) for pieces, items in samples]
 
 
-def _sequences(config, gen, family):
+def _sequences(config, gen, family, samples=SAMPLES):
     """Per sample: its HF input_ids, token types, labels; its orch text ids, layout inserts, items and pixels."""
     start, end = config.vision_start_token_id, config.vision_end_token_id
     out = []
-    for pieces, items in _samples(family):
+    for pieces, items in _samples(family, samples):
         text: list[int] = []
         ids: list[int] = []
         types: list[int] = []
@@ -81,11 +110,20 @@ def _sequences(config, gen, family):
 
 
 def test_mrope_positions_equal_hf_get_rope_index(family):
-    name, directory = family
+    _check_positions(*family, SAMPLES)
+
+
+@pytest.mark.parametrize("key", list(ODD_MODELS))
+def test_mrope_positions_on_odd_shapes_equal_hf_get_rope_index(odd_models, key):
+    """Several images of other aspect ratios in a sample: each later image's positions start where HF's do."""
+    _check_positions(*odd_models(key), ODD_SAMPLES)
+
+
+def _check_positions(name, directory, samples):
     hf = _hf(directory, name)
     gen = torch.Generator().manual_seed(0)
     tps = getattr(hf.config.vision_config, "tokens_per_second", None) if name == "qwen2_5_vl" else None
-    for ids, types, text, inserts, prefix, media, _ in _sequences(hf.config, gen, name):
+    for ids, types, text, inserts, prefix, media, _ in _sequences(hf.config, gen, name, samples):
         layout = SequenceLayout.interleaved(prefix, len(text), inserts)
         got = mrope_positions(layout, media, 2, tps)
         images = [it.grid for it in media if not it.is_video]
@@ -112,12 +150,46 @@ def test_grid_items_cover_the_patches_in_merge_windows():
 
 
 def test_loss_and_gradients_equal_hf(family):
+    _check_loss_and_gradients(*family, SAMPLES)
+
+
+@pytest.mark.parametrize("key", ["qwen2_5_vl", "qwen2_5_vl_window112"])
+def test_loss_and_gradients_on_odd_shapes_equal_hf(odd_models, key):
+    """Images larger than Qwen2.5-VL's window, of grids it does not divide, up to three per sample at different
+    aspect ratios, full-attention blocks elsewhere than [1, 3]: HF's loss and every gradient (1e-9). (Qwen2-VL's
+    and Qwen3-VL's towers have no windows: their odd shapes are held by the tower and position tests.)"""
+    _check_loss_and_gradients(*odd_models(key), ODD_SAMPLES)
+
+
+@pytest.mark.parametrize("key", list(ODD_MODELS))
+def test_tower_on_odd_shapes_equals_hf_per_image(odd_models, key):
+    """orch's tower over every item of several samples at once gives, per item, HF's tower on that item alone
+    (its merged rows; Qwen3-VL's deepstack features beside them), 1e-9 of the largest entry."""
+    from orch.runtime.models.qwen_vl.vision import QwenVisionTower
+
+    name, directory = odd_models(key)
+    hf = _hf(directory, name)
+    tower = QwenVisionTower(hf.model.visual, hf.config)
+    seqs = _sequences(hf.config, torch.Generator().manual_seed(2), name, ODD_SAMPLES)
+    with torch.no_grad():
+        got = tower(torch.cat([p for s in seqs for p in s[6]]), [sum(p.shape[0] for p in s[6]) for s in seqs],
+                    items=[s[5] for s in seqs])  # fmt: skip
+        want = []
+        for *_, media, pixels in seqs:
+            for item, p in zip(media, pixels, strict=True):
+                out = hf.model.visual(p, grid_thw=torch.tensor([item.grid]))
+                want.append(torch.cat([out.pooler_output, *(getattr(out, "deepstack_features", None) or [])], -1))
+    want_all = torch.cat(want)
+    assert got.shape == want_all.shape == (sum(s[4] for s in seqs), tower.output_dim)
+    assert (got - want_all).abs().max() <= 1e-9 * want_all.abs().max()
+
+
+def _check_loss_and_gradients(name, directory, samples):
     from orch.runtime.models.hf.attention import register
     from orch.runtime.models.qwen_vl.language import DeepstackCausalLM, MRopeCausalLM
     from orch.runtime.models.qwen_vl.vision import QwenVisionTower
     from orch.runtime.sample import scored_labels
 
-    name, directory = family
     hf = _hf(directory, name)
     mine = _hf(directory, name, attention=register())
     tower = QwenVisionTower(mine.model.visual, mine.config)
@@ -128,7 +200,7 @@ def test_loss_and_gradients_equal_hf(family):
         llm = MRopeCausalLM(mine.model.language_model, mine.lm_head, mine.config.text_config)
     tps = getattr(hf.config.vision_config, "tokens_per_second", None) if name == "qwen2_5_vl" else None
     gen = torch.Generator().manual_seed(1)
-    seqs = _sequences(hf.config, gen, name)
+    seqs = _sequences(hf.config, gen, name, samples)
     labels_all = []
     total = torch.zeros((), dtype=torch.float64)
     count = 0
@@ -171,7 +243,9 @@ def test_loss_and_gradients_equal_hf(family):
     assert_same_gradients(mine, hf)
 
 
-def test_a_tower_over_tp2_or_cp2_is_refused_in_one_line(family):
+def test_a_tower_takes_tp2_and_is_refused_cp2_in_one_line(family):
+    """The tower at TP 2 passes the launch check (its heads and FFN split); CP 2 is refused in one line, and so
+    is TP 2 where the user bounds the tower to TP 1 (max_tp)."""
     from orch.planner.plan import Layout
     from orch.planner.specs import DataSpec, TaskSpec
     from orch.runtime.models.registry import model_spec_from_dir
@@ -180,12 +254,21 @@ def test_a_tower_over_tp2_or_cp2_is_refused_in_one_line(family):
 
     _, directory = family
     model = model_spec_from_dir(directory)
+    bounded = model.model_copy(
+        update={"modules": {**model.modules, "vision": model.modules["vision"].model_copy(update={"max_tp": 1})}}
+    )
     data = DataSpec(global_batch=4, seq_len=64, tasks=[TaskSpec(weight=1, tokens={"vision": 16, "llm": 32})])
-    for layout, want in ((Layout(tp=2, dp=2), "modules.vision.layout.tp: 2: this module takes tensor parallelism up to 1"),
-                         (Layout(cp=2, dp=2), "modules.vision.layout.cp: 2: a tower of fixed windows")):  # fmt: skip
-        plan = hand_plan(model, data, {"llm": (Layout(dp=4), [0, 1, 2, 3]), "vision": (layout, [0, 1, 2, 3])})
+
+    def plan_of(spec, layout):
+        return hand_plan(spec, data, {"llm": (Layout(dp=4), [0, 1, 2, 3]), "vision": (layout, [0, 1, 2, 3])})
+
+    check_supported(plan_of(model, Layout(tp=2, dp=2)))
+    for spec, layout, want in (
+        (bounded, Layout(tp=2, dp=2), "modules.vision.layout.tp: 2: this module takes tensor parallelism up to 1"),
+        (model, Layout(cp=2, dp=2), "modules.vision.layout.cp: 2: a tower of fixed windows"),
+    ):
         with pytest.raises(UnsupportedPlan, match=want.replace(".", r"\.").replace("(", r"\(")):
-            check_supported(plan)
+            check_supported(plan_of(spec, layout))
 
 
 def test_the_start_up_calibration_times_the_familys_own_modules(family):

@@ -92,15 +92,17 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
         src = Path(path)
         target = Path(out) if len(sources) == 1 else Path(out) / "+".join(names)
         dtype = source_dtype(src)
+        full = build_full(path)
+        shapes = {k: v.shape for k, v in full.state_dict().items()}
         weights: dict[str, torch.Tensor] = {}
         for name in names:
             saved = state[name]["model"]
             for local, key in modules[name].hf_keys.items():
                 tensor = saved[local]  # a tied weight is saved under its first name, the one hf_keys holds
+                tensor = tensor.reshape(shapes[key])  # a fused qkv held by group (hf/fused_qkv.py) back as HF's
                 weights[key] = (tensor.to(dtype) if dtype is not None else tensor).contiguous()
         from transformers.core_model_loading import revert_weight_conversion
 
-        full = build_full(path)
         on_disk = revert_weight_conversion(full, weights)
         # What the run never held (a Whisper source's decoder) comes back from the source as it was.
         ckpt = Checkpoint.of(src, full)

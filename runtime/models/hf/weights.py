@@ -113,6 +113,23 @@ def local_region(p: torch.Tensor) -> tuple[slice, ...]:
     return tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))
 
 
+def read_region(stored: Any, stored_shape: tuple[int, ...], shape: tuple[int, ...], region: tuple[slice, ...]) -> Any:
+    """`region` of a parameter of `shape` from its tensor on disk (`stored`: a safetensors slice), of
+    `stored_shape`: the same shape, or the parameter viewing the stored rows by group ([groups, rows, ...] of
+    [groups x rows, ...]: a fused qkv held by q, k and v, runtime/models/hf/fused_qkv.py), read group by group."""
+    if shape == stored_shape:
+        return stored[region]
+    groups, rows, rest = shape[0], shape[1], shape[2:]
+    if stored_shape != (groups * rows, *rest):
+        raise ValueError(f"a parameter of shape {list(shape)} is not a grouping of {list(stored_shape)}")
+    picked, within = region[0], region[1]
+    parts = [
+        stored[(slice(g * rows + within.start, g * rows + within.stop), *region[2:])]
+        for g in range(picked.start, picked.stop)
+    ]
+    return torch.stack(parts)
+
+
 @torch.no_grad()
 def load_parameters(module: nn.Module, keys: dict[str, str], ckpt: Checkpoint) -> None:
     """Fill `module`'s parameters (materialised) with their local slices from the checkpoint."""
@@ -128,7 +145,8 @@ def load_parameters(module: nn.Module, keys: dict[str, str], ckpt: Checkpoint) -
     for file, items in by_file.items():
         with safe_open(str(file), framework="pt") as f:
             for local, p in items:
-                part = f.get_slice(ckpt.tensors[keys[local]].key)[local_region(p)]
+                located = ckpt.tensors[keys[local]]
+                part = read_region(f.get_slice(located.key), located.shape, tuple(p.shape), local_region(p))
                 target = local_part(p)
                 target.copy_(part.to(dtype=target.dtype))
 

@@ -7,8 +7,9 @@ patch_size²` values, `spatial_merge_size²` patches merged into one LLM token b
 RMSNorm, then a two-layer MLP from width x merge² to the LLM's width). Every block attends inside one image or
 video frame only (HF's cu_seqlens); Qwen2.5-VL's blocks attend inside windows of `window_size` pixels a side
 but for `fullatt_block_indexes`; Qwen3-VL adds the outputs of `deepstack_visual_indexes` blocks, each through a
-merger of its own, into the LLM's first layers. The tower's qkv projection is one fused Linear the runtime
-cannot shard yet: TP 1 (`max_tp`), and no CP (its attention stays inside each image).
+merger of its own, into the LLM's first layers. The tower takes TP at any degree that splits its heads and FFN
+(its fused qkv projection is sharded by heads: runtime/models/hf/fused_qkv.py), and no CP (its attention stays
+inside each image).
 
 Two config layouts: transformers 5.24 writes `text_config` and `vision_config`; hub configs of Qwen2-VL and
 Qwen2.5-VL often hold the text model's fields at the top level (transformers reads them there when there is no
@@ -125,7 +126,6 @@ def vision_module(cfg: HFConfig, family: str, hf: HFPart) -> ModuleSpec:
         full_attention_blocks=full,
         deepstack_blocks=deepstack,
         projector_hidden=hidden * merge * merge,
-        max_tp=1,  # the fused qkv Linear: the runtime cannot shard it yet
         hf=hf,
     )
 

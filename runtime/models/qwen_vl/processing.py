@@ -2,11 +2,14 @@
 order of Hugging Face's `pixel_values` / `pixel_values_videos` (merge windows contiguous), the grid the index
 counted (media.py).
 
-* Images: HF's own image processor (`Qwen2VLImageProcessorPil` from the model directory, given the files as
-  hf/processor.py `processor_images` opens them: conversion to RGB, resize to the `smart_resize` grid,
-  rescale, normalise, each image's patches repeated over the temporal patch).
+* Images: the model directory's image processor as HF's `AutoImageProcessor` (hence a user's `AutoProcessor`)
+  picks it, given the files as hf/processor.py `processor_images` opens them: its torchvision backend where
+  torchvision is installed, else `Qwen2VLImageProcessorPil` (conversion to RGB, resize to the `smart_resize`
+  grid, rescale, normalise, each image's patches repeated over the temporal patch). The two backends resample
+  differently (up to ~0.3 apart in normalised values), so the model is given the pixels HF's own pipeline gives
+  it in the same environment.
 * Videos: decoded with PyAV, the frames HF's video processor samples (media.py `frame_indices`), each frame
-  resized, rescaled and normalised by the same image processor's operations (PIL bicubic; HF's torchvision
+  resized, rescaled and normalised by the PIL image processor's operations (PIL bicubic; HF's torchvision
   video path resizes with torchvision's kernel, so its values differ by resampling alone), the last frame
   repeated to fill a temporal patch, patched as HF's video processor patches: per temporal step, per merge
   window, per patch, `[C, temporal_patch, patch, patch]` values. The video processor config's mean, std and
@@ -37,18 +40,28 @@ class VisionMedia:
         self.rule: VisionGrids = read_rule(self.directory, str(read_config(self.directory)[1].get("model_type")))
         self.width = spec.input_dim
         self._processor: Any = None
+        self._pil: Any = None
         self._video: dict[str, Any] | None = None
 
     @property
     def processor(self) -> Any:
-        """HF's PIL image processor of the directory (loaded once)."""
+        """The directory's image processor as `AutoImageProcessor` picks it (loaded once): the images' rows."""
         if self._processor is None:
+            from orch.runtime.models.hf.processor import load_processor
+
+            self._processor = load_processor(self.directory, "image")
+        return self._processor
+
+    @property
+    def pil(self) -> Any:
+        """HF's PIL image processor of the directory (loaded once): the video path's resize, rescale, normalise."""
+        if self._pil is None:
             import transformers
 
             transformers.logging.set_verbosity_error()
             cls = transformers.Qwen2VLImageProcessorPil
-            self._processor = cls.from_pretrained(self.directory, local_files_only=True)
-        return self._processor
+            self._pil = cls.from_pretrained(self.directory, local_files_only=True)
+        return self._pil
 
     def _video_normalise(self) -> dict[str, Any]:
         """The video processor's rescale and normalisation (its config, else its class defaults)."""
@@ -130,7 +143,7 @@ class VisionMedia:
 
         frames, (t, gh, gw, _) = self.frames(path)
         p, m, tp = self.rule.patch, self.rule.merge, self.rule.temporal_patch
-        norm, proc = self._video_normalise(), self.processor
+        norm, proc = self._video_normalise(), self.pil
         size = SizeDict(height=gh * p, width=gw * p)
         out = []
         for frame in frames:

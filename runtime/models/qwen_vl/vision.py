@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from orch.runtime.models.hf.fused_qkv import GroupedColwise, group_fused_qkv
 from orch.runtime.models.hf.module import HFModule
 from orch.runtime.sample import MediaItem
 
@@ -28,6 +29,11 @@ if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
     from orch.runtime.parallel.context import CPShard
+
+
+# The tower MLP's projections: Qwen2-VL's fc1/fc2, Qwen2.5-VL's gate/up/down (SwiGLU), Qwen3-VL's linear_fc1/fc2.
+MLP_IN = ("fc1", "gate_proj", "up_proj", "linear_fc1")
+MLP_OUT = ("fc2", "down_proj", "linear_fc2")
 
 
 class QwenVisionTower(HFModule):
@@ -42,9 +48,32 @@ class QwenVisionTower(HFModule):
         width = int(getattr(vc, "out_hidden_size", None) or vc.hidden_size)
         self.deepstack = len(getattr(vc, "deepstack_visual_indexes", None) or ())
         self.output_dim = width * (1 + self.deepstack)  # Qwen3-VL: its deepstack features ride along each row
+        for block in visual.blocks:  # held by q, k and v group at every TP degree (runtime/models/hf/fused_qkv.py)
+            group_fused_qkv(block.attn)
 
     def tp_plan(self) -> dict[str, ParallelStyle]:
-        return {}  # the fused qkv projection is not sharded: the planner gives this tower TP 1
+        """Megatron's split of every block: qkv by heads (GroupedColwise), the MLP's input projections colwise,
+        the attention's `proj` and the MLP's last projection rowwise; the patch embedding and the mergers
+        (Qwen3-VL's deepstack mergers too) replicated, as every projector is."""
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        plan: dict[str, ParallelStyle] = {}
+        for i, block in enumerate(self.visual.blocks):
+            at = f"visual.blocks.{i}"
+            plan[f"{at}.attn.qkv"] = GroupedColwise()
+            plan[f"{at}.attn.proj"] = RowwiseParallel()
+            for name in MLP_IN:
+                if hasattr(block.mlp, name):
+                    plan[f"{at}.mlp.{name}"] = ColwiseParallel()
+            for name in MLP_OUT:
+                if hasattr(block.mlp, name):
+                    plan[f"{at}.mlp.{name}"] = RowwiseParallel()
+        return plan
+
+    def after_tp(self, tp: int) -> None:
+        # The attention reshapes its qkv output by its head count: a TP rank holds num_heads / tp of them.
+        for block in self.visual.blocks:
+            block.attn.num_heads //= tp
 
     def layer_stack(self) -> nn.Module:
         return self.visual.blocks  # type: ignore[no-any-return]
