@@ -7,7 +7,7 @@ reference it. All cells of one world size run in ONE launch, only those the sess
 
 import pytest
 from equivalence import assert_matches_hf
-from family_matrix import PLAN_KINDS, ROWS, build_row, cell_name, run_cells, cells_under_test
+from family_matrix import PLAN_KINDS, ROWS, build_row, cell_name, cells_under_test, run_cells
 
 from orch.planner.families import Role, types_of
 from orch.runtime.data.synthetic import SyntheticBatch
