@@ -5,8 +5,8 @@ step 0 as tests/distributed/test_family_matrix.py holds the cells `make test` ru
 `gradient_errors`). A cell the family's modules refuse is "n/a" with the reason (`ModuleSpec.refuses`).
 
 Prints the table (rows: families; columns: plan kinds; cells: loss error / gradient error), writes
-bench/out/family_matrix.json, and exits 1 if any cell exceeds 1e-9 or fails to run. All cells of one world size
-run in one launch; if that launch fails, its cells run one by one so the failing ones are named.
+bench/out/family_matrix.json, and exits 1 if any cell exceeds 1e-9 or fails to run. A row's cells of one
+world size run in one launch; if that launch fails, its cells run one by one so the failing ones are named.
 
     python bench/bench_family_matrix.py [--rows ROW,...] [--kinds KIND,...]
 """
@@ -45,27 +45,33 @@ def measure(records: dict, folder: Path, name: str, want: tuple) -> dict:
             "grad_error": errors[worst], "worst_parameter": worst}  # fmt: skip
 
 
-def run(cells: list[tuple[str, str]], built: dict, out: Path) -> dict[str, dict]:
-    """Every cell's result; a launch that fails is rerun cell by cell, each failure recorded as its error."""
+def attempt(cells: list[tuple[str, str]], built: dict, out: Path) -> dict[str, dict]:
+    """`cells` (of one world size) in one launch; if it fails, each cell in a launch of its own, so that the
+    failing ones are named with their error."""
     try:
-        groups = [(cells, *run_cells(cells, built, out / "all"))]
-    except Exception as exc:  # one cell's failure fails its whole launch: isolate it
-        print(f"the launch of {len(cells)} cells failed ({type(exc).__name__}); running them one by one", flush=True)
-        groups = []
-        for cell in cells:
-            try:
-                groups.append(([cell], *run_cells([cell], built, out / cell_name(*cell))))
-            except Exception as one:
-                groups.append(([cell], {cell_name(*cell): one}, {}))
+        records, folders = run_cells(cells, built, out)
+    except Exception as exc:  # one cell's failure fails its whole launch
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        if len(cells) == 1:
+            return {cell_name(*cells[0]): {"status": "error", "why": why}}
+        print(f"a launch of {len(cells)} cells failed ({why}); running them one by one", flush=True)
+        return {k: v for i, cell in enumerate(cells) for k, v in attempt([cell], built, out / str(i)).items()}
+    return {
+        cell_name(r, k): measure(records, folders[cell_name(r, k)], cell_name(r, k), built[r].want) for r, k in cells
+    }
+
+
+def run(cells: list[tuple[str, str]], built: dict, out: Path) -> dict[str, dict]:
+    """Every cell's result: one launch per row and world size (a failing cell costs its row a rerun, not the
+    matrix)."""
+    groups: dict[tuple[str, int], list[tuple[str, str]]] = {}
+    for row, kind in cells:
+        groups.setdefault((row, PLAN_KINDS[kind].world_size), []).append((row, kind))
     results = {}
-    for group, records, folders in groups:
-        for row, kind in group:
-            name = cell_name(row, kind)
-            if isinstance(records.get(name), Exception):
-                error = records[name]
-                results[name] = {"status": "error", "why": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
-            else:
-                results[name] = measure(records, folders[name], name, built[row].want)
+    for (row, world), group in groups.items():
+        start = time.monotonic()
+        results |= attempt(group, built, out / f"{row}-{world}")
+        print(f"{row}, {world} ranks: {len(group)} cells in {time.monotonic() - start:.0f} s", flush=True)
     return results
 
 
