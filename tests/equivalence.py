@@ -34,21 +34,38 @@ def run_plans(plans: dict, data, cfg, out: Path) -> dict[str, tuple[list[float],
     }
 
 
+def orch_keys(model) -> dict[str, str]:
+    """orch's parameter names (`module.local`) -> the transformers model's, for every HF module of `model`."""
+    from orch.runtime.models.hf.build import build_hf_modules
+
+    return {f"{n}.{local}": key for n, m in build_hf_modules(model).items() for local, key in m.hf_keys.items()}
+
+
+def gradient_errors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> dict[str, tuple[float, float]]:
+    """HF name -> (max error of `got`'s gradient, the scale it is measured against): the reference tensor's
+    largest entry. A key bias's gradient is zero in exact arithmetic (softmax ignores a shift shared by all
+    keys): its reference is rounding noise, so the scale is at least a millionth of the largest gradient."""
+    floor = 1e-6 * max(g.abs().max().item() for g in want.values())
+    return {k: ((got[k] - ref).abs().max().item(), max(ref.abs().max().item(), floor)) for k, ref in want.items()}
+
+
+def renamed_gradients(out: Path, name: str, keys: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Plan `name`'s merged gradients under the HF reference's names (`keys`: orch name -> HF's; others as they are)."""
+    return {keys.get(k, k): v for k, v in merged(out / name, "grads").items()}
+
+
 def assert_matches_hf(records: dict, name: str, out: Path, keys: dict[str, str], want_loss: float, want: dict) -> dict:
     """Plan `name`'s step-0 loss (1e-9 relative) and every gradient, renamed by `keys` (orch name -> the HF
-    reference's; others as they are), against the HF reference's (1e-9). A key bias's gradient is zero in
-    exact arithmetic (softmax ignores a shift shared by all keys): its reference is rounding noise, so errors
-    are measured against a millionth of the largest gradient too. Returns the renamed gradients."""
+    reference's; others as they are), against the HF reference's (1e-9 of `gradient_errors`' scale). Returns
+    the renamed gradients."""
     import pytest
 
     assert records[name][0].loss == pytest.approx(want_loss, rel=1e-9), name
-    got = {keys.get(k, k): v for k, v in merged(out / name, "grads").items()}
+    got = renamed_gradients(out, name, keys)
     assert set(got) == set(want), (name, sorted(set(got) ^ set(want)))
     got = {k: v.reshape(want[k].shape) for k, v in got.items()}  # a fused qkv held by q, k and v group: HF's rows
-    floor = 1e-6 * max(g.abs().max().item() for g in want.values())
-    for k, ref in want.items():
-        err = (got[k] - ref).abs().max().item()
-        assert err <= 1e-9 * max(ref.abs().max().item(), floor), f"{name}: {k}: max error {err:.3e}"
+    for k, (err, scale) in gradient_errors(got, want).items():
+        assert err <= 1e-9 * scale, f"{name}: {k}: max error {err:.3e}"
     return got
 
 

@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 import yaml
 from equivalence import assert_matches_hf, merged
+from family_matrix import SEED, data_spec
 from hf_models import make_parts
 from launching import train_tasks
-from test_hf_equivalence import SEED, data_spec
 
 from orch.planner.plan import Layout
 from orch.runtime.data.synthetic import SyntheticBatch
