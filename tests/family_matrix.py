@@ -181,10 +181,19 @@ PLAN_KINDS: dict[str, PlanKind] = {
 # long: the bench runs it): every cell a family was held under before the matrix, and every registered family
 # homogeneous. LLaVA (whole images) and Qwen2.5-VL (windows, M-RoPE) run every plain kind (homogeneous; the
 # LLM's TP, CP and PP beside a tower; disaggregated), Qwen2-Audio (clips) each in a richer cell (PP2 beside a
-# tower at TP2, CP3 after a lone tower rank).
+# tower at TP2, CP3 after a lone tower rank); every family with a tower that cannot run on zero rows (whole images,
+# clips, grids) under ZeRO-3, where a rank without media runs its placeholder (in the DP4 launch: no launch more).
 TESTED: dict[str, tuple[str, ...]] = {
-    "llava": ("homogeneous", "llm_tp2", "llm_cp2", "llm_pp2", "disaggregated", "tower_tp2_llm_cp2"),
-    "qwen2_audio": ("homogeneous", "llm_tp2", "tower_tp2_llm_pp2", "disaggregated_llm_cp3"),
+    "llava": (
+        "homogeneous",
+        "llm_tp2",
+        "llm_cp2",
+        "llm_pp2",
+        "disaggregated",
+        "tower_tp2_llm_cp2",
+        "zero3_homogeneous",
+    ),
+    "qwen2_audio": ("homogeneous", "llm_tp2", "tower_tp2_llm_pp2", "disaggregated_llm_cp3", "zero3_homogeneous"),
     "qwen2_vl": ("homogeneous", "llm_tp2", "llm_cp2"),
     "qwen2_5_vl": (
         "homogeneous",

@@ -17,6 +17,9 @@ on meta, `materialize(device, seed, name)`. What a module takes beyond packed ro
 each clip runs on its own; a family's clip may carry rows past its tokens' frames, as Qwen2-Audio's carry the
 frames its stem reads past them and the clip's real frame count: `GlobalBatch.input_rows`); an LLM that is
 `TakesLayouts` has `run_blocks` called with the micro-batch's layouts (`layouts=`: positions other than 0..n-1).
+An encoder that cannot run on zero rows (a tower of whole images, of fixed clips, of patch grids) is
+`HasPlaceholder` (`placeholder(width, dtype, device)`: its smallest real input), which a rank with nothing to
+encode runs where every rank must call the module's blocks (runtime/train/compute.py `encode`).
 A module that is none of these gets the default of `parallelize.py` (TP over orch's reference `Block`s wherever
 they occur, blocks found under `layers` / `blocks` containers), no items, no layouts.
 """
@@ -119,6 +122,19 @@ class MergesPatches(TakesItems, Protocol):
     """A native-resolution tower: its items are patch grids, `merge` x `merge` patches one LLM token."""
 
     merge: int
+
+
+@runtime_checkable
+class HasPlaceholder(Protocol):
+    """An encoder that cannot run on zero rows: its smallest real input (one image of its fixed size, one
+    shortest clip, one merge window's grid) as the call takes it, `width` values a row: (rows, seqlens, items;
+    the items as `TakesItems` takes them, ignored by an encoder that is not). A rank with nothing to encode
+    where every DP rank must call every block (a resharding FSDP2 module: its gathers, its gradients'
+    reduce-scatters) runs it and drops its rows, so it contributes exact zeros to outputs and gradients."""
+
+    def placeholder(
+        self, width: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, list[int], list[tuple[MediaItem, ...]]]: ...
 
 
 @runtime_checkable

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from orch.runtime.data.batch import Sample
-from orch.runtime.models.contract import MergesPatches, TakesItems, encoder_call
+from orch.runtime.models.contract import HasPlaceholder, MergesPatches, TakesItems, encoder_call
 from orch.runtime.parallel.context import CPGroup
 from orch.runtime.sample import SequenceLayout, grid_items, layouts_or_prefix_first, scored_labels
 
@@ -33,9 +33,10 @@ def encode(
     With `cp` the samples are sharded over the CP group in units of the projector's downsample;
     the result is still every projected row (replicated over the group).
 
-    `empty_width`: with no tokens, still run the encoder, on zero rows of this input width (a resharding FSDP2
-    module's DP ranks must all call every block: runtime/parallel/fsdp.py), or a native-resolution tower on
-    its smallest image, the rows dropped (its gradients are exact zeros); None: return the empty result without
+    `empty_width`: with no tokens, still run the encoder (a resharding FSDP2 module's DP ranks must all call
+    every block: runtime/parallel/fsdp.py): on zero rows of this input width, or, for an encoder that cannot run
+    on zero rows (`HasPlaceholder`), on its placeholder input, the rows dropped (the graph stays connected, so
+    the backward's reductions happen too; its gradients are exact zeros); None: return the empty result without
     a call.
     """
     feats = [s.feats[name] for s in samples]
@@ -46,11 +47,9 @@ def encode(
             width = encoder.output_dim  # the contract's (runtime/models/contract.py)
             return torch.zeros(0, width, dtype=dtype, device=_device_of(encoder))
         device = _device_of(encoder)
-        if isinstance(encoder, TakesItems) and not encoder.is_audio:
-            # a native-resolution tower needs an image: the smallest (one merge window), its rows dropped
-            d = encoder_downsample(encoder)
-            rows = torch.zeros(d * frames_per_token, empty_width, dtype=dtype, device=device)
-            return encoder_call(encoder, rows, [d], None, [grid_items(d, d)])[:0]  # type: ignore[no-any-return]
+        if isinstance(encoder, HasPlaceholder):
+            rows, lens, placeholder_items = encoder.placeholder(empty_width, dtype, device)
+            return encoder_call(encoder, rows, lens, None, placeholder_items)[:0]
         # zero rows through every block: the module's gathers and reductions, no compute
         samples, seqlens, feats = [], [], [torch.zeros(0, empty_width, dtype=dtype, device=device)]
     items = []

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
     from orch.runtime.parallel.context import CPShard
+    from orch.runtime.sample import MediaItem
 
 
 def _selected(feature_layer: int | list[int], layers: int) -> list[int]:
@@ -74,6 +75,12 @@ class HFVisionEncoder(HFModule):
                 f"{self._core_path}.encoder.layers.{i}", ("self_attn.out_proj",), ("mlp.fc1",), ("mlp.fc2",)
             )
         return plan
+
+    def placeholder(
+        self, width: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, list[int], list[tuple[MediaItem, ...]]]:
+        """One black image (`HasPlaceholder`: HF's attention cannot run on an empty batch)."""
+        return torch.zeros(self.image_tokens, width, dtype=dtype, device=device), [self.image_tokens], [()]
 
     def images(self, feats_TF: torch.Tensor) -> torch.Tensor:
         """Packed patch rows [n·g², C·p·p] -> images [n, C, g·p, g·p]."""

@@ -58,6 +58,13 @@ class HFAudioEncoder(HFModule):
         for layer in self.audio_tower.layers:
             layer.self_attn.num_heads //= tp
 
+    def placeholder(
+        self, width: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, list[int], list[tuple[MediaItem, ...]]]:
+        """A silent clip of 2 frames, one encoder token's as a sample without items has them (`HasPlaceholder`:
+        the tower stacks its windows, of which there must be one)."""
+        return torch.zeros(2, width, dtype=dtype, device=device), [1], [()]
+
     def clips(self, feats_TF: torch.Tensor, seqlens: list[int]) -> list[torch.Tensor]:
         """Each sample's frames cut into clips of at most `clip_frames`, in sample order."""
         out = []

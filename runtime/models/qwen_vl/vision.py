@@ -23,7 +23,7 @@ from torch import nn
 
 from orch.runtime.models.hf.fused_qkv import GroupedColwise, group_fused_qkv
 from orch.runtime.models.hf.module import HFModule
-from orch.runtime.sample import MediaItem
+from orch.runtime.sample import MediaItem, grid_items
 
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
@@ -77,6 +77,13 @@ class QwenVisionTower(HFModule):
 
     def layer_stack(self) -> nn.Module:
         return self.visual.blocks  # type: ignore[no-any-return]
+
+    def placeholder(
+        self, width: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, list[int], list[tuple[MediaItem, ...]]]:
+        """The smallest image, one merge window (`HasPlaceholder`: the tower needs a grid)."""
+        d = self.merge * self.merge
+        return torch.zeros(d, width, dtype=dtype, device=device), [d], [grid_items(d, d)]
 
     def forward(
         self,
