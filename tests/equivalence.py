@@ -44,9 +44,13 @@ def orch_keys(model) -> dict[str, str]:
 def gradient_errors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> dict[str, tuple[float, float]]:
     """HF name -> (max error of `got`'s gradient, the scale it is measured against): the reference tensor's
     largest entry. A key bias's gradient is zero in exact arithmetic (softmax ignores a shift shared by all
-    keys): its reference is rounding noise, so the scale is at least a millionth of the largest gradient."""
+    keys): its reference is rounding noise, so the scale is at least a millionth of the largest gradient. A fused
+    qkv's gradient held by q, k and v group ([3, width, in]) is compared as HF's rows ([3 x width, in])."""
     floor = 1e-6 * max(g.abs().max().item() for g in want.values())
-    return {k: ((got[k] - ref).abs().max().item(), max(ref.abs().max().item(), floor)) for k, ref in want.items()}
+    return {
+        k: ((got[k].reshape(ref.shape) - ref).abs().max().item(), max(ref.abs().max().item(), floor))
+        for k, ref in want.items()
+    }
 
 
 def renamed_gradients(out: Path, name: str, keys: dict[str, str]) -> dict[str, torch.Tensor]:
