@@ -23,7 +23,7 @@ with its phases at their mean rank ("every phase at its mean rank"), or, where o
 outweighs the mean rank, at that sample's cost ("whole samples": the dispatcher's floor_cost).
 With two ranks the ceiling itself is about 1.3x; bench_balance_scaling.py shows how it grows
 with DP. Prints a table, writes bench/out/balance_runtime.json. Ratios, not absolute times, are
-the result (DESIGN.md, Measuring).
+the result (docs/design.md, Measuring).
 
     .venv/bin/python bench/bench_balance_runtime.py [--steps 30] [--mix skewed|video-heavy]
 """

@@ -1,6 +1,6 @@
 """Boundary communicators: encoder outputs from the encoder's layout into the LLM's, and back.
 
-Equal-DP, Fan-in and Fan-out, colocated or not, are one operation (DESIGN.md): a RouteTable
+Equal-DP, Fan-in and Fan-out, colocated or not, are one operation (docs/design.md): a RouteTable
 from each sample's DP index in the encoder to its DP index in the LLM, moved by
 `transport.routed` (one all_to_all_single; the inverse table in backward). Colocated edges
 keep the bytes inside the shared rank set because both grids use the same ranks; disjoint

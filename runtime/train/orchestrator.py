@@ -1,6 +1,6 @@
 """The global orchestrator: per step, where every sample runs in each phase (OrchMLLM post-balancing).
 
-Per step (DESIGN.md, OrchMLLM; issue 5):
+Per step (OrchMLLM; docs/design.md, One primitive):
 
 1. every rank announces its samples' per-phase lengths (`announce`: one all_gather of a few
    integers per sample; lengths, never data);
