@@ -47,7 +47,7 @@ class Boundary:
         """This step's table: each sample from its encoder DP index to its LLM DP index.
 
         Without `table`, the unbalanced one (initial placement on both sides); the orchestrator
-        passes its composed table (runtime/train/orchestrator.py, StepTables.boundary_table). With
+        passes its composed table (runtime/train/post_balance.py, StepTables.boundary_table). With
         `only`, the other samples carry no rows (one micro-batch's move of the graph schedule).
         """
         n = batch.size
