@@ -42,7 +42,7 @@ lint: $(STAMP)
 		runtime/checkpoint_manifest.py runtime/checkpoint_agree.py runtime/disk.py runtime/seeds.py \
 		runtime/metrics.py runtime/preemption.py
 
-# A real single-machine Slurm cluster for tests/test_slurm_cluster.py (root, Debian 12; README.md "Slurm").
+# A real single-machine Slurm cluster for tests/slurm/test_slurm_cluster.py (root, Debian 12; README.md "Slurm").
 slurm-up:
 	bash scripts/slurm-cluster.sh up
 

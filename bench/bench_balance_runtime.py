@@ -4,7 +4,7 @@
 rank), a widened tiny model and a skewed multimodal mix (`bench_specs`: four in five samples
 are short captions, one in ten a long video, one in ten an ASR clip), global batch 16 (8
 samples per rank, so which rank draws the videos decides the step), float64. Both modes
-calibrate the dispatcher's cost model at startup (TrainConfig.calibrate, orchestrator.calibrate_module),
+calibrate the dispatcher's cost model at startup (TrainConfig.calibrate, calibration.calibrate_module),
 so their predicted costs are comparable. The two modes run as two executors in one process group on the
 same global batches, step k of each back to back in alternating order (the load of this shared
 machine drifts; alternating cancels it). Per mode: median step time over the steps after
@@ -23,7 +23,7 @@ with its phases at their mean rank ("every phase at its mean rank"), or, where o
 outweighs the mean rank, at that sample's cost ("whole samples": the dispatcher's floor_cost).
 With two ranks the ceiling itself is about 1.3x; bench_balance_scaling.py shows how it grows
 with DP. Prints a table, writes bench/out/balance_runtime.json. Ratios, not absolute times, are
-the result (DESIGN.md, Measuring).
+the result (docs/design.md, Measuring).
 
     .venv/bin/python bench/bench_balance_runtime.py [--steps 30] [--mix skewed|video-heavy]
 """

@@ -9,7 +9,7 @@ for DP 2 to 64, and prices each step's compute critical path, Σ over phases (ea
 forward+backward, the LLM's) of the slowest rank's seconds:
 
   none     the samples where they were drawn (`--balance none`);
-  orch     where `Orchestrator.dispatch` puts them (the runtime's code: token cap, fallback);
+  orch     where `PostBalancer.dispatch` puts them (the runtime's code: token cap, fallback);
   floor    Σ over phases of max(mean rank, longest sample): what no balancing can beat.
 
 Costs are the dispatcher's model (planner/sample_cost.py: constant + linear·len + quadratic·len² per
@@ -45,12 +45,12 @@ RANKS_PER_NODE = 8
 
 
 def calibrated_costs(model: ModelSpec, data: DataSpec) -> dict[str, SampleCost]:
-    """Per module: the dispatcher's start-up calibration, in seconds (runtime/train/orchestrator.py)."""
+    """Per module: the dispatcher's start-up calibration, in seconds (runtime/train/calibration.py)."""
     import torch
 
     from orch.runtime.data.batch import encoder_order
     from orch.runtime.host_memory import keep_freed_memory
-    from orch.runtime.train.orchestrator import calibrate_module, longest_sample
+    from orch.runtime.train.calibration import calibrate_module, longest_sample
 
     torch.set_num_threads(1)
     keep_freed_memory()  # as a rank runs (runtime/launch/procgroup.py)
@@ -74,12 +74,12 @@ def step_costs(
     """Per step: the compute critical path in seconds with none, with orch, and the floor."""
     from orch.runtime.data.synthetic import SyntheticBatch
     from orch.runtime.parallel.grid import build_grids
-    from orch.runtime.train.orchestrator import Orchestrator, lengths_columns, phase_name
+    from orch.runtime.train.post_balance import PostBalancer, lengths_columns, phase_name
 
     data_dp = data.model_copy(update={"global_batch": samples_per_rank * dp})
     plan = hand_plan(model, data_dp, {model.llm_name: (Layout(dp=dp), list(range(dp)))}, micro_batches=1)
     plan = plan.model_copy(update={"ranks_per_node": min(RANKS_PER_NODE, dp)})
-    orch = Orchestrator(plan, build_grids(plan.modules), Mode.ORCH, 8, calibration)
+    orch = PostBalancer(plan, build_grids(plan.modules), Mode.ORCH, 8, calibration)
     out: dict[str, list[float]] = {"none": [], "orch": [], "floor": []}
     for step in range(steps):
         batch = SyntheticBatch.build(model, data_dp, 0, step)

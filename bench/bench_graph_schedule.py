@@ -5,7 +5,7 @@ per core, `torch.set_num_threads(1)`), the LLM's step cut into 4 micro-batches. 
 runs all encoder forwards, then the LLM, then the encoder backwards, so each island idles while
 the other computes; `graph_1f1b` pipelines encoder micro-batch m + 1 with the LLM's m. Both
 runs train the same batches (equal losses are checked). Medians over 20 steps after 2 warm-up
-steps, and the ratio, are the result (DESIGN.md, Measuring). Writes bench/out/graph_schedule.json.
+steps, and the ratio, are the result (docs/design.md, Measuring). Writes bench/out/graph_schedule.json.
 """
 
 from __future__ import annotations

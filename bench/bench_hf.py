@@ -7,7 +7,7 @@ micro-batch through the model's own forward (input_ids with image tokens, pixel_
 the loss summed over label tokens and divided by the global count, SGD. orch runs the same samples
 under each plan (packed micro-batches, post-balancing, its schedules). Every configuration runs STEPS
 steps; the median of the steps after WARMUP is the step time; ratios to DDP are the result, as the
-machine is shared (DESIGN.md, Measuring).
+machine is shared (docs/design.md, Measuring).
 
     python bench/bench_hf.py [--steps N] [--small]       (writes bench/out/hf.json)
 """

@@ -47,7 +47,7 @@ and here it would hold 4 x 640 x 32,000 logits per rank, more than this machine'
 per rank; so this baseline is the faster of bench_hf.py's two); the loss summed over label tokens, divided by the global count and multiplied by the world
 size (DDP averages), so its gradient is orch's; SGD lr 0.1. Its losses are checked against orch's too.
 
-This machine is shared and noisy: ratios and medians are the result (DESIGN.md, Measuring), not absolute times.
+This machine is shared and noisy: ratios and medians are the result (docs/design.md, Measuring), not absolute times.
 
     .venv/bin/python bench/bench_qwen_vl.py [--steps 8] [--dtype float32|float64] [--small]
                                             (writes bench/out/qwen_vl.json; --small: bench/out/qwen_vl_small.json)

@@ -4,7 +4,7 @@ The planner's homogeneous baseline and its best colocated and best disaggregated
 search restricted to that placement; one whose layouts equal the baseline's is left out), with
 predicted step times; each is executed and its measured speed-up over the baseline is printed
 beside the predicted one. Gain = baseline step time / plan step time.
-Writes bench/out/runtime.json. Ratios, not absolute times, are the result (DESIGN.md, Measuring).
+Writes bench/out/runtime.json. Ratios, not absolute times, are the result (docs/design.md, Measuring).
 """
 
 from __future__ import annotations

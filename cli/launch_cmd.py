@@ -6,6 +6,9 @@ that mirrored the rest of the file (`DEPRECATED`) still work for one release, wi
 one model validates every value (a bad one is one line naming the flag, or the file and field). `--help`
 shows TrainSpec's defaults, read when help is asked for (`LaunchCommand`).
 
+`launch` checks everything once (`checked_run`), then one function per executor runs the plan
+(`_launch_local`, `_launch_torchrun`, `_launch_slurm`).
+
 torch, pydantic's TrainSpec and the runtime are imported inside the command so `orch --help` stays fast.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import typer
@@ -133,17 +137,6 @@ def launch(
 
     Settings come from --config (see `orch schema train`; templates/train/*.yaml to copy); the flags override it.
     """
-    from pathlib import Path
-
-    from orch.cli.output import console
-    from orch.cli.progress import StepProgress
-    from orch.planner.errors import SpecError
-    from orch.planner.loading import check_data_against_model, load_json_file
-    from orch.planner.plan import Plan
-    from orch.runtime.metrics import metrics_path
-
-    if executor not in EXECUTORS:
-        raise SpecError("--executor", "", f"expected one of {', '.join(EXECUTORS)}, got '{executor}'")
     given = {
         "steps": steps, "seed": seed, "lr": lr, "dtype": dtype, "device": device, "resume": resume,
         "optimizer": optimizer, "lr_schedule": lr_schedule, "warmup_steps": warmup_steps, "min_lr": min_lr,
@@ -153,6 +146,54 @@ def launch(
         "report_to": None if report_to is None else report_backends(report_to),
     }  # fmt: skip
     given = {k: v for k, v in given.items() if v is not None}
+    run = checked_run(
+        plan_file, config, given, executor, nproc, workdir, data, tokenizer, index_dir, media_root, dry_run
+    )
+    if executor == "slurm":
+        from orch.runtime.launch.sbatch import SlurmOptions
+
+        opts = SlurmOptions(partition=partition, account=account, qos=qos, time=time_limit, setup=setup, mem=mem)
+        _launch_slurm(run, opts, dry_run=dry_run, wait=wait)
+    elif executor == "torchrun":
+        _launch_torchrun(run, rdzv_endpoint, dry_run=dry_run)
+    else:
+        _launch_local(run, dry_run=dry_run)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every executor launches, once `checked_run` has checked it: the plan, its data, the run's settings."""
+
+    plan: Any
+    data: Any  # DataSpec
+    cfg: Any  # TrainSpec
+    workdir: str
+    world: int
+    source: str  # the plan file, as the sbatch script names it
+
+
+def checked_run(
+    plan_file: str,
+    config: str | None,
+    given: dict[str, Any],
+    executor: str,
+    nproc: int | None,
+    workdir: str,
+    data: str | None,
+    tokenizer: str | None,
+    index_dir: str | None,
+    media_root: str | None,
+    dry_run: bool,
+) -> _Run:
+    """Everything checked here, before any executor starts a rank or submits a job: the flags and the config
+    file, the plan against its data and the runtime, a local run's device, a model factory, a Hugging Face
+    plan's files and, unless a dry run, the run directory (busy, or another model's)."""
+    from orch.planner.errors import SpecError
+    from orch.planner.loading import check_data_against_model, load_json_file
+    from orch.planner.plan import Plan
+
+    if executor not in EXECUTORS:
+        raise SpecError("--executor", "", f"expected one of {', '.join(EXECUTORS)}, got '{executor}'")
     for key in DEPRECATED:
         if key in given:
             typer.echo(f"warning: {_flag(key)} is deprecated: set {key} in the --config file", err=True)
@@ -174,7 +215,6 @@ def launch(
 
     from orch.runtime.device import DeviceError, device_kind
     from orch.runtime.train.support import check_supported
-    from orch.runtime.train.trainer import TrainTask
 
     check_supported(plan)
     if cfg.report_to:
@@ -216,55 +256,88 @@ def launch(
             identity = model_identity(plan.model, cfg.model_factory)
             check_same_model(workdir, plan, identity, cfg.model_factory, tell=lambda line: None)  # prepare says
             check_resume_data(workdir, data_spec, identity)  # a re-plan's index
-    if executor == "slurm":
-        from orch.cli.jobs_cmd import launch_slurm
-        from orch.runtime.launch.sbatch import SlurmOptions
+    return _Run(plan, data_spec, cfg, workdir, world, plan_file)
 
-        opts = SlurmOptions(partition=partition, account=account, qos=qos, time=time_limit, setup=setup, mem=mem)
-        launch_slurm(plan, data_spec, cfg, opts, workdir=workdir, dry_run=dry_run, wait=wait, source=plan_file)
-        return
+
+def _launch_slurm(run: _Run, opts: Any, *, dry_run: bool, wait: bool) -> None:
+    """`--executor slurm`: one allocation through submitit. The sbatch script, the submission and `--wait` are
+    the jobs commands' (cli/jobs_cmd.py `launch_slurm`); the task each rank runs is built by
+    runtime/launch/slurm.py `submit_train`, which the Slurm tests also call."""
+    from orch.cli.jobs_cmd import launch_slurm
+
+    launch_slurm(run.plan, run.data, run.cfg, opts, workdir=run.workdir, dry_run=dry_run, wait=wait, source=run.source)
+
+
+def _launch_torchrun(run: _Run, rdzv_endpoint: str | None, *, dry_run: bool) -> None:
+    """`--executor torchrun`: the task pickled to WORKDIR/task.pkl and one torchrun command per node; a dry run
+    prints the command and leaves the task file for it."""
+    from pathlib import Path
+
+    from orch.cli.output import console, print_json_text
+    from orch.cli.progress import StepProgress
+    from orch.runtime.launch.sbatch import allocation
+    from orch.runtime.launch.torchrun import TorchrunLauncher, command_text
+    from orch.runtime.metrics import metrics_path
+    from orch.runtime.train.trainer import TrainTask
+
+    plan, cfg, workdir = run.plan, run.cfg, run.workdir
     out = console()
-    task = TrainTask(plan, data_spec, cfg, workdir)
-    if executor == "torchrun":
-        from orch.cli.output import print_json_text
-        from orch.runtime.launch.sbatch import allocation
-        from orch.runtime.launch.torchrun import TorchrunLauncher, command_text
+    task = TrainTask(plan, run.data, cfg, workdir)
+    nodes, per_node = allocation(plan)
+    launcher = TorchrunLauncher(nodes, per_node, rdzv_endpoint)
+    if dry_run:
+        print_json_text(command_text(launcher.command(task)))
+        out.print(f"dry run: task written to {Path(workdir).absolute() / 'task.pkl'}; run the command above on "
+                  f"each of {nodes} node(s)", soft_wrap=True)  # fmt: skip
+        return
+    handle = launcher.submit(task)
+    out.print(f"launching {plan.placement} plan under torchrun: {nodes} node(s) x {per_node} ranks ({cfg.dtype})")
+    with _divergence_said(task):
+        records = handle.result()
+    steps = StepProgress(out, metrics_path(workdir), cfg.steps)
+    for r in records:
+        steps.show(r)
+    _say_stopped(out, handle.stopped_by, handle.stopped_at)
+    _say_finished(out, records, workdir, cfg.trace)
 
-        nodes, per_node = allocation(plan)
-        launcher = TorchrunLauncher(nodes, per_node, rdzv_endpoint)
-        if dry_run:
-            print_json_text(command_text(launcher.command(task)))
-            out.print(f"dry run: task written to {Path(workdir).absolute() / 'task.pkl'}; run the command above on "
-                      f"each of {nodes} node(s)", soft_wrap=True)  # fmt: skip
-            return
-        handle = launcher.submit(task)
-        out.print(f"launching {plan.placement} plan under torchrun: {nodes} node(s) x {per_node} ranks ({cfg.dtype})")
-        with _divergence_said(task):
-            records = handle.result()
-        steps = StepProgress(out, metrics_path(workdir), cfg.steps)
-        for r in records:
-            steps.show(r)
-        _say_stopped(out, handle.stopped_by, handle.stopped_at)
-    else:
-        from orch.runtime.launch.local import LocalLauncher
 
-        backend = "nccl" if cfg.device == "cuda" else "gloo"
-        if dry_run:
-            out.print(
-                f"dry run: would launch the {plan.placement} plan on {world} local processes ({cfg.device}/{backend}, "
-                f"{cfg.dtype}, seed {cfg.seed}, {cfg.steps} steps) into {Path(workdir).absolute()}; started nothing",
-                soft_wrap=True,
-            )
-            return
+def _launch_local(run: _Run, *, dry_run: bool) -> None:
+    """`--executor local`: the plan's world of processes on this host, followed step by step."""
+    from pathlib import Path
+
+    from orch.cli.output import console
+    from orch.cli.progress import StepProgress
+    from orch.runtime.launch.local import LocalLauncher
+    from orch.runtime.metrics import metrics_path
+    from orch.runtime.train.trainer import TrainTask
+
+    plan, cfg, workdir, world = run.plan, run.cfg, run.workdir, run.world
+    out = console()
+    task = TrainTask(plan, run.data, cfg, workdir)
+    backend = "nccl" if cfg.device == "cuda" else "gloo"
+    if dry_run:
         out.print(
-            f"launching {plan.placement} plan on {world} local processes ({cfg.device}/{backend}, {cfg.dtype}, "
-            f"seed {cfg.seed})"
+            f"dry run: would launch the {plan.placement} plan on {world} local processes ({cfg.device}/{backend}, "
+            f"{cfg.dtype}, seed {cfg.seed}, {cfg.steps} steps) into {Path(workdir).absolute()}; started nothing",
+            soft_wrap=True,
         )
-        local = LocalLauncher(world).submit(task)
-        with _divergence_said(task), StepProgress(out, metrics_path(workdir), cfg.steps) as steps:
-            local.wait(on_poll=steps.poll)
-        records = task.result()
-        _say_stopped(out, local.stopped_by, local.stopped_at)
+        return
+    out.print(
+        f"launching {plan.placement} plan on {world} local processes ({cfg.device}/{backend}, {cfg.dtype}, "
+        f"seed {cfg.seed})"
+    )
+    local = LocalLauncher(world).submit(task)
+    with _divergence_said(task), StepProgress(out, metrics_path(workdir), cfg.steps) as steps:
+        local.wait(on_poll=steps.poll)
+    records = task.result()
+    _say_stopped(out, local.stopped_by, local.stopped_at)
+    _say_finished(out, records, workdir, cfg.trace)
+
+
+def _say_finished(out: Any, records: list[Any], workdir: str, trace: str | None) -> None:
+    """The lines after a local or torchrun run: what its data gave and skipped, and where its files are."""
+    from pathlib import Path
+
     counts = [r.data for r in records if r.data is not None]
     if counts:
         total = {k: sum(c[k] for c in counts) for k in ("samples", "skipped", "truncated", "failed")}
@@ -277,8 +350,8 @@ def launch(
             "decode (trained nothing)" + (f"; the media: {listed}" if listed.is_file() else "")
         )
     out.print(f"metrics written to [bold]{workdir}/metrics.jsonl[/]")
-    if cfg.trace is not None and Path(cfg.trace).exists():
-        out.print(f"trace written to [bold]{cfg.trace}[/]")
+    if trace is not None and Path(trace).exists():
+        out.print(f"trace written to [bold]{trace}[/]")
 
 
 def launch_data(plan: Any, data: str, tokenizer: str | None, index_dir: str | None, media_root: str | None) -> Any:

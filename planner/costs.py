@@ -179,7 +179,7 @@ def forward_coefficients(m: ModuleSpec, llm: ModuleSpec) -> ForwardFlops:
     and its projector (which merges `downsample` tokens into one), and windowed attention. Per pair:
     QKᵀ and PV of the full-attention blocks (`attention_coefficients`), half of it for the causal LLM.
     The planner prices a step with these (forward_flops) and the runtime's dispatcher a sample
-    (runtime/train/orchestrator.py).
+    (runtime/train/post_balance.py).
     """
     head = 2 * m.hidden * m.vocab if m.vocab else 0.0
     stem = 2 * (m.input_dim or 0) * m.hidden

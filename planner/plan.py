@@ -1,4 +1,4 @@
-"""The plan file: what `orch plan` writes and the runtime executes (DESIGN.md, Plan JSON).
+"""The plan file: what `orch plan` writes and the runtime executes (docs/design.md, Plan JSON).
 
 Readable without the search code: the runtime imports only this module and the specs.
 """

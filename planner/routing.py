@@ -1,7 +1,7 @@
 """Routing tables: the one primitive behind post-balancing and the boundary communicators.
 
 A table says, for every sample of a global batch, which rank of the source layout holds it
-and which rank of the destination layout must hold it (DESIGN.md, One primitive). Ranks here
+and which rank of the destination layout must hold it (docs/design.md, One primitive). Ranks here
 are indices in a layout's DP dimension, not global ranks. The transport contract, relied on
 by the runtime's all_to_all_single:
 

@@ -15,7 +15,7 @@ Every producer and reader of this polynomial uses this class (issue 28):
 * `orch plan --profile` prices a module with it and records, per module, the cost of one sample on the
   plan's layout (`ModulePlan.sample_cost`, planner/costs.py `profiled_sample_cost`);
 * the runtime's start-up calibration fits it to the module's real forward+backward
-  (runtime/train/orchestrator.py) when the plan carries none;
+  (runtime/train/calibration.py) when the plan carries none;
 * the dispatcher's phases (`PhaseSpec`, planner/balance/batch.py) are one, with a padding flag and a cap.
 
 Units are whatever the producer measured in (seconds, or FLOPs of the planner's model): the dispatcher

@@ -1,4 +1,4 @@
-"""CP-SAT model that picks one layout per module and the placement (STYLE.md §13).
+"""CP-SAT model that picks one layout per module and the placement (docs/design.md, Conventions: built in named steps).
 
 Variables are one boolean per candidate (planner/candidates.py did the arithmetic and the
 dominance pre-filter); the model adds the combinatorics: exactly one placement, one

@@ -1,7 +1,7 @@
-"""The three input specs users write: model, cluster and data (DESIGN.md, Spec files).
+"""The three input specs users write: model, cluster and data (docs/design.md, Spec files).
 
-Field names fixed by DESIGN.md are kept; the others have defaults so the short forms in
-DESIGN.md stay valid. Every model forbids unknown fields and checks its own invariants.
+Field names fixed by docs/design.md are kept; the others have defaults so the short forms
+there stay valid. Every model forbids unknown fields and checks its own invariants.
 """
 
 from __future__ import annotations

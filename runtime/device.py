@@ -11,7 +11,7 @@ laptop and on a GPU node. Two steps:
   for CUDA (NCCL, `all_gather_object` and DeviceMesh use the current device).
 
 The device is passed explicitly from there (TrainStep.device, PipelineStage, CPGroup,
-Orchestrator); nothing reads a global.
+PostBalancer); nothing reads a global.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@
 # /etc/hosts so a task can use JobEnvironment().hostnames[0] as the torch master address. Memory limits (--mem)
 # are enforced without cgroups (jobacct_gather/linux + OverMemoryKill: a step over its limit is killed and the
 # job ends FAILED with slurmstepd's "exceeded memory limit" in the task logs, not OUT_OF_MEMORY).
-# Facts it respects: /work/shared/slurm/README.md.
 #
 # Settings: ORCH_SLURM_DIR (/tmp/orch-slurm-cluster), ORCH_SLURM_NODES (2), ORCH_SLURM_CPUS (8 per node),
 # ORCH_SLURM_GPUS (4 per node), ORCH_SLURM_TIMEOUT (60 s per daemon).

@@ -1,4 +1,4 @@
-"""What every launcher shares (STYLE.md rule 12): `Launcher.submit(task) -> Handle`.
+"""What every launcher shares (docs/design.md, Conventions): `Launcher.submit(task) -> Handle`.
 
 A `Task` (runtime/launch/rank.py, beside the rank start it is run by) is what each rank runs (`run`, inside its
 process group), what is

@@ -24,7 +24,7 @@ _MEM = re.compile(r"^([1-9][0-9]{0,9})([KMGT]?)$")
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_]+)\s*\}\}")
 # Cap the warning before the time limit at a quarter of it: submitit's default 90 s on a 2-minute job
-# would signal (and checkpoint) at once (shared/slurm/README.md).
+# would signal (and checkpoint) at once; a 1-minute job fails as "timed-out and not checkpointable".
 _MAX_SIGNAL_DELAY_S = 90
 
 

@@ -1,6 +1,6 @@
 """Boundary communicators: encoder outputs from the encoder's layout into the LLM's, and back.
 
-Equal-DP, Fan-in and Fan-out, colocated or not, are one operation (DESIGN.md): a RouteTable
+Equal-DP, Fan-in and Fan-out, colocated or not, are one operation (docs/design.md): a RouteTable
 from each sample's DP index in the encoder to its DP index in the LLM, moved by
 `transport.routed` (one all_to_all_single; the inverse table in backward). Colocated edges
 keep the bytes inside the shared rank set because both grids use the same ranks; disjoint
@@ -47,7 +47,7 @@ class Boundary:
         """This step's table: each sample from its encoder DP index to its LLM DP index.
 
         Without `table`, the unbalanced one (initial placement on both sides); the orchestrator
-        passes its composed table (runtime/train/orchestrator.py, StepTables.boundary_table). With
+        passes its composed table (runtime/train/post_balance.py, StepTables.boundary_table). With
         `only`, the other samples carry no rows (one micro-batch's move of the graph schedule).
         """
         n = batch.size

@@ -16,7 +16,7 @@ all_to_all does not take uneven sizes). Each move is an autograd function whose 
 reverse move, so backward runs the same collectives in reverse order. Every rank of an EP group
 must therefore run the same number of MoE forwards and backwards: the executor runs exactly
 num_micro_batches LLM micro-batches on every rank when ep > 1, empty ones included (runtime/
-model.py's LLM keeps a graph through every layer for zero samples).
+models/reference.py's LLM keeps a graph through every layer for zero samples).
 
 Under TP every TP rank holds the same tokens and the same (unsharded) experts; EP groups are
 per TP coordinate, so the TP replicas of an EP group exchange the same rows in parallel.

@@ -3,7 +3,7 @@
 Rank order (planner/plan.py): tp fastest, then cp, dp, pp, so the mesh is the rank list
 reshaped to (pp, dp, cp, tp). EP is carved out of DP and not a separate mesh axis here.
 Nothing is global: each module gets its own frozen grid, passed to whatever communicates
-(torchtitan ParallelDims, STYLE.md rule 2).
+(torchtitan ParallelDims; docs/design.md, Conventions).
 
 Building a DeviceMesh creates one process group per axis with `new_group`, a collective over
 the whole world: every rank must build every module's mesh, in the same order, even the

@@ -3,7 +3,7 @@ recompute, then FSDP2 (data parallelism over the module's (dp, cp) ranks).
 
 What each step reads of the module is its contract (runtime/models/contract.py): `tp_plan()` / `after_tp`,
 `block_units()`, and for a module built on meta (Hugging Face families) `materialize`. Pipeline stages
-(`keep_stage`) and expert parallelism are cut before this, on the whole model (runtime/train/build.py):
+(`keep_stage`) and expert parallelism are cut before this, on the whole model (runtime/train/rank_model.py):
 they decide which parameters a rank has at all.
 """
 

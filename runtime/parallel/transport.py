@@ -1,10 +1,10 @@
-"""Move per-sample tensors between two layouts with one `all_to_all_single` (DESIGN.md, One primitive).
+"""Move per-sample tensors between two layouts with one `all_to_all_single` (docs/design.md, One primitive).
 
 A `Route` is a planner RouteTable over DP indices plus the two grids it joins. Every rank
 knows every sample's row count (lengths of the global batch are known everywhere), so the
 split sizes are computed locally, with no extra collective for counts.
 
-Transport (the simplest correct form, DESIGN.md): the leader of each DP index (tp 0, cp 0,
+Transport (the simplest correct form, docs/design.md): the leader of each DP index (tp 0, cp 0,
 at the boundary PP stage) sends and receives, every other world rank takes part with zero
 splits, then the destination leader broadcasts inside its TP x CP replica group. The list
 form `all_to_all` with uneven sizes does not work on gloo, hence the single flat buffer.

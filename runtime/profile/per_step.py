@@ -47,7 +47,7 @@ def time_runtime(
 ) -> dict[str, float]:
     """The runtime's per-step work outside the modules, through its own code, by result key:
 
-    - the case's key: the post-balancing orchestrator (runtime/train/orchestrator.py) on synthetic batches
+    - the case's key: the post-balancing orchestrator (runtime/train/post_balance.py) on synthetic batches
       of the DataSpec, what of it the runtime's step waits for: the next step's announce (length
       all_gather, then the dispatch handed to the worker thread) and this step's input routes
       (runtime/train/inputs.py `InputRouter.inputs`: one transport.move per module, encoder features,
@@ -76,13 +76,13 @@ def time_runtime(
     from orch.runtime.parallel.transport import routed
     from orch.runtime.plans import hand_plan
     from orch.runtime.train.inputs import InputRouter
-    from orch.runtime.train.orchestrator import Orchestrator
+    from orch.runtime.train.post_balance import PostBalancer
 
     llm, hidden, dtype = model.llm_name, model.llm.hidden, cfg.torch_dtype
     plan = hand_plan(model, data, {llm: (Layout(dp=world), list(range(world)))})
     plan = plan.model_copy(update={"ranks_per_node": cfg.ranks_per_node})  # the nodes being profiled
     grids = build_grids(plan.modules, device.type)
-    orch = Orchestrator(plan, grids, Mode.ORCH, cfg.elem_bytes, device=device)
+    orch = PostBalancer(plan, grids, Mode.ORCH, cfg.elem_bytes, device=device)
     router = InputRouter(plan, grids, rank, world, device, balanced=True)
     boundaries = {e.src: Boundary(e, grids[e.src], grids[llm]) for e in plan.edges}
     samples: dict[str, list[float]] = {}

@@ -77,7 +77,7 @@ class TrainSpec(BaseModel):
     repeat_every: int = Field(
         default=0, ge=0, description="a fixed dataset of this many global batches, repeated (0: new batches)"
     )
-    balance: Mode = Field(default=DEFAULT_BALANCE, description="post-balancing mode (runtime/train/orchestrator.py)")
+    balance: Mode = Field(default=DEFAULT_BALANCE, description="post-balancing mode (runtime/train/post_balance.py)")
     # -- the run options ---------------------------------------------------------------------------------------
     checkpoint_every: int = Field(
         default=0,

@@ -19,7 +19,7 @@ from orch.runtime.data.batch import GlobalBatch, Sample, item_map
 from orch.runtime.parallel.grid import Grid
 from orch.runtime.parallel.pipeline import MicroBatch
 from orch.runtime.parallel.transport import Route, move
-from orch.runtime.train.orchestrator import StepTables
+from orch.runtime.train.post_balance import StepTables
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """One rank's share of a plan, built once; `TrainStep.step(k)` runs training step k on it.
 
-A step: this step's post-balancing tables (runtime/train/orchestrator.py, prefetched during the last
+A step: this step's post-balancing tables (runtime/train/post_balance.py, prefetched during the last
 step), the schedule (three-phase for homogeneous and colocated plans, graph-aware 1F1B for a
 disaggregated one: runtime/train/schedules/), the gradient sync (runtime/train/grad_sync.py) and an
 optimizer step per rank. The loss is normalised by the global label-token count, which is what makes
@@ -39,19 +39,13 @@ from orch.runtime.parallel.boundary import Boundary
 from orch.runtime.parallel.expert import is_expert_param
 from orch.runtime.parallel.grid import Grid, build_grids, build_meshes
 from orch.runtime.run_dir import say
+from orch.runtime.train.calibration import longest_sample, modules_to_calibrate, shared_calibration, warm_up
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig, write_dump
 from orch.runtime.train.grad_sync import sync_expert_grads
 from orch.runtime.train.inputs import InputRouter
 from orch.runtime.train.optim import build_optimizer, clip_grads, global_grad_norm, lr_at, set_lr
-from orch.runtime.train.orchestrator import (
-    Orchestrator,
-    StepTables,
-    longest_sample,
-    modules_to_calibrate,
-    shared_calibration,
-    warm_up,
-)
+from orch.runtime.train.post_balance import PostBalancer, StepTables
 from orch.runtime.train.rank_model import build_rank_model
 from orch.runtime.train.schedules.context import StepContext, StepWork
 from orch.runtime.train.support import check_supported
@@ -111,7 +105,7 @@ class TrainStep:
         built = build_rank_model(plan, self.grids, cfg, rank, self.device)
         self.modules, self.ep, self.data_parallel = built.modules, built.ep, built.data_parallel
         self.optimizer = build_optimizer(self.modules, cfg)
-        self.orch = Orchestrator(
+        self.balancer = PostBalancer(
             plan, self.grids, cfg.balance, torch.finfo(cfg.torch_dtype).bits // 8, self._calibration(), self.device
         )
         edges = {e.src: e for e in plan.edges}
@@ -120,7 +114,7 @@ class TrainStep:
             model, rank, world, self.device, cfg.torch_dtype, self.grids, self.modules, built.cp, built.stage,
             boundaries={e: Boundary(edges[e], self.grids[e], llm_grid) for e in model.encoder_names},
             router=InputRouter(
-                plan, self.grids, rank, world, self.device, balanced=self.orch.mode != Mode.NONE,
+                plan, self.grids, rank, world, self.device, balanced=self.balancer.mode != Mode.NONE,
                 at_destination=cfg.loads_at_destination(data.source is not None),
             ),
             beat=self.beat,
@@ -138,7 +132,7 @@ class TrainStep:
 
     def _calibration(self) -> dict[str, SampleCost] | None:
         """The dispatcher's per-sample costs timed here, for the modules whose plan carries no profiled one
-        (orchestrator.dispatch_costs takes the plan's first); the others still run the fixed shapes once,
+        (post_balance.dispatch_costs takes the plan's first); the others still run the fixed shapes once,
         untimed. Rank 0 says what it times (one progress line per module)."""
         if not self.cfg.calibrates:
             return None
@@ -166,7 +160,7 @@ class TrainStep:
         """Decode, on the loader's thread, the images and clips this rank will build next step (once the
         dispatcher's tables for it are known: where the samples go, or where they start when loading at the
         origin)."""
-        future = self.orch.pending(upcoming.step)
+        future = self.balancer.pending(upcoming.step)
 
         def wanted() -> dict[str, list[int]]:
             return self._held(future.result() if future is not None else None, upcoming.size)
@@ -219,7 +213,10 @@ class TrainStep:
         state = state_parts(self.modules, self.optimizer)
         memory = {"state_bytes": sum(state.values()), "peak_bytes": peak_bytes(self.device, meter, state, gathered)}
         batch = work.batch
-        balance = {"mode": self.orch.mode.value, **self.orch.record(work.tables, batch, self.ctx.router.at_destination)}
+        balance = {
+            "mode": self.balancer.mode.value,
+            **self.balancer.record(work.tables, batch, self.ctx.router.at_destination),
+        }
         return StepMetrics(
             k,
             self._global_loss(loss_sum),
@@ -247,14 +244,14 @@ class TrainStep:
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         t = time.perf_counter()
-        tables = self.orch.tables(batch, self.rank, self.world)
+        tables = self.balancer.tables(batch, self.rank, self.world)
         decoding = time.perf_counter()
         if isinstance(batch, ConversationBatch):  # what the loader did not decode, decoded here: the load phase
             batch = self._agree_on_unreadable(batch, tables)
         decoding = time.perf_counter() - decoding
         if k + 1 < self.cfg.steps:
             upcoming = self.batches.build(self.cfg.data_step(k + 1))
-            self.orch.prefetch(upcoming, self.rank, self.world)
+            self.balancer.prefetch(upcoming, self.rank, self.world)
             if isinstance(upcoming, ConversationBatch):
                 self._prefetch_samples(upcoming)
         work = StepWork(batch, tables, self.debug.counter(self._leader))
@@ -313,7 +310,7 @@ class TrainStep:
         write_dump(self.debug.dump_dir, what, self.rank, out)
 
     def finish(self) -> None:
-        self.orch.close()
+        self.balancer.close()
         self.prefetcher.close()
         if self.debug.dump_dir is not None:
             self._dump("params", lambda p: p.data if not hasattr(p, "full_tensor") else p)

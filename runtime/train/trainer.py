@@ -268,7 +268,7 @@ class Trainer:
                 self.ctx.preemption.mark_stopped(done)
                 heartbeat.close("stopped", done)
                 self._close_reporter()
-                step.orch.close()
+                step.balancer.close()
                 return
         if cfg.trace is not None:
             gathered: list[list[dict[str, object]]] | None = [[] for _ in range(world)] if rank == 0 else None

@@ -155,7 +155,7 @@ def test_bad_placement_and_unknown_preset(cli, tmp_path):
     assert line.startswith("error: a100: no such cluster file or preset; presets: ")
 
 
-# A model written as DESIGN.md shows it: no input_dim, no data.
+# A model written as docs/design.md shows it: no input_dim, no data.
 FRESH_MODEL = """\
 name: fresh
 modules:

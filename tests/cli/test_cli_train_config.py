@@ -1,5 +1,5 @@
 """`orch launch --config train.yaml`: the file, the flags over it, and where the run keeps what it ran with;
-the set of `orch launch` flags, pinned (STYLE.md rule 9: flags do not mirror spec fields)."""
+the set of `orch launch` flags, pinned (docs/design.md, Spec files: flags do not mirror spec fields)."""
 
 import json
 import re

@@ -150,7 +150,7 @@ def test_train_step_threads_its_device_through(tmp_path):
         assert ex.device == dev.device
         assert ex.ctx.stage is not None and ex.ctx.stage.device == dev.device
         assert ex.ctx.device == dev.device
-        assert ex.orch.device == dev.device
+        assert ex.balancer.device == dev.device
         assert {g.device for g in ex.grids.values()} == {dev.type}
         assert {p.device for m in ex.modules.values() for p in m.parameters()} == {dev.device}
         assert ex.step(0).loss > 0

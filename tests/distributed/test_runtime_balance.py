@@ -1,4 +1,4 @@
-"""Post-balancing in the runtime (runtime/train/orchestrator.py) leaves training unchanged.
+"""Post-balancing in the runtime (runtime/train/post_balance.py) leaves training unchanged.
 
 Pure tests of the tables (cost model, node grouping, the composed route equals the separate
 moves), then gloo runs in float64: every balance mode, on heterogeneous plans, gives the
@@ -32,15 +32,9 @@ from orch.runtime.data.synthetic import SyntheticBatch
 from orch.runtime.models.registry import load_model
 from orch.runtime.parallel.grid import Grid, build_grids
 from orch.runtime.plans import hand_plan
+from orch.runtime.train.calibration import calibrate_module, modules_to_calibrate
 from orch.runtime.train.config import TrainConfig
-from orch.runtime.train.orchestrator import (
-    Orchestrator,
-    StepTables,
-    calibrate_module,
-    dp_per_node,
-    lengths_columns,
-    modules_to_calibrate,
-)
+from orch.runtime.train.post_balance import PostBalancer, StepTables, dp_per_node, lengths_columns
 from orch.runtime.train.single_process import run_reference
 
 STEPS = 2
@@ -106,7 +100,7 @@ def _plan(specs, name):
 def _tables(specs, name, mode, step=0) -> tuple[StepTables, GlobalBatch]:
     model, data = specs
     plan = _plan(specs, name)
-    orch = Orchestrator(plan, build_grids(plan.modules), mode, 8)
+    orch = PostBalancer(plan, build_grids(plan.modules), mode, 8)
     batch = SyntheticBatch.build(model, data, SEED, step)
     return orch.dispatch(step, lengths_columns(model, batch)), batch
 
@@ -135,7 +129,7 @@ def test_calibration_is_the_sample_cost_model_split_over_tp(specs):
         "audio": SampleCost(call=1e-3, constant=3e-4, linear=1e-6),
         "llm": SampleCost(constant=7e-4, linear=4e-6, quadratic=1e-8),
     }
-    orch = Orchestrator(plan, build_grids(plan.modules), "lpt", 8, calibration)
+    orch = PostBalancer(plan, build_grids(plan.modules), "lpt", 8, calibration)
     batch = SyntheticBatch.build(model, data, SEED, 0)
     cols = lengths_columns(model, batch)
     t = orch.dispatch(0, cols)
@@ -367,10 +361,10 @@ def test_a_profiled_plan_gives_the_dispatcher_its_costs_before_the_calibration(s
     assert modules_to_calibrate(plan) == ["audio"]
     timed = {m: SampleCost(constant=1.0, linear=2.0, quadratic=4.0) for m in ("vision", "audio", "llm")}
     grids = build_grids(plan.modules)
-    orch = Orchestrator(plan, grids, "orch", 8, timed)
+    orch = PostBalancer(plan, grids, "orch", 8, timed)
     assert orch.costs == {"llm": profiled["llm"], "vision": profiled["vision"], "audio": timed["audio"]}
     flops = forward_coefficients(model.modules["audio"], model.llm)
-    uncalibrated = Orchestrator(plan, grids, "orch", 8)
+    uncalibrated = PostBalancer(plan, grids, "orch", 8)
     assert uncalibrated.costs["audio"] == SampleCost(linear=flops.per_token, quadratic=flops.per_pair)
     assert uncalibrated.costs["llm"] == profiled["llm"]
     # the dispatcher's phase carries those coefficients, and its statistics are in the profile's seconds
@@ -419,13 +413,13 @@ def test_start_up_calibration_runs_only_without_a_profiled_cost(specs, monkeypat
     try:
         cfg = TrainConfig(device="cpu", balance="orch", calibrate=True)
         ex = TrainStep(base, data, cfg, 0, 1, device=torch.device("cpu"))
-        assert calls == [["audio", "vision", "llm"]] and ex.orch.costs == dict.fromkeys(calls[0], timed)
+        assert calls == [["audio", "vision", "llm"]] and ex.balancer.costs == dict.fromkeys(calls[0], timed)
         assert warmed == [[]]  # the calibration grew the heap itself
         ex.finish()
         ex = TrainStep(profiled, data, cfg, 0, 1, device=torch.device("cpu"))
         assert len(calls) == 1  # nothing timed: the profile's costs
         assert sorted(warmed[1]) == ["audio", "llm", "vision"]  # but run once, untimed, to grow the heap
-        assert ex.orch.costs == dict.fromkeys(calls[0], SampleCost(linear=1e-6))
+        assert ex.balancer.costs == dict.fromkeys(calls[0], SampleCost(linear=1e-6))
         ex.finish()
     finally:
         dist.destroy_process_group()
@@ -435,7 +429,7 @@ def test_calibration_climbs_towards_the_data_s_longest_samples(specs):
     """Beyond the fixed shapes, single samples of doubling length up to the data's longest, the last rung that
     length itself (timed while the budget lasts: tests/unit/test_calibration.py)."""
     from orch.planner.specs import DataSpec
-    from orch.runtime.train.orchestrator import calibration_ladder, longest_sample
+    from orch.runtime.train.calibration import calibration_ladder, longest_sample
 
     assert calibration_ladder(0) == calibration_ladder(256) == ()
     assert calibration_ladder(600) == (512, 600)

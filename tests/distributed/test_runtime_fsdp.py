@@ -1,4 +1,4 @@
-"""FSDP2 data parallelism (runtime/parallel/data.py) under every placement, with AdamW, warmup, cosine decay,
+"""FSDP2 data parallelism (runtime/parallel/fsdp.py) under every placement, with AdamW, warmup, cosine decay,
 a per-module rate and the global-norm clip (below the gradient's norm, so every step is clipped: the norm
 each plan computes from its shards must be the whole model's) on: float64 losses (1e-9) and parameters after the steps (1e-8) equal the single-process reference,
 composed with TP, CP (sharded over the flattened (dp, cp) ranks), PP and EP (experts outside FSDP2), beside

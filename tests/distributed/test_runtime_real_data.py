@@ -19,7 +19,7 @@ from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig
-from orch.runtime.train.orchestrator import lengths_columns
+from orch.runtime.train.post_balance import lengths_columns
 from orch.runtime.train.single_process import run_reference
 
 STEPS, SEED = 2, 5

@@ -19,7 +19,7 @@ from orch.runtime.parallel.grid import build_grids
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.inputs import InputRouter
-from orch.runtime.train.orchestrator import StepTables
+from orch.runtime.train.post_balance import StepTables
 from orch.runtime.train.single_process import run_reference
 
 RESHARD, KEEP = Sharding.RESHARD, Sharding.KEEP

@@ -1,4 +1,4 @@
-"""The start-up calibration's own cost (runtime/train/orchestrator.py): its fixed short shapes, then longer
+"""The start-up calibration's own cost (runtime/train/calibration.py): its fixed short shapes, then longer
 samples only within a fraction of what one of the data's longest samples costs, whatever that length; and
 the fit still recovers the module's cost model. Timed against a simulated module (seconds = a known
 SampleCost), so the assertions are exact and nothing is slow."""
@@ -8,8 +8,8 @@ import torch
 
 from orch.planner.sample_cost import SampleCost
 from orch.runtime.models.registry import load_model
-from orch.runtime.train import orchestrator
-from orch.runtime.train.orchestrator import CALIBRATION_BUDGET, CALIBRATION_SHAPES, Timing, calibrate_points
+from orch.runtime.train import calibration
+from orch.runtime.train.calibration import CALIBRATION_BUDGET, CALIBRATION_SHAPES, Timing, calibrate_points
 
 # attention-heavy at length: a 6,400-token sample (a video's patches) costs ~0.4 s, a 256-token one ~2 ms
 MODULE = SampleCost(call=2e-4, constant=1e-3, linear=1e-6, quadratic=1e-8)
@@ -61,21 +61,21 @@ def test_calibrate_module_times_no_sample_near_the_data_s_longest(monkeypatch):
         calls.append((k, n))
         return MODULE.per_call(k, n)
 
-    monkeypatch.setattr(orchestrator, "_time_module", simulated)
-    orchestrator._calibrate.cache_clear()
+    monkeypatch.setattr(calibration, "_time_module", simulated)
+    calibration._calibrate.cache_clear()
     try:
-        calibrated = orchestrator.calibrate_module(load_model("tiny"), "llm", torch.float64, "cpu", 6_400)
+        calibrated = calibration.calibrate_module(load_model("tiny"), "llm", torch.float64, "cpu", 6_400)
     finally:
-        orchestrator._calibrate.cache_clear()
+        calibration._calibrate.cache_clear()
     spent = sum(MODULE.per_call(k, n) for k, n in calls)
-    fixed = sum((1 + orchestrator.CALIBRATION_REPEATS) * MODULE.per_call(k, n) for k, n in CALIBRATION_SHAPES)
+    fixed = sum((1 + calibration.CALIBRATION_REPEATS) * MODULE.per_call(k, n) for k, n in CALIBRATION_SHAPES)
     assert spent <= fixed + CALIBRATION_BUDGET * MODULE.per_call(1, 6_400)
     assert max(n for _, n in calls) == 1_024
     assert calibrated.cost is not None and calibrated.cost.quadratic == pytest.approx(MODULE.quadratic, rel=1e-6)
 
 
 def test_progress_line_says_what_was_timed_and_what_was_extrapolated():
-    from orch.runtime.train.orchestrator import Calibration, calibration_line
+    from orch.runtime.train.calibration import Calibration, calibration_line
 
     timed = Calibration(MODULE, ((1, 2, 0.001), (1, 256, 0.002), (1, 1_024, 0.02)), 1.234)
     assert calibration_line("vision", timed, 6_400, 0, 2) == (

@@ -346,7 +346,8 @@ def test_plan_with_profile_changes_the_predicted_compute(cli, tmp_path):
     # layout's TP degree (tp 1 here) plus the module's rest, for the runtime's dispatcher.
     from orch.planner.plan import Plan
     from orch.runtime.parallel.grid import build_grids
-    from orch.runtime.train.orchestrator import dispatch_costs, modules_to_calibrate
+    from orch.runtime.train.calibration import modules_to_calibrate
+    from orch.runtime.train.post_balance import dispatch_costs
 
     assert all(m["sample_cost"] is None for m in a["modules"].values())  # datasheet plan: the runtime times
     llm = b["modules"]["llm"]

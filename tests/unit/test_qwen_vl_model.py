@@ -278,7 +278,7 @@ def test_the_start_up_calibration_times_the_familys_own_modules(family):
     from orch.runtime.models.qwen_vl.language import MRopeCausalLM
     from orch.runtime.models.qwen_vl.vision import QwenVisionTower
     from orch.runtime.models.registry import model_spec_from_dir
-    from orch.runtime.train.orchestrator import _time_module, whole_module
+    from orch.runtime.train.calibration import _time_module, whole_module
 
     _, directory = family
     model = model_spec_from_dir(directory)

@@ -1,4 +1,4 @@
-"""Spec loading: presets, the short forms of DESIGN.md, and one-line errors for bad files."""
+"""Spec loading: presets, the short forms of docs/design.md, and one-line errors for bad files."""
 
 import json
 

@@ -18,7 +18,7 @@ from orch.runtime.parallel.grid import Grid
 from orch.runtime.parallel.pipeline import PipelineStage
 from orch.runtime.train.debug import TokenCounter
 from orch.runtime.train.inputs import InputRouter
-from orch.runtime.train.orchestrator import StepTables
+from orch.runtime.train.post_balance import StepTables
 from orch.runtime.train.trace import Span
 
 
