@@ -2,7 +2,7 @@
 
 Only *which* samples a call sees differs between layouts; because the loss is normalised by
 the global batch's label tokens (not per rank), summing the per-rank gradients gives the
-reference gradient exactly (OrchMLLM, DESIGN.md).
+reference gradient exactly (OrchMLLM; docs/design.md, One primitive).
 """
 
 from __future__ import annotations
