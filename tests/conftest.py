@@ -1,3 +1,5 @@
+import signal
+
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -66,3 +68,13 @@ def launched_tasks(monkeypatch):
 
     monkeypatch.setattr(orch.runtime.launch.local.LocalLauncher, "submit", fake_submit)
     return tasks
+
+
+@pytest.fixture
+def harmless_signals():
+    """SIGTERM/SIGINT/SIGUSR1 caught by a no-op here, so one that lands after the launcher's handlers are gone
+    cannot end pytest; the launcher installs its own while it waits and puts these back."""
+    old = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    yield
+    for s, handler in old.items():
+        signal.signal(s, handler)

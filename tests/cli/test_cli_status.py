@@ -33,14 +33,6 @@ def tiny():
     return plan, data
 
 
-@pytest.fixture
-def harmless_signals():
-    """SIGTERM caught by a no-op here while the launcher's own handler is not installed (it is while it waits)."""
-    old = signal.signal(signal.SIGTERM, lambda *_: None)
-    yield
-    signal.signal(signal.SIGTERM, old)
-
-
 def _status(cli, workdir):
     """`orch status WORKDIR --json` and the text lines of `orch status WORKDIR`."""
     as_json = cli("status", str(workdir), "--json")

@@ -35,16 +35,6 @@ def tiny():
     return plan, data
 
 
-@pytest.fixture
-def harmless_signals():
-    """SIGTERM/SIGINT/SIGUSR1 caught by a no-op here, so one that lands after the launcher's handlers are gone
-    cannot end pytest; the launcher installs its own while it waits and puts these back."""
-    old = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
-    yield
-    for s, handler in old.items():
-        signal.signal(s, handler)
-
-
 def _signal_after(workdir, records, *signums, gap_s=0.3):
     """A thread that sends `signums` to this process (the launcher) once `records` metrics lines are written."""
 
