@@ -53,6 +53,11 @@ class StepRecord(BaseModel):
         default=None, description="the whole model's gradient norm, before clipping (NaN or Infinity: diverged)"
     )
     lr: float | None = Field(default=None, ge=0, description="the step's learning rate (before per-module factors)")
+    aux_loss: float | None = Field(
+        default=None,
+        description="a Mixture-of-Experts LLM's router auxiliary loss (runtime/train/aux_loss.py: per micro-batch, "
+        "weighted by its share of the step's LLM rows), not in `loss`; the step trained loss + coef x aux_loss",
+    )
     memory: dict[str, dict[str, int]] = Field(
         default_factory=dict,
         description="rank -> state_bytes (parameters, gradients, optimizer state) and peak_bytes (CUDA: "

@@ -12,7 +12,9 @@ from orch.runtime.data.synthetic import SyntheticBatch
 def _from_pretrained(directory, class_name: str):
     import transformers
 
-    return getattr(transformers, class_name).from_pretrained(directory, dtype=torch.float64)
+    # a MoE model's experts as the eager loop (the grouped_mm kernel takes no float64)
+    experts = {"experts_implementation": "eager"} if "Moe" in class_name else {}
+    return getattr(transformers, class_name).from_pretrained(directory, dtype=torch.float64, **experts)
 
 
 def _finish(hf, total: torch.Tensor, label_tokens: int) -> tuple[float, dict[str, torch.Tensor]]:

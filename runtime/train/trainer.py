@@ -323,6 +323,7 @@ class Trainer:
             # rank 0's.
             balance=m.balance,
             grad_norm=m.grad_norm,
+            aux_loss=m.aux_loss,
             memory={str(r): p[2] for r, p in enumerate(everyone) if p},
             lr=m.lr,
             processed=processed,
