@@ -549,12 +549,19 @@ def layout_cost(
     # per step; reshard gathers each block (an LLM's embedding and head too) twice per micro-batch (forward,
     # backward) and reduce-scatters its gradients per micro-batch (an encoder's own unit: one gather);
     # replicate all-reduces the gradients (twice a reduce-scatter's traffic on a ring).
+    # Under EP the experts stay outside FSDP2 (runtime/parallel/fsdp.py): never gathered, their gradients summed
+    # over their expert-data-parallel group (dp / ep ranks, then CP: runtime/train/grad_sync.py).
     params_local = _local_params_of(b.dense_params, b.expert_params, m, layout)
+    experts_local = _ep_experts_local(b, layout)
     dp_group = dp * cp
     mode = _choose_mode(params_local, layout, cfg)
     sharding = sharding if mode == DataParallel.FSDP else Sharding.KEEP
     params_gb, act_gb = _memory_gb(b, layout, micro_batch, recompute, in_flight, params_local, mode, sharding)
     dp_s = 0.0
+    edp_group = dp // ep * cp
+    if experts_local and edp_group > 1 and m.trainable:
+        dp_s += 2 * links.ring(experts_local * cfg.grad_bytes, tp * ep, edp_group) * (1 - cfg.dp_overlap)
+    params_local -= experts_local
     if dp_group > 1:
         grads = links.ring(params_local * cfg.grad_bytes, tp, dp_group) if m.trainable else 0.0
         gather = links.ring(params_local * BF16, tp, dp_group)
@@ -566,7 +573,7 @@ def layout_cost(
             traffic = grads + gather
         else:
             traffic = 2 * grads
-        dp_s = traffic * (1 - cfg.dp_overlap)
+        dp_s += traffic * (1 - cfg.dp_overlap)
 
     work = compute + tp_s + cp_s + ep_s + pp_p2p_s
     bubble = work * (pp - 1) / num_mb if pp > 1 else 0.0
@@ -632,7 +639,12 @@ def _memory_gb(
     """(training state, activations) per GPU, GB; under reshard the state counts the gathered blocks too."""
     reshard = mode == DataParallel.FSDP and sharding == Sharding.RESHARD
     per_param = state_bytes_per_param(mode, b.m.trainable, layout.dp * layout.cp, sharding=sharding)
-    state = params_local * per_param
+    # EP's experts: whole fp32 masters, gradients and moments on each rank that holds them (outside FSDP2)
+    experts = _ep_experts_local(b, layout)
+    params_local -= experts
+    state = params_local * per_param + experts * state_bytes_per_param(
+        DataParallel.REPLICATE, b.m.trainable, 1, compute_bytes=FP32
+    )
     if reshard:
         blocks = _blocks_local(b, layout)
         block = blocks / max(b.m.layers / layout.pp, 1.0)
@@ -645,9 +657,15 @@ def _memory_gb(
 
 
 def _blocks_local(b: ModuleBasis, layout: Layout) -> float:
-    """Parameters of this GPU's blocks (its pipeline stage's, TP and EP shards)."""
-    per_block = b.block_params / layout.tp + b.block_expert_params / layout.ep  # experts: whole under TP
+    """Parameters of this GPU's blocks that FSDP2 holds (its pipeline stage's, TP shards; the experts but under
+    EP, which keeps them outside FSDP2), experts whole under TP."""
+    per_block = b.block_params / layout.tp + (b.block_expert_params if layout.ep == 1 else 0.0)
     return per_block * b.m.layers / layout.pp
+
+
+def _ep_experts_local(b: ModuleBasis, layout: Layout) -> float:
+    """The experts' parameters on one GPU under EP (its stage's share of its EP rank's experts); 0 without EP."""
+    return b.expert_params / (layout.pp * layout.ep) if layout.ep > 1 and b.m.experts > 1 else 0.0
 
 
 def _measured_with_tp(profile: Profile | None, name: str, tp: int) -> bool:
