@@ -98,7 +98,8 @@ class ModuleSpec(_Spec):
         default=0.0,
         ge=0,
         description="with experts: the router's load-balancing loss is added to the LM loss times this (HF's "
-        "router_aux_loss_coef where output_router_logits is set; docs/moe.md says over which tokens); 0: none",
+        "router_aux_loss_coef where output_router_logits is set; runtime/train/aux_loss.py says over which tokens); "
+        "0: none",
     )
     feeds: str | None = Field(default=None, description="module this encoder feeds through a projector")
     modality: Modality | None = Field(
