@@ -150,8 +150,9 @@ class MoE(nn.Module):
     to the lower expert index) are chosen and their gates renormalised over the chosen k,
     g_j = p_j / sum_chosen p (Mixtral convention); y_t = sum_j g_j * expert_j(x_t). No capacity
     and no dropped tokens, so a token's output never depends on which tokens share its micro-batch
-    or rank: any grouping gives the reference result. No load-balancing auxiliary loss (it is a
-    statistic of the whole batch, which per-micro-batch losses would not reproduce exactly).
+    or rank: any grouping gives the reference result. Its router logits are kept for the load-balancing
+    auxiliary loss where the spec asks for it (runtime/train/aux_loss.py: per micro-batch, a whole-batch
+    statistic otherwise).
 
     Experts live in a ModuleDict keyed by their global index, so parameter names (and the
     name-seeded init) are the same whichever experts a rank holds. `exchange` is None when every
