@@ -1,8 +1,8 @@
 """The router's auxiliary loss of a Mixture-of-Experts LLM (runtime/train/aux_loss.py), held in float64 against
 Hugging Face's own `load_balancing_loss_func` on a tiny Qwen3-VL-MoE whose config asks for it
 (output_router_logits, router_aux_loss_coef 0.25): one micro-batch holding the whole batch (one rank; and its
-rows over CP2) is HF's aux of the whole batch; micro-batches of one sample each (four on one rank; two on each of
-two EP2 ranks) are the row-weighted sum of HF's aux of each sample. Per plan: the step's LM loss (1e-9
+rows over CP2) is HF's aux of the whole batch; micro-batches of one sample each (two on each of two DP2 EP2 ranks)
+are the row-weighted sum of HF's aux of each sample. Per plan: the step's LM loss (1e-9
 relative), its `aux_loss` metric (1e-9 relative) and every gradient of LM loss + coef x aux (1e-9 of the
 tensor's largest entry). Two launches (one per world size)."""
 
@@ -30,7 +30,6 @@ DATA = DataSpec(
 # name -> (LLM layout and ranks, micro-batches, whether the reference's aux is per sample)
 PLANS = {
     "one_micro_batch": ((Layout(dp=1), [0]), 1, False),
-    "four_micro_batches": ((Layout(dp=1), [0]), 4, True),
     "llm_cp2": ((Layout(cp=2), [0, 1]), 1, False),
     "llm_dp2_ep2": ((Layout(dp=2, ep=2), [0, 1]), 2, True),
 }
