@@ -2,7 +2,7 @@
 
 A small record per job (~/.orch/jobs/JOBID.json, or $ORCH_STATE_DIR/jobs) lets them find the workdir
 and the log folder; state comes from sacct (submitit reads it too), the latest step from metrics.jsonl
-(runtime/metrics.py), and a failed job's root cause from runtime/launch/diagnose.py.
+(runtime/workdir/metrics.py), and a failed job's root cause from runtime/launch/diagnose.py.
 """
 
 from __future__ import annotations
