@@ -20,6 +20,8 @@ from orch.planner.errors import OrchError
 class Diverged(OrchError):
     """A step's loss or gradient norm is not finite: the run stopped (the message says the step and why)."""
 
+    failure_kind = "diverged"
+
 
 def divergence(
     step: int,
