@@ -39,7 +39,6 @@ from orch.runtime.parallel.boundary import Boundary
 from orch.runtime.parallel.context import CPGroup
 from orch.runtime.parallel.expert import is_expert_param
 from orch.runtime.parallel.grid import Grid, build_grids, build_meshes
-from orch.runtime.run_dir import say
 from orch.runtime.train.aux_loss import RouterAux
 from orch.runtime.train.calibration import longest_sample, modules_to_calibrate, shared_calibration, warm_up
 from orch.runtime.train.config import TrainConfig
@@ -52,6 +51,7 @@ from orch.runtime.train.rank_model import build_rank_model
 from orch.runtime.train.schedules.context import StepContext, StepWork
 from orch.runtime.train.support import check_supported
 from orch.runtime.train.trace import Span
+from orch.runtime.workdir.run_dir import say
 
 
 @dataclass

@@ -5,7 +5,7 @@ A versioned pydantic model like every other file orch writes (`orch schema metri
 
 A crash while a line is written leaves it torn: the file's last line, without its newline and not JSON. Every
 reader drops such a line (saying so once on stderr); a bad line anywhere else is an error naming it. A full
-disk while appending is one line naming the file and the bytes the record needed (runtime/disk.py).
+disk while appending is one line naming the file and the bytes the record needed (runtime/workdir/disk.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orch.planner.errors import SpecError
 from orch.planner.io import write_text_atomic
-from orch.runtime.disk import no_space_guard
-from orch.runtime.workdir_files import open_own
+from orch.runtime.workdir.disk import no_space_guard
+from orch.runtime.workdir.files import open_own
 
 METRICS_FILE = "metrics.jsonl"
 
