@@ -1,0 +1,255 @@
+"""Qwen2.5-Omni's thinker (runtime/models/qwen_omni/) against transformers 5.24: its config.json read into the
+three modules without torch (every field against the config classes, the class defaults, bad fields named), the
+LLM built to attend with orch's varlen attention, TMRoPE positions equal to HF's `get_rope_index`, and `orch
+data inspect`'s input_ids and encoder inputs equal to Qwen2_5OmniProcessor's for text, image, audio and
+image+audio conversations."""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from qwen_omni_models import make_processor, make_qwen_omni
+
+from orch.planner.errors import SpecError
+from orch.planner.hf_config import describe
+from orch.planner.specs import HFPart, Modality, ModuleKind
+from orch.runtime.models.registry import model_spec_from_dir
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def omni(tmp_path_factory) -> Path:
+    return make_qwen_omni(tmp_path_factory.mktemp("omni") / "m")
+
+
+def check_against(directory: Path, config) -> None:
+    """Every derived field of the three modules against the transformers config object's own values."""
+    spec = model_spec_from_dir(directory)
+    th = config.thinker_config
+    a, v, t = th.audio_config, th.vision_config, th.text_config
+    audio, vision, llm = spec.modules["audio"], spec.modules["vision"], spec.modules["llm"]
+    assert (audio.kind, spec.modality("audio"), audio.feeds) == (ModuleKind.ENCODER, Modality.AUDIO, "llm")
+    assert (audio.layers, audio.hidden, audio.heads, audio.ffn, audio.input_dim) == (
+        a.encoder_layers, a.d_model, a.encoder_attention_heads, a.encoder_ffn_dim, a.num_mel_bins)  # fmt: skip
+    assert (audio.clip_tokens, audio.downsample, audio.refuses("cp", 2) is not None) == (a.n_window, 2, True)
+    assert (vision.layers, vision.hidden, vision.heads, vision.ffn) == (
+        v.depth, v.hidden_size, v.num_heads, v.intermediate_size)  # fmt: skip
+    assert vision.input_dim == v.in_channels * v.temporal_patch_size * v.patch_size**2
+    side = v.window_size // v.spatial_merge_size // v.patch_size
+    assert vision.window_tokens == (side * v.spatial_merge_size) ** 2 and vision.mlp_kind == "swiglu"
+    assert vision.full_attention_blocks == tuple(v.fullatt_block_indexes)
+    assert (llm.layers, llm.hidden, llm.heads, llm.num_kv_heads, llm.ffn, llm.vocab, llm.tied_embeddings) == (
+        t.num_hidden_layers, t.hidden_size, t.num_attention_heads, t.num_key_value_heads, t.intermediate_size,
+        t.vocab_size, th.tie_word_embeddings)  # fmt: skip
+    path = str(directory.resolve())
+    assert [m.hf for m in (audio, vision, llm)] == [HFPart(path=path, part=p) for p in ("audio", "vision", "text")]
+
+
+def test_tiny_config_gives_the_thinkers_modules(omni):
+    check_against(omni, transformers.AutoConfig.from_pretrained(omni))
+
+
+def test_default_config_and_class_defaults(tmp_path):
+    """transformers' default Qwen2.5-Omni as saved, and a config.json naming nothing but its type (the reader's
+    class defaults), give the same modules."""
+    config = transformers.Qwen2_5OmniConfig()
+    config.save_pretrained(tmp_path / "saved")
+    check_against(tmp_path / "saved", config)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"model_type": "qwen2_5_omni"}))
+    got, want = model_spec_from_dir(bare).modules, model_spec_from_dir(tmp_path / "saved").modules
+    assert {n: m.model_copy(update={"hf": None}) for n, m in got.items()} == {
+        n: m.model_copy(update={"hf": None}) for n, m in want.items()
+    }
+    assert describe(model_spec_from_dir(bare))[0] == (
+        "audio: 32 layers, hidden 1280, 20 heads, ffn 5120, 128 mel bins, 2 tokens per LLM token, clips of 100 tokens"
+    )
+
+
+@pytest.mark.parametrize(
+    ("thinker", "field"),
+    [
+        ({"audio_config": {"output_dim": 64}}, "thinker_config.audio_config.output_dim"),
+        ({"vision_config": {"out_hidden_size": 64}}, "thinker_config.vision_config.out_hidden_size"),
+        ({"audio_config": {"model_type": "whisper"}}, "thinker_config.audio_config.model_type"),
+        ({"text_config": {"num_attention_heads": 0}}, "thinker_config.text_config.num_attention_heads"),
+        ({"audio_config": {"n_window": 7}}, "thinker_config.audio_config.n_window"),
+        ([], "thinker_config"),
+    ],
+)
+def test_bad_fields_are_named(tmp_path, thinker, field):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_omni", "thinker_config": thinker}))
+    with pytest.raises(SpecError) as got:
+        model_spec_from_dir(tmp_path)
+    assert got.value.field == field and str(tmp_path / "config.json") in str(got.value)
+
+
+def test_the_thinkers_llm_attends_with_orchs_varlen_attention(omni):
+    """Only the thinker's LLM attends with orch's varlen attention; its towers keep HF's own (the audio tower's
+    chunks and the vision tower's windows by their cu_seqlens). The composite's top config has no text_config:
+    setting the attention on the top config set it on every sub-config, the towers' included."""
+    from orch.runtime.models.hf.attention import register
+    from orch.runtime.models.hf.build import build_full
+
+    full = build_full(str(omni))
+    assert full.thinker.model.language_model.config._attn_implementation == register()
+    assert full.thinker.model.audio_tower.config._attn_implementation != register()
+    assert full.thinker.model.visual.config._attn_implementation != register()
+
+
+def hf_rope_index(config):
+    """transformers' own `get_rope_index` of Qwen2.5-Omni, bound to a thinker config."""
+    from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as m
+
+    cls = m.Qwen2_5OmniPreTrainedModelForConditionalGeneration
+    owner = SimpleNamespace(config=config, spatial_merge_size=config.vision_config.spatial_merge_size)
+    owner.get_llm_pos_ids_for_vision = lambda *a: cls.get_llm_pos_ids_for_vision(owner, *a)
+    owner.get_chunked_index = lambda *a: cls.get_chunked_index(owner, *a)
+    return lambda **kw: cls.get_rope_index(owner, **kw)
+
+
+def test_positions_are_hfs_get_rope_index(omni):
+    """Text, an image, a clip, a video (its time axis at position_id_per_seconds, past its height and width) and
+    another image, in one sequence: orch's positions from its layout equal HF's from the input_ids."""
+    import torch
+
+    from orch.runtime.models.qwen_omni.rope import omni_positions
+    from orch.runtime.sample import MediaItem, SequenceLayout
+
+    config = transformers.AutoConfig.from_pretrained(omni).thinker_config
+    ids = SimpleNamespace(**{k: getattr(config, k) for k in ("image_token_id", "video_token_id", "audio_token_id")})
+    vs, ve, ab, ae = (config.vision_start_token_id, config.vision_end_token_id, config.audio_start_token_id,
+                      config.audio_end_token_id)  # fmt: skip
+    items = [MediaItem((1, 4, 6)), MediaItem((3, 4, 4), seconds=1.0), MediaItem((1, 2, 2))]
+    clip_frames = 45  # 11 LLM tokens
+    clip_rows = ((clip_frames - 1) // 2 + 1 - 2) // 2 + 1
+    seq, text, inserts = [], [], []
+    vision_first = clip_rows  # the prefix: the clip's rows, then the vision items' (encoder order)
+
+    def words(n):
+        for _ in range(n):
+            text.append(len(text))
+            seq.append(7)
+
+    def rows(token, n, first):
+        inserts.append((len(text), first, n))
+        seq.extend([token] * n)
+
+    words(3)
+    for item, token in zip(items, (ids.image_token_id, ids.video_token_id, ids.image_token_id), strict=True):
+        seq.append(vs), text.append(len(text))
+        rows(token, item.patches // 4, vision_first)
+        vision_first += item.patches // 4
+        seq.append(ve), text.append(len(text))
+        words(2)
+        if item.is_video:  # the clip after the video
+            seq.append(ab), text.append(len(text))
+            rows(ids.audio_token_id, clip_rows, 0)
+            seq.append(ae), text.append(len(text))
+            words(1)
+    prefix = clip_rows + sum(it.patches // 4 for it in items)
+    layout = SequenceLayout.interleaved(prefix, len(text), inserts)
+    got = omni_positions(layout, items, 2, config.position_id_per_seconds)
+    want, _ = hf_rope_index(config)(
+        input_ids=torch.tensor([seq]),
+        image_grid_thw=torch.tensor([items[0].grid, items[2].grid]),
+        video_grid_thw=torch.tensor([items[1].grid]),
+        attention_mask=torch.ones(1, len(seq), dtype=torch.long),
+        audio_seqlens=torch.tensor([clip_frames]),
+        second_per_grids=torch.tensor([1.0]),
+    )
+    assert torch.equal(got, want[:, 0])
+    # Qwen2.5-VL's rule (text after a video at start + max(h, w) / merge) would not do
+    video_end = int(want[0, 0, seq.index(ve, seq.index(ids.video_token_id))])
+    assert video_end > int(want[1, 0, seq.index(ids.video_token_id)]) + 2 + 1
+
+
+def _wav(path: Path, samples: int, seed: int) -> np.ndarray:
+    import soundfile
+
+    wave = (0.3 * np.random.default_rng(seed).standard_normal(samples)).astype(np.float32)
+    soundfile.write(path, wave, 16000, subtype="FLOAT")
+    return wave
+
+
+CONVERSATIONS = {
+    "text": ([{"role": "user", "content": "a red circle ?"}, {"role": "assistant", "content": "a blue square"}], 0, 0),
+    "image": ([{"role": "user", "content": "<image>what is in <image> the picture ?"},
+               {"role": "assistant", "content": "a blue square"}], 2, 0),
+    "audio": ([{"role": "user", "content": "<audio><audio>transcribe"}, {"role": "assistant", "content": "a red"},
+               {"role": "user", "content": "and <audio>"}, {"role": "assistant", "content": "200"}], 0, 3),
+    "image_audio": ([{"role": "user", "content": "<image>what is <audio> in the picture ?"},
+                     {"role": "assistant", "content": "a blue square"},
+                     {"role": "user", "content": "and <audio><image> then <audio>"},
+                     {"role": "assistant", "content": "a green circle"}], 2, 3),
+}  # fmt: skip
+# clip lengths whose log-mel frames are 100, 102, 103 and 73: every remainder mod 4 of the processor's formula
+CLIPS = [16000, 16161, 16330, 11530]
+
+
+@pytest.mark.parametrize("kind", list(CONVERSATIONS))
+def test_inspect_ids_and_inputs_are_the_processors(cli, omni, tmp_path, kind):
+    """`orch data inspect --json`'s input_ids are Qwen2_5OmniProcessor's on the conversation LLaMA-Factory's
+    qwen2_omni plugin renders (`<image>` -> `<|vision_bos|><|IMAGE|><|vision_eos|>`, `<audio>` ->
+    `<|audio_bos|><|AUDIO|><|audio_eos|>`), and each encoder's inputs are the processor's: the image's patch rows
+    its pixel_values, a clip's real frames its input_features where its feature_attention_mask is set."""
+    import torch
+    from PIL import Image
+
+    from orch.runtime.data.index import TokenRules
+    from orch.runtime.data.media import media_processors
+
+    messages, n_images, n_clips = CONVERSATIONS[kind]
+    rng = np.random.default_rng(0)
+    for i, (w, h) in enumerate([(40, 30), (90, 20)][:n_images]):
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+    waves = [_wav(tmp_path / f"{i}.wav", n, i) for i, n in enumerate(CLIPS[:n_clips])]
+    record = {"messages": messages, "images": [f"{i}.png" for i in range(n_images)],
+              "audios": [f"{i}.wav" for i in range(n_clips)]}  # fmt: skip
+    (tmp_path / "d.jsonl").write_text(json.dumps(record) + "\n")
+    r = cli("data", "inspect", str(tmp_path / "d.jsonl"), "--model", str(omni), "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output[r.output.index("{") :])["input_ids"]
+
+    processor = make_processor(transformers.AutoTokenizer.from_pretrained(omni))
+    tags = {"<image>": "<|vision_bos|><|IMAGE|><|vision_eos|>", "<audio>": "<|audio_bos|><|AUDIO|><|audio_eos|>"}
+    rendered = [{**m, "content": m["content"].replace("<image>", tags["<image>"]).replace("<audio>", tags["<audio>"])}
+                for m in messages]  # fmt: skip
+    text = processor.apply_chat_template(rendered, tokenize=False)
+    images = [Image.open(tmp_path / f"{i}.png").convert("RGB") for i in range(n_images)] or None
+    out = processor(text=text, images=images, audio=waves or None, sampling_rate=16000, return_tensors="np")
+    assert got == out["input_ids"][0].tolist()
+
+    spec = model_spec_from_dir(omni)
+    rules = {r.name: r for r in TokenRules.of(spec).encoders}
+    procs = media_processors(spec)
+    if n_images:
+        rows = procs["vision"].inputs(tuple(str(tmp_path / f"{i}.png") for i in range(n_images)), rules["vision"],
+                                      1024, kinds=("<image>",) * n_images)  # fmt: skip
+        assert np.allclose(torch.cat(rows).numpy(), out["pixel_values"], rtol=0, atol=1e-6)
+    if n_clips:
+        from orch.runtime.models.qwen_omni.audio import OmniAudioTower
+
+        clips = procs["audio"].inputs(tuple(str(tmp_path / f"{i}.wav") for i in range(n_clips)), rules["audio"], 1024)
+        real = OmniAudioTower.clips(None, torch.cat(clips), [0] * n_clips,
+                                    [[_clip_item(c)] for c in clips])  # fmt: skip
+        for frames, features, mask in zip(real, out["input_features"], out["feature_attention_mask"], strict=True):
+            assert frames.shape[0] == mask.sum() and np.array_equal(frames.numpy(), features[:, : mask.sum()].T)
+
+
+def _clip_item(rows):
+    from orch.runtime.sample import MediaItem
+
+    return MediaItem((1, 1, rows.shape[0]))
+
+
+def test_a_clip_too_short_for_one_token_is_refused():
+    from orch.runtime.models.qwen_omni.media import OmniClips
+
+    assert OmniClips().tokens(480, 16000) == 2  # 3 frames: one LLM token
+    with pytest.raises(ValueError, match="too short for one audio token"):
+        OmniClips().tokens(320, 16000)
