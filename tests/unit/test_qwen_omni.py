@@ -253,3 +253,18 @@ def test_a_clip_too_short_for_one_token_is_refused():
     assert OmniClips().tokens(480, 16000) == 2  # 3 frames: one LLM token
     with pytest.raises(ValueError, match="too short for one audio token"):
         OmniClips().tokens(320, 16000)
+
+
+def test_the_published_7b_config_is_read(tmp_path):
+    """bench/configs/qwen2_5_omni_7b (Qwen2.5-Omni-7B's published config.json, the `orch plan` table's input): the
+    thinker's three modules as transformers reads the same file."""
+    import shutil
+
+    src = Path(__file__).resolve().parents[2] / "bench" / "configs" / "qwen2_5_omni_7b"
+    shutil.copytree(src, tmp_path / "m")
+    check_against(tmp_path / "m", transformers.AutoConfig.from_pretrained(tmp_path / "m"))
+    assert describe(model_spec_from_dir(tmp_path / "m"))[1:] == [
+        "vision: 32 blocks (4 full-attention, the rest in 64-patch windows), width 1280, 16 heads, ffn 3420 swiglu, "
+        "merge 2x2 → 4 patches per LLM token, 1176 values per patch",
+        "llm: 28 layers, hidden 3584, 28 heads (4 KV), ffn 18944, vocab 152064",
+    ]
