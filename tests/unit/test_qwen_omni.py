@@ -5,6 +5,7 @@ data inspect`'s input_ids and encoder inputs equal to Qwen2_5OmniProcessor's for
 image+audio conversations."""
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,6 +17,7 @@ from orch.planner.errors import SpecError
 from orch.planner.hf_config import describe
 from orch.planner.specs import HFPart, Modality, ModuleKind
 from orch.runtime.models.registry import model_spec_from_dir
+from orch.runtime.sample import MediaItem
 
 transformers = pytest.importorskip("transformers")
 
@@ -268,3 +270,114 @@ def test_the_published_7b_config_is_read(tmp_path):
         "merge 2x2 → 4 patches per LLM token, 1176 values per patch",
         "llm: 28 layers, hidden 3584, 28 heads (4 KV), ffn 18944, vocab 152064",
     ]
+
+
+@dataclass(frozen=True)
+class Sound:
+    """A video's own audio as the data side hands it (runtime/sample.py `Sound`): its clip and LLM rows."""
+
+    clip: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class SoundingItem(MediaItem):
+    """A video's first item with its sound (runtime/sample.py `MediaItem.sound`)."""
+
+    sound: Sound | None = None
+
+
+def omni_grids(omni):
+    from orch.runtime.models.qwen_omni.media import OmniGrids
+
+    rule = model_spec_from_dir(omni)
+    from orch.runtime.data.index import TokenRules
+
+    grids = next(r.grids for r in TokenRules.of(rule).encoders if r.grids is not None)
+    assert isinstance(grids, OmniGrids) and grids.wrap == ("<|vision_bos|>", "<|vision_eos|>")
+    return grids
+
+
+# (t, h, w, seconds per step, audio rows): chunks of 50 positions; more video chunks, more audio chunks, equal
+VIDEOS = [(4, 4, 4, 1.0, 30), (3, 4, 6, 0.5, 140), (8, 2, 2, 0.8, 90), (2, 4, 4, 2.0, 100)]
+
+
+@pytest.mark.parametrize("video", VIDEOS)
+def test_sound_chunks_are_the_processors(omni, video):
+    """A video with its sound: the (video rows, audio rows) chunks orch places write the text
+    Qwen2_5OmniProcessor's `replace_video_with_audio_token` writes."""
+
+    t, h, w, seconds, audio = video
+    processor = make_processor(transformers.AutoTokenizer.from_pretrained(omni))
+    processor.video_processor = SimpleNamespace(merge_size=2)  # the one field of it the method reads
+    text = processor.replace_video_with_audio_token(
+        {"video_grid_thw": [[t, h, w]], "video_second_per_grid": [seconds]}, 0, {"num_audio_tokens": [audio]}, 0,
+        position_id_per_seconds=25, seconds_per_chunk=2.0,
+    )  # fmt: skip
+    item = SoundingItem((t, h, w), seconds, Sound(0, audio))
+    got = omni_grids(omni).sound_chunks(item)
+    assert text == "<|audio_bos|>" + "".join("<|VIDEO|>" * v + "<|AUDIO|>" * a for v, a in got) + "<|audio_eos|>"
+    assert len(got) > 1
+    assert sum(v for v, _ in got) == t * h * w // 4 and sum(a for _, a in got) == audio
+
+
+@pytest.mark.parametrize("video", VIDEOS)
+def test_positions_of_a_video_with_its_sound_are_hfs(omni, video):
+    """An image, a clip and a video used with its own audio (its rows and its clip's interleaved chunk by chunk)
+    in one sequence: orch's TMRoPE positions equal HF's `get_rope_index(use_audio_in_video=True)`."""
+    import torch
+
+    from orch.runtime.models.qwen_omni.media import clip_llm_tokens
+    from orch.runtime.models.qwen_omni.rope import omni_positions
+    from orch.runtime.sample import SequenceLayout
+
+    config = transformers.AutoConfig.from_pretrained(omni).thinker_config
+    t, h, w, seconds, audio = video
+    frames = 4 * audio  # a clip of `audio` LLM rows
+    assert clip_llm_tokens(frames) == audio
+    image = MediaItem((1, 4, 6))
+    sounding = SoundingItem((t, h, w), seconds, Sound(1, audio))
+    plain_frames = 45
+    plain = clip_llm_tokens(plain_frames)
+    ids = config
+    seq, text, inserts = [], [], []
+    audio_first = {0: 0, 1: plain}  # the prefix: the clips' rows (placeholder order), then the vision items'
+    vision_first = plain + audio
+
+    def token(tok):
+        text.append(len(text))
+        seq.append(tok)
+
+    def rows(tok, n, first):
+        inserts.append((len(text), first, n))
+        seq.extend([tok] * n)
+
+    for _ in range(3):
+        token(7)
+    token(ids.vision_start_token_id), rows(ids.image_token_id, 6, vision_first), token(ids.vision_end_token_id)
+    token(7)
+    token(ids.audio_start_token_id), rows(ids.audio_token_id, plain, audio_first[0]), token(ids.audio_end_token_id)
+    token(ids.vision_start_token_id), token(ids.audio_start_token_id)
+    v_at, a_at = vision_first + 6, audio_first[1]
+    for v, a in omni_grids(omni).sound_chunks(sounding):
+        if v:
+            rows(ids.video_token_id, v, v_at)
+        if a:
+            rows(ids.audio_token_id, a, a_at)
+        v_at, a_at = v_at + v, a_at + a
+    token(ids.audio_end_token_id), token(ids.vision_end_token_id)
+    for _ in range(2):
+        token(7)
+    prefix = plain + audio + 6 + t * h * w // 4
+    layout = SequenceLayout.interleaved(prefix, len(text), inserts)
+    got = omni_positions(layout, [image, sounding], 2, config.position_id_per_seconds)
+    want, _ = hf_rope_index(config)(
+        input_ids=torch.tensor([seq]),
+        image_grid_thw=torch.tensor([image.grid]),
+        video_grid_thw=torch.tensor([sounding.grid]),
+        attention_mask=torch.ones(1, len(seq), dtype=torch.long),
+        use_audio_in_video=True,
+        audio_seqlens=torch.tensor([plain_frames, frames]),
+        second_per_grids=torch.tensor([seconds]),
+    )
+    assert torch.equal(got, want[:, 0])
