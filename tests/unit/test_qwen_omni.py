@@ -381,3 +381,46 @@ def test_positions_of_a_video_with_its_sound_are_hfs(omni, video):
         second_per_grids=torch.tensor([seconds]),
     )
     assert torch.equal(got, want[:, 0])
+
+
+def test_a_data_files_positions_are_hfs(cli, omni, tmp_path):
+    """Through the data path: a conversation of text, an image, clips and a video (no sound) read from a data file;
+    the TMRoPE positions of its batch's layout equal HF's `get_rope_index` on the input_ids `orch data inspect`
+    gives, with the index's grids and the clips' frames."""
+    import math
+
+    import torch
+    from PIL import Image
+    from qwen_vl_data import write_video
+
+    from orch.cli.data_cmd import conversation_data
+    from orch.runtime.data.source import ConversationData
+
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (30, 40, 3), dtype=np.uint8)).save(tmp_path / "0.png")
+    write_video(tmp_path / "v.mp4", frames=12, width=80, height=80, rate=2)
+    clips = [16330, 11530]
+    for i, n in enumerate(clips):
+        _wav(tmp_path / f"{i}.wav", n, i)
+    messages = [{"role": "user", "content": "<audio>what is <image> in <video> the picture ?"},
+                {"role": "assistant", "content": "a blue square"}, {"role": "user", "content": "and <audio>"},
+                {"role": "assistant", "content": "a green circle"}]  # fmt: skip
+    record = {"messages": messages, "images": ["0.png"], "videos": ["v.mp4"], "audios": ["0.wav", "1.wav"]}
+    (tmp_path / "d.jsonl").write_text(json.dumps(record) + "\n")
+    r = cli("data", "inspect", str(tmp_path / "d.jsonl"), "--model", str(omni), "--json")
+    assert r.exit_code == 0, r.output
+    ids = json.loads(r.output[r.output.index("{") :])["input_ids"]
+
+    model = model_spec_from_dir(omni)
+    batch = ConversationData(model, conversation_data(model, str(tmp_path / "d.jsonl"), 1, None, None)[0]).batch(0, 0)
+    image, video = batch.items("vision", 0)
+    assert video.is_video and video.grid[0] > 1
+    config = transformers.AutoConfig.from_pretrained(omni).thinker_config
+    want, _ = hf_rope_index(config)(
+        input_ids=torch.tensor([ids]),
+        image_grid_thw=torch.tensor([image.grid]),
+        video_grid_thw=torch.tensor([video.grid]),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        audio_seqlens=torch.tensor([math.ceil(n / 160) for n in clips]),
+        second_per_grids=torch.tensor([video.seconds]),
+    )
+    assert torch.equal(batch.layout(0).positions, want[:, 0])
