@@ -424,3 +424,21 @@ def test_a_data_files_positions_are_hfs(cli, omni, tmp_path):
         second_per_grids=torch.tensor([video.seconds]),
     )
     assert torch.equal(batch.layout(0).positions, want[:, 0])
+
+
+def test_a_clip_too_short_for_one_token_is_skipped_and_named(cli, omni, tmp_path):
+    """A clip under 3 log-mel frames gives Qwen2.5-Omni no audio token: `orch data index` skips its sample and
+    says `file:line: audios[i]: path: what`, and indexes the rest."""
+    _wav(tmp_path / "short.wav", 200, 0)
+    _wav(tmp_path / "ok.wav", 16000, 1)
+    turn = [{"role": "user", "content": "<audio>hi"}, {"role": "assistant", "content": "a red"}]
+    records = [{"messages": turn, "audios": ["short.wav"]}, {"messages": turn, "audios": ["ok.wav"]}]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    r = cli("data", "index", str(tmp_path / "d.jsonl"), "--model", str(omni))
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    said = " ".join(r.output.split())
+    assert (
+        f"d.jsonl:1: audios[0]: {tmp_path / 'short.wav'}: a clip of 2 log-mel frames is too short for one audio "
+        "token (3 frames, 30 ms)" in said
+    )
+    assert "1 samples skipped: 1 malformed" in said
