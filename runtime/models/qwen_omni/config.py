@@ -6,7 +6,7 @@ the thinker only.
 The audio tower runs each clip's log-mel frames in chunks of `2·n_window` frames (`n_window` positions after its
 stride-2 conv), each chunk attending within itself: its attention window is `n_window` encoder tokens
 (`clip_tokens`), and an average pool merges 2 tokens into one LLM token. Fields absent take transformers 5.24's
-class defaults (`_DEFAULTS`; tests/unit/test_qwen_omni_config.py checks them against it). The LLM part is
+class defaults (`_DEFAULTS`; tests/unit/test_qwen_omni.py checks them against it). The LLM part is
 `llm_module`, a function of the thinker's text_config alone, so a thinker with another language model (a MoE)
 swaps that function only.
 """
