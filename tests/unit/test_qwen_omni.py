@@ -442,3 +442,23 @@ def test_a_clip_too_short_for_one_token_is_skipped_and_named(cli, omni, tmp_path
         "token (3 frames, 30 ms)" in said
     )
     assert "1 samples skipped: 1 malformed" in said
+
+
+def test_orch_profile_times_both_towers_real_blocks(omni):
+    """`orch profile`'s block cases (runtime/models/hf/parts.py) of the thinker: the audio tower's first block
+    attending within each chunk of n_window tokens of each sample, the vision tower's first (windowed) block."""
+    import torch
+
+    from orch.runtime.models.hf.parts import bare_module, layer_case
+
+    spec = model_spec_from_dir(omni)
+    case = layer_case(spec, "audio", torch.float64, torch.device("cpu"), 0, None)
+    layer = case.module.audio_tower.layers[0]
+    assert type(layer).__name__ == "Qwen2_5OmniAudioEncoderLayer" and len(case.module.audio_tower.layers) == 1
+    x = torch.randn(30, spec.modules["audio"].hidden, dtype=torch.float64)
+    parts = [layer(c, cu_seqlens=torch.tensor([0, c.shape[0]], dtype=torch.int32))[0] for c in x.split([8, 4, 8, 8, 2])]
+    assert torch.allclose(case(x, [12, 18]), torch.cat(parts), rtol=0, atol=1e-12)  # chunks of 8 (n_window)
+    vision = layer_case(spec, "vision", torch.float64, torch.device("cpu"), 0, None)
+    assert vision(torch.randn(32, spec.modules["vision"].hidden, dtype=torch.float64), [16, 16]).shape == (32, 32)
+    bare = bare_module(spec, "audio", torch.float64, torch.device("cpu"), 0, None)
+    assert bare(torch.randn(2 * 24, 16, dtype=torch.float64), [24]).shape == (12, spec.llm.hidden)

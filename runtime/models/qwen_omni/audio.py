@@ -62,6 +62,14 @@ class OmniAudioTower(HFModule):
         """The shortest clip, 4 frames (one LLM token), as a sample without items has them (`HasPlaceholder`)."""
         return torch.zeros(4, width, dtype=dtype, device=device), [2], [()]
 
+    def run_layer(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
+        """The tower's first block as it runs in training over samples of `seqlens` tokens, each one clip: its
+        attention within each chunk of `n_window` tokens (`orch profile`'s block case, runtime/models/hf/parts.py)."""
+        window = int(self.audio_tower.n_window)
+        chunks = [min(window, n - start) for n in seqlens for start in range(0, n, window)]
+        cu = torch.tensor([0, *chunks], device=x_TD.device).cumsum(0).to(torch.int32)
+        return self.audio_tower.layers[0](x_TD, cu_seqlens=cu)[0]  # type: ignore[no-any-return]
+
     def clips(
         self, feats_TF: torch.Tensor, seqlens: list[int], items: Sequence[Sequence[MediaItem]] | None
     ) -> list[torch.Tensor]:
