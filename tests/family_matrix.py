@@ -215,6 +215,7 @@ PLAN_KINDS: dict[str, PlanKind] = {
 # LLM's TP, CP and PP beside a tower; disaggregated), Qwen2-Audio (clips) each in a richer cell (PP2 beside a
 # tower at TP2, CP3 after a lone tower rank); every family with a tower that cannot run on zero rows (whole images,
 # clips, grids) under ZeRO-3, where a rank without media runs its placeholder (in the DP4 launch: no launch more).
+# Qwen2.5-Omni (two towers) every plain kind and each tower's own placement: an island each, or its own layout.
 TESTED: dict[str, tuple[str, ...]] = {
     "llava": (
         "homogeneous",
@@ -237,7 +238,15 @@ TESTED: dict[str, tuple[str, ...]] = {
         "zero3_llm_tp2",
     ),
     "qwen3_vl": ("homogeneous", "llm_pp2", "llm_cp2_tp2"),
-    "qwen2_5_omni": ("homogeneous", "llm_tp2", "llm_cp2", "llm_pp2", "island_per_tower", "towers_own_layouts"),
+    "qwen2_5_omni": (
+        "homogeneous",
+        "llm_tp2",
+        "llm_cp2",
+        "llm_pp2",
+        "island_per_tower",
+        "towers_own_layouts",
+        "zero3_homogeneous",
+    ),
     "llava_siglip_qwen2_tied": ("llm_tp2", "tower_tp2_llm_cp2"),
     "llava_clip_mistral_window": ("llm_tp2", "tower_tp2_llm_cp2"),
 }
