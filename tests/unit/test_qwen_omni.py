@@ -462,3 +462,14 @@ def test_orch_profile_times_both_towers_real_blocks(omni):
     assert vision(torch.randn(32, spec.modules["vision"].hidden, dtype=torch.float64), [16, 16]).shape == (32, 32)
     bare = bare_module(spec, "audio", torch.float64, torch.device("cpu"), 0, None)
     assert bare(torch.randn(2 * 24, 16, dtype=torch.float64), [24]).shape == (12, spec.llm.hidden)
+
+
+def test_the_audio_towers_attention_is_priced_per_chunk(tmp_path):
+    """Each audio token meets the n_window tokens of its chunk in every block: attention linear in a clip's length
+    (no per-pair term), as its windowed vision blocks are."""
+    from orch.planner.costs import attention_coefficients
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_5_omni"}))
+    audio = model_spec_from_dir(tmp_path).modules["audio"]
+    width = audio.attention_width
+    assert attention_coefficients(audio) == (4 * width * 100 * audio.layers, 0)

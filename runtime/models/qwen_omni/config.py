@@ -5,7 +5,8 @@ the thinker only.
 
 The audio tower runs each clip's log-mel frames in chunks of `2·n_window` frames (`n_window` positions after its
 stride-2 conv), each chunk attending within itself: its attention window is `n_window` encoder tokens
-(`clip_tokens`), and an average pool merges 2 tokens into one LLM token. Fields absent take transformers 5.24's
+(`clip_tokens`; its attention priced per chunk, `window_tokens`: each token meets n_window others in every
+block), and an average pool merges 2 tokens into one LLM token. Fields absent take transformers 5.24's
 class defaults (`_DEFAULTS`; tests/unit/test_qwen_omni.py checks them against it). The LLM part is
 `llm_module`, a function of the thinker's text_config alone, so a thinker with another language model (a MoE)
 swaps that function only.
@@ -92,6 +93,8 @@ def audio_module(cfg: HFConfig, llm_hidden: int, hf: HFPart) -> ModuleSpec:
         input_dim=cfg.positive("num_mel_bins"),
         downsample=2,
         clip_tokens=window,
+        window_tokens=window,  # priced per chunk: each token meets its chunk's (planner/costs.py)
+        full_attention_blocks=(),
         hf=hf,
     )
 
