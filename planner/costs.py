@@ -176,9 +176,9 @@ def attention_coefficients(m: ModuleSpec) -> ForwardFlops:
     """FLOPs of QKᵀ and PV over all blocks, 4 · attention_width per pair of tokens that meet (no causal half).
 
     A block that attends over its whole sequence gives a per-pair term; one attending inside windows of
-    `window_tokens` (Qwen2.5-VL's windowed blocks) is linear: each token meets its window, so
-    4 · attention_width · window_tokens per token. The sequence of a tower with item_attention is one image or
-    video frame, but a sample's items are not known here: its full-attention blocks are priced over the
+    `window_tokens` (Qwen2.5-VL's windowed blocks, Qwen2.5-Omni's audio chunks) is linear: each token meets its
+    window, so 4 · attention_width · window_tokens per token. The sequence of a tower with item_attention is one
+    image or video frame, but a sample's items are not known here: its full-attention blocks are priced over the
     sample's patches (Σlen², an upper bound of Σ over its images and frames)."""
     width = m.attention_width
     windowed = m.layers - m.full_attention_layers

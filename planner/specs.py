@@ -142,7 +142,8 @@ class ModuleSpec(_Spec):
         gt=0,
         description="with item_attention: patches per attention window of the blocks that attend inside windows "
         "(Qwen2.5-VL: window_size / patch_size patches a side, 8 x 8 = 64), every block but "
-        "full_attention_blocks; default none: every block attends over the whole image or frame",
+        "full_attention_blocks; default none: every block attends over the whole image or frame. With clip_tokens: "
+        "an audio tower's tokens per chunk (Qwen2.5-Omni: n_window), its attention priced per chunk",
     )
     full_attention_blocks: tuple[int, ...] | None = Field(
         default=None,
@@ -217,8 +218,10 @@ class ModuleSpec(_Spec):
                 "item_attention: orch's own modules attend over whole samples; only a module built from a Hugging "
                 "Face directory (hf) attends per image"
             )
-        if self.window_tokens is not None and not self.item_attention:
-            raise ValueError("window_tokens needs item_attention (windows inside each image)")
+        if self.window_tokens is not None and not (self.item_attention or self.clip_tokens):
+            raise ValueError(
+                "window_tokens needs item_attention (windows inside each image) or clip_tokens (chunks of a clip)"
+            )
         if self.full_attention_blocks is not None and self.window_tokens is None:
             raise ValueError("full_attention_blocks needs window_tokens (the other blocks attend in windows)")
         for name in ("full_attention_blocks", "deepstack_blocks"):

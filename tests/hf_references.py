@@ -148,6 +148,36 @@ def _qwen_vl_samples(hf, batch, router_logits: bool):
     return total, logits_per_sample
 
 
+def qwen_omni(directory, class_name, model, data, seed):
+    """Qwen2.5-Omni's thinker, sample by sample: its clip through HF's `get_audio_features` (the features as the
+    processor lays them out, [1, mel bins, frames], every frame real in its `feature_attention_mask`), its image
+    through the vision tower, the clip's then the image's tokens before the text, the language model at the
+    TMRoPE positions orch's layout gives (tests/unit/test_qwen_omni.py holds those against HF's
+    `get_rope_index`)."""
+    full = _from_pretrained(directory, class_name)
+    hf = full.thinker
+    batch = SyntheticBatch.build(model, data, seed, 0)
+    total = torch.zeros((), dtype=torch.float64)
+    for i in range(batch.size):
+        s = batch.sample(i, torch.float64)
+        layout = batch.layout(i)
+        parts = []
+        frames = s.feats["audio"]
+        if frames.shape[0]:
+            mask = torch.ones(1, frames.shape[0], dtype=torch.long)
+            parts.append(hf.get_audio_features(frames.t()[None], feature_attention_mask=mask).pooler_output)
+        if s.feats["vision"].shape[0]:
+            grid = torch.tensor([it.grid for it in s.items["vision"]])
+            parts.append(hf.model.visual(s.feats["vision"], grid_thw=grid).pooler_output)
+        parts.append(hf.get_input_embeddings()(s.text))
+        hidden = hf.model.language_model(
+            inputs_embeds=torch.cat(parts).unsqueeze(0), position_ids=layout.positions.unsqueeze(1)
+        ).last_hidden_state
+        logits = hf.lm_head(hidden)[0, layout.prefix :]
+        total = total + F.cross_entropy(logits, s.labels, reduction="sum")
+    return _finish(full, total, batch.label_tokens)  # names as the full model's, thinker.*
+
+
 # A family's class (runtime/models/*/family.py) -> its reference: a family registered with a new class has none
 # until one is written here (the family matrix fails for it, naming this table).
-REFERENCES = {"Llava": llava, "Qwen2Audio": qwen2_audio, "QwenVL": qwen_vl}
+REFERENCES = {"Llava": llava, "Qwen2Audio": qwen2_audio, "QwenVL": qwen_vl, "QwenOmni": qwen_omni}

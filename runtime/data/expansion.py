@@ -97,6 +97,8 @@ def placeholder_ids(model: ModelSpec, tokenizer: object | None = None) -> dict[s
     (`image_token_id` / `audio_token_id` of its HF config), else the tokenizer's for `<image>` / `<audio>`,
     else NO_TOKEN_ID."""
     config = read_config(model.llm.hf.path)[1] if model.llm.hf is not None else {}
+    if isinstance(config.get("thinker_config"), dict):  # Qwen2.5-Omni: the ids are its thinker's
+        config = config["thinker_config"]
     out = {}
     for tag, keys in _CONFIG_KEYS.items():
         got = next((config[k] for k in keys if isinstance(config.get(k), int)), None)

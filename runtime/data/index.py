@@ -708,7 +708,12 @@ def encoder_lengths(conv: Conversation, rules: TokenRules) -> dict[str, list[int
         if r.modality == "vision":
             out[r.name] = [image_tokens(r, w, h, rules.max_image_tokens) for w, h in sizes]
         else:
-            out[r.name] = [audio_tokens(r, n, rate) for n, rate in clips]
+            out[r.name] = []
+            for i, (n, rate) in enumerate(clips):
+                try:
+                    out[r.name].append(audio_tokens(r, n, rate))
+                except ValueError as exc:  # a clip its family's rule refuses (too short for one token)
+                    return BadSample(conv.where, f"audios[{i}]: {conv.audios[i]}: {exc}")
     return out
 
 

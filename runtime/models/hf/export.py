@@ -117,13 +117,21 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     return written
 
 
+def is_weights_file(name: str) -> bool:
+    """A file of the model's weights (written anew), not one the directory keeps as it is (a tokenizer, a
+    processor config, Qwen2.5-Omni's `spk_dict.pt`, the voices its talker speaks in)."""
+    if name.endswith(".safetensors") or name in INDEX_NAMES:
+        return True
+    return name.endswith(WEIGHT_SUFFIXES) and name.startswith(("pytorch_model", "model", "tf_model"))
+
+
 def write_directory(src: Path, target: Path, weights: dict[str, Any], save_file: Any) -> None:
     """target/: model.safetensors and every non-weight file of src, atomically (a temporary sibling, renamed)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         for f in src.iterdir():
-            if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.name not in INDEX_NAMES:
+            if f.is_file() and not is_weights_file(f.name):
                 shutil.copy2(f, tmp / f.name)
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if target.exists():
