@@ -308,6 +308,20 @@ def test_a_track_that_stops_decoding_masks_its_sample_and_is_counted(sounding, t
     assert problem["medium"] == str(cut) and "its audio track decodes to 0.00 s of the 2.00 s" in problem["error"]
 
 
+def test_a_video_whose_sound_outlasts_its_frames_counts_its_own_frames(tmp_path):
+    """Matroska keeps no frame count: a video's frames come from its own stream's duration (its DURATION tag), not
+    the container's, which a longer audio track sets (8 frames at 4 fps with 2.6 s of sound: 8, not 10, so the
+    frames its header promises are the frames that decode)."""
+    import av
+
+    from orch.runtime.models.qwen_vl.media import video_header
+
+    video = write_sounding_video(tmp_path / "v.mkv", frames=8, fps=4, sound=pcm(2.6))
+    with av.open(str(video)) as container:
+        decoded = sum(1 for _ in container.decode(video=0))
+    assert video_header(str(video)).frames == decoded == 8
+
+
 def test_orch_plan_takes_the_flag(sounding, cli, monkeypatch, tmp_path):
     """`orch plan --data ... --use-audio-in-video` plans on an index counting each video's sound for the audio tower,
     and says how many videos had none."""
