@@ -209,6 +209,7 @@ def inspect(
     from orch.runtime.data.media import media_processors
     from orch.runtime.data.processing import as_json, process
     from orch.runtime.models.registry import load_model
+    from orch.runtime.sample import AUDIO, IMAGE, SOUNDING_VIDEO, VIDEO
 
     spec = load_model(model)
     sources = read_sources(data)
@@ -249,7 +250,7 @@ def inspect(
 
     layout = conversation_layout(spec, out.marks, len(out.input_ids), out.media, out.items)
     placed: dict[int, list[str]] = {}  # before token j: the expanded placeholders
-    count = {"<image>": 0, "<video>": 0, "<audio>": 0, "<video+audio>": 0}
+    count = dict.fromkeys((IMAGE, VIDEO, AUDIO, SOUNDING_VIDEO), 0)
     for (at, tag), inserts in zip(out.marks, placeholder_inserts(spec, out.marks, out.media, out.items)[1],
                                   strict=True):  # fmt: skip
         count[tag] += 1

@@ -730,7 +730,7 @@ def encoder_lengths(
     else:
         sizes = [(0, 0)] * len(conv.images)
     memo = {} if memo is None else memo
-    named = conv.clips()
+    named = conv.clips() if conv.audios or conv.video_sounds else ()
     for what, f in named:
         if f not in memo:
             memo[f] = clip_header(f)

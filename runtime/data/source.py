@@ -151,7 +151,8 @@ class ConversationData:
         try:
             return encoder_inputs(conv, self.model, self.rules, encoders, self.processors)[0]
         except Exception as exc:  # OSError, ValueError, Pillow's DecompressionBombError: never the end of a run
-            medium = getattr(exc, "filename", None) or ", ".join((*conv.images, *conv.videos, *conv.audios))
+            files = dict.fromkeys((*conv.images, *conv.videos, *(f for _, f in conv.clips())))  # a sound's too
+            medium = getattr(exc, "filename", None) or ", ".join(files)
             self.problems.add(conv.where, str(medium), f"{type(exc).__name__}: {exc}", step, "masked")
             return None
 
