@@ -747,13 +747,13 @@ def encoder_lengths(
             continue
         out[r.name] = []
         for (what, f), (n, rate) in zip(named, clips, strict=True):
-            short = f"too short for one chunk of its encoder: {n / rate:.3f} s ({n} samples at {rate} Hz)"
-            try:  # a family's rule may refuse a clip itself (a ValueError saying why)
+            try:  # a family's rule may refuse a clip itself (too short for one of its tokens: a ValueError saying so)
                 tokens = audio_tokens(r, n, rate)
             except ValueError as exc:
-                return BadSample(conv.where, f"{what}: {f}: {short}: {exc}")
+                return BadSample(conv.where, f"{what}: {f}: {exc}")
             if n * MEL_RATE < MEL_HOP * rate or tokens < 1:  # not one log-mel frame, or no token of its encoder
-                return BadSample(conv.where, f"{what}: {f}: {short} make no audio token")
+                return BadSample(conv.where, f"{what}: {f}: too short for one chunk of its encoder: {n / rate:.3f} s "
+                                             f"({n} samples at {rate} Hz) make no audio token")  # fmt: skip
             out[r.name].append(tokens)
     return out
 
