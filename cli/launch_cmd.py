@@ -259,13 +259,13 @@ def checked_run(
         check_hf_plan(plan)  # configs, safetensors names and shapes, the layout: here, not in every rank
     if not dry_run:  # a busy run directory, or one of another model, is refused before a job is submitted or a
         # task file written (rank 0 checks both again when it prepares the run)
-        from orch.runtime.run_lock import probe
+        from orch.runtime.workdir.run_lock import probe
 
         probe(workdir)
         if cfg.resume:
             from orch.runtime.data.freshness import check_resume_data
-            from orch.runtime.run_dir import check_same_model
-            from orch.runtime.run_identity import model_identity
+            from orch.runtime.workdir.run_dir import check_same_model
+            from orch.runtime.workdir.run_identity import model_identity
 
             identity = model_identity(plan.model, cfg.model_factory)
             check_same_model(workdir, plan, identity, cfg.model_factory, tell=lambda line: None)  # prepare says
@@ -291,8 +291,8 @@ def _launch_torchrun(run: _Run, rdzv_endpoint: str | None, *, dry_run: bool) -> 
     from orch.cli.progress import StepProgress
     from orch.runtime.launch.sbatch import allocation
     from orch.runtime.launch.torchrun import TorchrunLauncher, command_text
-    from orch.runtime.metrics import metrics_path
     from orch.runtime.train.trainer import TrainTask
+    from orch.runtime.workdir.metrics import metrics_path
 
     plan, cfg, workdir = run.plan, run.cfg, run.workdir
     out = console()
@@ -322,8 +322,8 @@ def _launch_local(run: _Run, *, dry_run: bool) -> None:
     from orch.cli.output import console
     from orch.cli.progress import StepProgress
     from orch.runtime.launch.local import LocalLauncher
-    from orch.runtime.metrics import metrics_path
     from orch.runtime.train.trainer import TrainTask
+    from orch.runtime.workdir.metrics import metrics_path
 
     plan, cfg, workdir, world = run.plan, run.cfg, run.workdir, run.world
     out = console()
@@ -475,7 +475,7 @@ def _say_stopped(out: Any, by: str | None, at: int | None) -> None:
     """The one line of a run that a stop signal ended after its ranks saved a checkpoint."""
     if by is None or at is None:
         return
-    from orch.runtime.run_dir import step_name
+    from orch.runtime.workdir.run_dir import step_name
 
     out.print(
         f"stopped at step {at} by {by}; checkpoint {step_name(at)}; relaunch the same command to resume",

@@ -244,8 +244,8 @@ def validate(
     from orch.cli.output import print_json
     from orch.planner.loading import load_json_file
     from orch.planner.plan import Plan
-    from orch.runtime.metrics import read_metrics
     from orch.runtime.profile.validate import validate as compare
+    from orch.runtime.workdir.metrics import read_metrics
 
     plan = load_json_file(Plan, plan_file)
     result = compare(plan, *(read_metrics(m) for m in metrics))

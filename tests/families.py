@@ -91,6 +91,7 @@ FAMILY_MODELS: dict[str, Callable[[Path], Path]] = {
     "qwen2_vl": lambda root: make_qwen_vl(root / "qwen2_vl", "qwen2_vl"),
     "qwen2_5_vl": lambda root: make_qwen_vl(root / "qwen2_5_vl", "qwen2_5_vl"),
     "qwen3_vl": lambda root: make_qwen_vl(root / "qwen3_vl", "qwen3_vl"),
+    "qwen3_vl_moe": lambda root: make_qwen_vl(root / "qwen3_vl_moe", "qwen3_vl_moe"),
     "llama": lambda root: make_decoder(root / "llama", "llama"),
     "qwen2": lambda root: make_decoder(root / "qwen2", "qwen2"),
     "mistral": lambda root: make_decoder(root / "mistral", "mistral"),

@@ -29,6 +29,7 @@ FAMILIES: dict[str, Family] = {
         QwenVL("qwen2_vl", "Qwen2VLForConditionalGeneration"),
         QwenVL("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
         QwenVL("qwen3_vl", "Qwen3VLForConditionalGeneration"),
+        QwenVL("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration"),
         Decoder("llama", "LlamaForCausalLM"),
         Decoder("qwen2", "Qwen2ForCausalLM"),
         Decoder("mistral", "MistralForCausalLM"),
