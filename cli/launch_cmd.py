@@ -22,7 +22,7 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
-from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP
+from orch.cli.data_cmd import AUDIO_IN_VIDEO_HELP, INDEX_DIR_HELP, MEDIA_ROOT_HELP
 
 EXECUTORS = ("local", "slurm", "torchrun")
 # Flags that moved into the --config file (issue #28): TrainSpec field -> flag. Remove after one release.
@@ -81,6 +81,7 @@ def launch(
     ),
     index_dir: str | None = typer.Option(None, "--index-dir", help=INDEX_DIR_HELP),
     media_root: str | None = typer.Option(None, "--media-root", help=MEDIA_ROOT_HELP),
+    use_audio_in_video: bool = typer.Option(False, "--use-audio-in-video", help=AUDIO_IN_VIDEO_HELP),
     steps: int | None = typer.Option(None, "--steps", help="Optimizer steps to run."),
     lr: float | None = typer.Option(None, "--lr", help="Peak learning rate (0 trains nothing)."),
     dtype: str | None = typer.Option(None, "--dtype", help="float32, bfloat16 or float64."),
@@ -147,7 +148,18 @@ def launch(
     }  # fmt: skip
     given = {k: v for k, v in given.items() if v is not None}
     run = checked_run(
-        plan_file, config, given, executor, nproc, workdir, data, tokenizer, index_dir, media_root, dry_run
+        plan_file,
+        config,
+        given,
+        executor,
+        nproc,
+        workdir,
+        data,
+        tokenizer,
+        index_dir,
+        media_root,
+        dry_run,
+        use_audio_in_video,
     )
     if executor == "slurm":
         from orch.runtime.launch.sbatch import SlurmOptions
@@ -184,6 +196,7 @@ def checked_run(
     index_dir: str | None,
     media_root: str | None,
     dry_run: bool,
+    use_audio_in_video: bool = False,
 ) -> _Run:
     """Everything checked here, before any executor starts a rank or submits a job: the flags and the config
     file, the plan against its data and the runtime, a local run's device, a model factory, a Hugging Face
@@ -199,7 +212,8 @@ def checked_run(
             typer.echo(f"warning: {_flag(key)} is deprecated: set {key} in the --config file", err=True)
     cfg = train_spec(config, given)
     plan = load_json_file(Plan, plan_file)
-    data_spec = plan.data if data is None else launch_data(plan, data, tokenizer, index_dir, media_root)
+    data_spec = (plan.data if data is None
+                 else launch_data(plan, data, tokenizer, index_dir, media_root, use_audio_in_video))  # fmt: skip
     check_data_against_model(data_spec, plan.model, data or plan_file)
     from orch.runtime.data.freshness import check_index_current
 
@@ -354,7 +368,14 @@ def _say_finished(out: Any, records: list[Any], workdir: str, trace: str | None)
         out.print(f"trace written to [bold]{trace}[/]")
 
 
-def launch_data(plan: Any, data: str, tokenizer: str | None, index_dir: str | None, media_root: str | None) -> Any:
+def launch_data(
+    plan: Any,
+    data: str,
+    tokenizer: str | None,
+    index_dir: str | None,
+    media_root: str | None,
+    use_audio_in_video: bool = False,
+) -> Any:
     """`--data` read as `orch plan --data` reads it (`data_spec_for`). Conversation data is trained at the plan's
     global batch and seq_len, what its layouts were chosen for; a data spec file or preset carries its own."""
     from orch.cli.data_cmd import data_spec_for
@@ -363,7 +384,14 @@ def launch_data(plan: Any, data: str, tokenizer: str | None, index_dir: str | No
 
     planned = (plan.data.global_batch, plan.data.seq_len) if is_conversation_data(data) else (None, None)
     spec, hint = data_spec_for(
-        plan.model, data, "launched on", *planned, tokenizer or plan.data.tokenizer, index_dir, media_root
+        plan.model,
+        data,
+        "launched on",
+        *planned,
+        tokenizer or plan.data.tokenizer,
+        index_dir,
+        media_root,
+        use_audio_in_video,
     )
     if hint is not None:
         from rich.markup import escape
