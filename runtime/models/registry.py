@@ -20,6 +20,7 @@ from orch.runtime.models.family import Family
 from orch.runtime.models.llava.family import Llava, VisionTower
 from orch.runtime.models.qwen2_audio.family import Qwen2Audio, WhisperTower
 from orch.runtime.models.qwen_omni.family import QwenOmni
+from orch.runtime.models.qwen_omni.qwen3_family import QwenOmni3
 from orch.runtime.models.qwen_vl.family import QwenVL
 
 FAMILIES: dict[str, Family] = {
@@ -32,6 +33,7 @@ FAMILIES: dict[str, Family] = {
         QwenVL("qwen3_vl", "Qwen3VLForConditionalGeneration"),
         QwenVL("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration"),
         QwenOmni("qwen2_5_omni", "Qwen2_5OmniForConditionalGeneration"),
+        QwenOmni3("qwen3_omni_moe", "Qwen3OmniMoeForConditionalGeneration"),
         Decoder("llama", "LlamaForCausalLM"),
         Decoder("qwen2", "Qwen2ForCausalLM"),
         Decoder("mistral", "MistralForCausalLM"),

@@ -41,9 +41,12 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-def sub_config(parent: HFConfig, name: str, model_type: str) -> HFConfig:
+def sub_config(
+    parent: HFConfig, name: str, model_type: str, defaults: dict[str, dict[str, Any]] | None = None
+) -> HFConfig:
     """Sub-config `name` of `parent` (the top's thinker_config, the thinker's audio/vision/text_config) with its
-    class defaults; a model_type other than the class's is refused, naming the field."""
+    class defaults (`defaults`, this module's `_DEFAULTS` where not given: Qwen3-Omni's reader passes its own);
+    a model_type other than the class's is refused, naming the field."""
     raw = parent.values.get(name)
     if raw is None:
         raw = {}
@@ -54,7 +57,7 @@ def sub_config(parent: HFConfig, name: str, model_type: str) -> HFConfig:
         raise SpecError(
             parent.source, f"{parent.field(name)}.model_type", f"'{got}' is not supported; expected {model_type}"
         )
-    return HFConfig(parent.source, parent.field(name), raw, defaults=_DEFAULTS[model_type])
+    return HFConfig(parent.source, parent.field(name), raw, defaults=(defaults or _DEFAULTS)[model_type])
 
 
 def thinker_config(top: HFConfig) -> HFConfig:

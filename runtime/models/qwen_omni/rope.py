@@ -38,8 +38,12 @@ def vision_positions(start: int, item: MediaItem, merge: int, per_second: float)
     return torch.stack([tt, hh, ww]).reshape(3, -1) + start
 
 
-def omni_positions(layout: SequenceLayout, items: Sequence[MediaItem], merge: int, per_second: float) -> torch.Tensor:
-    """[3, layout.length] positions of a sample whose prefix ends with `items`' rows (module docstring)."""
+def omni_positions(
+    layout: SequenceLayout, items: Sequence[MediaItem], merge: int, per_second: float, pair_positions: int = 1
+) -> torch.Tensor:
+    """[3, layout.length] positions of a sample whose prefix ends with `items`' rows (module docstring);
+    `pair_positions`: the positions a sounding video's bos pair and its eos pair each take (Qwen2.5-Omni one,
+    Qwen3-Omni two: one a token)."""
     rows = [it.patches // (merge * merge) for it in items]
     first = layout.prefix - sum(rows)
     if first < 0:
@@ -57,22 +61,28 @@ def omni_positions(layout: SequenceLayout, items: Sequence[MediaItem], merge: in
         out[:, pos : at - lead] = torch.arange(cur, cur + at - lead - pos)
         cur += at - lead - pos
         if lead:
-            out[:, at - lead : at] = cur
-            cur += 1
+            out[:, at - lead : at] = torch.arange(cur, cur + lead) if pair_positions == 2 else cur
+            cur += pair_positions
         got = vision_positions(cur, item, merge, per_second)
         if sound is None:
             out[:, at : at + k] = got
             cur = int(got.max()) + 1
             pos = at + k
         else:
-            pos, cur = sounding_video(out, source[at : at + k + sound.rows], at, first, got, cur)
+            pos, cur = sounding_video(out, source[at : at + k + sound.rows], at, first, got, cur, pair_positions)
         first += k
     out[:, pos:] = torch.arange(cur, cur + n - pos)
     return out
 
 
 def sounding_video(
-    out: torch.Tensor, span_rows: torch.Tensor, at: int, first: int, video: torch.Tensor, start: int
+    out: torch.Tensor,
+    span_rows: torch.Tensor,
+    at: int,
+    first: int,
+    video: torch.Tensor,
+    start: int,
+    pair_positions: int = 1,
 ) -> tuple[int, int]:
     """Fill a video's and its sound's interleaved rows from position `at` (`span_rows`: their rows of cat([prefix,
     text]); the video's are `first`..): video rows at their `video` positions, audio rows `start`, `start + 1`, ...
@@ -89,5 +99,5 @@ def sounding_video(
     while last > 0 and kinds[last - 1] == kinds[span - 1]:
         last -= 1
     end = int(here[:, last:].max()) + 1
-    out[:, at + span : at + span + 2] = end
-    return at + span + 2, end + 1
+    out[:, at + span : at + span + 2] = torch.arange(end, end + 2) if pair_positions == 2 else end
+    return at + span + 2, end + pair_positions

@@ -1,0 +1,85 @@
+"""Qwen3-Omni's audio encoder as an orch encoder: transformers' own `Qwen3OmniMoeAudioEncoder` over the packed
+clips of many samples, and the clips' input rows (`PackedWhisperFeatures`).
+
+The encoder takes each clip's real log-mel frames only, concatenated, with their counts (`feature_lens`): it cuts
+each clip into chunks of 2·n_window frames, convolves each chunk into its tokens and attends within windows of
+the clip's tokens (HF's `get_audio_cu_seqlens`: windows of n_window_infer / (2·n_window) full chunks, whatever
+else is in the batch, since a batch without a full chunk has no clip longer than one window), so many clips of
+many samples in one call give each clip what it alone gives.
+
+A clip's rows (qwen3_media.py) are its frames 4 a row, 2 rows a token, and a length row holding its real frames
+`l`: the clip's frames are the first `l` of its unpacked rows. Without items (synthetic samples, the start-up
+calibration) a sample's rows are one clip whose every packed frame is real.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from orch.runtime.models.hf.module import HFModule
+from orch.runtime.models.qwen2_audio.processing import WhisperFeatures
+from orch.runtime.models.qwen_omni.audio import OmniAudioTower
+from orch.runtime.models.qwen_omni.qwen3_config import FRAMES_PER_ROW, window_tokens
+from orch.runtime.models.qwen_omni.qwen3_media import CONTEXT_ROWS, ROWS_PER_TOKEN
+from orch.runtime.sample import EncoderRule, audio_tokens, soundfile_frames
+
+if TYPE_CHECKING:
+    from orch.runtime.sample import MediaItem
+
+
+class Omni3AudioTower(OmniAudioTower):
+    def __init__(self, tower: nn.Module, config: Any) -> None:
+        HFModule.__init__(self)
+        self.audio_tower = tower
+        self.output_dim = int(config.text_config.hidden_size)
+        self.mels = int(config.audio_config.num_mel_bins)
+        self.window = window_tokens(int(tower.n_window), int(tower.n_window_infer))
+
+    def placeholder(
+        self, width: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, list[int], list[tuple[MediaItem, ...]]]:
+        """The shortest clip, one token's rows, as a sample without items has them (`HasPlaceholder`)."""
+        return torch.zeros(ROWS_PER_TOKEN, width, dtype=dtype, device=device), [1], [()]
+
+    def run_layer(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
+        """The encoder's first block as it runs in training over samples of `seqlens` tokens, each one clip: its
+        attention within each window (`orch profile`'s block case, runtime/models/hf/parts.py)."""
+        w = self.window
+        chunks = [min(w, n - start) for n in seqlens for start in range(0, n, w)]
+        cu = torch.tensor([0, *chunks], device=x_TD.device).cumsum(0).to(torch.int32)
+        return self.audio_tower.layers[0](x_TD, cu_seqlens=cu)[0]  # type: ignore[no-any-return]
+
+    def clips(
+        self, feats_TF: torch.Tensor, seqlens: list[int], items: Sequence[Sequence[MediaItem]] | None
+    ) -> list[torch.Tensor]:
+        """Each clip's real frames, [l, n_mels], in sample order (module docstring)."""
+        per = [[it.patches for it in got] if got else None for got in (items or [None] * len(seqlens))]
+        sizes = [sum(c) if c is not None else ROWS_PER_TOKEN * n for c, n in zip(per, seqlens, strict=True)]
+        out = []
+        for sample, rows in zip(feats_TF.split(sizes), per, strict=True):
+            if rows is None:
+                out += [sample.reshape(-1, self.mels)] if sample.shape[0] else []
+                continue
+            for clip in sample.split(rows):
+                frames = int(clip[-1, 0].item())  # the length row
+                out.append(clip[:-CONTEXT_ROWS].reshape(-1, self.mels)[:frames])
+        return out
+
+
+class PackedWhisperFeatures(WhisperFeatures):
+    """Each clip's log-mel frames by the directory's feature extractor (as Qwen2.5-Omni's), packed 4 frames a row,
+    2 rows a token, then its length row (module docstring)."""
+
+    def inputs(self, files: tuple[str, ...], rule: EncoderRule, max_image_tokens: int) -> list[torch.Tensor]:
+        out = []
+        for f in files:
+            samples, rate = soundfile_frames(f)
+            rows = audio_tokens(rule, samples, rate) * ROWS_PER_TOKEN
+            got = self.frames(f, rows * FRAMES_PER_ROW).reshape(rows, self.width)
+            real = float(rule.clips.frames(samples, rate))
+            out.append(torch.cat([got, got.new_full((CONTEXT_ROWS, self.width), real)]))
+        return out
