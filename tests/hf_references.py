@@ -178,6 +178,44 @@ def qwen_omni(directory, class_name, model, data, seed):
     return _finish(full, total, batch.label_tokens)  # names as the full model's, thinker.*
 
 
+def qwen3_omni(directory, class_name, model, data, seed):
+    """Qwen3-Omni's thinker, sample by sample: its clip through HF's `get_audio_features` (the frames a synthetic
+    clip of n tokens has: the fewest that give n, runtime/models/qwen_omni/qwen3_audio.py), its image through the
+    vision tower, the clip's then the image's tokens before the text, the MoE language model at the TMRoPE
+    positions orch's layout gives with the deepstack features at the image's rows."""
+    from orch.runtime.models.qwen_omni.qwen3_config import frames_for
+
+    full = _from_pretrained(directory, class_name)
+    hf = full.thinker
+    mels, n_window = hf.config.audio_config.num_mel_bins, hf.config.audio_config.n_window
+    batch = SyntheticBatch.build(model, data, seed, 0)
+    total = torch.zeros((), dtype=torch.float64)
+    for i in range(batch.size):
+        s = batch.sample(i, torch.float64)
+        layout = batch.layout(i)
+        parts, extra = [], {}
+        packed = s.feats["audio"]
+        if packed.shape[0]:
+            frames = packed.reshape(-1, mels)[: frames_for(packed.shape[0] // 2, n_window)]
+            mask = torch.ones(1, frames.shape[0], dtype=torch.long)
+            parts.append(hf.get_audio_features(frames.t()[None], feature_attention_mask=mask).last_hidden_state)
+        if s.feats["vision"].shape[0]:
+            grid = torch.tensor([it.grid for it in s.items["vision"]])
+            out = hf.model.visual(s.feats["vision"], grid_thw=grid)
+            mask = torch.zeros(1, layout.length, dtype=torch.bool)
+            mask[0, layout.prefix - out.pooler_output.shape[0] : layout.prefix] = True
+            extra = {"visual_pos_masks": mask, "deepstack_visual_embeds": out.deepstack_features}
+            parts.append(out.pooler_output)
+        parts.append(hf.get_input_embeddings()(s.text))
+        hidden = hf.model.language_model(
+            inputs_embeds=torch.cat(parts).unsqueeze(0), position_ids=layout.positions.unsqueeze(1), **extra
+        ).last_hidden_state
+        logits = hf.lm_head(hidden)[0, layout.prefix :]
+        total = total + F.cross_entropy(logits, s.labels, reduction="sum")
+    return _finish(full, total, batch.label_tokens)  # names as the full model's, thinker.*
+
+
 # A family's class (runtime/models/*/family.py) -> its reference: a family registered with a new class has none
 # until one is written here (the family matrix fails for it, naming this table).
-REFERENCES = {"Llava": llava, "Qwen2Audio": qwen2_audio, "QwenVL": qwen_vl, "QwenOmni": qwen_omni}
+REFERENCES = {"Llava": llava, "Qwen2Audio": qwen2_audio, "QwenVL": qwen_vl, "QwenOmni": qwen_omni,
+              "QwenOmni3": qwen3_omni}  # fmt: skip

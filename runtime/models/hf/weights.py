@@ -14,6 +14,7 @@ plan: normal(0, initializer_range) for matrices and embeddings, ones for norm we
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,10 @@ class Located:
     key: str  # the tensor's name in that file
     shape: tuple[int, ...]  # as the parameter holds it
     swapped: tuple[int, int] | None = None  # stored with these two dims swapped (Qwen3-VL-MoE's experts on the hub)
+    # stored one tensor per expert (Qwen3-Omni's, Qwen3-MoE's on the hub): per expert its pieces (file, key, rows),
+    # stacked on dim 0 and each expert's pieces concatenated on dim 1 (gate rows, then up rows); `file`/`key` the
+    # first piece's
+    experts: tuple[tuple[tuple[Path, str, int], ...], ...] | None = None
 
 
 def transposes(converter: Any) -> tuple[int, int] | None:
@@ -69,6 +74,67 @@ def transposes(converter: Any) -> tuple[int, int] | None:
     if len(ops) == 1 and isinstance(ops[0], Transpose) and ops[0].check_dims:
         return (ops[0].dim0, ops[0].dim1)
     return None
+
+
+def merges_experts(converter: Any) -> bool:
+    """Whether a converter stacks per-expert tensors (transformers' `MergeModulelist` on dim 0, then maybe a
+    `Concatenate` on dim 1 of the pieces an expert has: gate and up), reversed by `save_pretrained` as it came."""
+    from transformers.core_model_loading import Concatenate, MergeModulelist
+
+    ops = getattr(converter, "operations", [])
+    if not ops or not isinstance(ops[0], MergeModulelist) or ops[0].dim != 0:
+        return False
+    return all(isinstance(op, Concatenate) and op.dim == 1 for op in ops[1:])
+
+
+def expert_index(disk_key: str, pattern: str) -> int:
+    """The expert a per-expert tensor's name holds (the `*` of the converter's source pattern)."""
+    import re
+
+    head, tail = pattern.split("*", 1)
+    found = re.search(re.escape(head) + r"(\d+)" + re.escape(tail) + "$", disk_key)
+    if found is None:
+        raise ValueError(f"{disk_key} does not match {pattern}")
+    return int(found.group(1))
+
+
+def stacked(
+    name: str, shape: tuple[int, ...], found: dict[tuple[int, int], tuple[Path, str, tuple[int, ...]]], pieces: int
+) -> Located:
+    """The Located of a stacked experts parameter of `shape` from its per-expert tensors (`found`: (expert, piece)
+    -> file, key, stored shape); SpecError naming what is missing or of the wrong shape."""
+    experts = []
+    for e in range(shape[0]):
+        parts = []
+        for k in range(pieces):
+            got = found.get((e, k))
+            if got is None:
+                raise SpecError(name, f"expert {e}", f"piece {k} of {pieces} is not in the model's safetensors")
+            file, key, piece = got
+            if piece[1:] != shape[2:]:
+                raise SpecError(str(file), key, f"shape {list(piece)} does not stack into {list(shape)}")
+            parts.append((file, key, piece[0]))
+        if sum(rows for _, _, rows in parts) != shape[1]:
+            raise SpecError(name, f"expert {e}", f"pieces of {[r for _, _, r in parts]} rows for {shape[1]}")
+        experts.append(tuple(parts))
+    first = experts[0][0]
+    return Located(first[0], first[1], shape, experts=tuple(experts))
+
+
+def read_experts(located: Located, region: tuple[slice, ...], handle: Any) -> torch.Tensor:
+    """`region` of a stacked experts parameter from its per-expert tensors (`handle(file)`: the open file)."""
+    assert located.experts is not None
+    rows, rest = region[1], region[2:]
+    out = []
+    for parts in located.experts[region[0]]:
+        pieces, at = [], 0
+        for file, key, n in parts:
+            lo, hi = max(rows.start, at), min(rows.stop, at + n)
+            if lo < hi:
+                pieces.append(handle(file).get_slice(key)[(slice(lo - at, hi - at), *rest)])
+            at += n
+        out.append(torch.cat(pieces))
+    return torch.stack(out)
 
 
 def swap(shape: tuple[int, ...], dims: tuple[int, int]) -> tuple[int, ...]:
@@ -99,6 +165,8 @@ class Checkpoint:
         converters = [c for c in conversions if isinstance(c, WeightConverter)]
         shapes = {k: tuple(v.shape) for k, v in full.state_dict().items()}
         tensors: dict[str, Located] = {}
+        per_expert: dict[str, dict[tuple[int, int], tuple[Path, str, tuple[int, ...]]]] = {}
+        pieces: dict[str, int] = {}
         for file in files:
             for disk_key, info in header(file).items():
                 name, converted = rename_source_key(
@@ -106,7 +174,13 @@ class Checkpoint:
                 )
                 dims = None
                 if converted is not None:
-                    dims = next((transposes(c) for c in converters if converted in c.source_patterns), None)
+                    converter = next(c for c in converters if converted in c.source_patterns)
+                    if merges_experts(converter) and name in shapes:
+                        at = (expert_index(disk_key, converted), converter.source_patterns.index(converted))
+                        per_expert.setdefault(name, {})[at] = (file, disk_key, tuple(int(d) for d in info["shape"]))
+                        pieces[name] = len(converter.source_patterns)
+                        continue
+                    dims = transposes(converter)
                     if dims is None:
                         raise SpecError(
                             str(file), disk_key, "a fused or converted tensor: orch reads tensors as stored"
@@ -122,6 +196,8 @@ class Checkpoint:
                         str(file), disk_key, f"shape {list(shape)} does not match the config's {list(shapes[name])}"
                     )
                 tensors[name] = Located(file, disk_key, shape)
+        for name, found in per_expert.items():
+            tensors[name] = stacked(name, shapes[name], found, pieces[name])
         return cls(root, tensors)
 
     def missing(self, names: list[str]) -> list[str]:
@@ -168,12 +244,31 @@ def load_parameters(module: nn.Module, keys: dict[str, str], ckpt: Checkpoint) -
         if located is None:
             raise SpecError(str(ckpt.directory), keys[local], "no such tensor in the model's safetensors")
         by_file.setdefault(located.file, []).append((local, p))
+    opened: dict[Path, Any] = {}
+    stack = ExitStack()
+
+    def handle(file: Path) -> Any:  # a per-expert piece's file, opened once
+        if file not in opened:
+            opened[file] = stack.enter_context(safe_open(str(file), framework="pt"))
+        return opened[file]
+
+    with stack:
+        _load(by_file, ckpt, keys, handle)
+
+
+def _load(
+    by_file: dict[Path, list[tuple[str, torch.Tensor]]], ckpt: Checkpoint, keys: dict[str, str], handle: Any
+) -> None:
+    from safetensors import safe_open
+
     for file, items in by_file.items():
         with safe_open(str(file), framework="pt") as f:
             for local, p in items:
                 located = ckpt.tensors[keys[local]]
                 region = local_region(p)
-                if located.swapped is not None:  # read the swapped region, then swap it back
+                if located.experts is not None:
+                    part = read_experts(located, region, handle)
+                elif located.swapped is not None:  # read the swapped region, then swap it back
                     a, b = located.swapped
                     stored = f.get_slice(located.key)[swap(region, located.swapped)]  # type: ignore[arg-type]
                     part = stored.transpose(a, b)

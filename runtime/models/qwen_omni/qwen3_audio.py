@@ -9,7 +9,9 @@ many samples in one call give each clip what it alone gives.
 
 A clip's rows (qwen3_media.py) are its frames 4 a row, 2 rows a token, and a length row holding its real frames
 `l`: the clip's frames are the first `l` of its unpacked rows. Without items (synthetic samples, the start-up
-calibration) a sample's rows are one clip whose every packed frame is real.
+calibration) a sample of n tokens is one clip of the fewest frames that give n tokens, its first unpacked rows
+(qwen3_config.py `frames_for`). The LLM takes Qwen3-VL's deepstack features beside each vision row: an audio row
+gets zeros there (runtime/models/qwen_vl/language.py), as HF adds them at the vision rows alone.
 """
 
 from __future__ import annotations
@@ -18,16 +20,18 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from orch.runtime.models.hf.module import HFModule
 from orch.runtime.models.qwen2_audio.processing import WhisperFeatures
 from orch.runtime.models.qwen_omni.audio import OmniAudioTower
-from orch.runtime.models.qwen_omni.qwen3_config import FRAMES_PER_ROW, window_tokens
+from orch.runtime.models.qwen_omni.qwen3_config import FRAMES_PER_ROW, frames_for, window_tokens
 from orch.runtime.models.qwen_omni.qwen3_media import CONTEXT_ROWS, ROWS_PER_TOKEN
 from orch.runtime.sample import EncoderRule, audio_tokens, soundfile_frames
 
 if TYPE_CHECKING:
+    from orch.runtime.parallel.context import CPShard
     from orch.runtime.sample import MediaItem
 
 
@@ -35,9 +39,12 @@ class Omni3AudioTower(OmniAudioTower):
     def __init__(self, tower: nn.Module, config: Any) -> None:
         HFModule.__init__(self)
         self.audio_tower = tower
-        self.output_dim = int(config.text_config.hidden_size)
+        self.width = int(config.text_config.hidden_size)
+        self.deepstack = len(config.vision_config.deepstack_visual_indexes or ())
+        self.output_dim = self.width * (1 + self.deepstack)  # zeros where a vision row has its deepstack features
         self.mels = int(config.audio_config.num_mel_bins)
-        self.window = window_tokens(int(tower.n_window), int(tower.n_window_infer))
+        self.n_window = int(tower.n_window)
+        self.window = window_tokens(self.n_window, int(tower.n_window_infer))
 
     def placeholder(
         self, width: int, dtype: torch.dtype, device: torch.device
@@ -60,14 +67,24 @@ class Omni3AudioTower(OmniAudioTower):
         per = [[it.patches for it in got] if got else None for got in (items or [None] * len(seqlens))]
         sizes = [sum(c) if c is not None else ROWS_PER_TOKEN * n for c, n in zip(per, seqlens, strict=True)]
         out = []
-        for sample, rows in zip(feats_TF.split(sizes), per, strict=True):
+        for sample, rows, n in zip(feats_TF.split(sizes), per, seqlens, strict=True):
             if rows is None:
-                out += [sample.reshape(-1, self.mels)] if sample.shape[0] else []
+                out += [sample.reshape(-1, self.mels)[: frames_for(n, self.n_window)]] if n else []
                 continue
             for clip in sample.split(rows):
                 frames = int(clip[-1, 0].item())  # the length row
                 out.append(clip[:-CONTEXT_ROWS].reshape(-1, self.mels)[:frames])
         return out
+
+    def forward(
+        self,
+        feats_TF: torch.Tensor,
+        seqlens: list[int],
+        cp: CPShard | None = None,
+        items: Sequence[Sequence[MediaItem]] | None = None,
+    ) -> torch.Tensor:
+        out = super().forward(feats_TF, seqlens, cp, items)
+        return F.pad(out, (0, self.output_dim - out.shape[-1]))
 
 
 class PackedWhisperFeatures(WhisperFeatures):

@@ -58,6 +58,13 @@ def clip_tokens(frames: int, n_window: int) -> int:
     return whole * CHUNK_TOKENS + (conv_tokens(rest) if rest else 0)
 
 
+def frames_for(tokens: int, n_window: int) -> int:
+    """The fewest log-mel frames whose clip gives `tokens` tokens (every count is some clip's: a chunk's rest of r
+    frames gives ceil(r / 8) of 1..13); at most 8 a token."""
+    whole, rest = divmod(tokens, CHUNK_TOKENS)
+    return whole * 2 * n_window + (8 * rest - 7 if rest else 0)
+
+
 def window_tokens(n_window: int, n_window_infer: int) -> int:
     """Tokens an audio block attends within: n_window_infer / (2·n_window) full chunks (HF's get_audio_cu_seqlens)."""
     return CHUNK_TOKENS * (n_window_infer // (2 * n_window))
