@@ -59,10 +59,12 @@ def clip_tokens(frames: int, n_window: int) -> int:
 
 
 def frames_for(tokens: int, n_window: int) -> int:
-    """The fewest log-mel frames whose clip gives `tokens` tokens (every count is some clip's: a chunk's rest of r
-    frames gives ceil(r / 8) of 1..13); at most 8 a token."""
-    whole, rest = divmod(tokens, CHUNK_TOKENS)
-    return whole * 2 * n_window + (8 * rest - 7 if rest else 0)
+    """The fewest log-mel frames whose clip gives `tokens` tokens (every count is some clip's: a chunk's r frames
+    give ceil(r / 8), 1 to 13); at most 8 a token."""
+    if tokens < 1:
+        return 0
+    whole, rest = divmod(tokens - 1, CHUNK_TOKENS)  # rest + 1 tokens of the last chunk: 8·rest + 1 frames
+    return whole * 2 * n_window + 8 * rest + 1
 
 
 def window_tokens(n_window: int, n_window_infer: int) -> int:

@@ -1,0 +1,225 @@
+"""Qwen3-Omni's thinker (runtime/models/qwen_omni/qwen3_*.py) against transformers 5.24: its config.json read into
+the three modules without torch (every field against the config classes, the class defaults, the published 30B-A3B
+config, a bad n_window named), the clip token count of its formula, a video's rows merged with its sound's as
+Qwen3OmniMoeProcessor writes them, and TMRoPE positions equal to HF's `get_rope_index` (with a sounding video)."""
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from qwen3_omni_models import make_qwen3_omni
+
+from orch.planner.errors import SpecError
+from orch.planner.specs import HFPart, Modality, ModuleKind
+from orch.runtime.models.registry import model_spec_from_dir
+from orch.runtime.sample import MediaItem
+
+transformers = pytest.importorskip("transformers")
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "configs" / "qwen3_omni_30b_a3b"
+
+
+@pytest.fixture(scope="module")
+def omni(tmp_path_factory) -> Path:
+    return make_qwen3_omni(tmp_path_factory.mktemp("omni3") / "m")
+
+
+def check_against(directory: Path, config) -> None:
+    """Every derived field of the three modules against the transformers config object's own values."""
+    from orch.runtime.models.qwen_omni.qwen3_config import clip_tokens
+
+    spec = model_spec_from_dir(directory)
+    th = config.thinker_config
+    a, v, t = th.audio_config, th.vision_config, th.text_config
+    audio, vision, llm = spec.modules["audio"], spec.modules["vision"], spec.modules["llm"]
+    assert (audio.kind, spec.modality("audio"), audio.feeds) == (ModuleKind.ENCODER, Modality.AUDIO, "llm")
+    assert (audio.layers, audio.hidden, audio.heads, audio.ffn, audio.input_dim, audio.downsample) == (
+        a.encoder_layers, a.d_model, a.encoder_attention_heads, a.encoder_ffn_dim, 4 * a.num_mel_bins, 1)  # fmt: skip
+    window = clip_tokens(a.n_window_infer, a.n_window)  # HF's window: n_window_infer frames of full chunks
+    assert (audio.clip_tokens, audio.window_tokens, audio.refuses("cp", 2) is not None) == (window, window, True)
+    assert (vision.layers, vision.hidden, vision.heads, vision.ffn, vision.mlp_kind) == (
+        v.depth, v.hidden_size, v.num_heads, v.intermediate_size, "gelu")  # fmt: skip
+    assert vision.input_dim == v.in_channels * v.temporal_patch_size * v.patch_size**2
+    assert vision.deepstack_blocks == tuple(v.deepstack_visual_indexes)
+    assert (llm.layers, llm.hidden, llm.heads, llm.num_kv_heads, llm.vocab, llm.tied_embeddings) == (
+        t.num_hidden_layers, t.hidden_size, t.num_attention_heads, t.num_key_value_heads, t.vocab_size,
+        th.tie_word_embeddings)  # fmt: skip
+    dense = tuple(i for i in range(t.num_hidden_layers) if i in t.mlp_only_layers or (i + 1) % t.decoder_sparse_step)
+    assert (llm.experts, llm.top_k, llm.expert_ffn, llm.dense_blocks or ()) == (
+        t.num_experts, t.num_experts_per_tok, t.moe_intermediate_size, dense)  # fmt: skip
+    path = str(directory.resolve())
+    assert [m.hf for m in (audio, vision, llm)] == [HFPart(path=path, part=p) for p in ("audio", "vision", "text")]
+
+
+def test_tiny_config_gives_the_thinkers_modules(omni):
+    check_against(omni, transformers.AutoConfig.from_pretrained(omni))
+
+
+def test_class_defaults_are_transformers(tmp_path):
+    """The reader's defaults are transformers' class defaults; a config.json naming nothing but its type is
+    transformers' default text config, 28 heads of a 2048 width, refused naming the field."""
+    from orch.runtime.models.qwen_omni.qwen3_config import _DEFAULTS
+
+    m = transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe
+    classes = {"qwen3_omni_moe_thinker": m.Qwen3OmniMoeThinkerConfig, "qwen3_omni_moe_text": m.Qwen3OmniMoeTextConfig,
+               "qwen3_omni_moe_audio_encoder": m.Qwen3OmniMoeAudioEncoderConfig,
+               "qwen3_omni_moe_vision_encoder": m.Qwen3OmniMoeVisionEncoderConfig}  # fmt: skip
+    for key, defaults in _DEFAULTS.items():
+        config = classes[key]()
+        for field, value in defaults.items():
+            got = getattr(config, field)
+            assert (list(got) if isinstance(got, tuple) else got) == value, (key, field)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_omni_moe"}))
+    with pytest.raises(SpecError, match="text_config.num_attention_heads: 28 heads do not divide hidden_size 2048"):
+        model_spec_from_dir(tmp_path)
+
+
+def test_the_published_30b_a3b_config_is_read(tmp_path):
+    """bench/configs/qwen3_omni_30b_a3b (the `orch plan` table's input) as transformers reads the same file."""
+    shutil.copytree(BENCH, tmp_path / "m")
+    check_against(tmp_path / "m", transformers.AutoConfig.from_pretrained(tmp_path / "m"))
+    audio = model_spec_from_dir(tmp_path / "m").modules["audio"]
+    assert (audio.window_tokens, audio.input_dim) == (104, 512)  # 8 chunks of 13 tokens; 4 x 128 mel bins a row
+
+
+@pytest.mark.parametrize(("field", "value"), [("n_window", 40), ("n_window_infer", 60), ("output_dim", 7)])
+def test_bad_audio_fields_are_named(tmp_path, field, value):
+    top = json.loads((BENCH / "config.json").read_text())
+    top["thinker_config"]["audio_config"][field] = value
+    (tmp_path / "config.json").write_text(json.dumps(top))
+    with pytest.raises(SpecError, match=f"thinker_config.audio_config.{field}"):
+        model_spec_from_dir(tmp_path)
+
+
+def test_clip_tokens_are_hfs_formula():
+    """Every clip length up to 5 chunks: orch's count is `_get_feat_extract_output_lengths`, and `frames_for`
+    gives the fewest frames of each count (a synthetic clip's)."""
+    import torch
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+    from orch.runtime.models.qwen_omni.qwen3_config import clip_tokens, frames_for
+    from orch.runtime.models.qwen_omni.qwen3_media import Omni3Clips
+
+    lengths = torch.arange(1, 501)
+    want = _get_feat_extract_output_lengths(lengths, 50).tolist()
+    assert [clip_tokens(n, 50) for n in lengths.tolist()] == want
+    for n in range(1, 66):
+        assert clip_tokens(frames_for(n, 50), 50) == n and clip_tokens(frames_for(n, 50) - 1, 50) < n
+    assert Omni3Clips(50).tokens(16000, 16000) == 13  # 1 s: 100 frames, one full chunk
+    with pytest.raises(ValueError, match="no audio token"):
+        Omni3Clips(50).tokens(0, 16000)
+
+
+@dataclass(frozen=True)
+class Sound:
+    clip: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class SoundingItem(MediaItem):
+    sound: Sound | None = None
+
+
+def omni_grids(omni):
+    from orch.runtime.data.index import TokenRules
+    from orch.runtime.models.qwen_omni.qwen3_media import Omni3Grids
+
+    grids = next(r.grids for r in TokenRules.of(model_spec_from_dir(omni)).encoders if r.grids is not None)
+    assert isinstance(grids, Omni3Grids) and grids.wrap == ("<|vision_start|>", "<|vision_end|>")
+    assert grids.position_id_per_seconds == 13
+    return grids
+
+
+# (t, h, w, seconds per step, audio rows): audio past the video, video past the audio, a fractional step time
+VIDEOS = [(4, 4, 4, 1.0, 60), (3, 4, 6, 2.0, 20), (8, 2, 2, 0.5, 33), (2, 4, 4, 1.0, 5)]
+
+
+@pytest.mark.parametrize("video", VIDEOS)
+def test_sound_chunks_are_the_processors(omni, video):
+    """A video with its sound: the runs of video rows and audio rows orch places write the text
+    Qwen3OmniMoeProcessor's `replace_video_with_audio_token` writes."""
+    t, h, w, seconds, audio = video
+    cls = transformers.Qwen3OmniMoeProcessor
+    owner = SimpleNamespace(video_processor=SimpleNamespace(merge_size=2), audio_bos_token="<a>",
+                            audio_eos_token="</a>", video_token="V", audio_token="A")  # fmt: skip
+    text = cls.replace_video_with_audio_token(
+        owner, {"video_grid_thw": [[t, h, w]], "video_second_per_grid": [seconds]}, 0,
+        {"num_audio_tokens": [audio]}, 0, position_id_per_seconds=13,
+    )  # fmt: skip
+    got = omni_grids(omni).sound_chunks(SoundingItem((t, h, w), seconds, Sound(0, audio)))
+    assert text == "<a>" + "".join("V" * v + "A" * a for v, a in got) + "</a>"
+    assert len(got) > 1
+
+
+def hf_rope_index(config):
+    """transformers' own `get_rope_index` of Qwen3-Omni, bound to a thinker config."""
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as m
+
+    cls = m.Qwen3OmniMoePreTrainedModelForConditionalGeneration
+    owner = SimpleNamespace(config=config, spatial_merge_size=config.vision_config.spatial_merge_size)
+    owner.get_llm_pos_ids_for_vision = lambda *a: cls.get_llm_pos_ids_for_vision(owner, *a)
+    return lambda **kw: cls.get_rope_index(owner, **kw)
+
+
+@pytest.mark.parametrize("video", [v for v in VIDEOS if (v[3] * 13).is_integer()])
+def test_positions_are_hfs_get_rope_index(omni, video):
+    """Text, an image, a clip and a video used with its own audio (its rows and its clip's merged by time) in one
+    sequence: orch's TMRoPE positions equal HF's `get_rope_index(use_audio_in_video=True)`, the video's bos pair
+    and eos pair one position a token."""
+    import torch
+
+    from orch.runtime.models.qwen_omni.qwen3_config import clip_tokens, frames_for
+    from orch.runtime.sample import SequenceLayout
+
+    family = __import__("orch.runtime.models.registry", fromlist=["FAMILIES"]).FAMILIES["qwen3_omni_moe"]
+    positions = family.layout_positions(model_spec_from_dir(omni))
+    config = transformers.AutoConfig.from_pretrained(omni).thinker_config
+    t, h, w, seconds, audio = video
+    frames = frames_for(audio, 50)
+    image = MediaItem((1, 4, 6))
+    sounding = SoundingItem((t, h, w), seconds, Sound(1, audio))
+    plain_frames = 230
+    plain = clip_tokens(plain_frames, 50)
+    seq, text, inserts = [], [], []
+    vision_first = plain + audio  # the prefix: the clips' rows (placeholder order), then the vision items'
+    vs, ab = config.vision_start_token_id, config.audio_start_token_id
+
+    def token(tok):
+        text.append(len(text))
+        seq.append(tok)
+
+    def rows(tok, n, first):
+        inserts.append((len(text), first, n))
+        seq.extend([tok] * n)
+
+    for _ in range(3):
+        token(7)
+    token(vs), rows(config.image_token_id, 6, vision_first), token(vs + 1)
+    token(7)
+    token(ab), rows(config.audio_token_id, plain, 0), token(ab + 1)
+    token(vs), token(ab)
+    v_at, a_at = vision_first + 6, plain
+    for v, a in omni_grids(omni).sound_chunks(sounding):
+        if v:
+            rows(config.video_token_id, v, v_at)
+        if a:
+            rows(config.audio_token_id, a, a_at)
+        v_at, a_at = v_at + v, a_at + a
+    token(ab + 1), token(vs + 1)
+    for _ in range(2):
+        token(7)
+    layout = SequenceLayout.interleaved(plain + audio + 6 + t * h * w // 4, len(text), inserts)
+    got = positions(layout, (image, sounding))
+    want, _ = hf_rope_index(config)(
+        input_ids=torch.tensor([seq]),
+        image_grid_thw=torch.tensor([image.grid]),
+        video_grid_thw=torch.tensor([sounding.grid]),
+        attention_mask=torch.ones(1, len(seq), dtype=torch.long),
+        use_audio_in_video=True,
+        audio_seqlens=torch.tensor([plain_frames, frames]),
+        second_per_grids=torch.tensor([seconds]),
+    )
+    assert torch.equal(got.double(), want[:, 0].double())
