@@ -106,12 +106,13 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
         on_disk = revert_weight_conversion(full, weights)
         # What the run never held (a Whisper source's decoder) comes back from the source as it was.
         ckpt = Checkpoint.of(src, full)
-        untouched = [loc for name, loc in (ckpt.tensors.items() if ckpt else []) if name not in weights]
-        for file in {loc.file for loc in untouched}:
+        untouched = [at for name, loc in (ckpt.tensors.items() if ckpt else []) if name not in weights
+                     for at in loc.stored()]  # fmt: skip
+        for file in {f for f, _ in untouched}:
             stored = load_file(str(file))
-            for loc in untouched:
-                if loc.file == file:
-                    on_disk.setdefault(loc.key, stored[loc.key])
+            for f, key in untouched:
+                if f == file:
+                    on_disk.setdefault(key, stored[key])
         write_directory(src, target, {k: v.contiguous() for k, v in on_disk.items()}, save_file)
         written.append(target)
     return written

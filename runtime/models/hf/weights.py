@@ -64,6 +64,12 @@ class Located:
     # first piece's
     experts: tuple[tuple[tuple[Path, str, int], ...], ...] | None = None
 
+    def stored(self) -> list[tuple[Path, str]]:
+        """Every (file, key) on disk this parameter is read from."""
+        if self.experts is None:
+            return [(self.file, self.key)]
+        return [(file, key) for parts in self.experts for file, key, _ in parts]
+
 
 def transposes(converter: Any) -> tuple[int, int] | None:
     """The dims a converter swaps when it only transposes where the shapes say so (transformers' `Transpose` with
