@@ -180,9 +180,10 @@ def qwen_omni(directory, class_name, model, data, seed):
 
 def qwen3_omni(directory, class_name, model, data, seed):
     """Qwen3-Omni's thinker, sample by sample: its clip through HF's `get_audio_features` (the frames a synthetic
-    clip of n tokens has: the fewest that give n, runtime/models/qwen_omni/qwen3_audio.py), its image through the
-    vision tower, the clip's then the image's tokens before the text, the MoE language model at the TMRoPE
-    positions orch's layout gives with the deepstack features at the image's rows."""
+    clip of n tokens has: the fewest that give n, runtime/models/qwen_omni/qwen3_audio.py) beside a full chunk of
+    silence, so its chunks are padded as in any batch holding one (orch's rule), its image through the vision
+    tower, the clip's then the image's tokens before the text, the MoE language model at the TMRoPE positions
+    orch's layout gives with the deepstack features at the image's rows."""
     from orch.runtime.models.qwen_omni.qwen3_config import frames_for
 
     full = _from_pretrained(directory, class_name)
@@ -197,8 +198,12 @@ def qwen3_omni(directory, class_name, model, data, seed):
         packed = s.feats["audio"]
         if packed.shape[0]:
             frames = packed.reshape(-1, mels)[: frames_for(packed.shape[0] // 2, n_window)]
-            mask = torch.ones(1, frames.shape[0], dtype=torch.long)
-            parts.append(hf.get_audio_features(frames.t()[None], feature_attention_mask=mask).last_hidden_state)
+            pair = torch.zeros(2, mels, max(frames.shape[0], 2 * n_window), dtype=frames.dtype)
+            pair[0, :, : frames.shape[0]] = frames.t()
+            mask = torch.zeros(2, pair.shape[2], dtype=torch.long)
+            mask[0, : frames.shape[0]], mask[1, : 2 * n_window] = 1, 1
+            got = hf.get_audio_features(pair, feature_attention_mask=mask).last_hidden_state
+            parts.append(got[: got.shape[0] - 13])  # less the silence's 13 tokens
         if s.feats["vision"].shape[0]:
             grid = torch.tensor([it.grid for it in s.items["vision"]])
             out = hf.model.visual(s.feats["vision"], grid_thw=grid)

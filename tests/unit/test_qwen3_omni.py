@@ -223,3 +223,35 @@ def test_positions_are_hfs_get_rope_index(omni, video):
         second_per_grids=torch.tensor([seconds]),
     )
     assert torch.equal(got.double(), want[:, 0].double())
+
+
+def test_a_short_clip_gives_the_same_wherever_it_runs(omni):
+    """A clip under one chunk (81 frames), alone and beside longer clips: orch's encoder gives what HF's gives it
+    in a call holding a full chunk (HF alone pads its chunk less, and its convs read that padding), the same
+    both ways."""
+    import torch
+
+    from orch.runtime.models.qwen_omni.qwen3_audio import Omni3AudioTower
+
+    full = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(omni, dtype=torch.float64)
+    hf = full.thinker
+    tower = Omni3AudioTower(hf.model.audio_tower, hf.config)
+    torch.manual_seed(0)
+    short, long = torch.randn(81, 16, dtype=torch.float64), torch.randn(230, 16, dtype=torch.float64)
+
+    def rows(*clips):  # the clips as orch's data gives them: 4 frames a row, 2 rows a token, a length row
+        out, items = [], []
+        for c in clips:
+            n = 2 * -(-c.shape[0] // 8)
+            packed = torch.cat([c, c.new_zeros(4 * n - c.shape[0], 16)]).reshape(n, 64)
+            out.append(torch.cat([packed, packed.new_full((1, 64), float(c.shape[0]))]))
+            items.append(MediaItem((1, 1, n + 1)))
+        return torch.cat(out), [sum(r.shape[0] for r in out) // 2], [items]
+
+    alone = tower(*rows(short)[:2], items=rows(short)[2])[:, :48]
+    beside = tower(*rows(long, short)[:2], items=rows(long, short)[2])[-alone.shape[0] :, :48]
+    both = hf.model.audio_tower(torch.cat([short, long]).t(), feature_lens=torch.tensor([81, 230])).last_hidden_state
+    assert torch.allclose(alone, beside, rtol=0, atol=1e-12)
+    assert torch.allclose(alone, both[: alone.shape[0]], rtol=0, atol=1e-12)
+    hf_alone = hf.model.audio_tower(short.t(), feature_lens=torch.tensor([81])).last_hidden_state
+    assert not torch.allclose(hf_alone, alone, rtol=0, atol=1e-9)  # why orch fixes the padding

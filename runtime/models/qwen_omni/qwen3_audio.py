@@ -1,11 +1,14 @@
 """Qwen3-Omni's audio encoder as an orch encoder: transformers' own `Qwen3OmniMoeAudioEncoder` over the packed
 clips of many samples, and the clips' input rows (`PackedWhisperFeatures`).
 
-The encoder takes each clip's real log-mel frames only, concatenated, with their counts (`feature_lens`): it cuts
-each clip into chunks of 2·n_window frames, convolves each chunk into its tokens and attends within windows of
-the clip's tokens (HF's `get_audio_cu_seqlens`: windows of n_window_infer / (2·n_window) full chunks, whatever
-else is in the batch, since a batch without a full chunk has no clip longer than one window), so many clips of
-many samples in one call give each clip what it alone gives.
+The encoder takes each clip's real log-mel frames only, with their counts (`feature_lens`): it cuts each clip
+into chunks of 2·n_window frames, convolves each chunk into its tokens and attends within windows of the clip's
+tokens (n_window_infer / (2·n_window) full chunks). HF pads every chunk of a call to the call's longest, and its
+convs read that padding at a short chunk's last positions (a conv's output of zeros is its bias, not zero): a
+clip under 2·n_window frames gives other values alone than beside a longer one. orch pads every chunk to
+2·n_window frames, as HF does in any call holding a full chunk (the common case, and a 1 s clip's alone), by
+handing the encoder its chunks, their valid positions and windows (`chunked_call`), so a clip gives the same
+wherever it runs: on any rank, beside any clips.
 
 A clip's rows (qwen3_media.py) are its frames 4 a row, 2 rows a token, and a length row holding its real frames
 `l`: the clip's frames are the first `l` of its unpacked rows. Without items (synthetic samples, the start-up
@@ -26,7 +29,14 @@ from torch import nn
 from orch.runtime.models.hf.module import HFModule
 from orch.runtime.models.qwen2_audio.processing import WhisperFeatures
 from orch.runtime.models.qwen_omni.audio import OmniAudioTower
-from orch.runtime.models.qwen_omni.qwen3_config import FRAMES_PER_ROW, frames_for, window_tokens
+from orch.runtime.models.qwen_omni.qwen3_config import (
+    CHUNK_TOKENS,
+    FRAMES_PER_ROW,
+    clip_tokens,
+    conv_tokens,
+    frames_for,
+    window_tokens,
+)
 from orch.runtime.models.qwen_omni.qwen3_media import CONTEXT_ROWS, ROWS_PER_TOKEN
 from orch.runtime.sample import EncoderRule, audio_tokens, soundfile_frames
 
@@ -83,8 +93,36 @@ class Omni3AudioTower(OmniAudioTower):
         cp: CPShard | None = None,
         items: Sequence[Sequence[MediaItem]] | None = None,
     ) -> torch.Tensor:
-        out = super().forward(feats_TF, seqlens, cp, items)
+        if cp is not None:
+            raise ValueError("an audio encoder of chunked clips takes no context parallelism")
+        clips = self.clips(feats_TF, seqlens, items)
+        if not clips:
+            return feats_TF.new_zeros(0, self.output_dim)
+        out = self.audio_tower(**chunked_call(clips, self.n_window, self.window)).last_hidden_state
         return F.pad(out, (0, self.output_dim - out.shape[-1]))
+
+
+def chunked_call(clips: list[torch.Tensor], n_window: int, window: int) -> dict[str, Any]:
+    """The encoder's arguments for `clips` ([l, n_mels] each) with every chunk padded to 2·n_window frames (module
+    docstring): what its forward would compute from `feature_lens` in a call holding a full chunk."""
+    size = 2 * n_window
+    device = clips[0].device
+    chunks = [piece for clip in clips for piece in clip.split(size)]
+    padded = torch.stack([F.pad(p, (0, 0, 0, size - p.shape[0])) for p in chunks]).transpose(1, 2)
+    kept = [conv_tokens(p.shape[0]) for p in chunks]
+    valid = torch.cat([torch.arange(i * CHUNK_TOKENS, i * CHUNK_TOKENS + n) for i, n in enumerate(kept)])
+    windows = []
+    for clip in clips:
+        n = clip_tokens(clip.shape[0], n_window)
+        windows += [min(window, n - start) for start in range(0, n, window)]
+    return dict(
+        input_features=None,
+        feature_lens=torch.tensor([c.shape[0] for c in clips], device=device),
+        padded_feature=padded,
+        chunk_lengths=torch.tensor([p.shape[0] for p in chunks], device=device),
+        valid_indices=valid.to(device),
+        cu_seqlens=torch.tensor([0, *windows], device=device).cumsum(0, dtype=torch.int32),
+    )
 
 
 class PackedWhisperFeatures(WhisperFeatures):
