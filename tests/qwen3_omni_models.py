@@ -101,3 +101,19 @@ def make_qwen3_omni(directory: Path, *, seed: int = 0, **text_extra) -> Path:
         json.dumps({**images.to_dict(), **features.to_dict()}, indent=1)
     )
     return directory
+
+
+def make_processor(tokenizer):
+    """Qwen3OmniMoeProcessor over `tokenizer` and `processor_parts`, without a video processor (transformers' needs
+    torchvision, which is not installed: its class check is skipped for that part alone)."""
+    import transformers
+
+    class WithoutVideo(transformers.Qwen3OmniMoeProcessor):
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    images, features = processor_parts()
+    return WithoutVideo(image_processor=images, video_processor=None, feature_extractor=features,
+                        tokenizer=tokenizer, chat_template=CHATML)  # fmt: skip

@@ -255,3 +255,69 @@ def test_a_short_clip_gives_the_same_wherever_it_runs(omni):
     assert torch.allclose(alone, both[: alone.shape[0]], rtol=0, atol=1e-12)
     hf_alone = hf.model.audio_tower(short.t(), feature_lens=torch.tensor([81])).last_hidden_state
     assert not torch.allclose(hf_alone, alone, rtol=0, atol=1e-9)  # why orch fixes the padding
+
+
+# clip lengths of 100, 102, 230 and 73 log-mel frames: a whole chunk, past one, past two, under one
+CLIPS = [16000, 16161, 36800, 11530]
+
+
+@pytest.mark.parametrize("kind", ["audio", "image_audio"])
+def test_inspect_ids_and_inputs_are_the_processors(cli, omni, tmp_path, kind):
+    """`orch data inspect --json`'s input_ids are Qwen3OmniMoeProcessor's on the rendered conversation (`<image>`
+    -> `<|vision_start|><|image_pad|><|vision_end|>`, `<audio>` -> `<|audio_start|><|audio_pad|><|audio_end|>`),
+    and each encoder's inputs are the processor's: the image's patch rows its pixel_values, a clip's unpacked
+    real frames its input_features where its feature_attention_mask is set."""
+    import numpy as np
+    import soundfile
+    import torch
+    from PIL import Image
+    from qwen3_omni_models import make_processor
+
+    from orch.runtime.data.index import TokenRules
+    from orch.runtime.data.media import media_processors
+    from orch.runtime.models.qwen_omni.qwen3_audio import Omni3AudioTower
+
+    messages = [
+        {"role": "user", "content": "<audio><audio>transcribe"},
+        {"role": "assistant", "content": "a red"},
+        {"role": "user", "content": "and <audio> then <audio>"},
+        {"role": "assistant", "content": "200"},
+    ]
+    n_images = 0
+    if kind == "image_audio":
+        messages[0]["content"] = "<image>what is <audio> in the picture <audio>?"
+        n_images = 1
+    rng = np.random.default_rng(0)
+    if n_images:
+        Image.fromarray(rng.integers(0, 255, (30, 40, 3), dtype=np.uint8)).save(tmp_path / "0.png")
+    waves = []
+    for i, n in enumerate(CLIPS):
+        waves.append((0.3 * np.random.default_rng(i).standard_normal(n)).astype(np.float32))
+        soundfile.write(tmp_path / f"{i}.wav", waves[-1], 16000, subtype="FLOAT")
+    record = {"messages": messages, "images": ["0.png"][:n_images], "audios": [f"{i}.wav" for i in range(4)]}
+    (tmp_path / "d.jsonl").write_text(json.dumps(record) + "\n")
+    r = cli("data", "inspect", str(tmp_path / "d.jsonl"), "--model", str(omni), "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output[r.output.index("{") :])["input_ids"]
+
+    processor = make_processor(transformers.AutoTokenizer.from_pretrained(omni))
+    tags = {"<image>": "<|vision_start|><|image_pad|><|vision_end|>",
+            "<audio>": "<|audio_start|><|audio_pad|><|audio_end|>"}  # fmt: skip
+    rendered = [{**m, "content": m["content"].replace("<image>", tags["<image>"]).replace("<audio>", tags["<audio>"])}
+                for m in messages]  # fmt: skip
+    text = processor.apply_chat_template(rendered, tokenize=False)
+    images = [Image.open(tmp_path / "0.png").convert("RGB")] if n_images else None
+    out = processor(text=text, images=images, audio=waves, sampling_rate=16000, return_tensors="np")
+    assert got == out["input_ids"][0].tolist()
+
+    spec = model_spec_from_dir(omni)
+    rules = {r.name: r for r in TokenRules.of(spec).encoders}
+    procs = media_processors(spec)
+    if n_images:
+        rows = procs["vision"].inputs((str(tmp_path / "0.png"),), rules["vision"], 1024, kinds=("<image>",))
+        assert np.allclose(torch.cat(rows).numpy(), out["pixel_values"], rtol=0, atol=1e-6)
+    clips = procs["audio"].inputs(tuple(str(tmp_path / f"{i}.wav") for i in range(4)), rules["audio"], 1024)
+    real = Omni3AudioTower.clips(SimpleNamespace(mels=16), torch.cat(clips), [0] * 4,
+                                 [[MediaItem((1, 1, c.shape[0]))] for c in clips])  # fmt: skip
+    for frames, features, mask in zip(real, out["input_features"], out["feature_attention_mask"], strict=True):
+        assert frames.shape[0] == mask.sum() and np.array_equal(frames.numpy(), features[:, : mask.sum()].T)
