@@ -38,7 +38,7 @@ from orch.runtime.models.qwen_omni.qwen3_config import (
     window_tokens,
 )
 from orch.runtime.models.qwen_omni.qwen3_media import CONTEXT_ROWS, ROWS_PER_TOKEN
-from orch.runtime.sample import EncoderRule, audio_tokens, soundfile_frames
+from orch.runtime.sample import MEL_RATE, EncoderRule, audio_tokens, soundfile_frames, waveform_16k
 
 if TYPE_CHECKING:
     from orch.runtime.parallel.context import CPShard
@@ -126,15 +126,23 @@ def chunked_call(clips: list[torch.Tensor], n_window: int, window: int) -> dict[
 
 
 class PackedWhisperFeatures(WhisperFeatures):
-    """Each clip's log-mel frames by the directory's feature extractor (as Qwen2.5-Omni's), packed 4 frames a row,
-    2 rows a token, then its length row (module docstring)."""
+    """Each clip's log-mel frames by the directory's feature extractor, as Qwen3OmniMoeProcessor computes them for
+    a conversation: its clips zero-padded to the longest of them (the processor's `padding=True`; a clip's last
+    frames read past its end), packed 4 frames a row, 2 rows a token, then its length row (module docstring)."""
 
     def inputs(self, files: tuple[str, ...], rule: EncoderRule, max_image_tokens: int) -> list[torch.Tensor]:
+        waves = [waveform_16k(f) for f in files]
+        longest = max((w.shape[0] for w in waves), default=0)
         out = []
-        for f in files:
+        for f, wave in zip(files, waves, strict=True):
             samples, rate = soundfile_frames(f)
             rows = audio_tokens(rule, samples, rate) * ROWS_PER_TOKEN
-            got = self.frames(f, rows * FRAMES_PER_ROW).reshape(rows, self.width)
+            mel = self.extractor(wave.numpy(), sampling_rate=MEL_RATE, padding="max_length", max_length=longest,
+                                 truncation=False, return_tensors="pt")  # fmt: skip
+            got = mel["input_features"][0].T.to(torch.float32)
+            need = rows * FRAMES_PER_ROW  # at least the clip's frames (8 a token): the rest its quietest value
+            got = torch.cat([got, got.min().expand(need - got.shape[0], got.shape[1])]) if got.shape[0] < need else got
             real = float(rule.clips.frames(samples, rate))
-            out.append(torch.cat([got, got.new_full((CONTEXT_ROWS, self.width), real)]))
+            packed = got[:need].reshape(rows, self.width)
+            out.append(torch.cat([packed, packed.new_full((CONTEXT_ROWS, self.width), real)]))
         return out
