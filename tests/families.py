@@ -92,6 +92,7 @@ FAMILY_MODELS: dict[str, Callable[[Path], Path]] = {
     "qwen2_vl": lambda root: make_qwen_vl(root / "qwen2_vl", "qwen2_vl"),
     "qwen2_5_vl": lambda root: make_qwen_vl(root / "qwen2_5_vl", "qwen2_5_vl"),
     "qwen3_vl": lambda root: make_qwen_vl(root / "qwen3_vl", "qwen3_vl"),
+    "qwen3_vl_moe": lambda root: make_qwen_vl(root / "qwen3_vl_moe", "qwen3_vl_moe"),
     "qwen2_5_omni": lambda root: make_qwen_omni(root / "qwen2_5_omni"),
     "llama": lambda root: make_decoder(root / "llama", "llama"),
     "qwen2": lambda root: make_decoder(root / "qwen2", "qwen2"),

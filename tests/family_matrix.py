@@ -166,6 +166,8 @@ class PlanKind:
                 why = model.modules[name].refuses(axis, getattr(layout, axis))
                 if why:
                     return f"{name} {axis.upper()}{getattr(layout, axis)}: {why}"
+            if layout.ep > 1 and model.modules[name].experts % layout.ep:
+                return f"{name} EP{layout.ep}: {model.modules[name].experts} experts (a dense module has none to split)"
         return None
 
 
@@ -188,6 +190,16 @@ PLAN_KINDS: dict[str, PlanKind] = {
     # that run a tower on nothing
     "zero3_homogeneous": PlanKind(
         "ZeRO-3 homogeneous DP4", (Layout(dp=4), ALL), data_parallel=DataParallel.FSDP, sharding=Sharding.RESHARD
+    ),
+    # expert parallelism (a MoE LLM): EP2 carved out of DP4, so each expert's gradient is summed over an EDP group
+    # of 2; its tokens cross the EP group by all_to_all, ranks without tokens for an expert still exchanging
+    "llm_ep2": PlanKind("tower DP4, LLM DP4 EP2", (Layout(dp=4, ep=2), ALL), (Layout(dp=4), ALL)),
+    "zero3_llm_ep2": PlanKind(
+        "ZeRO-3 tower DP4, LLM DP4 EP2",
+        (Layout(dp=4, ep=2), ALL),
+        (Layout(dp=4), ALL),
+        data_parallel=DataParallel.FSDP,
+        sharding=Sharding.RESHARD,
     ),
     "zero3_llm_tp2": PlanKind(
         "ZeRO-3 tower DP4, LLM TP2 DP2",
@@ -238,6 +250,7 @@ TESTED: dict[str, tuple[str, ...]] = {
         "zero3_llm_tp2",
     ),
     "qwen3_vl": ("homogeneous", "llm_pp2", "llm_cp2_tp2"),
+    "qwen3_vl_moe": ("homogeneous", "llm_tp2", "llm_cp2", "llm_pp2", "disaggregated", "llm_ep2", "zero3_llm_ep2"),
     "qwen2_5_omni": (
         "homogeneous",
         "llm_tp2",

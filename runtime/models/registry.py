@@ -30,6 +30,7 @@ FAMILIES: dict[str, Family] = {
         QwenVL("qwen2_vl", "Qwen2VLForConditionalGeneration"),
         QwenVL("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
         QwenVL("qwen3_vl", "Qwen3VLForConditionalGeneration"),
+        QwenVL("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration"),
         QwenOmni("qwen2_5_omni", "Qwen2_5OmniForConditionalGeneration"),
         Decoder("llama", "LlamaForCausalLM"),
         Decoder("qwen2", "Qwen2ForCausalLM"),

@@ -41,6 +41,7 @@ def test_an_unsupported_model_type_names_the_supported_ones():
         "qwen2_vl",
         "qwen2_5_vl",
         "qwen3_vl",
+        "qwen3_vl_moe",
         "qwen2_5_omni",
     )
 
