@@ -473,3 +473,14 @@ def test_the_audio_towers_attention_is_priced_per_chunk(tmp_path):
     audio = model_spec_from_dir(tmp_path).modules["audio"]
     width = audio.attention_width
     assert attention_coefficients(audio) == (4 * width * 100 * audio.layers, 0)
+
+
+def test_export_rewrites_the_weights_and_keeps_every_other_file():
+    """`orch export` writes a model's weights anew and copies the rest: Qwen2.5-Omni's spk_dict.pt (its talker's
+    voices, a .pt file) is not weights."""
+    from orch.runtime.models.hf.export import is_weights_file
+
+    weights = ("model.safetensors", "model-00001-of-00005.safetensors", "model.safetensors.index.json",
+               "pytorch_model.bin", "pytorch_model-00001-of-00002.bin")  # fmt: skip
+    assert all(is_weights_file(name) for name in weights)
+    assert not any(is_weights_file(name) for name in ("spk_dict.pt", "tokenizer.json", "preprocessor_config.json"))
