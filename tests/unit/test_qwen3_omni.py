@@ -321,3 +321,45 @@ def test_inspect_ids_and_inputs_are_the_processors(cli, omni, tmp_path, kind):
                                  [[MediaItem((1, 1, c.shape[0]))] for c in clips])  # fmt: skip
     for frames, features, mask in zip(real, out["input_features"], out["feature_attention_mask"], strict=True):
         assert frames.shape[0] == mask.sum() and np.array_equal(frames.numpy(), features[:, : mask.sum()].T)
+
+
+@pytest.mark.parametrize("shape", ["llamafactory", "own_track"])
+def test_a_data_files_sounding_videos_positions_are_hfs(cli, omni, tmp_path, shape):
+    """A data file's video with its sound (LLaMA-Factory's `<video><audio>` pair, or the video's own track) through
+    the data path: the batch's TMRoPE positions equal HF's `get_rope_index(use_audio_in_video=True)` on the
+    input_ids `orch data inspect --use-audio-in-video` gives."""
+    import math
+
+    import torch
+    from sounding_media import pcm, write_sounding_video, write_wav
+
+    from orch.cli.data_cmd import conversation_data
+    from orch.runtime.data.source import ConversationData
+    from orch.runtime.models.registry import load_model
+
+    sound = pcm(5.0)
+    write_sounding_video(tmp_path / "v.mkv", frames=10, fps=2, sound=sound, size=(56, 56))
+    write_wav(tmp_path / "v.wav", sound)
+    user = "<video><audio>what does she say?" if shape == "llamafactory" else "<video>what does she say?"
+    record = {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": "hello"}],
+              "videos": ["v.mkv"], **({"audios": ["v.wav"]} if shape == "llamafactory" else {})}  # fmt: skip
+    (tmp_path / "d.jsonl").write_text(json.dumps(record) + "\n")
+    r = cli("data", "inspect", str(tmp_path / "d.jsonl"), "--model", str(omni), "--json", "--use-audio-in-video")
+    assert r.exit_code == 0, r.output
+    ids = json.loads(r.output[r.output.index("{") :])["input_ids"]
+    model = load_model(str(omni))
+    spec = conversation_data(model, str(tmp_path / "d.jsonl"), 1, None, None, use_audio_in_video=True)[0]
+    batch = ConversationData(model, spec).batch(0, 0)
+    (video,) = batch.items("vision", 0)
+    assert video.sound is not None and video.sound.rows == ids.count(transformers.AutoConfig.from_pretrained(
+        omni).thinker_config.audio_token_id)  # fmt: skip
+    config = transformers.AutoConfig.from_pretrained(omni).thinker_config
+    want, _ = hf_rope_index(config)(
+        input_ids=torch.tensor([ids]),
+        video_grid_thw=torch.tensor([video.grid]),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        use_audio_in_video=True,
+        audio_seqlens=torch.tensor([math.ceil(sound.shape[1] / 160)]),
+        second_per_grids=torch.tensor([video.seconds]),
+    )
+    assert torch.equal(batch.layout(0).positions.double(), want[:, 0].double())

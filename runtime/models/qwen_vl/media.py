@@ -276,7 +276,9 @@ def _limits(cfg: dict[str, Any], defaults: dict[str, Any]) -> tuple[int, int]:
 
 
 def variant_of(model_type: str) -> str:
-    return "qwen3" if model_type.startswith("qwen3") else "qwen2"
+    """Qwen3-VL's video sampler and resize for Qwen3-VL's types; Qwen2-VL's for the others (Qwen3-Omni's processor
+    takes Qwen2-VL's image and video processors)."""
+    return "qwen3" if model_type.startswith("qwen3_vl") else "qwen2"
 
 
 def read_rule(directory: str, model_type: str) -> VisionGrids:
