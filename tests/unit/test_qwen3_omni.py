@@ -363,3 +363,31 @@ def test_a_data_files_sounding_videos_positions_are_hfs(cli, omni, tmp_path, sha
         second_per_grids=torch.tensor([video.seconds]),
     )
     assert torch.equal(batch.layout(0).positions.double(), want[:, 0].double())
+
+
+def test_experts_stored_one_tensor_each_are_read_stacked(omni, tmp_path):
+    """The hub's layout of Qwen3-Omni's experts (`experts.N.gate_proj/up_proj/down_proj`): orch reads a region of
+    the stacked parameter (one EP rank's experts, a row range across gate and up) equal to transformers' loaded
+    tensor, and a checkpoint missing one expert's piece is refused naming it."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from orch.runtime.models.hf.build import build_full
+    from orch.runtime.models.hf.weights import Checkpoint, read_experts
+
+    full = build_full(str(omni))
+    name = "thinker.model.language_model.layers.0.mlp.experts.gate_up_proj"
+    located = Checkpoint.of(omni, full).tensors[name]
+    assert located.experts is not None and len(located.stored()) == 8  # 4 experts, gate and up each
+    with safe_open(str(omni / "model.safetensors"), framework="pt") as f:
+        got = read_experts(located, (slice(2, 4), slice(15, 27), slice(0, 48)), lambda _: f)
+    loaded = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(omni, dtype=torch.float32)
+    want = loaded.thinker.model.language_model.layers[0].mlp.experts.gate_up_proj[2:4, 15:27]
+    assert torch.equal(got, want.detach())
+    tensors = load_file(omni / "model.safetensors")
+    del tensors["thinker.model.layers.0.mlp.experts.3.up_proj.weight"]
+    (tmp_path / "config.json").write_text((omni / "config.json").read_text())
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(SpecError, match="expert 3: piece 1 of 2 is not in the model's safetensors"):
+        Checkpoint.of(tmp_path, full)
