@@ -391,3 +391,25 @@ def test_experts_stored_one_tensor_each_are_read_stacked(omni, tmp_path):
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(SpecError, match="expert 3: piece 1 of 2 is not in the model's safetensors"):
         Checkpoint.of(tmp_path, full)
+
+
+def test_orch_profile_times_both_towers_real_blocks(omni):
+    """`orch profile`'s block cases (runtime/models/hf/parts.py) of the thinker: the audio encoder's first block
+    attending within each window of 26 tokens (2 chunks) of each sample, the vision tower's first block, and the
+    bare audio module on a synthetic clip (its LLM rows with zeros where an image row has deepstack features)."""
+    import torch
+
+    from orch.runtime.models.hf.parts import bare_module, layer_case
+
+    spec = model_spec_from_dir(omni)
+    case = layer_case(spec, "audio", torch.float64, torch.device("cpu"), 0, None)
+    layer = case.module.audio_tower.layers[0]
+    assert type(layer).__name__ == "Qwen3OmniMoeAudioEncoderLayer" and len(case.module.audio_tower.layers) == 1
+    x = torch.randn(70, spec.modules["audio"].hidden, dtype=torch.float64)
+    parts = [layer(c, cu_seqlens=torch.tensor([0, c.shape[0]], dtype=torch.int32))[0] for c in x.split([26, 4, 26, 14])]
+    assert torch.allclose(case(x, [30, 40]), torch.cat(parts), rtol=0, atol=1e-12)
+    vision = layer_case(spec, "vision", torch.float64, torch.device("cpu"), 0, None)
+    assert vision(torch.randn(32, spec.modules["vision"].hidden, dtype=torch.float64), [16, 16]).shape == (32, 32)
+    bare = bare_module(spec, "audio", torch.float64, torch.device("cpu"), 0, None)
+    out = bare(torch.randn(2 * 24, 64, dtype=torch.float64), [24])
+    assert out.shape == (24, 2 * spec.llm.hidden) and not out[:, spec.llm.hidden :].any()
