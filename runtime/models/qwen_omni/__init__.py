@@ -2,4 +2,6 @@
 (module `audio`, audio.py) and the Qwen2.5-VL vision tower (module `vision`, runtime/models/qwen_vl/vision.py)
 feeding a Qwen2 decoder with TMRoPE positions (module `llm`, runtime/models/qwen_vl/language.py; positions:
 rope.py). The talker and token2wav are not trained: `orch export` writes them back as they came. Its config is
-read by config.py, its clips counted by media.py. The family: family.py."""
+read by config.py, its clips counted by media.py. The family: family.py. Qwen3-Omni's thinker (`model_type:
+qwen3_omni_moe`: its own audio encoder, a Qwen3-VL tower with deepstack, a MoE decoder) is the folder's second
+type: qwen3_config.py, qwen3_media.py, qwen3_audio.py, qwen3_family.py."""
