@@ -111,14 +111,16 @@ def critical_and_ideal(record: dict, model: ModelSpec, whole_samples: bool = Fal
     """One step's compute: the sum over its phases of the slowest rank's seconds (what the step waits
     for: each phase ends in a collective) and of the mean rank's (every phase perfectly balanced).
     `whole_samples`: a phase's ideal is raised to its costliest sample where that sample alone
-    outweighs the mean rank (the dispatcher's floor_cost / mean_cost: no rank can hold half a video)."""
+    outweighs the mean rank (the dispatcher's floor_cost / mean_cost: no rank can hold half a video), and at most
+    to the phase's slowest rank measured (which ran that sample: where the dispatcher's calibrated costs overstate a
+    long sample, their ratio would put the floor above what was measured)."""
     per_phase = [_phase_times(p, sorted(model.encoder_names), model.llm_name) for p in record["ranks"].values()]
     critical = sum(max(t[k] for t in per_phase) for k in per_phase[0])
     ideal = 0.0
     for k in per_phase[0]:
         stats = record["balance"]["llm" if k == model.llm_name else k.split(".")[0]]
         raise_to = stats["floor_cost"] / stats["mean_cost"] if whole_samples and stats["mean_cost"] > 0 else 1.0
-        ideal += statistics.mean(t[k] for t in per_phase) * raise_to
+        ideal += min(max(t[k] for t in per_phase), statistics.mean(t[k] for t in per_phase) * raise_to)
     return critical, ideal
 
 

@@ -52,7 +52,7 @@ from orch_cli import run_orch  # noqa: E402
 from orch.planner.plan import Plan  # noqa: E402
 
 WORLD = 4
-GLOBAL_BATCH = 16
+GLOBAL_BATCH = 32  # 8 samples a rank
 AUDIO = {"d_model": 64, "encoder_layers": 2, "encoder_attention_heads": 4, "encoder_ffn_dim": 128,
          "max_source_positions": 1500, "n_window": 100}  # fmt: skip
 VISION = {"depth": 4, "hidden_size": 64, "intermediate_size": 128, "num_heads": 4, "window_size": 112,
@@ -60,7 +60,7 @@ VISION = {"depth": 4, "hidden_size": 64, "intermediate_size": 128, "num_heads": 
 TEXT = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 32000,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]}}  # fmt: skip
-MIX = {"text": 10, "image": 18, "asr": 20, "video": 16}  # records of each kind in the file
+MIX = {"text": 15, "image": 27, "asr": 30, "video": 24}  # records of each kind in the file
 WORDS = ("the", "a", "what", "is", "in", "picture", "sound", "say", "and", "of", "tone")
 
 
