@@ -101,6 +101,32 @@ def _draw_task_lengths(task: TaskSpec, rng: random.Random) -> Lengths:
     return out
 
 
+def read_manifest_items(path: str) -> tuple[dict[str, tuple[int, ...]], ...]:
+    """Per row of a manifest (`read_manifest`'s rows, in order), per encoder whose images and videos the index
+    lists (`items`: [t, h, w, seconds] each, a native-resolution tower's), its items' tokens as the runtime
+    balances them (planner/balance/items.py `grid_item_tokens`: an image one item, a video its temporal runs);
+    an empty dict where a row lists none. Rows whose items do not sum to their length list none."""
+    from orch.planner.balance.items import grid_item_tokens
+
+    out = []
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        obj = json.loads(line)
+        got: dict[str, tuple[int, ...]] = {}
+        listed = obj.get("items") if isinstance(obj, dict) else None
+        lengths = obj.get("lengths", obj) if isinstance(obj, dict) else {}
+        for name, grids in (listed or {}).items():
+            try:
+                tokens = tuple(grid_item_tokens([(int(g[0]), int(g[1]), int(g[2])) for g in grids]))
+            except (TypeError, ValueError, IndexError):
+                continue
+            if sum(tokens) == lengths.get(name):
+                got[name] = tokens
+        out.append(got)
+    return tuple(out)
+
+
 def sample_lengths(data: DataSpec, n: int, seed: int) -> list[Lengths]:
     """n samples' lengths per module; the LLM cap (seq_len) is applied by the caller's model."""
     rng = random.Random(seed)
