@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from orch.planner.data import TokenStats, token_stats
-from orch.planner.imbalance import residual_imbalance
+from orch.planner.imbalance import item_tokens, residual_imbalance
 from orch.planner.plan import DataParallel, Layout, Recompute, Sharding
 from orch.planner.profile import Profile
 from orch.planner.sample_cost import SampleCost
@@ -325,7 +325,8 @@ def _compute_seconds(
         calls = packed_calls(w.samples / layout.dp, w.stats.present, micro_batch, layout.ep)
         # the slowest DP rank sets the pace: the balanced batch's residual max/mean (planner/imbalance.py)
         dp_per_node = max(cluster.gpus_per_node // (layout.tp * layout.cp), 1)
-        slowest = residual_imbalance(b.data, name, b.llm_name, layout.dp, dp_per_node, fit.terms())
+        items = item_tokens(m) if m.kind == ModuleKind.ENCODER else None  # balanced by item, as the runtime does
+        slowest = residual_imbalance(b.data, name, b.llm_name, layout.dp, dp_per_node, fit.terms(), items)
         block = fit.total(samples, per_gpu_tokens, per_gpu_sq) * slowest + fit.call * calls
         layers = m.layers / layout.pp
         if mod.rest is not None:
