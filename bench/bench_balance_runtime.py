@@ -189,11 +189,15 @@ def summarise(records: list[dict], model: ModelSpec) -> dict[str, float]:
     }
 
 
-def _interleaved(plan_json: str, data_json: str, steps: int, dtype: str, out: str, ctx, extra=None) -> None:
+def _interleaved(
+    plan_json: str, data_json: str, steps: int, dtype: str, out: str, ctx, extra=None, configs=None
+) -> None:
     """Both modes in one process group, step k of each back to back (order alternating per step),
     so that the machine's drifting load hits both alike. `extra`: a picklable `extra(ctx, plan, data)`
     returning more runs {name: step(k)} to interleave with the modes (each step returning what
-    TrainStep.step does: loss, step_time_s, phases, balance), e.g. bench_qwen_vl.py's DDP baseline."""
+    TrainStep.step does: loss, step_time_s, phases, balance), e.g. bench_qwen_vl.py's DDP baseline.
+    `configs`: run name -> TrainConfig fields (default: each of MODES as `balance`), e.g. bench_item_balance.py's
+    encoder_balance settings."""
 
     import torch.distributed as dist
 
@@ -201,15 +205,16 @@ def _interleaved(plan_json: str, data_json: str, steps: int, dtype: str, out: st
 
     rank, world = ctx.env.rank, ctx.env.world
     plan, data = Plan.model_validate_json(plan_json), DataSpec.model_validate_json(data_json)
+    configs = configs or {m: {"balance": m} for m in MODES}
     exs = {
         m: TrainStep(
             plan,
             data,
-            TrainConfig(optimizer="sgd", lr=0.1, steps=steps, seed=0, dtype=dtype, balance=m, calibrate=True),
+            TrainConfig(optimizer="sgd", lr=0.1, steps=steps, seed=0, dtype=dtype, calibrate=True, **fields),
             rank,
             world,
         )
-        for m in MODES
+        for m, fields in configs.items()
     }
     runs = {m: ex.step for m, ex in exs.items()}
     if extra is not None:
