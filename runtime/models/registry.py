@@ -17,6 +17,7 @@ from orch.planner.model_dir import read_model_dir
 from orch.planner.specs import ModelSpec, ModuleSpec
 from orch.runtime.models.decoder.family import Decoder
 from orch.runtime.models.family import Family
+from orch.runtime.models.internvl.family import InternVL
 from orch.runtime.models.llava.family import Llava, VisionTower
 from orch.runtime.models.qwen2_audio.family import Qwen2Audio, WhisperTower
 from orch.runtime.models.qwen_vl.family import QwenVL
@@ -29,6 +30,7 @@ FAMILIES: dict[str, Family] = {
         QwenVL("qwen2_vl", "Qwen2VLForConditionalGeneration"),
         QwenVL("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
         QwenVL("qwen3_vl", "Qwen3VLForConditionalGeneration"),
+        InternVL("internvl", "InternVLForConditionalGeneration"),
         Decoder("llama", "LlamaForCausalLM"),
         Decoder("qwen2", "Qwen2ForCausalLM"),
         Decoder("mistral", "MistralForCausalLM"),

@@ -1,0 +1,112 @@
+"""InternVL's vision side as an orch encoder: the InternViT tower (transformers' InternVLVisionModel) up to
+`vision_feature_layer`, its class token dropped, pixel shuffle (InternVLModel's own) and the projector
+(InternVLMultiModalProjector), run as InternVLModel.get_image_features runs them.
+
+orch's encoder contract: packed input rows in, packed LLM-width tokens out. A sample's rows are its tiles'
+patches, `g²` per tile in row-major order (processing.py); the tiles are reassembled and run as a batch of whole
+tiles, each attending within itself (the tower keeps its configured attention), so a tile is the unit the
+planner and post-balancing price (`ModuleSpec.image_tokens`).
+
+Tensor parallelism (`tp_plan`, `after_tp`): q, k, v and fc1 colwise, the attention's projection_layer and fc2
+rowwise, by heads; the layer norms, layer scales, embeddings and projector replicated. InternViT-6B's q and k
+norms (`use_qk_norm`) are RMSNorms over the whole embed width: under TP each rank holds its heads' share of the
+width and of the norm's weight, and the squared sum is all-reduced over the TP group (`ShardedRMSNorm`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from orch.runtime.models.hf.module import HFModule
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
+
+    from orch.runtime.parallel.context import CPShard
+    from orch.runtime.sample import MediaItem
+
+
+def feature_blocks(feature_layer: int, layers: int) -> int:
+    return feature_layer if feature_layer >= 0 else layers + 1 + feature_layer
+
+
+class InternVisionEncoder(HFModule):
+    is_audio = False
+
+    def __init__(self, tower: nn.Module, projector: nn.Module, config: Any) -> None:
+        super().__init__()
+        self.vision_tower = tower
+        self.multi_modal_projector = projector
+        vc = config.vision_config
+        self.patch, self.channels = int(vc.patch_size[0]), int(vc.num_channels)
+        self.grid = int(vc.image_size[0]) // self.patch
+        self.image_tokens = self.grid * self.grid
+        self.ratio = float(config.downsample_ratio)
+        self.output_dim = int(config.text_config.hidden_size)
+        layers = len(tower.encoder.layer)
+        self.run = feature_blocks(int(config.vision_feature_layer), layers)
+        self.last = self.run == layers and int(config.vision_feature_layer) == -1  # HF's last_hidden_state: after
+        for i, layer in enumerate(tower.encoder.layer):  # the tower's final norm (an Identity under mean pooling)
+            if i >= self.run:
+                layer.requires_grad_(False)
+        if not self.last:
+            tower.layernorm.requires_grad_(False)
+
+    def layer_stack(self) -> nn.Module:
+        return self.vision_tower.encoder.layer  # type: ignore[no-any-return]
+
+    def keep_first_layers(self, keep: int) -> None:
+        super().keep_first_layers(keep)
+        self.run, self.last = min(self.run, keep), False
+
+    def tp_plan(self) -> dict[str, ParallelStyle]:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        plan: dict[str, ParallelStyle] = {}
+        for i in range(self.run):
+            at = f"vision_tower.encoder.layer.{i}"
+            for name in ("attention.q_proj", "attention.k_proj", "attention.v_proj", "mlp.fc1"):
+                plan[f"{at}.{name}"] = ColwiseParallel()
+            for name in ("attention.projection_layer", "mlp.fc2"):
+                plan[f"{at}.{name}"] = RowwiseParallel()
+        return plan
+
+    def after_tp(self, tp: int) -> None:
+        """Each attention's reshapes take this rank's heads; a q/k norm its share of the width (module docstring)."""
+        for i in range(self.run):
+            attention = self.vision_tower.encoder.layer[i].attention
+            attention.num_heads //= tp
+            attention.embed_dim //= tp
+
+    def placeholder(
+        self, width: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, list[int], list[tuple[MediaItem, ...]]]:
+        """One black tile (`HasPlaceholder`: HF's attention cannot run on an empty batch)."""
+        return torch.zeros(self.image_tokens, width, dtype=dtype, device=device), [self.image_tokens], [()]
+
+    def tiles(self, feats_TF: torch.Tensor) -> torch.Tensor:
+        """Packed patch rows [n·g², C·p·p] -> tiles [n, C, g·p, g·p]."""
+        g, p, c = self.grid, self.patch, self.channels
+        n = feats_TF.shape[0] // self.image_tokens
+        return feats_TF.reshape(n, g, g, c, p, p).permute(0, 3, 1, 4, 2, 5).reshape(n, c, g * p, g * p)
+
+    def forward(self, feats_TF: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
+        from transformers.models.internvl.modeling_internvl import InternVLModel
+
+        if cp is not None:
+            raise ValueError("a tower of whole tiles takes no context parallelism")
+        tower = self.vision_tower
+        hidden = tower.embeddings(self.tiles(feats_TF))
+        for layer in list(tower.encoder.layer)[: self.run]:
+            hidden = layer(hidden)
+        if self.last:
+            hidden = tower.layernorm(hidden)
+        hidden = hidden[:, 1:]  # the class token ("default")
+        n = hidden.shape[0]
+        hidden = hidden.reshape(n, self.grid, self.grid, hidden.shape[-1])
+        shuffled = InternVLModel.pixel_shuffle(None, hidden, scale_factor=self.ratio)  # type: ignore[arg-type]
+        # rows flattened before the projector, so the output is its own tensor, not a view (FSDP2 hooks it)
+        return self.multi_modal_projector(shuffled.reshape(-1, shuffled.shape[-1]))
