@@ -3,6 +3,7 @@ transformers' own config classes, with what a hub "-hf" directory holds beside t
 family's special tokens (`<img>`, `</img>`, `<IMG_CONTEXT>`, `<video>`), a chat template, and
 preprocessor_config.json (GotOcr2ImageProcessor: the tile size and the min/max tiles)."""
 
+from contextlib import contextmanager
 from pathlib import Path
 
 from hf_models import TEXT, save
@@ -63,6 +64,30 @@ def make_internvl(
     image = transformers.GotOcr2ImageProcessor(size={"height": TILE, "width": TILE}, max_patches=MAX_TILES)
     image.save_pretrained(directory)
     return directory
+
+
+@contextmanager
+def hf_norms_in_float64():
+    """HF's InternVLVisionRMSNorm (the q/k norms of `use_qk_norm`; a test's tower keeps LayerNorms elsewhere) computing at its input's precision where that is
+    above float32, as orch's WidthRMSNorm does: HF's upcast to float32 is for half precision, and in float64 it
+    would round the norm to float32 (1e-7), which a float64 comparison to 1e-9 cannot hold."""
+    import torch
+    from transformers.models.internvl import modeling_internvl
+
+    cls = modeling_internvl.InternVLVisionRMSNorm
+    original = cls.forward
+
+    def forward(self, hidden_states):
+        dtype = hidden_states.dtype
+        x = hidden_states.to(torch.promote_types(dtype, torch.float32))
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * x.to(dtype)
+
+    cls.forward = forward
+    try:
+        yield
+    finally:
+        cls.forward = original
 
 
 def hf_processor(directory: Path):

@@ -38,7 +38,8 @@ class WidthRMSNorm(nn.Module):
     """InternViT's q or k norm (InternVLVisionRMSNorm: an RMSNorm over the whole embed width, all heads at once),
     the same weight, whichever way it is held: whole, or sharded by heads under TP (`ShardedWidth`), where each
     rank holds its heads' columns and its share of the weight, and the squared sum over the width is all-reduced
-    over the TP group (its backward sums the gradient back: torch.distributed.nn's all_reduce)."""
+    over the TP group (its backward sums the gradient back: torch.distributed.nn's all_reduce). In float32 and
+    below it computes as HF's does (in float32); in float64 in float64, where HF's rounds the norm to float32."""
 
     def __init__(self, norm: nn.Module) -> None:
         super().__init__()
@@ -48,7 +49,10 @@ class WidthRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
 
-        dtype, x32 = x.dtype, x.to(torch.float32)
+        # HF's upcast to float32 for half precision; float64 stays float64 (a sum split over TP ranks and rounded to
+        # float32 would differ from the whole one's rounding: in float64 both are exact to 1e-9)
+        dtype = x.dtype
+        x32 = x.to(torch.promote_types(dtype, torch.float32))
         squares = x32.pow(2).sum(-1, keepdim=True)
         width = x.shape[-1]
         weight = self.weight
