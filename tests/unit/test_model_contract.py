@@ -35,7 +35,7 @@ def test_an_unsupported_model_type_names_the_supported_ones():
         "m/config.json: model_type: 'qwen2_5_omni' is not supported; expected one of "
         + ", ".join(types_of(FAMILIES, Role.MODEL, Role.LLM))
     )
-    assert types_of(FAMILIES, Role.MODEL) == ("llava", "qwen2_audio", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+    assert types_of(FAMILIES, Role.MODEL) == ("llava", "qwen2_audio", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl")
 
 
 def test_the_reference_modules_implement_the_contract():
