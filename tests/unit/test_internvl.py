@@ -267,3 +267,26 @@ def test_bad_media_are_skipped_and_counted(cli, tmp_path, model_dir, images, mon
     bad = build_index(str(data), model_spec_from_dir(model_dir)).bad
     assert bad[0].startswith(f"{data.name}:2: images[0]: {tmp_path / 'huge.png'}: too large to decode"), bad
     assert bad[1].startswith(f"{data.name}:3: videos[0]: {tmp_path / 'broken.mp4'}: cannot open"), bad
+
+
+def test_inspect_video_text_is_internvl_processors(cli, tmp_path, model_dir):
+    """A `<video>` of 3 frames: `Frame{i}: <img>` + 4 tokens + `</img>` per frame, joined by newlines, as
+    InternVLProcessor.replace_video_token writes it (its video processor needs torchvision: the frames' count is
+    what it would give). orch marks a video's rows with the `<video>` token's id where HF writes `<IMG_CONTEXT>`
+    (the model takes the rows, not the ids)."""
+    import torch
+
+    processor = hf_processor(model_dir)
+    _video(tmp_path / "v.mov", 3)
+    messages = [{"role": "user", "content": "<video>what is in it ?"}, {"role": "assistant", "content": "a square"}]
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"messages": messages, "videos": [str(tmp_path / "v.mov")]}) + "\n")
+    frames = processor.replace_video_token({"pixel_values_videos": [torch.zeros(3, 3, TILE, TILE)]}, 0)
+    text = processor.apply_chat_template(messages, tokenize=False).replace("<video>", frames)
+    want = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
+    r = cli("data", "inspect", str(data), "--model", str(model_dir), "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output[r.output.index("{") :])["input_ids"]
+    video_id, image_id = (processor.tokenizer.convert_tokens_to_ids(t) for t in ("<video>", "<IMG_CONTEXT>"))
+    assert [image_id if t == video_id else t for t in got] == want
+    assert got.count(video_id) == 3 * 4
