@@ -57,6 +57,24 @@ def test_reads_the_modules(model_dir):
     assert (llm.layers, llm.hidden, llm.kv_heads, llm.tied_embeddings) == (4, 48, 2, False)
 
 
+def test_llama_text_and_class_defaults(tmp_path):
+    """A Llama LLM reads and builds; a config.json naming nothing but its type takes InternVLConfig's defaults
+    (InternVL3-1B's tower, Qwen2's LLM, the head tied to the embedding: one pipeline stage)."""
+    from orch.runtime.models.hf.build import build_hf_modules
+    from orch.runtime.models.registry import model_spec_from_dir
+
+    model = model_spec_from_dir(make_internvl(tmp_path / "llama", "llama"))
+    assert model.modules["llm"].hf.part == "text" and model.modules["llm"].layers == 4
+    built = build_hf_modules(model)
+    assert type(built["llm"]).__name__ == "HFCausalLM" and built["vision"].output_dim == 48
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "config.json").write_text(json.dumps({"model_type": "internvl"}))
+    bare = model_spec_from_dir(tmp_path / "bare")
+    vision, llm = bare.modules["vision"], bare.modules["llm"]
+    assert (vision.layers, vision.hidden, vision.image_tokens, vision.downsample) == (24, 1024, 32 * 32, 4)
+    assert llm.tied_embeddings and llm.refuses("pp", 2)
+
+
 def test_config_errors_name_the_field(tmp_path):
     from orch.planner.errors import SpecError
     from orch.runtime.models.registry import model_spec_from_dir
