@@ -177,10 +177,14 @@ def attention_coefficients(m: ModuleSpec) -> ForwardFlops:
 
     A block that attends over its whole sequence gives a per-pair term; one attending inside windows of
     `window_tokens` (Qwen2.5-VL's windowed blocks, Qwen2.5-Omni's audio chunks) is linear: each token meets its
-    window, so 4 · attention_width · window_tokens per token. The sequence of a tower with item_attention is one
-    image or video frame, but a sample's items are not known here: its full-attention blocks are priced over the
-    sample's patches (Σlen², an upper bound of Σ over its images and frames)."""
+    window, so 4 · attention_width · window_tokens per token. A tower of fixed-size images (`image_tokens`: LLaVA's
+    images, InternVL's tiles) attends inside each one, so it too is linear: 4 · attention_width · image_tokens per
+    token in every block, however many images or tiles a sample has. The sequence of a tower with item_attention
+    is one image or video frame, but a sample's items are not known here: its full-attention blocks are priced over
+    the sample's patches (Σlen², an upper bound of Σ over its images and frames)."""
     width = m.attention_width
+    if m.image_tokens and not m.clip_tokens:
+        return ForwardFlops(per_token=4 * width * m.image_tokens * m.layers, per_pair=0.0)
     windowed = m.layers - m.full_attention_layers
     return ForwardFlops(
         per_token=4 * width * (m.window_tokens or 0) * windowed, per_pair=4 * width * m.full_attention_layers
