@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP
+from orch.cli.data_cmd import AUDIO_IN_VIDEO_HELP, INDEX_DIR_HELP, MEDIA_ROOT_HELP
 from orch.cli.output import console, print_json, table
 
 MODES = ("orch", "paper", "lpt", "none")
@@ -113,6 +113,7 @@ def analyze(
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="With a data file: tokenizer.json."),
     index_dir: str | None = typer.Option(None, "--index-dir", help=INDEX_DIR_HELP),
     media_root: str | None = typer.Option(None, "--media-root", help=MEDIA_ROOT_HELP),
+    use_audio_in_video: bool = typer.Option(False, "--use-audio-in-video", help=AUDIO_IN_VIDEO_HELP),
 ) -> None:
     """How much time imbalance wastes per phase on a dataset, and what each balancing mode gains."""
     from orch.planner.balance.analyze import analyze as run
@@ -127,7 +128,8 @@ def analyze(
         if model is None:
             raise SpecError(manifest, "", "a conversation data file is counted for a model: pass --model")
         spec = load_model(model)
-        path = build_index(manifest, spec, tokenizer, index_dir=index_dir, media_root=media_root).manifest
+        path = build_index(manifest, spec, tokenizer, index_dir=index_dir, media_root=media_root,
+                           use_audio_in_video=use_audio_in_video).manifest  # fmt: skip
     else:
         path = manifest
     rows = read_manifest(path)
