@@ -79,7 +79,7 @@ class SearchInput:
 
     @property
     def capacity_gb(self) -> float:
-        return self.cluster.gpu.memory_gb - self.cfg.memory_reserve_gb
+        return self.cluster.gpu.usable_gb
 
     def pinned(self, module: str, axis: str) -> int | None:
         for p in self.pins:

@@ -32,7 +32,6 @@ class CostConfig:
     gemm_tokens_knee: float = 256.0  # tokens per GPU per micro-batch where efficiency falls to 1/2 (CP, tiny batches)
     dp_overlap: float = 0.7  # share of DP gradient/parameter traffic hidden behind backward/forward
     grad_bytes: int = FP32  # bytes per gradient element reduced over DP
-    memory_reserve_gb: float = 3.0  # CUDA context, allocator fragmentation, workspaces
     data_parallel: DataParallel | None = None  # every module's, when the user chose; else `choose_data_parallel`
     replicate_below_params: float = 20e6  # a module with fewer parameters per GPU replicates its state
     sharding: Sharding | None = None  # every fsdp module's, when the user chose; else the search prices both
