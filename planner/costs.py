@@ -218,6 +218,7 @@ class Links:
     intra_alpha: float
     inter_alpha: float
     gpus_per_node: int
+    nodes: int = 1
 
     @classmethod
     def build(cls, cluster: ClusterSpec, profile: Profile | None) -> Links:
@@ -228,11 +229,14 @@ class Links:
                 intra = (profile.links["intra_node"].gbps, profile.links["intra_node"].alpha_s)
             if "inter_node" in profile.links:
                 inter = (profile.links["inter_node"].gbps, profile.links["inter_node"].alpha_s)
-        return cls(intra[0], inter[0], intra[1], inter[1], cluster.gpus_per_node)
+        return cls(intra[0], inter[0], intra[1], inter[1], cluster.gpus_per_node, cluster.nodes)
 
     def axis(self, stride: int, size: int) -> tuple[float, float]:
-        """(GB/s, alpha) of a group of `size` ranks `stride` apart; any node crossing is the bottleneck."""
-        if stride * size <= self.gpus_per_node:
+        """(GB/s, alpha) of a group of `size` ranks `stride` apart; any node crossing is the bottleneck. The groups
+        tile consecutive blocks of stride x size ranks: on a cluster of several nodes, a block that does not
+        divide a node's GPUs (TP 5 on 8-GPU nodes) has some groups straddling two nodes, which set the pace."""
+        span = stride * size
+        if span <= self.gpus_per_node and (self.nodes == 1 or self.gpus_per_node % span == 0):
             return self.intra_gbps, self.intra_alpha
         return self.inter_gbps, self.inter_alpha
 
