@@ -2,8 +2,9 @@
 
 Pure arithmetic over specs; the search (planner/search.py) only compares these numbers.
 Sources: Narayanan et al. 2021 (Megatron-LM PTD-P: 1F1B bubble, communication volumes),
-Korthikanti et al. 2022 (activation memory sbh·34 under fused attention, sequence parallelism,
-selective recompute); state memory as FSDP2 holds it (`state_bytes_per_param`).
+Korthikanti et al. 2022 (activation memory under fused attention, sequence parallelism, selective
+recompute; per block as the runtime's blocks save it, `block_activation_bytes`); state memory as FSDP2 holds it
+(`state_bytes_per_param`, `gathered_bytes`).
 """
 
 from __future__ import annotations
@@ -85,11 +86,15 @@ def gathered_bytes(root: float, block: float, trainable: bool, compute_bytes: in
     """Bytes a resharding module holds gathered at its peak, beside its shards (`state_bytes_per_param`), from its
     local parameters gathered for the whole step (`root`: an encoder's stem, norm and projector; a tied LLM's
     embedding and head; runtime/parallel/fsdp.py), in one block, and in an LLM's largest part gathered per call
-    (`part`: its embedding or head). A unit in backward holds its gathered copy, its gradient in the compute
-    dtype and the fp32 reduce-scatter input; a block's neighbour, prefetched, its gathered copy. A part and the
-    blocks are gathered at different moments: the larger of the two."""
-    per_param = compute_bytes + (compute_bytes + FP32 if trainable else 0)
-    return root * per_param + max(part * per_param, block * (per_param + compute_bytes))
+    (`part`: its embedding or head). The root holds its gathered copy, its gradient in the compute dtype and, at
+    the step's end, the fp32 reduce-scatter input. A block or part in backward holds its copy and its gradient, then
+    frees the copy before it allocates the fp32 reduce-scatter input (FSDP2's post_backward reshards first, and
+    waits for the previous unit's reduce-scatter before it takes another input buffer): the larger of the two
+    moments; a block's neighbour, prefetched, its gathered copy beside it. A part and the blocks are gathered at
+    different moments: the larger of the two."""
+    root_per_param = compute_bytes + (compute_bytes + FP32 if trainable else 0)
+    unit_per_param = compute_bytes + (max(compute_bytes, FP32) if trainable else 0)
+    return root * root_per_param + max(part * unit_per_param, block * (unit_per_param + compute_bytes))
 
 
 def layer_params(m: ModuleSpec, active: bool = False) -> float:
@@ -132,12 +137,29 @@ class Workload:
     max_len: int
     stats: TokenStats
     out_tokens: float  # encoder output tokens into the LLM per step (after downsample)
+    scored: float = 1.0  # the LLM's: share of its tokens that get logits (text; not the encoders' prefix rows)
+
+    def held_tokens(self, micro_batch: int, in_flight: int = 1) -> float:
+        """Tokens of `in_flight` micro-batches of `micro_batch` samples a GPU holds at once (an encoder's under the
+        three-phase schedule, a first pipeline stage's): one holds the longest sample, or its samples at the mean
+        length if more; the others are at the mean. The longest sample is in one of them, not in each: a GPU
+        holding four micro-batches of a mix where a quarter are long videos holds about two videos' worth, not
+        four. A typical peak, as the micro-batch's own estimate is: a run's tail can hold more (in 8 steps of
+        bench/bench_memory_shapes.py's video mix one rank held four videos)."""
+        one = max(micro_batch * self.stats.mean, float(self.max_len))
+        return one + (in_flight - 1) * micro_batch * self.stats.mean
 
 
 def workload(model: ModelSpec, data: DataSpec, module: str) -> Workload:
     stats = token_stats(data, module, model.llm_name)
     m = model.modules[module]
     tokens = data.global_batch * stats.mean
+    scored = 1.0
+    if m.kind == ModuleKind.LLM and stats.mean > 0:
+        prefix = sum(
+            token_stats(data, e, model.llm_name).mean / model.modules[e].downsample for e in model.encoder_names
+        )
+        scored = min(max(1.0 - prefix / stats.mean, 0.0), 1.0)
     return Workload(
         samples=data.global_batch,
         tokens=tokens,
@@ -145,6 +167,7 @@ def workload(model: ModelSpec, data: DataSpec, module: str) -> Workload:
         max_len=stats.max,
         stats=stats,
         out_tokens=tokens / m.downsample if m.kind == ModuleKind.ENCODER else 0.0,
+        scored=scored,
     )
 
 
@@ -648,27 +671,43 @@ def _local_params_of(dense_params: float, experts: float, m: ModuleSpec, layout:
     return (dense + embed) / layout.tp + experts / (layout.pp * layout.tp * layout.ep)
 
 
+def block_activation_bytes(m: ModuleSpec) -> float:
+    """Bytes one block keeps for backward per token, in bf16, as the runtime's blocks save them
+    (runtime/models/reference.py; measured with runtime/memory.py's saved-tensor meter, bench/bench_memory_shapes.py):
+    its two RMSNorms their input, the normalised rows and the weighted output (3 x hidden each); attention its
+    queries, its keys and values at the full head count (grouped KV heads are repeated for the fused kernel), the
+    kernel's output and the contiguous copy o reads (5 x heads x head width), and an fp32 log-sum-exp per head; the
+    MLP what its activation and product keep: SwiGLU the gate, its SiLU, the up projection and their product
+    (4 x ffn), GELU the first projection and its GELU (2 x ffn); a MoE block the top_k experts a token meets.
+    (Korthikanti et al.'s 34 x hidden is one shape of this: fused norms, ffn 4 x hidden, GELU.)"""
+    mlp = (4 if m.mlp_kind == "swiglu" else 2) * m.ffn * (m.top_k if m.experts > 1 else 1)
+    return BF16 * (6 * m.hidden + 5 * m.attention_width + mlp) + FP32 * m.heads
+
+
 def activation_gb(
     m: ModuleSpec, w: Workload, layout: Layout, micro_batch: int, recompute: Recompute, in_flight: int
 ) -> float:
     """Activation memory of the peak GPU (Korthikanti et al., with SP: everything divided by tp).
 
     Attention runs fused (runtime/models/reference.py `attend`: flash or memory-efficient kernels), so the
-    5as/h term of the stored scores and softmax is not kept: a block stores sbh·34 with or without
-    selective recompute, which then only costs time."""
-    tokens = max(micro_batch * w.stats.mean, float(w.max_len))
+    5as/h term of the stored scores and softmax is not kept: a block stores `block_activation_bytes` per token
+    with or without selective recompute, which then only costs time. The tokens are those of the `in_flight`
+    micro-batches a GPU holds at once (`Workload.held_tokens`: the longest sample in one of them, not in each), of
+    one for the block being recomputed and the logits."""
+    one = w.held_tokens(micro_batch)
+    held = w.held_tokens(micro_batch, in_flight)
     shard = layout.tp * layout.cp
-    per_layer = 34 * m.hidden * tokens / shard  # none and selective alike: no scores are stored
-    per_layer_ckpt = 2 * m.hidden * tokens / shard
+    per_token = block_activation_bytes(m) / shard  # none and selective alike: no scores are stored
+    per_token_ckpt = 2 * m.hidden / shard
     layers = m.layers / layout.pp
     if recompute == Recompute.FULL:
-        stored = per_layer_ckpt * layers + per_layer  # one block re-materialised at a time
+        # each block's input for every micro-batch held, one block re-materialised at a time
+        total = per_token_ckpt * layers * held + per_token * one
     else:
-        stored = per_layer * layers
-    # 1F1B: the first stage keeps pp micro-batches of its L/pp layers alive (= all L layers' worth)
-    total = stored * in_flight
+        total = per_token * layers * held
     if m.vocab:
-        total += tokens / layout.cp * m.vocab * FP32 / layout.tp  # fp32 logits on the last stage
+        # logits of the scored (text) rows of one micro-batch on the last stage, counted as fp32
+        total += one * w.scored / layout.cp * m.vocab * FP32 / layout.tp
     if not m.trainable:
-        total = per_layer  # forward only, nothing kept for backward
+        total = per_token * one  # forward only, nothing kept for backward
     return total / GB
