@@ -145,12 +145,15 @@ def _powers_of_two(limit: int) -> list[int]:
     return out
 
 
-def tp_degrees(m: ModuleSpec, gpus_per_node: int) -> list[int]:
+def tp_degrees(m: ModuleSpec, gpus_per_node: int, nodes: int = 1) -> list[int]:
     """The TP degrees a module may take: every degree up to a node's GPUs that the runtime shards it over (whole
     heads and KV heads and an equal FFN slice per rank, within its max_tp: ModuleSpec.refuses), not only powers of
-    two: InternViT-6B's 25 heads split 5 ways. A degree that does not divide the node's GPUs has groups that
-    straddle two nodes, which its pricing sees (costs.Links.axis)."""
-    return [t for t in range(1, min(gpus_per_node, m.heads) + 1) if m.refuses("tp", t) is None]
+    two: InternViT-6B's 25 heads split 5 ways. On several nodes a degree that does not divide a node's GPUs has
+    groups that straddle two nodes (priced on the inter-node link: costs.Links.axis), so it is tried only where no
+    degree above 1 divides them (InternViT-6B's 5 on 8-GPU nodes; not a 20-head tower's 5 beside its 2 and 4)."""
+    splits = [t for t in range(1, min(gpus_per_node, m.heads) + 1) if m.refuses("tp", t) is None]
+    aligned = [t for t in splits if gpus_per_node % t == 0]
+    return aligned if nodes > 1 and len(aligned) > 1 else splits
 
 
 def _allowed(inp: SearchInput, module: str, axis: str, value: int) -> bool:
@@ -169,7 +172,7 @@ class Degrees:
 
 def degrees(inp: SearchInput, module: str, allow_pp: bool) -> Degrees:
     m = inp.model.modules[module]
-    tps = tp_degrees(m, inp.cluster.gpus_per_node)
+    tps = tp_degrees(m, inp.cluster.gpus_per_node, inp.cluster.nodes)
     pps = [p for p in _divisors(m.layers) if p <= MAX_PP and not m.refuses("pp", p)] if allow_pp else [1]
     cps = [c for c in _powers_of_two(MAX_CP) if not m.refuses("cp", c)]
     return Degrees(

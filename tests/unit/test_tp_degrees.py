@@ -47,6 +47,10 @@ def test_tp_candidates_are_every_degree_that_splits_heads_kv_heads_and_ffn():
     assert tp_degrees(_spec(hidden=768, heads=12, ffn=3070), 8) == [1, 2]  # an equal FFN slice
     assert tp_degrees(_spec(hidden=768, heads=12, ffn=3072, max_tp=3), 8) == [1, 2, 3]
     assert tp_degrees(vit, 4) == [1]  # inside a node
+    # on several nodes a degree whose groups straddle two nodes only where no other splits the module
+    assert tp_degrees(vit, 8, nodes=5) == [1, 5]
+    assert tp_degrees(_spec(hidden=1280, heads=20, ffn=5120), 8, nodes=5) == [1, 2, 4]
+    assert tp_degrees(_spec(hidden=768, heads=12, ffn=3072), 8, nodes=2) == [1, 2, 4]
 
 
 def test_a_tp_group_straddling_two_nodes_is_priced_on_the_inter_node_link():
