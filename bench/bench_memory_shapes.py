@@ -1,8 +1,8 @@
 """Predicted against measured peak memory on shapes unlike bench_fsdp.py's (a 10-block, 512-wide LLM on 64-token
 samples, where the training state is nearly all of the peak): a wide and shallow LLM on long samples, a narrow,
 deep one with a large vocabulary, and a vision tower beside a small LLM on images and long videos with four
-micro-batches a rank; each at DP 4 under fsdp keep and reshard, bf16 compute on fp32 masters with AdamW, in one
-launch of 4 gloo processes on the CPU.
+micro-batches a rank; each at DP 4 under fsdp keep and reshard, bf16 compute on fp32 masters with AdamW,
+post-balanced (orch, the default), in one launch of 4 gloo processes on the CPU.
 
 The measured peak is the runtime's (runtime/memory.py: on the CPU the shards, the gathered parameters and
 gradients and the activations autograd held at most), the largest of any rank in any step; the prediction
@@ -65,8 +65,8 @@ SHAPES: dict[str, tuple[ModelSpec, DataSpec]] = {
     ),
 }  # fmt: skip
 SHARDINGS = (Sharding.KEEP, Sharding.RESHARD)
-# steps a shape runs where one batch is not its peak: the planner predicts a run's (the most tokens its samples
-# hold at once on a rank, planner/data.py most_held); in 8 steps of seed 0 a rank holds four videos
+# steps a shape runs where one batch is not its peak: the planner predicts a run's (a rank's share of the most
+# tokens a step's samples hold, planner/data.py most_held); of seed 0's first 8 steps, one draws 9 videos of 16
 STEPS = {"tower long video": 8}
 MICRO_BATCHES = 4  # per rank, where a rank holds as many samples (else one)
 
@@ -106,7 +106,8 @@ def run(steps: int) -> dict[str, list]:
                 steps=max(steps, STEPS.get(shape, 0)),
                 seed=0,
                 dtype="bfloat16",
-                balance=Mode.NONE,
+                balance=Mode.ORCH,  # the default post-balancing, which the planner's peak assumes
+                calibrate=False,
                 optimizer="adamw",
                 lr=1e-4,
                 device="cpu",

@@ -10,10 +10,10 @@ recompute; per block as the runtime's blocks save it, `block_activation_bytes`);
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from orch.planner.data import TokenStats, token_stats
+from orch.planner.data import TokenStats, module_draws, most_held, token_stats
 from orch.planner.imbalance import residual_imbalance
 from orch.planner.plan import DataParallel, Layout, Recompute, Sharding
 from orch.planner.profile import Profile
@@ -139,15 +139,22 @@ class Workload:
     out_tokens: float  # encoder output tokens into the LLM per step (after downsample)
     scored: float = 1.0  # the LLM's: share of its tokens that get logits (text; not the encoders' prefix rows)
 
-    def held_tokens(self, micro_batch: int, in_flight: int = 1) -> float:
+    draws: tuple[int, ...] = ()  # the module's tokens per drawn sample (planner/data.py module_draws)
+    _held: dict[int, int] = field(default_factory=dict, compare=False, repr=False)  # most_held by samples
+
+    def held_tokens(self, micro_batch: int, in_flight: int = 1, dp: int = 1) -> float:
         """Tokens of `in_flight` micro-batches of `micro_batch` samples a GPU holds at once (an encoder's under the
-        three-phase schedule, a first pipeline stage's): one holds the longest sample, or its samples at the mean
-        length if more; the others are at the mean. The longest sample is in one of them, not in each: a GPU
-        holding four micro-batches of a mix where a quarter are long videos holds about two videos' worth, not
-        four. A typical peak, as the micro-batch's own estimate is: a run's tail can hold more (in 8 steps of
-        bench/bench_memory_shapes.py's video mix one rank held four videos)."""
-        one = max(micro_batch * self.stats.mean, float(self.max_len))
-        return one + (in_flight - 1) * micro_batch * self.stats.mean
+        three-phase schedule, a first pipeline stage's) on one of `dp` ranks the post-balancer evens out: the most
+        that many samples of all the ranks hold together over the drawn samples (planner/data.py most_held), shared
+        by the ranks, and at least the longest sample: a run's peak. Not the longest sample in each micro-batch
+        where long samples are rare; not the mean where lengths spread (in 8 steps of bench/bench_memory_shapes.py's
+        mix, a quarter long videos, one rank held four)."""
+        n = micro_batch * in_flight * dp
+        if len(self.draws) < 4 * n:  # too few groups of n to show a tail: so many samples hold about their mean
+            return max(n * self.stats.mean / dp, float(self.max_len))
+        if n not in self._held:
+            self._held[n] = most_held(self.draws, n)
+        return max(self._held[n] / dp, float(self.max_len))
 
 
 def workload(model: ModelSpec, data: DataSpec, module: str) -> Workload:
@@ -168,6 +175,7 @@ def workload(model: ModelSpec, data: DataSpec, module: str) -> Workload:
         stats=stats,
         out_tokens=tokens / m.downsample if m.kind == ModuleKind.ENCODER else 0.0,
         scored=scored,
+        draws=module_draws(data, module, model.llm_name),
     )
 
 
@@ -692,10 +700,10 @@ def activation_gb(
     Attention runs fused (runtime/models/reference.py `attend`: flash or memory-efficient kernels), so the
     5as/h term of the stored scores and softmax is not kept: a block stores `block_activation_bytes` per token
     with or without selective recompute, which then only costs time. The tokens are those of the `in_flight`
-    micro-batches a GPU holds at once (`Workload.held_tokens`: the longest sample in one of them, not in each), of
-    one for the block being recomputed and the logits."""
-    one = w.held_tokens(micro_batch)
-    held = w.held_tokens(micro_batch, in_flight)
+    micro-batches a GPU holds at once (`Workload.held_tokens`: the most that many samples of the mix hold, not the
+    longest sample in each), of one for the block being recomputed and the logits."""
+    one = w.held_tokens(micro_batch, 1, layout.dp)
+    held = w.held_tokens(micro_batch, in_flight, layout.dp)
     shard = layout.tp * layout.cp
     per_token = block_activation_bytes(m) / shard  # none and selective alike: no scores are stored
     per_token_ckpt = 2 * m.hidden / shard
