@@ -146,15 +146,22 @@ class Workload:
         """Tokens of `in_flight` micro-batches of `micro_batch` samples a GPU holds at once (an encoder's under the
         three-phase schedule, a first pipeline stage's) on one of `dp` ranks the post-balancer evens out: the most
         that many samples of all the ranks hold together over the drawn samples (planner/data.py most_held), shared
-        by the ranks, and at least the longest sample: a run's peak. Not the longest sample in each micro-batch
-        where long samples are rare; not the mean where lengths spread (in 8 steps of bench/bench_memory_shapes.py's
-        mix, a quarter long videos, one rank held four)."""
-        n = micro_batch * in_flight * dp
+        by the ranks, and about one sample of the mix more as whole samples are dealt (never more than the most
+        this rank's own samples could hold), at least the longest sample: a run's peak. Not the longest sample in
+        each micro-batch where long samples are rare; not the mean where lengths spread (bench/bench_memory_shapes.py:
+        one of 8 steps of its mix, a quarter long videos, draws 9 videos of 16)."""
+        mine = micro_batch * in_flight
+        n = mine * dp
+        # the balancer deals whole samples: a rank's share of the step and about one sample of the mix more
+        extra = self.stats.mean * (1 - 1 / dp)
         if len(self.draws) < 4 * n:  # too few groups of n to show a tail: so many samples hold about their mean
-            return max(n * self.stats.mean / dp, float(self.max_len))
+            return max(n * self.stats.mean / dp + extra, float(self.max_len))
+        return float(max(min(self._most(n) / dp + extra, self._most(mine)), self.max_len))
+
+    def _most(self, n: int) -> int:
         if n not in self._held:
             self._held[n] = most_held(self.draws, n)
-        return max(self._held[n] / dp, float(self.max_len))
+        return self._held[n]
 
 
 def workload(model: ModelSpec, data: DataSpec, module: str) -> Workload:

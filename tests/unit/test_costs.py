@@ -134,9 +134,11 @@ def test_micro_batches_in_flight_hold_what_that_many_samples_hold_not_the_longes
     eight_gb = activation_gb(m, w, Layout(), 1, Recompute.NONE, in_flight=8)
     assert one_gb * 1e9 == pytest.approx(4608 * block_activation_bytes(m) * m.layers)
     assert eight_gb == pytest.approx(one_gb * eight / 4608)
-    # on 8 ranks the post-balancer shares out the step's heaviest 64 samples, a rank holding at least the longest
+    # on 8 ranks the post-balancer shares out the step's heaviest 64 samples, whole samples: a rank's share and
+    # about one sample of the mix more
     balanced = w.held_tokens(1, in_flight=8, dp=8)
-    assert balanced == max(most_held(module_draws(data, "vision", "llm"), 64) / 8, 4608) and balanced <= eight
+    share = most_held(module_draws(data, "vision", "llm"), 64) / 8 + w.stats.mean * 7 / 8
+    assert balanced == max(min(share, eight), 4608) and balanced <= eight
     assert activation_gb(m, w, Layout(dp=8), 1, Recompute.NONE, in_flight=8) == pytest.approx(one_gb * balanced / 4608)
 
 
