@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP
+from orch.cli.data_cmd import AUDIO_IN_VIDEO_HELP, INDEX_DIR_HELP, MEDIA_ROOT_HELP
 from orch.cli.output import console, print_json, table
 
 MODES = ("orch", "paper", "lpt", "none")
@@ -103,6 +103,7 @@ def analyze(
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="With a data file: tokenizer.json."),
     index_dir: str | None = typer.Option(None, "--index-dir", help=INDEX_DIR_HELP),
     media_root: str | None = typer.Option(None, "--media-root", help=MEDIA_ROOT_HELP),
+    use_audio_in_video: bool = typer.Option(False, "--use-audio-in-video", help=AUDIO_IN_VIDEO_HELP),
 ) -> None:
     """How much time imbalance wastes per phase on a dataset, and what each balancing mode gains."""
     from orch.planner.balance.analyze import analyze as run
@@ -117,9 +118,9 @@ def analyze(
         if model is None:
             raise SpecError(manifest, "", "a conversation data file is counted for a model: pass --model")
         spec = load_model(model)
-        rows = read_manifest(
-            build_index(manifest, spec, tokenizer, index_dir=index_dir, media_root=media_root).manifest
-        )
+        idx = build_index(manifest, spec, tokenizer, index_dir=index_dir, media_root=media_root,
+                          use_audio_in_video=use_audio_in_video)  # fmt: skip
+        rows = read_manifest(idx.manifest)
     else:
         rows = read_manifest(manifest)
     result = run(rows, dp, dp_per_node, micro_batch, steps=steps, seed=seed, source=manifest)

@@ -97,18 +97,34 @@ def gathered_bytes(root: float, block: float, trainable: bool, compute_bytes: in
     return root * root_per_param + max(part * unit_per_param, block * (unit_per_param + compute_bytes))
 
 
+def mlp_params(m: ModuleSpec, width: int) -> float:
+    """One MLP of the module's kind from its width to an inner `width` and back."""
+    return (3 if m.mlp_kind == "swiglu" else 2) * m.hidden * width
+
+
+def moe_share(m: ModuleSpec) -> float:
+    """The fraction of the module's blocks whose MLP is experts (dense_blocks are not): per-block costs are
+    averages over the blocks."""
+    return m.moe_blocks / m.layers
+
+
 def layer_params(m: ModuleSpec, active: bool = False) -> float:
-    """Parameters of one transformer block (active=True: the experts a token actually uses)."""
+    """Parameters of one transformer block, averaged over the blocks (active=True: the experts a token actually
+    uses). A MoE block: a router and `experts` MLPs of expert_width; a dense block of a MoE module
+    (dense_blocks): one MLP of ffn width."""
     h = m.hidden
     attn = 2 * h * m.attention_width + 2 * h * m.num_kv_heads * m.head_width
-    mlp_one = (3 if m.mlp_kind == "swiglu" else 2) * h * m.ffn
+    if m.experts == 1:
+        return attn + mlp_params(m, m.ffn) + 2 * h
     experts = m.top_k if active else m.experts
-    router = h * m.experts if m.experts > 1 else 0
-    return attn + experts * mlp_one + router + 2 * h
+    moe = experts * mlp_params(m, m.expert_width) + h * m.experts
+    share = moe_share(m)
+    return attn + share * moe + (1 - share) * mlp_params(m, m.ffn) + 2 * h
 
 
 def _expert_params(m: ModuleSpec) -> float:
-    return m.experts * (3 if m.mlp_kind == "swiglu" else 2) * m.hidden * m.ffn if m.experts > 1 else 0.0
+    """The experts' parameters of one block, averaged over the blocks."""
+    return moe_share(m) * m.experts * mlp_params(m, m.expert_width) if m.experts > 1 else 0.0
 
 
 def module_params(m: ModuleSpec) -> float:
@@ -197,11 +213,15 @@ def attention_coefficients(m: ModuleSpec) -> ForwardFlops:
     """FLOPs of QKᵀ and PV over all blocks, 4 · attention_width per pair of tokens that meet (no causal half).
 
     A block that attends over its whole sequence gives a per-pair term; one attending inside windows of
-    `window_tokens` (Qwen2.5-VL's windowed blocks) is linear: each token meets its window, so
-    4 · attention_width · window_tokens per token. The sequence of a tower with item_attention is one image or
-    video frame, but a sample's items are not known here: its full-attention blocks are priced over the
-    sample's patches (Σlen², an upper bound of Σ over its images and frames)."""
+    `window_tokens` (Qwen2.5-VL's windowed blocks, Qwen2.5-Omni's audio chunks) is linear: each token meets its
+    window, so 4 · attention_width · window_tokens per token. A tower of fixed-size images (`image_tokens`: LLaVA's
+    images, InternVL's tiles) attends inside each one, so it too is linear: 4 · attention_width · image_tokens per
+    token in every block, however many images or tiles a sample has. The sequence of a tower with item_attention
+    is one image or video frame, but a sample's items are not known here: its full-attention blocks are priced over
+    the sample's patches (Σlen², an upper bound of Σ over its images and frames)."""
     width = m.attention_width
+    if m.image_tokens and not m.clip_tokens:
+        return ForwardFlops(per_token=4 * width * m.image_tokens * m.layers, per_pair=0.0)
     windowed = m.layers - m.full_attention_layers
     return ForwardFlops(
         per_token=4 * width * (m.window_tokens or 0) * windowed, per_pair=4 * width * m.full_attention_layers
@@ -386,7 +406,16 @@ def _compute_seconds(
         return 0.0, 0.0, 0.0
     tokens_per_gpu = micro_batch * w.stats.mean / layout.cp
     eff = cluster.mfu * gemm_efficiency(m, layout.tp, tokens_per_gpu, b.cfg)
-    return (fwd * passes + extra) / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * eff), 0.0, 0.0
+    # TP leaves the experts whole: every TP rank runs them on the same rows (runtime/models/reference.py MoE)
+    experts = expert_flops(m, w) * passes * (layout.tp - 1)
+    return (fwd * passes + extra + experts) / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * eff), 0.0, 0.0
+
+
+def expert_flops(m: ModuleSpec, w: Workload) -> float:
+    """Forward FLOPs of the experts a step's tokens are routed to (top_k per token, in every MoE block)."""
+    if m.experts == 1:
+        return 0.0
+    return 2 * m.top_k * mlp_params(m, m.expert_width) * m.moe_blocks * w.tokens
 
 
 def _recompute_flops(m: ModuleSpec, w: Workload, recompute: Recompute) -> tuple[float, float]:
@@ -553,7 +582,7 @@ def layout_cost(
     ep_s = 0.0
     if ep > 1 and m.experts > 1:
         a2a_bytes = tokens_mb / cp * m.top_k * m.hidden * BF16
-        ep_s = 2 * links.ring(a2a_bytes, tp * cp, ep) * layers_local * num_mb * passes
+        ep_s = 2 * links.ring(a2a_bytes, tp * cp, ep) * layers_local * moe_share(m) * num_mb * passes
 
     # PP: one activation send and one gradient send per micro-batch per stage boundary.
     pp_p2p_s = 0.0
@@ -565,12 +594,19 @@ def layout_cost(
     # per step; reshard gathers each block (an LLM's embedding and head too) twice per micro-batch (forward,
     # backward) and reduce-scatters its gradients per micro-batch (an encoder's own unit: one gather);
     # replicate all-reduces the gradients (twice a reduce-scatter's traffic on a ring).
+    # Under EP the experts stay outside FSDP2 (runtime/parallel/fsdp.py): never gathered, their gradients summed
+    # over their expert-data-parallel group (dp / ep ranks, then CP: runtime/train/grad_sync.py).
     params_local = _local_params_of(b.dense_params, b.expert_params, m, layout)
+    experts_local = _ep_experts_local(b, layout)
     dp_group = dp * cp
     mode = _choose_mode(params_local, layout, cfg)
     sharding = sharding if mode == DataParallel.FSDP else Sharding.KEEP
     params_gb, act_gb = _memory_gb(b, layout, micro_batch, recompute, in_flight, params_local, mode, sharding)
     dp_s = 0.0
+    edp_group = dp // ep * cp
+    if experts_local and edp_group > 1 and m.trainable:
+        dp_s += 2 * links.ring(experts_local * cfg.grad_bytes, tp * ep, edp_group) * (1 - cfg.dp_overlap)
+    params_local -= experts_local
     if dp_group > 1:
         grads = links.ring(params_local * cfg.grad_bytes, tp, dp_group) if m.trainable else 0.0
         gather = links.ring(params_local * BF16, tp, dp_group)
@@ -582,7 +618,7 @@ def layout_cost(
             traffic = grads + gather
         else:
             traffic = 2 * grads
-        dp_s = traffic * (1 - cfg.dp_overlap)
+        dp_s += traffic * (1 - cfg.dp_overlap)
 
     work = compute + tp_s + cp_s + ep_s + pp_p2p_s
     bubble = work * (pp - 1) / num_mb if pp > 1 else 0.0
@@ -648,7 +684,12 @@ def _memory_gb(
     """(training state, activations) per GPU, GB; under reshard the state counts the gathered blocks too."""
     reshard = mode == DataParallel.FSDP and sharding == Sharding.RESHARD
     per_param = state_bytes_per_param(mode, b.m.trainable, layout.dp * layout.cp, sharding=sharding)
-    state = params_local * per_param
+    # EP's experts: whole fp32 masters, gradients and moments on each rank that holds them (outside FSDP2)
+    experts = _ep_experts_local(b, layout)
+    params_local -= experts
+    state = params_local * per_param + experts * state_bytes_per_param(
+        DataParallel.REPLICATE, b.m.trainable, 1, compute_bytes=FP32
+    )
     if reshard:
         blocks = _blocks_local(b, layout)
         block = blocks / max(b.m.layers / layout.pp, 1.0)
@@ -661,9 +702,15 @@ def _memory_gb(
 
 
 def _blocks_local(b: ModuleBasis, layout: Layout) -> float:
-    """Parameters of this GPU's blocks (its pipeline stage's, TP and EP shards)."""
-    per_block = b.block_params / layout.tp + b.block_expert_params / (layout.tp * layout.ep)
+    """Parameters of this GPU's blocks that FSDP2 holds (its pipeline stage's, TP shards; the experts but under
+    EP, which keeps them outside FSDP2), experts whole under TP."""
+    per_block = b.block_params / layout.tp + (b.block_expert_params if layout.ep == 1 else 0.0)
     return per_block * b.m.layers / layout.pp
+
+
+def _ep_experts_local(b: ModuleBasis, layout: Layout) -> float:
+    """The experts' parameters on one GPU under EP (its stage's share of its EP rank's experts); 0 without EP."""
+    return b.expert_params / (layout.pp * layout.ep) if layout.ep > 1 and b.m.experts > 1 else 0.0
 
 
 def _measured_with_tp(profile: Profile | None, name: str, tp: int) -> bool:
@@ -672,7 +719,8 @@ def _measured_with_tp(profile: Profile | None, name: str, tp: int) -> bool:
 
 
 def _local_params(m: ModuleSpec, layout: Layout) -> float:
-    """Parameters on one GPU: blocks split by TP and PP, experts also by EP, embeddings on one stage."""
+    """Parameters on one GPU: blocks split by TP and PP, experts by PP and EP (TP leaves them whole: every TP rank
+    runs them on the same rows), embeddings on one stage."""
     experts = _expert_params(m) * m.layers
     return _local_params_of(module_params(m) - experts - (2 * m.vocab * m.hidden if m.vocab else 0), experts, m, layout)
 
@@ -683,7 +731,7 @@ def _local_params_of(dense_params: float, experts: float, m: ModuleSpec, layout:
     embed = m.vocab * m.hidden if m.vocab else 0.0  # the first (or last) stage holds one of the two
     if layout.pp == 1 and m.vocab:
         embed *= 2
-    return (dense + embed) / layout.tp + experts / (layout.pp * layout.tp * layout.ep)
+    return (dense + embed) / layout.tp + experts / (layout.pp * layout.ep)
 
 
 def block_activation_bytes(m: ModuleSpec) -> float:

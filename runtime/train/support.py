@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from orch.planner.errors import OrchError
 from orch.planner.plan import Plan
+from orch.runtime.models.contract import ExpertBlock
 from orch.runtime.parallel.expert import unsupported_ep
 
 
@@ -25,6 +26,12 @@ def check_supported(plan: Plan) -> None:
         why = unsupported_ep(name, mp, plan.model.modules[name].experts, name == plan.model.llm_name)
         if why is not None:
             raise UnsupportedPlan(why)
+        if spec.aux_loss_coef and mp.layout.pp > 1:
+            raise UnsupportedPlan(
+                f"modules.{name}.layout.pp: {mp.layout.pp}: the router's auxiliary loss (aux_loss_coef "
+                f"{spec.aux_loss_coef:g}) takes every layer's choices of a micro-batch on one stage; use pp 1, or "
+                "set output_router_logits false in config.json"
+            )
     for e in plan.model.encoder_names:
         if not any(edge.src == e and edge.dst == plan.model.llm_name for edge in plan.edges):
             raise UnsupportedPlan(f"edges: no edge from {e} to {plan.model.llm_name}")
@@ -38,8 +45,8 @@ def check_hf_plan(plan: Plan) -> None:
     modules = build_hf_modules(plan.model)
     for name, module in modules.items():
         layout = plan.modules[name].layout
-        if layout.ep > 1:
-            raise UnsupportedPlan(f"modules.{name}.layout.ep: {layout.ep}: the HF families orch builds are dense")
+        if layout.ep > 1 and not any(isinstance(m, ExpertBlock) for m in module.modules()):
+            raise UnsupportedPlan(f"modules.{name}.layout.ep: {layout.ep}: the module has no Mixture-of-Experts blocks")
         if getattr(module, "tied", False):  # a plan file written before specs recorded tied_embeddings
             tied = plan.model.modules[name].model_copy(update={"tied_embeddings": True})
             refused = tied.refuses("pp", layout.pp)

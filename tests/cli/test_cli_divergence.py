@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from orch.runtime.checkpoint import checkpoint_root
-from orch.runtime.metrics import read_metrics
+from orch.runtime.workdir.checkpoint import checkpoint_root
+from orch.runtime.workdir.metrics import read_metrics
 
 
 @pytest.mark.slow

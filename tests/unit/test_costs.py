@@ -63,6 +63,28 @@ def test_forward_coefficients_follow_the_model_shape():
     assert forward_coefficients(moe, moe).per_pair == forward_coefficients(llm, llm).per_pair
 
 
+def test_a_tower_of_fixed_size_images_prices_attention_per_image():
+    """LLaVA's images and InternVL's tiles attend inside each one: a sample of k images costs k times one image,
+    however the planner sees its length (no Σlen² over the sample's patches)."""
+    vision = load_model("tiny").modules["vision"].model_copy(update={"image_tokens": 16})
+    llm = load_model("tiny").llm
+    per_token, per_pair = forward_coefficients(vision, llm)
+    assert per_pair == 0
+    one, three = (forward_flops(vision, llm, _one_sample(16 * k)) for k in (1, 3))
+    assert three == pytest.approx(3 * one)
+    assert one == pytest.approx(per_token * 16)
+    # and one image alone costs what whole-sequence attention over its patches costs
+    whole = vision.model_copy(update={"image_tokens": None})
+    assert one == pytest.approx(forward_flops(whole, llm, _one_sample(16)))
+
+
+def _one_sample(tokens: int):
+    """A step of one sample of `tokens` (forward_flops reads its tokens and Σlen²)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(tokens=tokens, tokens_sq=tokens**2)
+
+
 def test_activation_memory_is_what_each_block_saves_divided_by_tp():
     """Per layer s x block_activation_bytes / t with sequence parallelism (fused attention stores no 5as/h scores,
     so selective recompute keeps as much); full keeps each block's input and one block whole."""

@@ -16,6 +16,7 @@ from orch.runtime.parallel.boundary import Boundary
 from orch.runtime.parallel.context import CPGroup
 from orch.runtime.parallel.grid import Grid
 from orch.runtime.parallel.pipeline import PipelineStage
+from orch.runtime.train.aux_loss import RouterAux
 from orch.runtime.train.debug import TokenCounter
 from orch.runtime.train.inputs import InputRouter
 from orch.runtime.train.post_balance import StepTables
@@ -38,6 +39,7 @@ class StepContext:
     boundaries: dict[str, Boundary]  # per encoder: its move into the LLM's layout
     router: InputRouter
     beat: Callable[[str], None] = lambda phase: None  # a phase boundary: the rank's heartbeat (launch/heartbeat.py)
+    aux: RouterAux | None = None  # the LLM's router auxiliary loss, where the model asks for it (train/aux_loss.py)
 
     def inputs(self, name: str, work: StepWork) -> list[Sample]:
         """The samples this rank runs for `name`, moved to it (collective when balancing: every rank, every module)."""
@@ -58,3 +60,4 @@ class StepWork:
     counter: TokenCounter
     phases: dict[str, float] = field(default_factory=dict)
     spans: list[Span] = field(default_factory=list)
+    aux_sum: float = 0.0  # this rank's share of the step's router aux loss (runtime/train/aux_loss.py)
