@@ -168,6 +168,27 @@ def _token_stats(data_json: str, module: str, llm: str, samples: int, seed: int)
     )
 
 
+def module_draws(data: DataSpec, module: str, llm: str, samples: int = 8192, seed: int = 0) -> tuple[int, ...]:
+    """`module`'s tokens in each sample `token_stats` draws (the LLM's capped at seq_len), in draw order."""
+    return _module_draws(data.model_dump_json(), module, llm, samples, seed)
+
+
+@lru_cache(maxsize=64)
+def _module_draws(data_json: str, module: str, llm: str, samples: int, seed: int) -> tuple[int, ...]:
+    data = DataSpec.model_validate_json(data_json)
+    drawn = _drawn(data_json, samples, seed)
+    return tuple(min(d.get(module, 0), data.seq_len) if module == llm else d.get(module, 0) for d in drawn)
+
+
+def most_held(draws: tuple[int, ...], n: int) -> int:
+    """The most tokens n samples hold together, over the draws taken n at a time as a rank takes its samples: what
+    a GPU holding n samples' activations at once meets in a run of that many groups (n = 1: the longest sample).
+    Below n x the longest where long samples are rare (few groups hold several), above n x the mean where lengths
+    spread."""
+    n = max(1, min(n, len(draws)))
+    return max(sum(draws[i : i + n]) for i in range(0, len(draws) - n + 1, n))
+
+
 @lru_cache(maxsize=4)
 def _drawn(data_json: str, samples: int, seed: int) -> tuple[Lengths, ...]:
     """`sample_lengths` of a data spec (its JSON), drawn once for the moments of all its modules (`_token_stats`).

@@ -216,6 +216,8 @@ class TrainStep:
         grad_norm, lr = self._update(k, work)
         state = state_parts(self.modules, self.optimizer)
         memory = {"state_bytes": sum(state.values()), "peak_bytes": peak_bytes(self.device, meter, state, gathered)}
+        if self.device.type == "cpu":
+            memory["activation_bytes"] = meter.peak  # the CPU peak's activation share (memory benches split it)
         batch = work.batch
         balance = {
             "mode": self.balancer.mode.value,
