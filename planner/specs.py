@@ -296,6 +296,11 @@ class ModuleSpec(_Spec):
             )
         if axis == "pp" and degree > self.layers:
             return f"more stages than its {self.layers} layers"
+        if axis == "pp" and self.aux_loss_coef:
+            return (
+                f"the router's auxiliary loss (aux_loss_coef {self.aux_loss_coef:g}) takes every layer's choices of a "
+                "micro-batch on one stage; set output_router_logits false in config.json to pipeline it"
+            )
         return None
 
     @property
