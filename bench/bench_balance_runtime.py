@@ -191,17 +191,22 @@ def summarise(records: list[dict], model: ModelSpec) -> dict[str, float]:
     }
 
 
-def bench_config(balance: str, steps: int, dtype: str) -> TrainConfig:
-    """The training config of every benchmarked run: SGD lr 0.1, seed 0, the dispatcher calibrated at start-up."""
-    return TrainConfig(optimizer="sgd", lr=0.1, steps=steps, seed=0, dtype=dtype, balance=balance, calibrate=True)
+def bench_config(steps: int, dtype: str, **fields) -> TrainConfig:
+    """The training config of every benchmarked run: SGD lr 0.1, seed 0, the dispatcher calibrated at start-up;
+    `fields`: the run's own (its balance, encoder_balance, ...)."""
+    return TrainConfig(optimizer="sgd", lr=0.1, steps=steps, seed=0, dtype=dtype, calibrate=True, **fields)
 
 
-def _interleaved(plan_json: str, data_json: str, steps: int, dtype: str, out: str, ctx, extra=None) -> None:
+def _interleaved(
+    plan_json: str, data_json: str, steps: int, dtype: str, out: str, ctx, extra=None, configs=None
+) -> None:
     """Both modes in one process group, step k of each back to back (order alternating per step),
     so that the machine's drifting load hits both alike. `extra`: a picklable `extra(ctx, plan, data)`
     returning more runs {name: step(k)} to interleave with the modes (each step returning what
     TrainStep.step does: loss, step_time_s, phases, balance), e.g. bench_qwen_vl.py's DDP baseline; its
-    `finish()`, where it has one, is called after the last step (bench_omni.py's run of another plan)."""
+    `finish()`, where it has one, is called after the last step (bench_omni.py's run of another plan).
+    `configs`: run name -> TrainConfig fields (default: each of MODES as `balance`), e.g. bench_item_balance.py's
+    encoder_balance settings."""
 
     import torch.distributed as dist
 
@@ -209,7 +214,8 @@ def _interleaved(plan_json: str, data_json: str, steps: int, dtype: str, out: st
 
     rank, world = ctx.env.rank, ctx.env.world
     plan, data = Plan.model_validate_json(plan_json), DataSpec.model_validate_json(data_json)
-    exs = {m: TrainStep(plan, data, bench_config(m, steps, dtype), rank, world) for m in MODES}
+    configs = configs or {m: {"balance": m} for m in MODES}
+    exs = {m: TrainStep(plan, data, bench_config(steps, dtype, **fields), rank, world) for m, fields in configs.items()}
     runs = {m: ex.step for m, ex in exs.items()}
     if extra is not None:
         runs.update(extra(ctx, plan, data))

@@ -128,7 +128,9 @@ class PlannedRun:
         from orch.runtime.train.step import TrainStep
 
         best = Plan.model_validate_json(self.plan_json)
-        self.run = TrainStep(best, best.data, bench_config("orch", self.steps, self.dtype), ctx.env.rank, ctx.env.world)
+        self.run = TrainStep(
+            best, best.data, bench_config(self.steps, self.dtype, balance="orch"), ctx.env.rank, ctx.env.world
+        )
         return {"best": self.run.step}
 
     def finish(self) -> None:
