@@ -9,6 +9,7 @@ recompute; per block as the runtime's blocks save it, `block_activation_bytes`);
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -157,6 +158,7 @@ class Workload:
 
     draws: tuple[int, ...] = ()  # the module's tokens per drawn sample (planner/data.py module_draws)
     _held: dict[int, int] = field(default_factory=dict, compare=False, repr=False)  # most_held by samples
+    _held_by_layout: dict[tuple[int, int, int], float] = field(default_factory=dict, compare=False, repr=False)
 
     def held_tokens(self, micro_batch: int, in_flight: int = 1, dp: int = 1) -> float:
         """Tokens of `in_flight` micro-batches of `micro_batch` samples a GPU holds at once (an encoder's under the
@@ -166,7 +168,12 @@ class Workload:
         this rank's own samples could hold), at least the longest sample: a run's peak. Not the longest sample in
         each micro-batch where long samples are rare; not the mean where lengths spread (bench/bench_memory_shapes.py:
         one of 8 steps of its mix, a quarter long videos, draws 9 videos of 16)."""
-        mine = micro_batch * in_flight
+        key = (micro_batch, in_flight, dp)
+        if key not in self._held_by_layout:  # the search asks the same few shapes of every layout
+            self._held_by_layout[key] = self._held_tokens(micro_batch * in_flight, dp)
+        return self._held_by_layout[key]
+
+    def _held_tokens(self, mine: int, dp: int) -> float:
         n = mine * dp
         # the balancer deals whole samples: a rank's share of the step and about one sample of the mix more
         extra = self.stats.mean * (1 - 1 / dp)
@@ -744,8 +751,17 @@ def block_activation_bytes(m: ModuleSpec) -> float:
     MLP what its activation and product keep: SwiGLU the gate, its SiLU, the up projection and their product
     (4 x ffn), GELU the first projection and its GELU (2 x ffn); a MoE block the top_k experts a token meets.
     (Korthikanti et al.'s 34 x hidden is one shape of this: fused norms, ffn 4 x hidden, GELU.)"""
-    mlp = (4 if m.mlp_kind == "swiglu" else 2) * m.ffn * (m.top_k if m.experts > 1 else 1)
-    return BF16 * (6 * m.hidden + 5 * m.attention_width + mlp) + FP32 * m.heads
+    return _block_activation_bytes(
+        m.mlp_kind, m.ffn, m.top_k if m.experts > 1 else 1, m.hidden, m.attention_width, m.heads
+    )
+
+
+@functools.cache  # the search asks it of every layout of the same few modules
+def _block_activation_bytes(
+    mlp_kind: str, ffn: int, top_k: int, hidden: int, attention_width: int, heads: int
+) -> float:
+    mlp = (4 if mlp_kind == "swiglu" else 2) * ffn * top_k
+    return BF16 * (6 * hidden + 5 * attention_width + mlp) + FP32 * heads
 
 
 def activation_gb(
