@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from orch.planner.specs import Modality, ModuleSpec
-from orch.runtime.models.hf.processor import load_processor, processor_images
+from orch.runtime.models.hf.processor import load_processor, processor_images, rows_in_file_order
 from orch.runtime.models.internvl.media import Tiles, token_rule
-from orch.runtime.sample import IMAGE, EncoderRule
+from orch.runtime.sample import EncoderRule
 
 
 class TileMedia:
@@ -83,10 +83,4 @@ class TileMedia:
     ) -> list[torch.Tensor]:
         """One tensor of rows per item: an image's tiles, a video's frames one each (`kinds`: which files are
         videos; all images where not given)."""
-        kinds = kinds or (IMAGE,) * len(files)
-        images = [f for f, k in zip(files, kinds, strict=True) if k == IMAGE]
-        image_rows = iter(self.image_rows(images)) if images else iter(())
-        out: list[torch.Tensor] = []
-        for f, k in zip(files, kinds, strict=True):
-            out += [next(image_rows)] if k == IMAGE else self.video_rows(f)
-        return out
+        return rows_in_file_order(files, kinds, self.image_rows, self.video_rows)
