@@ -304,13 +304,15 @@ class DDPBaseline:
         return {"ddp": step}
 
 
-def phase_ratio(records: list[dict], phase: str) -> float:
+def phase_ratio(records: list[dict], phase: str, ranks: list[int] | None = None) -> float:
     """Median over the kept steps of a phase's max/mean over ranks (each rank's measured seconds; an encoder's
-    forward + backward, the LLM's forward/backward)."""
+    forward + backward, the LLM's forward/backward); over `ranks` alone where given (the module's, in a plan
+    that places it on some ranks)."""
     keys = ("llm.fwd_bwd",) if phase == "llm" else (f"{phase}.fwd", f"{phase}.bwd")
     out = []
     for r in records[WARMUP:]:
-        per = [sum(p.get(k, 0.0) for k in keys) for p in r["ranks"].values()]
+        held = r["ranks"] if ranks is None else {k: p for k, p in r["ranks"].items() if int(k) in ranks}
+        per = [sum(p.get(k, 0.0) for k in keys) for p in held.values()]
         out.append(max(per) / statistics.mean(per) if statistics.mean(per) > 0 else 1.0)
     return statistics.median(out)
 

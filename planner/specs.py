@@ -296,6 +296,11 @@ class ModuleSpec(_Spec):
             )
         if axis == "pp" and degree > self.layers:
             return f"more stages than its {self.layers} layers"
+        if axis == "pp" and self.aux_loss_coef:
+            return (
+                f"the router's auxiliary loss (aux_loss_coef {self.aux_loss_coef:g}) takes every layer's choices of a "
+                "micro-batch on one stage; set output_router_logits false in config.json to pipeline it"
+            )
         return None
 
     @property
@@ -375,9 +380,42 @@ class ModelSpec(_Spec):
         return Modality(name) if name in (Modality.VISION, Modality.AUDIO) else Modality.VISION
 
 
+# Memory per device a plan leaves unused, by device kind, where the cluster spec names none (GpuSpec.reserve_gb):
+# on a GPU the CUDA context, NCCL's buffers, the caching allocator's fragmentation and kernel workspaces; on a CPU
+# rank the Python process with torch and gloo loaded.
+RESERVE_GB = {"cuda": 3.0, "cpu": 0.5}
+
+
 class GpuSpec(_Spec):
-    memory_gb: float = Field(gt=0, description="usable device memory, GB")
+    memory_gb: float = Field(gt=0, description="device memory, GB (a CPU rank: its share of the host's RAM)")
     peak_tflops: float = Field(gt=0, description="peak dense bf16 TFLOP/s")
+    device: Literal["cuda", "cpu"] = Field(default="cuda", description="what a rank computes on: a GPU or a CPU")
+    reserve_gb: float | None = Field(
+        default=None,
+        ge=0,
+        description="memory per device that plans leave unused (CUDA context, NCCL buffers, allocator "
+        "fragmentation, workspaces): a plan fits memory_gb less this; default by device: "
+        + ", ".join(f"{gb:g} for {kind}" for kind, gb in RESERVE_GB.items()),
+    )
+
+    @model_validator(mode="after")
+    def _leaves_memory(self) -> GpuSpec:
+        if self.reserve >= self.memory_gb:
+            raise ValueError(
+                f"reserve_gb ({self.reserve:g}) leaves nothing of memory_gb ({self.memory_gb:g}) to plan with; "
+                "lower reserve_gb"
+            )
+        return self
+
+    @property
+    def reserve(self) -> float:
+        """GB per device a plan leaves unused: reserve_gb, else the device kind's default (RESERVE_GB)."""
+        return self.reserve_gb if self.reserve_gb is not None else RESERVE_GB[self.device]
+
+    @property
+    def usable_gb(self) -> float:
+        """GB per device a plan may fill: memory_gb less the reserve."""
+        return self.memory_gb - self.reserve
 
 
 class LinkSpec(_Spec):

@@ -189,7 +189,8 @@ class GridRule(Protocol):
     videos. A frozen dataclass of JSON values (it keys the index).
 
     An image is one item; a video one or more, each its own group of rows in the text (Qwen3-VL: one per
-    temporal step, after its timestamp): the k-th `<video>` renders as, per item, `video_prefix(item)`, then
+    temporal step, after its timestamp): the k-th `<video>` renders as, per item, `video_prefix(item, j)` (j: the
+    item's place in its video, from 0), then
     `wrap[0]`, the item's rows, `wrap[1]` (`video_texts`, `TextCounter.render`).
 
     A video with its own audio (`use_audio_in_video`, docs/data.md): its first item's rows and its clip's rows stand
@@ -210,8 +211,9 @@ class GridRule(Protocol):
         """The items (t, h, w, seconds) a video becomes, in order; ValueError saying what is wrong."""
         ...
 
-    def video_prefix(self, item: tuple[int, int, int, float]) -> str:
-        """The text before a video item's `wrap` (its timestamp, say; "" where none)."""
+    def video_prefix(self, item: tuple[int, int, int, float], index: int) -> str:
+        """The text before a video's `index`-th item's `wrap` (its timestamp, its frame number and the separator
+        from the item before; "" where none)."""
         ...
 
 

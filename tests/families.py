@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 from hf_models import make_llava, make_parts, make_qwen2_audio, make_whisper, save
+from internvl_models import make_internvl
 from qwen3_omni_models import make_qwen3_omni
 from qwen_omni_models import make_qwen_omni
 from qwen_vl_models import make_qwen_vl
@@ -96,6 +97,7 @@ FAMILY_MODELS: dict[str, Callable[[Path], Path]] = {
     "qwen3_vl_moe": lambda root: make_qwen_vl(root / "qwen3_vl_moe", "qwen3_vl_moe"),
     "qwen2_5_omni": lambda root: make_qwen_omni(root / "qwen2_5_omni"),
     "qwen3_omni_moe": lambda root: make_qwen3_omni(root / "qwen3_omni_moe"),
+    "internvl": lambda root: make_internvl(root / "internvl"),
     "llama": lambda root: make_decoder(root / "llama", "llama"),
     "qwen2": lambda root: make_decoder(root / "qwen2", "qwen2"),
     "mistral": lambda root: make_decoder(root / "mistral", "mistral"),

@@ -263,6 +263,17 @@ TESTED: dict[str, tuple[str, ...]] = {
     ),
     # Qwen3-Omni: its MoE decoder's aux loss off in the tiny model (as qwen3_vl_moe's); EP2 over its 4 experts
     "qwen3_omni_moe": ("homogeneous", "island_per_tower", "llm_tp2", "llm_cp2", "llm_pp2", "llm_ep2"),
+    # tiles: whole images of a fixed size, any number of them an image; ZeRO-3: a rank without images runs one
+    # black tile (its placeholder)
+    "internvl": (
+        "homogeneous",
+        "llm_tp2",
+        "llm_cp2",
+        "llm_pp2",
+        "disaggregated",
+        "tower_tp2_llm_cp2",
+        "zero3_homogeneous",
+    ),
     "llava_siglip_qwen2_tied": ("llm_tp2", "tower_tp2_llm_cp2"),
     "llava_clip_mistral_window": ("llm_tp2", "tower_tp2_llm_cp2"),
 }

@@ -220,7 +220,32 @@ def qwen3_omni(directory, class_name, model, data, seed):
     return _finish(full, total, batch.label_tokens)  # names as the full model's, thinker.*
 
 
+def internvl(directory, class_name, model, data, seed):
+    """InternVL, sample by sample: its tiles through `get_image_features` (tower, pixel shuffle, projector), their
+    tokens before the text, then the language model and its head."""
+    hf = _from_pretrained(directory, class_name)
+    batch = SyntheticBatch.build(model, data, seed, 0)
+    vc = hf.config.vision_config
+    p = vc.patch_size[0]
+    g = vc.image_size[0] // p
+    total = torch.zeros((), dtype=torch.float64)
+    for i in range(batch.size):
+        s = batch.sample(i, torch.float64)
+        feats = s.feats["vision"]
+        tiles = feats.shape[0] // (g * g)
+        parts = []
+        if tiles:
+            pixels = feats.reshape(tiles, g, g, 3, p, p).permute(0, 3, 1, 4, 2, 5).reshape(tiles, 3, g * p, g * p)
+            image = hf.model.get_image_features(pixel_values=pixels, return_dict=True).pooler_output
+            parts.append(image.flatten(0, 1))
+        parts.append(hf.get_input_embeddings()(s.text))
+        prefix = sum(x.shape[0] for x in parts[:-1])
+        logits = hf(inputs_embeds=torch.cat(parts).unsqueeze(0)).logits[0, prefix:]
+        total = total + F.cross_entropy(logits, s.labels, reduction="sum")
+    return _finish(hf, total, batch.label_tokens)
+
+
 # A family's class (runtime/models/*/family.py) -> its reference: a family registered with a new class has none
 # until one is written here (the family matrix fails for it, naming this table).
 REFERENCES = {"Llava": llava, "Qwen2Audio": qwen2_audio, "QwenVL": qwen_vl, "QwenOmni": qwen_omni,
-              "QwenOmni3": qwen3_omni}  # fmt: skip
+              "QwenOmni3": qwen3_omni, "InternVL": internvl}  # fmt: skip

@@ -84,19 +84,23 @@ def make_processor(tokenizer):
                         tokenizer=tokenizer, chat_template=CHATML)  # fmt: skip
 
 
-def make_qwen_omni(directory: Path, *, seed: int = 0, **text_extra) -> Path:
+def make_qwen_omni(
+    directory: Path, *, seed: int = 0, audio: dict | None = None, vision: dict | None = None, **text_extra
+) -> Path:
     """A tiny Qwen2_5OmniForConditionalGeneration (audio chunks of 16 frames, 2 vision blocks, 4 LLM layers) saved
-    with safetensors, its tokenizer, chat template and processor configs; returns the directory."""
+    with safetensors, its tokenizer, chat template and processor configs; returns the directory. `audio`, `vision`
+    and `text_extra` replace fields of the towers' and the LLM's configs (bench/bench_omni.py's wider model)."""
     import torch
     import transformers
 
     directory = Path(directory)
     tok = make_tokenizer(directory)
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
+    text = {**TEXT, "vocab_size": len(tok), **text_extra}
     thinker = {
-        "audio_config": {**AUDIO, "output_dim": TEXT["hidden_size"]},
-        "vision_config": {**VISION, "out_hidden_size": TEXT["hidden_size"]},
-        "text_config": {**TEXT, "vocab_size": len(tok), **text_extra},
+        "audio_config": {**AUDIO, **(audio or {}), "output_dim": text["hidden_size"]},
+        "vision_config": {**VISION, **(vision or {}), "out_hidden_size": text["hidden_size"]},
+        "text_config": text,
         "audio_token_index": ids["<|AUDIO|>"], "image_token_index": ids["<|IMAGE|>"],
         "video_token_index": ids["<|VIDEO|>"], "vision_start_token_id": ids["<|vision_bos|>"],
         "vision_end_token_id": ids["<|vision_eos|>"], "audio_start_token_id": ids["<|audio_bos|>"],

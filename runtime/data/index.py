@@ -691,7 +691,9 @@ def video_texts(rules: TokenRules, conv: Conversation, items: dict[str, list[tup
         if r.grids is None or r.grids.no_video or not items.get(r.name):
             continue
         placed = zip(conv.visual(), items[r.name], strict=True)
-        return [[r.grids.video_prefix(it) for it in its] for (tag, _, _), its in placed if tag == VIDEO]
+        return [
+            [r.grids.video_prefix(it, j) for j, it in enumerate(its)] for (tag, _, _), its in placed if tag == VIDEO
+        ]
     return None
 
 

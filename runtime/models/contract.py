@@ -156,6 +156,7 @@ class ExpertBlock(Protocol):
     Its expert parameters are named `...experts...` (`runtime/parallel/expert.py` `is_expert_param`)."""
 
     num_experts: int
+    top_k: int  # experts a token is routed to
     exchange: ExpertExchange | None
 
     def keep_experts(self, local: list[int], mesh: Any) -> None: ...

@@ -27,7 +27,7 @@ from orch.runtime.seeds import stable_seed
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
-    from orch.runtime.models.contract import ExpertExchange
+    from orch.runtime.models.contract import ExpertBlock, ExpertExchange
     from orch.runtime.parallel.context import CPShard
 
 # The audio stem is a Whisper-style strided conv merging `Modality.frames_per_token` frames into one
@@ -204,18 +204,24 @@ class MoE(nn.Module):
         return expert(x_ND.to(dtype)).to(x_ND.dtype) if dtype != x_ND.dtype else expert(x_ND)
 
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
-        t, d = x_TD.shape
         idx_TK, gates_TK = self.route(x_TD)
-        # One row per (token, choice), sorted by expert (stable: token order within an expert).
-        order_N = torch.argsort(idx_TK.reshape(-1), stable=True)
-        x_ND = x_TD[order_N // self.top_k]
-        counts_E = torch.bincount(idx_TK.reshape(-1), minlength=self.num_experts)
-        if self.exchange is None:
-            y_ND = self.run_experts(x_ND, counts_E.tolist(), list(range(self.num_experts)))
-        else:
-            y_ND = self.exchange(self, x_ND, counts_E)
-        y_TKD = y_ND[inverse_permutation(order_N)].view(t, self.top_k, d)
-        return (gates_TK.unsqueeze(-1) * y_TKD).sum(1)
+        return run_routed(self, x_TD, idx_TK, gates_TK)
+
+
+def run_routed(block: ExpertBlock, x_TD: torch.Tensor, idx_TK: torch.Tensor, gates_TK: torch.Tensor) -> torch.Tensor:
+    """A MoE block's output from its routing (the reference MoE's and HF's sparse blocks alike): one row per
+    (token, choice), sorted by expert (stable: token order within an expert), run on the block's experts here
+    or through its `exchange` (expert parallelism), put back in token order and summed with the gates."""
+    t, d = x_TD.shape
+    order_N = torch.argsort(idx_TK.reshape(-1), stable=True)
+    x_ND = x_TD[order_N // block.top_k]
+    counts_E = torch.bincount(idx_TK.reshape(-1), minlength=block.num_experts)
+    if block.exchange is None:
+        y_ND = block.run_experts(x_ND, counts_E.tolist(), list(range(block.num_experts)))
+    else:
+        y_ND = block.exchange(block, x_ND, counts_E)
+    y_TKD = y_ND[inverse_permutation(order_N)].view(t, block.top_k, d)
+    return (gates_TK.unsqueeze(-1).to(y_TKD.dtype) * y_TKD).sum(1)
 
 
 def inverse_permutation(perm: torch.Tensor) -> torch.Tensor:

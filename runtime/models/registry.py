@@ -17,6 +17,7 @@ from orch.planner.model_dir import read_model_dir
 from orch.planner.specs import ModelSpec, ModuleSpec
 from orch.runtime.models.decoder.family import Decoder
 from orch.runtime.models.family import Family
+from orch.runtime.models.internvl.family import InternVL
 from orch.runtime.models.llava.family import Llava, VisionTower
 from orch.runtime.models.qwen2_audio.family import Qwen2Audio, WhisperTower
 from orch.runtime.models.qwen_omni.family import QwenOmni
@@ -34,6 +35,7 @@ FAMILIES: dict[str, Family] = {
         QwenVL("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration"),
         QwenOmni("qwen2_5_omni", "Qwen2_5OmniForConditionalGeneration"),
         QwenOmni3("qwen3_omni_moe", "Qwen3OmniMoeForConditionalGeneration"),
+        InternVL("internvl", "InternVLForConditionalGeneration"),
         Decoder("llama", "LlamaForCausalLM"),
         Decoder("qwen2", "Qwen2ForCausalLM"),
         Decoder("mistral", "MistralForCausalLM"),

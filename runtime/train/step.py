@@ -109,8 +109,9 @@ class TrainStep:
         self.modules, self.ep, self.data_parallel = built.modules, built.ep, built.data_parallel
         self.optimizer = build_optimizer(self.modules, cfg)
         self.balancer = PostBalancer(
-            plan, self.grids, cfg.balance, torch.finfo(cfg.torch_dtype).bits // 8, self._calibration(), self.device
-        )
+            plan, self.grids, cfg.balance, torch.finfo(cfg.torch_dtype).bits // 8, self._calibration(), self.device,
+            cfg.encoder_balance,
+        )  # fmt: skip
         edges = {e.src: e for e in plan.edges}
         llm_grid = self.grids[model.llm_name]
         self.ctx = StepContext(
@@ -177,7 +178,7 @@ class TrainStep:
         router, out = self.ctx.router, {}
         for name in (n for n in self.modules if n != self.model.llm_name):
             if tables is not None:
-                out[name] = router.held(name, tables, origin=not router.at_destination)
+                out[name] = router.held_samples(name, tables, origin=not router.at_destination)
             else:  # unbalanced: every sample where it starts
                 c = self.grids[name].coord(self.rank)
                 assert c is not None
@@ -215,6 +216,8 @@ class TrainStep:
         grad_norm, lr = self._update(k, work)
         state = state_parts(self.modules, self.optimizer)
         memory = {"state_bytes": sum(state.values()), "peak_bytes": peak_bytes(self.device, meter, state, gathered)}
+        if self.device.type == "cpu":
+            memory["activation_bytes"] = meter.peak  # the CPU peak's activation share (memory benches split it)
         batch = work.batch
         balance = {
             "mode": self.balancer.mode.value,

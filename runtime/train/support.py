@@ -26,12 +26,6 @@ def check_supported(plan: Plan) -> None:
         why = unsupported_ep(name, mp, plan.model.modules[name].experts, name == plan.model.llm_name)
         if why is not None:
             raise UnsupportedPlan(why)
-        if spec.aux_loss_coef and mp.layout.pp > 1:
-            raise UnsupportedPlan(
-                f"modules.{name}.layout.pp: {mp.layout.pp}: the router's auxiliary loss (aux_loss_coef "
-                f"{spec.aux_loss_coef:g}) takes every layer's choices of a micro-batch on one stage; use pp 1, or "
-                "set output_router_logits false in config.json"
-            )
     for e in plan.model.encoder_names:
         if not any(edge.src == e and edge.dst == plan.model.llm_name for edge in plan.edges):
             raise UnsupportedPlan(f"edges: no edge from {e} to {plan.model.llm_name}")

@@ -61,7 +61,8 @@ class StepRecord(BaseModel):
     memory: dict[str, dict[str, int]] = Field(
         default_factory=dict,
         description="rank -> state_bytes (parameters, gradients, optimizer state) and peak_bytes (CUDA: "
-        "max_memory_allocated; CPU: state + the most saved activations held at once; runtime/memory.py)",
+        "max_memory_allocated; CPU: state + the most saved activations held at once, which a CPU rank also "
+        "records as activation_bytes; runtime/memory.py)",
     )
     data: dict[str, int] | None = Field(
         default=None,

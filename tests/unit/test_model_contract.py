@@ -44,6 +44,7 @@ def test_an_unsupported_model_type_names_the_supported_ones():
         "qwen3_vl_moe",
         "qwen2_5_omni",
         "qwen3_omni_moe",
+        "internvl",
     )
 
 

@@ -113,3 +113,22 @@ def test_a3b_on_one_node_takes_expert_parallelism(tmp_path):
         SearchInput(model, load_cluster("h100-80g", 1), load_data("llava-mix")), SolverConfig(time_limit_s=10)
     )
     assert plan.modules["llm"].layout.ep > 1, plan.modules["llm"].layout
+
+
+def test_a_router_aux_loss_keeps_the_llm_off_a_pipeline(tmp_path):
+    """The aux loss takes every layer's choices of a micro-batch on one stage: the one list of module rules
+    (ModuleSpec.refuses) refuses pp > 1, so the search never plans it and a plan file that pins it is refused;
+    without the aux loss the same model pipelines (on 8 nodes the planner picks pp > 1 for A3B)."""
+    from orch.planner.candidates import SearchInput
+    from orch.planner.planner import make_plan
+    from orch.planner.search import SolverConfig
+
+    with_aux = {**A3B_TEXT, "output_router_logits": True, "router_aux_loss_coef": 0.001}
+    model = model_spec_from_dir(saved(tmp_path, with_aux, A3B_VISION, name="aux")[0])
+    assert model.llm.refuses("pp", 2).startswith("the router's auxiliary loss (aux_loss_coef 0.001)")
+    assert model.llm.refuses("pp", 1) is None
+    plain = model_spec_from_dir(saved(tmp_path, A3B_TEXT, A3B_VISION)[0])
+    assert plain.llm.refuses("pp", 2) is None
+    inputs = (load_cluster("h100-80g", 8), load_data("llava-mix"))
+    assert make_plan(SearchInput(plain, *inputs), SolverConfig(time_limit_s=10)).modules["llm"].layout.pp > 1
+    assert make_plan(SearchInput(model, *inputs), SolverConfig(time_limit_s=10)).modules["llm"].layout.pp == 1

@@ -85,23 +85,14 @@ class HFSparseMoE(nn.Module):
         return torch.cat(outs) if outs else x_ND
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        from orch.runtime.models.reference import inverse_permutation
+        from orch.runtime.models.reference import run_routed
 
         shape = hidden.shape
         x_TD = hidden.reshape(-1, shape[-1])
         logits, gates_TK, idx_TK = self.gate(x_TD)
         if self.keeps_logits:  # the last call's (a recompute's forward in backward overwrites what was read)
             self.router_logits = logits
-        t, d = x_TD.shape
-        order_N = torch.argsort(idx_TK.reshape(-1), stable=True)
-        x_ND = x_TD[order_N // self.top_k]
-        counts_E = torch.bincount(idx_TK.reshape(-1), minlength=self.num_experts)
-        if self.exchange is None:
-            y_ND = self.run_experts(x_ND, counts_E.tolist(), list(range(self.num_experts)))
-        else:
-            y_ND = self.exchange(self, x_ND, counts_E)
-        y_TKD = y_ND[inverse_permutation(order_N)].view(t, self.top_k, d)
-        return (gates_TK.unsqueeze(-1).to(y_TKD.dtype) * y_TKD).sum(1).view(shape)
+        return run_routed(self, x_TD, idx_TK, gates_TK).view(shape)
 
 
 def adopt_sparse_blocks(layers: nn.ModuleDict) -> None:

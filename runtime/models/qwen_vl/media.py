@@ -260,7 +260,7 @@ class VisionGrids:
         assert len(times) == t, (times, t)
         return tuple((1, h, w, at) for at in times)
 
-    def video_prefix(self, item: tuple[int, int, int, float]) -> str:
+    def video_prefix(self, item: tuple[int, int, int, float], index: int) -> str:
         """The text before a video item's `wrap`: Qwen3-VL's `<{timestamp:.1f} seconds>`, else none."""
         return f"<{item[3]:.1f} seconds>" if self.variant == "qwen3" else ""
 

@@ -45,10 +45,16 @@ class StepContext:
         """The samples this rank runs for `name`, moved to it (collective when balancing: every rank, every module)."""
         return self.router.inputs(name, work.batch, work.tables, self.dtype, serves=name in self.modules)
 
-    def count_encoder(self, counter: TokenCounter, name: str, samples: list[Sample]) -> None:
-        """The token count of an encoder: its tokens per sample (input rows / frames per token)."""
+    def count_encoder(self, counter: TokenCounter, name: str, samples: list[Sample], tables: StepTables) -> None:
+        """The token count of an encoder: its tokens per sample (input rows / frames per token), a sample's pieces
+        (train/pieces.py) summed."""
         fpt = self.model.modality(name).frames_per_token
-        counter.add(name, {s.id: s.feats[name].shape[0] // fpt for s in samples})
+        pieces = tables.pieces.get(name)
+        counts: dict[int, int] = {}
+        for s in samples:
+            i = pieces.sample[s.id] if pieces is not None else s.id
+            counts[i] = counts.get(i, 0) + s.feats[name].shape[0] // fpt
+        counter.add(name, counts)
 
 
 @dataclass
