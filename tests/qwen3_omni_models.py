@@ -95,12 +95,28 @@ def make_qwen3_omni(directory: Path, *, seed: int = 0, **text_extra) -> Path:
     }  # fmt: skip
     config = transformers.Qwen3OmniMoeConfig(thinker_config=thinker, talker_config=TALKER, code2wav_config=CODE2WAV)
     torch.manual_seed(seed)
-    save(transformers.Qwen3OmniMoeForConditionalGeneration(config), directory)
+    model = transformers.Qwen3OmniMoeForConditionalGeneration(config)
+    initialise_talker_experts(model)
+    save(model, directory)
     images, features = processor_parts()
     (directory / "preprocessor_config.json").write_text(
         json.dumps({**images.to_dict(), **features.to_dict()}, indent=1)
     )
     return directory
+
+
+def initialise_talker_experts(model) -> None:
+    """The talker's experts drawn like the thinker's (normal, initializer_range): transformers' _init_weights
+    leaves them as torch.empty gave them, so a saved model held whatever freed memory held (after the family
+    matrix, a NaN in a tensor that no equality then holds equal to itself)."""
+    import torch
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeTalkerTextExperts
+
+    std = model.config.talker_config.text_config.initializer_range
+    with torch.no_grad():
+        for experts in (m for m in model.talker.modules() if isinstance(m, Qwen3OmniMoeTalkerTextExperts)):
+            experts.gate_up_proj.normal_(0.0, std)
+            experts.down_proj.normal_(0.0, std)
 
 
 def make_processor(tokenizer):

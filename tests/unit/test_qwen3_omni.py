@@ -413,3 +413,19 @@ def test_orch_profile_times_both_towers_real_blocks(omni):
     bare = bare_module(spec, "audio", torch.float64, torch.device("cpu"), 0, None)
     out = bare(torch.randn(2 * 24, 64, dtype=torch.float64), [24])
     assert out.shape == (24, 2 * spec.llm.hidden) and not out[:, spec.llm.hidden :].any()
+
+
+def test_the_tiny_model_is_its_seeds_whatever_memory_held_before(tmp_path):
+    """transformers' _init_weights leaves the talker's experts as torch.empty gave them: the tiny model's saved
+    talker held whatever freed memory held (a NaN after the family matrix had run, which no equality holds), so
+    the builder initialises them from its seed. Freed memory filled with NaN first, then two builds."""
+    import torch
+    from safetensors.torch import load_file
+
+    for rows in (16, 32, 40, 48, 64):
+        for _ in range(8):
+            torch.full((4, rows, 32), float("nan"))  # freed at once: the next torch.empty of its size reuses it
+    first = load_file(make_qwen3_omni(tmp_path / "a") / "model.safetensors")
+    second = load_file(make_qwen3_omni(tmp_path / "b") / "model.safetensors")
+    assert [k for k, v in first.items() if v.is_floating_point() and not v.isfinite().all()] == []
+    assert [k for k, v in first.items() if not v.equal(second[k])] == []
