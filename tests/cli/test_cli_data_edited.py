@@ -19,6 +19,8 @@ from orch.runtime.plans import hand_plan
 from orch.runtime.run_dir import step_name
 from orch.runtime.run_identity import fingerprint, model_identity
 
+pytestmark = pytest.mark.usefixtures("forked_ranks")  # a run's ranks forked (tests/conftest.py)
+
 EXECUTORS = ("local", "torchrun", "slurm")
 
 
