@@ -38,9 +38,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check planner runtime cli tests bench
 	$(BIN)/mypy planner
 	# the runtime's launch and run-directory code, typed clean; the rest of runtime/ is not yet (66 errors)
-	$(BIN)/mypy runtime/launch runtime/run_dir.py runtime/run_lock.py runtime/run_identity.py \
-		runtime/checkpoint_manifest.py runtime/checkpoint_agree.py runtime/disk.py runtime/seeds.py \
-		runtime/metrics.py runtime/preemption.py
+	$(BIN)/mypy runtime/launch runtime/workdir/run_dir.py runtime/workdir/run_lock.py runtime/workdir/run_identity.py \
+		runtime/workdir/checkpoint_manifest.py runtime/workdir/checkpoint_agree.py runtime/workdir/disk.py runtime/seeds.py \
+		runtime/workdir/metrics.py runtime/preemption.py
 
 # A real single-machine Slurm cluster for tests/slurm/test_slurm_cluster.py (root, Debian 12; README.md "Slurm").
 slurm-up:

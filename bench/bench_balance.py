@@ -10,6 +10,7 @@ max cost ÷ lower bound, inter-node bytes ÷ all bytes of the phase, and seconds
     .venv/bin/python bench/bench_balance.py --quick    # small sizes only
     .venv/bin/python bench/bench_balance.py --size 2560x16 --only-orch --repeat 7   # the 50 ms check, seconds
     .venv/bin/python bench/bench_balance.py --size 2560x16 --only-orch --baseline main   # before/after, one run
+    .venv/bin/python bench/bench_balance.py --items --baseline main   # samples listing items: by sample vs by item
 
 --baseline REF also runs the dispatcher as git commit REF has it (planner/balance/ imported beside
 today's), on the same batches in the same process, just before today's: both tables and a
@@ -46,7 +47,8 @@ import numpy as np
 
 from orch.planner.balance.batch import LLM_PHASE, PhaseSpec
 from orch.planner.balance.cost import PhaseArrays, build_phase_arrays, lower_bound, moved_bytes, rank_costs
-from orch.planner.balance.dispatch import dispatch_phase
+from orch.planner.balance.dispatch import balance_arrays, dispatch_phase
+from orch.planner.balance.items import Items, group_phase, item_costs, item_lower_bound, whole_groups
 from orch.planner.balance.mode import Mode
 from orch.planner.research.karmarkar_karp import karmarkar_karp
 
@@ -66,6 +68,10 @@ class Task:
     # phase -> (sizes, images): the phase's length is the sum of 1..images draws from a handful of
     # sizes (fixed-resolution images, or a native-resolution tower's patches from a few resolutions)
     sizes: dict[str, tuple[tuple[int, ...], int]] = field(default_factory=dict)
+    # phase -> (fewest frames, most frames, tokens per temporal patch group of 2 frames): a video, its
+    # frame groups in runs of at most VIDEO_RUN_TOKENS (the items it is balanced by); the LLM gets a
+    # quarter of its tokens (2x2 merge) on top of its own draw
+    video: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
 
 # a native-resolution tower (14-px patches, 2x2 merged): patches, multiples of 4, of a few common resolutions
@@ -129,6 +135,30 @@ MIXES: dict[str, list[Task]] = {
     ],
 }
 
+# mixes whose samples list their items (images, runs of a video's frame groups): `--items` balances them by item
+ITEM_MIXES: dict[str, list[Task]] = {
+    # long-video: 15% videos of 64-768 frames at 24 x 24 patches per frame group, images and text the rest
+    "long-video": [
+        Task(0.15, {LLM_PHASE: (300, 2048)}, video={"vision": (64, 768, 576)}),
+        Task(0.55, {LLM_PHASE: (500, 4096)}, sizes={"vision": (_NATIVE, 4)}),
+        Task(0.30, {LLM_PHASE: (900, 8192)}),
+    ],
+    # caption-pretrain: captions on a few fixed image sizes, a long tail of text documents, ASR clips
+    "caption-pretrain": [
+        Task(0.60, {LLM_PHASE: (80, 256)}, sizes={"vision": ((256, 576, 729, 1024), 1)}),
+        Task(0.30, {LLM_PHASE: (1500, 32768)}, sigma=1.5),
+        Task(0.10, {"audio": (1500, 1500), LLM_PHASE: (300, 1024)}),
+    ],
+    # sft-tiles: capped-length SFT, images as 1-7 tiles of 576 tokens, sequences capped at 4,096
+    "sft-tiles": [
+        Task(0.60, {LLM_PHASE: (1200, 4096)}, sizes={"vision": ((576,), 7)}),
+        Task(0.40, {LLM_PHASE: (2000, 4096)}, sigma=1.0),
+    ],
+    "three-sizes": MIXES["three-sizes"],
+    "native-res": MIXES["native-res"],
+}
+VIDEO_RUN_TOKENS = 8192
+
 SIZES = [(64, 16), (512, 8), (512, 32), (2560, 8), (2560, 16)]
 QUICK_SIZES = [(16, 8), (64, 16), (256, 16)]
 MODES = ("none", "lpt", "kk", "paper", "orch")
@@ -161,6 +191,129 @@ def make_batch(mix: str, num_ranks: int, per_rank: int, dp_per_node: int = 8, se
         bytes_ = lengths * BYTES_PER_TOKEN[name]
         phases[name] = build_phase_arrays(name, spec, lengths, origin, bytes_, num_ranks, dp_per_node)
     return phases, origin
+
+
+def make_item_batch(
+    mix: str, num_ranks: int, per_rank: int, dp_per_node: int = 8, seed: int = 0
+) -> tuple[dict[str, PhaseArrays], np.ndarray, dict[str, Items]]:
+    """Phase arrays (every sample whole, costing the sum of its items') and each listing phase's items."""
+    rng = np.random.default_rng(seed)
+    tasks = ITEM_MIXES[mix]
+    n = num_ranks * per_rank
+    weights = np.array([t.weight for t in tasks])
+    kind = rng.choice(len(tasks), size=n, p=weights / weights.sum())
+    origin = np.repeat(np.arange(num_ranks), per_rank)
+    per_sample: dict[str, list[list[int]]] = {name: [[] for _ in range(n)] for name in PHASES}
+    for k, task in enumerate(tasks):
+        sel = np.flatnonzero(kind == k)
+        for name in PHASES:
+            if name in task.sizes:
+                choices, most = task.sizes[name]
+                count = rng.integers(1, most + 1, size=sel.size)
+                draws = rng.choice(np.asarray(choices, dtype=np.int64), size=(sel.size, most))
+                for j, i in enumerate(sel.tolist()):
+                    per_sample[name][i] = draws[j, : count[j]].tolist()
+            elif name in task.video:
+                low, high, group = task.video[name]
+                frames = rng.integers(low, high + 1, size=sel.size)
+                run = max(1, VIDEO_RUN_TOKENS // group)
+                for j, i in enumerate(sel.tolist()):
+                    groups = int(frames[j]) // 2
+                    per_sample[name][i] = [run * group] * (groups // run) + (
+                        [groups % run * group] if groups % run else []
+                    )
+            elif name in task.tokens:
+                mean, cap = task.tokens[name]
+                draw = mean * np.exp(rng.normal(-(task.sigma**2) / 2, task.sigma, size=sel.size))
+                for j, i in enumerate(sel.tolist()):
+                    per_sample[name][i] = [int(np.clip(np.rint(draw[j]), 1, cap))]
+        for i in sel.tolist():  # the LLM reads a quarter of a video's tokens
+            if task.video:
+                per_sample[LLM_PHASE][i][0] += sum(sum(per_sample[v][i]) for v in task.video) // 4
+    phases: dict[str, PhaseArrays] = {}
+    items: dict[str, Items] = {}
+    for name, spec in PHASES.items():
+        lists = per_sample[name]
+        if name != LLM_PHASE:
+            its = Items.from_lists(lists, [[v * BYTES_PER_TOKEN[name] for v in x] for x in lists])
+            costs = item_costs(its, spec)
+            phases[name] = group_phase(name, spec, its, costs, whole_groups(its), origin, num_ranks, dp_per_node)
+            items[name] = its
+            continue
+        lengths = np.array([sum(x) for x in lists], dtype=np.int64)
+        phases[name] = build_phase_arrays(
+            name, spec, lengths, origin, lengths * BYTES_PER_TOKEN[name], num_ranks, dp_per_node
+        )
+    return phases, origin, items
+
+
+def run_item_case(
+    mix: str, num_ranks: int, per_rank: int, repeat: int,
+    before: Callable[[PhaseArrays, Mode], np.ndarray] | None = None,
+) -> list[dict]:  # fmt: skip
+    """Per phase: orch by sample and by item, max / LB at item granularity, bytes across nodes, ms; all
+    phases by item (wall and CPU, medians of `repeat`), and with `before` (a dispatcher from git) every
+    phase by whole sample as it balanced them."""
+    phases, origin, items = make_item_batch(mix, num_ranks, per_rank)
+
+    def timed(fn: Callable[[], object]) -> tuple[float, float]:
+        walls, cpus = [], []
+        for _ in range(repeat):
+            start, cpu = time.perf_counter(), time.process_time()
+            fn()
+            walls.append(time.perf_counter() - start)
+            cpus.append(time.process_time() - cpu)
+        return statistics.median(walls), statistics.median(cpus)
+
+    wall, cpu = timed(lambda: balance_arrays(phases, origin, Mode.ORCH, items))
+    before_cpu = None
+    if before is not None:
+        _, before_cpu = timed(lambda: {name: before(ph, Mode.ORCH) for name, ph in phases.items()})
+    by_item = balance_arrays(phases, origin, Mode.ORCH, items)
+    by_sample = balance_arrays(phases, origin, Mode.ORCH, items, by_item=False)
+    rows = []
+    for name, ph in phases.items():
+        its = items.get(name)
+        lb = item_lower_bound(item_costs(its, ph.spec), ph.num_ranks) if its is not None else lower_bound(ph)
+        total = int(ph.bytes.sum())
+        o_item, o_sample = by_item[name], by_sample[name]
+        rows.append(
+            {
+                "mix": mix, "ranks": num_ranks, "per_rank": per_rank, "phase": name, "samples": ph.n,
+                "items": its.n if its is not None else ph.n,
+                "none_over_item_lb": float(rank_costs(ph, ph.origin).max(initial=0.0) / lb) if lb else 1.0,
+                "sample_over_item_lb": float(o_sample.costs.max(initial=0.0) / lb) if lb else 1.0,
+                "item_over_item_lb": float(o_item.costs.max(initial=0.0) / lb) if lb else 1.0,
+                "cuts": o_item.cuts,
+                "inter_frac_sample": o_sample.inter_node_bytes / total if total else 0.0,
+                "inter_frac_item": o_item.inter_node_bytes / total if total else 0.0,
+                "item_seconds": o_item.seconds,
+                "all_phases_seconds": wall,
+                "all_phases_cpu_seconds": cpu,
+                "before_all_phases_cpu_seconds": before_cpu,
+            }
+        )  # fmt: skip
+    return rows
+
+
+def print_item_table(rows: list[dict]) -> None:
+    head = (
+        f"{'mix':<16} {'N x per':>9} {'phase':<6} {'items':>7} | {'none':>6} {'sample':>6} {'item':>6} {'cuts':>5} "
+        f"| {'inter s':>7} {'inter i':>7} | {'ms':>6} {'all':>6} {'cpu':>6} {'before':>6}"
+    )
+    print("max cost / LB at item granularity (none, orch by sample, orch by item); inter-node bytes / phase bytes;")
+    print("ms: the phase by item, all phases by item (wall, CPU), all phases by whole sample with --baseline (CPU)")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        before = r["before_all_phases_cpu_seconds"]
+        print(
+            f"{r['mix']:<16} {str(r['ranks']) + 'x' + str(r['per_rank']):>9} {r['phase']:<6} {r['items']:>7} | "
+            f"{r['none_over_item_lb']:>6.3f} {r['sample_over_item_lb']:>6.3f} {r['item_over_item_lb']:>6.3f} "
+            f"{r['cuts']:>5} | {100 * r['inter_frac_sample']:>6.1f}% {100 * r['inter_frac_item']:>6.1f}% | "
+            f"{1000 * r['item_seconds']:>6.1f} {1000 * r['all_phases_seconds']:>6.1f} "
+            f"{1000 * r['all_phases_cpu_seconds']:>6.1f} {'-' if before is None else f'{1000 * before:.1f}':>6}"
+        )
 
 
 def _dest(ph: PhaseArrays, mode: str) -> np.ndarray:
@@ -345,17 +498,37 @@ def _size(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"expected RANKSxPER such as 2560x16, got {text!r}") from None
 
 
+def main_items(args: argparse.Namespace) -> None:
+    before = load_baseline(args.baseline) if args.baseline else None
+    rows = []
+    for mix in args.mix or list(ITEM_MIXES):
+        for num_ranks, per_rank in args.size or [(64, 16), (2560, 16)]:
+            rows.extend(run_item_case(mix, num_ranks, per_rank, args.repeat, before))
+            print(f"done {mix} {num_ranks}x{per_rank}", file=sys.stderr, flush=True)
+    print_item_table(rows)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"rows": rows, "baseline": args.baseline}, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes only")
     parser.add_argument("--repeat", type=int, default=5, help="runs of orch per case (median)")
-    parser.add_argument("--mix", action="append", choices=sorted(MIXES), help="only these mixes")
+    parser.add_argument("--mix", action="append", choices=sorted({*MIXES, *ITEM_MIXES}), help="only these mixes")
     parser.add_argument("--skip-kk-above", type=int, default=50_000, help="skip KK for phases with more samples")
     parser.add_argument("--size", action="append", type=_size, help="only these sizes, RANKSxPER (e.g. 2560x16)")
     parser.add_argument("--only-orch", action="store_true", help="leave out the reference modes (quick)")
     parser.add_argument("--baseline", default=None, help="git ref: its dispatcher measured too, same run")
     parser.add_argument("--out", default=None, help="JSON written here (default bench/out/bench_balance.json)")
+    parser.add_argument(
+        "--items", action="store_true", help="the mixes whose samples list items: by sample vs by item (ITEM_MIXES)"
+    )
     args = parser.parse_args()
+    if args.items:
+        main_items(args)
+        return
     sizes = args.size or (QUICK_SIZES if args.quick else SIZES)
     modes = ("orch",) if args.only_orch else MODES
     if args.out is None and not args.size and not args.only_orch:

@@ -111,14 +111,16 @@ def critical_and_ideal(record: dict, model: ModelSpec, whole_samples: bool = Fal
     """One step's compute: the sum over its phases of the slowest rank's seconds (what the step waits
     for: each phase ends in a collective) and of the mean rank's (every phase perfectly balanced).
     `whole_samples`: a phase's ideal is raised to its costliest sample where that sample alone
-    outweighs the mean rank (the dispatcher's floor_cost / mean_cost: no rank can hold half a video)."""
+    outweighs the mean rank (the dispatcher's floor_cost / mean_cost: no rank can hold half a video), and at most
+    to the phase's slowest rank measured (which ran that sample: where the dispatcher's calibrated costs overstate a
+    long sample, their ratio would put the floor above what was measured)."""
     per_phase = [_phase_times(p, sorted(model.encoder_names), model.llm_name) for p in record["ranks"].values()]
     critical = sum(max(t[k] for t in per_phase) for k in per_phase[0])
     ideal = 0.0
     for k in per_phase[0]:
         stats = record["balance"]["llm" if k == model.llm_name else k.split(".")[0]]
         raise_to = stats["floor_cost"] / stats["mean_cost"] if whole_samples and stats["mean_cost"] > 0 else 1.0
-        ideal += statistics.mean(t[k] for t in per_phase) * raise_to
+        ideal += min(max(t[k] for t in per_phase), statistics.mean(t[k] for t in per_phase) * raise_to)
     return critical, ideal
 
 
@@ -189,11 +191,22 @@ def summarise(records: list[dict], model: ModelSpec) -> dict[str, float]:
     }
 
 
-def _interleaved(plan_json: str, data_json: str, steps: int, dtype: str, out: str, ctx, extra=None) -> None:
+def bench_config(steps: int, dtype: str, **fields) -> TrainConfig:
+    """The training config of every benchmarked run: SGD lr 0.1, seed 0, the dispatcher calibrated at start-up;
+    `fields`: the run's own (its balance, encoder_balance, ...)."""
+    return TrainConfig(optimizer="sgd", lr=0.1, steps=steps, seed=0, dtype=dtype, calibrate=True, **fields)
+
+
+def _interleaved(
+    plan_json: str, data_json: str, steps: int, dtype: str, out: str, ctx, extra=None, configs=None
+) -> None:
     """Both modes in one process group, step k of each back to back (order alternating per step),
     so that the machine's drifting load hits both alike. `extra`: a picklable `extra(ctx, plan, data)`
     returning more runs {name: step(k)} to interleave with the modes (each step returning what
-    TrainStep.step does: loss, step_time_s, phases, balance), e.g. bench_qwen_vl.py's DDP baseline."""
+    TrainStep.step does: loss, step_time_s, phases, balance), e.g. bench_qwen_vl.py's DDP baseline; its
+    `finish()`, where it has one, is called after the last step (bench_omni.py's run of another plan).
+    `configs`: run name -> TrainConfig fields (default: each of MODES as `balance`), e.g. bench_item_balance.py's
+    encoder_balance settings."""
 
     import torch.distributed as dist
 
@@ -201,16 +214,8 @@ def _interleaved(plan_json: str, data_json: str, steps: int, dtype: str, out: st
 
     rank, world = ctx.env.rank, ctx.env.world
     plan, data = Plan.model_validate_json(plan_json), DataSpec.model_validate_json(data_json)
-    exs = {
-        m: TrainStep(
-            plan,
-            data,
-            TrainConfig(optimizer="sgd", lr=0.1, steps=steps, seed=0, dtype=dtype, balance=m, calibrate=True),
-            rank,
-            world,
-        )
-        for m in MODES
-    }
+    configs = configs or {m: {"balance": m} for m in MODES}
+    exs = {m: TrainStep(plan, data, bench_config(steps, dtype, **fields), rank, world) for m, fields in configs.items()}
     runs = {m: ex.step for m, ex in exs.items()}
     if extra is not None:
         runs.update(extra(ctx, plan, data))
@@ -229,6 +234,8 @@ def _interleaved(plan_json: str, data_json: str, steps: int, dtype: str, out: st
             )
     for ex in exs.values():
         ex.finish()
+    if extra is not None and hasattr(extra, "finish"):
+        extra.finish()
     if rank == 0:
         Path(out).write_text(json.dumps(records))
     dist.barrier()

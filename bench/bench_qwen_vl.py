@@ -47,9 +47,15 @@ and here it would hold 4 x 640 x 32,000 logits per rank, more than this machine'
 per rank; so this baseline is the faster of bench_hf.py's two); the loss summed over label tokens, divided by the global count and multiplied by the world
 size (DDP averages), so its gradient is orch's; SGD lr 0.1. Its losses are checked against orch's too.
 
+`--family qwen3_vl_moe`: the same mix on a Qwen3-VL-MoE of the same widths (`MOE`: Qwen3-VL's tower with
+deepstack, a decoder of 8 experts of ffn 512, 2 a token, every block sparse) planned homogeneous DP4 with the
+LLM's experts over EP 2, `--balance none` and `orch` interleaved, no DDP baseline (the rows orch vs none only);
+writes bench/out/qwen3_vl_moe.json (`--small`: qwen3_vl_moe_small.json).
+
 This machine is shared and noisy: ratios and medians are the result (docs/design.md, Measuring), not absolute times.
 
     .venv/bin/python bench/bench_qwen_vl.py [--steps 8] [--dtype float32|float64] [--small]
+                                            [--family qwen2_5_vl|qwen3_vl_moe]
                                             (writes bench/out/qwen_vl.json; --small: bench/out/qwen_vl_small.json)
 """
 
@@ -89,6 +95,45 @@ SMALL = {
     "vision": dict(depth=4, hidden_size=64, intermediate_size=128, num_heads=4, window_size=112,
                    fullatt_block_indexes=[1, 3], patch_size=14),
 }  # fmt: skip
+
+
+MOE = {  # Qwen3-VL-MoE of WIDE's widths: 8 experts of 512 (2 a token) in every block, the tower with deepstack
+    "text": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=12,
+                 num_key_value_heads=4, head_dim=64, vocab_size=32000, mrope_section=[8, 12, 12], num_experts=8,
+                 num_experts_per_tok=2, moe_intermediate_size=512),
+    "vision": dict(depth=8, hidden_size=384, intermediate_size=1024, num_heads=6, patch_size=14,
+                   deepstack_visual_indexes=[1, 3], num_position_embeddings=256),
+}  # fmt: skip
+MOE_SMALL = {
+    "text": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, vocab_size=32000, mrope_section=[4, 6, 6], num_experts=4,
+                 num_experts_per_tok=2, moe_intermediate_size=64),
+    "vision": dict(depth=4, hidden_size=64, intermediate_size=128, num_heads=4, patch_size=14,
+                   deepstack_visual_indexes=[1], num_position_embeddings=256),
+}  # fmt: skip
+
+
+def make_moe_model(directory: Path, shapes: dict[str, dict[str, Any]]) -> Path:
+    """A Qwen3-VL-MoE directory (config.json + safetensors, random init) from transformers' config classes."""
+    import torch
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    text = dict(shapes["text"])
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": text.pop("mrope_section"),
+            "mrope_interleaved": True}  # fmt: skip
+    vision = transformers.Qwen3VLMoeVisionConfig(
+        **shapes["vision"], out_hidden_size=text["hidden_size"], spatial_merge_size=2, temporal_patch_size=2
+    )
+    text_config = transformers.Qwen3VLMoeTextConfig(
+        **text, rope_parameters=rope, attention_dropout=0.0, bos_token_id=None, eos_token_id=None,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    config = transformers.Qwen3VLMoeConfig(vision_config=vision.to_dict(), text_config=text_config.to_dict(), **SPECIAL)
+    torch.manual_seed(0)
+    transformers.Qwen3VLMoeForConditionalGeneration(config).save_pretrained(directory)
+    return directory
 
 
 def make_model(directory: Path, shapes: dict[str, dict[str, Any]]) -> Path:
@@ -153,7 +198,10 @@ def data_spec(small: bool = False) -> DataSpec:
 
 
 def bench_plan(model: ModelSpec, data: DataSpec, world: int = WORLD) -> Plan:
-    return hand_plan(model, data, {"llm": (Layout(dp=world), list(range(world)))}, micro_batches=1)
+    """Homogeneous DP over `world` ranks; a MoE LLM's experts over EP 2 (of its DP)."""
+    llm = Layout(dp=world, ep=2 if model.llm.experts > 1 and world % 2 == 0 else 1)
+    layouts = {"llm": (llm, list(range(world))), "vision": (Layout(dp=world), list(range(world)))}
+    return hand_plan(model, data, layouts, micro_batches=1)
 
 
 @dataclass
@@ -256,13 +304,15 @@ class DDPBaseline:
         return {"ddp": step}
 
 
-def phase_ratio(records: list[dict], phase: str) -> float:
+def phase_ratio(records: list[dict], phase: str, ranks: list[int] | None = None) -> float:
     """Median over the kept steps of a phase's max/mean over ranks (each rank's measured seconds; an encoder's
-    forward + backward, the LLM's forward/backward)."""
+    forward + backward, the LLM's forward/backward); over `ranks` alone where given (the module's, in a plan
+    that places it on some ranks)."""
     keys = ("llm.fwd_bwd",) if phase == "llm" else (f"{phase}.fwd", f"{phase}.bwd")
     out = []
     for r in records[WARMUP:]:
-        per = [sum(p.get(k, 0.0) for k in keys) for p in r["ranks"].values()]
+        held = r["ranks"] if ranks is None else {k: p for k, p in r["ranks"].items() if int(k) in ranks}
+        per = [sum(p.get(k, 0.0) for k in keys) for p in held.values()]
         out.append(max(per) / statistics.mean(per) if statistics.mean(per) > 0 else 1.0)
     return statistics.median(out)
 
@@ -289,6 +339,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--small", action="store_true", help="a tiny model and batch (a quick check of the script)")
+    parser.add_argument("--family", choices=("qwen2_5_vl", "qwen3_vl_moe"), default="qwen2_5_vl")
     parser.add_argument(
         "--ranks",
         type=int,
@@ -302,7 +353,11 @@ def main() -> None:
     # otherwise grow the heaps past this machine's 23 GB.
     os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     with tempfile.TemporaryDirectory() as tmp:
-        directory = make_model(Path(tmp) / "qwen2_5_vl-bench", SMALL if args.small else WIDE)
+        moe = args.family == "qwen3_vl_moe"
+        if moe:
+            directory = make_moe_model(Path(tmp) / "qwen3_vl_moe-bench", MOE_SMALL if args.small else MOE)
+        else:
+            directory = make_model(Path(tmp) / "qwen2_5_vl-bench", SMALL if args.small else WIDE)
         model = model_spec_from_dir(directory)
         data = data_spec(args.small)
         plan = bench_plan(model, data, args.ranks)
@@ -315,11 +370,14 @@ def main() -> None:
             args.steps,
             args.dtype,
             str(path),
-            extra=DDPBaseline(str(directory), args.dtype),
+            extra=None if moe else DDPBaseline(str(directory), args.dtype),
         )
         LocalLauncher().submit(FunctionTask(body, plan.world_size, tmp, timeout_s=900)).wait()
         runs: dict[str, list[dict]] = json.loads(path.read_text())
     wall = time.perf_counter() - t_start
+    if moe:
+        _moe_report(args, model, data, plan, params, runs, wall)
+        return
     ddp = runs.pop("ddp")
     modes = list(runs)  # none, orch
 
@@ -438,6 +496,52 @@ def main() -> None:
                 "summary": summary,
                 "losses": {m: [r["loss"] for r in rs] for m, rs in {**runs, "ddp": ddp}.items()},
                 "records": {**runs, "ddp": ddp},
+            },
+            indent=2,
+        )
+    )
+    tol = 1e-9 if args.dtype == "float64" else 1e-4
+    assert worst <= tol, f"losses of orch and none differ: {worst:.2e}"
+
+
+def _moe_report(args: Any, model: ModelSpec, data: DataSpec, plan: Plan, params: dict, runs: dict, wall: float) -> None:
+    """bench_qwen_vl --family qwen3_vl_moe: vision and LLM max/mean over ranks before (none) and after (orch)
+    post-balancing, and the step time balanced vs not."""
+    worst = max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(runs["orch"], runs["none"], strict=True))
+    steps = {mode: [r["step_time_s"] for r in records[WARMUP:]] for mode, records in runs.items()}
+    achieved = speedups(steps["none"], steps["orch"])
+    summary = {mode: summarise(records, model) for mode, records in runs.items()}
+    print(
+        f"bench_qwen_vl --family qwen3_vl_moe{' --small' if args.small else ''}: Qwen3-VL-MoE-shaped, "
+        f"{params['total'] / 1e6:.0f}M parameters (tower {params['vision'] / 1e6:.0f}M, LLM {params['llm'] / 1e6:.0f}M: "
+        f"{model.llm.experts} experts of ffn {model.llm.expert_width}, {model.llm.top_k} a token), {data.name}, "
+        f"global batch {data.global_batch}, {args.ranks} gloo processes, {args.dtype}, {args.steps} steps "
+        f"({WARMUP} warm-up left out), none / orch interleaved; {wall:.0f} s in all"
+    )
+    print(f"plan: {', '.join(f'{m} {p.layout}' for m, p in plan.modules.items())}")
+    print(f"{'balance':<8} {'step s (med)':>12} {'vision max/mean':>16} {'llm max/mean':>13} {'pred. vision':>13}")
+    for mode, rs in runs.items():
+        print(
+            f"{mode:<8} {summary[mode]['median_step_s']:>12.3f} {phase_ratio(rs, 'vision'):>16.2f} "
+            f"{phase_ratio(rs, 'llm'):>13.2f} {predicted_ratio(rs, 'vision', 'after'):>13.2f}"
+        )
+    print(f"worst loss difference orch vs none: {worst:.1e} relative")
+    print(
+        f"{'speed-up vs none, step time':<46} {'ratio of medians':>16} {'median step ratio':>18} {'ratio of totals':>16}"
+    )
+    print(_row("orch (measured)", achieved))
+    out = Path(__file__).parent / "out"
+    out.mkdir(exist_ok=True)
+    (out / ("qwen3_vl_moe_small.json" if args.small else "qwen3_vl_moe.json")).write_text(
+        json.dumps(
+            {
+                "steps": args.steps,
+                "dtype": args.dtype,
+                "params": params,
+                "speedups": achieved,
+                "summary": summary,
+                "loss_rel_diff": worst,
+                "records": runs,
             },
             indent=2,
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP
+from orch.cli.data_cmd import AUDIO_IN_VIDEO_HELP, INDEX_DIR_HELP, MEDIA_ROOT_HELP
 from orch.cli.output import console, print_json, table
 
 MODES = ("orch", "paper", "lpt", "none")
@@ -37,23 +37,30 @@ def balance(
     batch_file: str = typer.Argument(..., metavar="BATCH.json", help="one global batch (orch schema batch)"),
     json_out: bool = typer.Option(False, "--json", help="Print the destinations and routes as JSON."),
     mode: str = typer.Option("orch", "--mode", help="orch | paper | lpt | none"),
+    encoder_balance: str = typer.Option(
+        "item", "--encoder-balance", help="item | sample: an encoder phase whose samples list items, by item or whole"
+    ),
 ) -> None:
-    """Post-balance one global batch: the destination rank of every sample for every phase."""
+    """Post-balance one global batch: the destination rank of every sample (or of its items) for every phase."""
     from orch.planner.balance.batch import Batch
     from orch.planner.balance.dispatch import balance_batch
     from orch.planner.balance.mode import Mode
+    from orch.planner.errors import SpecError
     from orch.planner.loading import load_json_file
 
     chosen = Mode(_mode(mode))
+    if encoder_balance not in ("item", "sample"):
+        raise SpecError("--encoder-balance", "", f"expected item or sample, got '{encoder_balance}'")
+    by_item = encoder_balance == "item"
     batch = load_json_file(Batch, batch_file)
-    result = balance_batch(batch, chosen, source=batch_file)
+    result = balance_batch(batch, chosen, source=batch_file, by_item=by_item)
     if json_out:
         print_json(result)
         return
-    baseline = result if chosen == Mode.NONE else balance_batch(batch, Mode.NONE, source=batch_file)
+    baseline = result if chosen == Mode.NONE else balance_batch(batch, Mode.NONE, source=batch_file, by_item=by_item)
     t = table(
         f"orch balance {batch_file}: {len(batch.samples)} samples on {batch.num_ranks} ranks "
-        f"({batch.dp_per_node} per node), mode {chosen.value} beside none",
+        f"({batch.dp_per_node} per node), mode {chosen.value} beside none, encoders by {encoder_balance}",
         [
             ("phase", "name"),
             ("mode", "name"),
@@ -81,7 +88,10 @@ def balance(
                 f"{r.seconds * 1000:.1f}",
             )
     console().print(t)
-    console().print("cost: per rank, the phase's cost model; intra/inter: bytes moved inside / across nodes")
+    console().print(
+        "cost: per rank, the phase's cost model; LB: no placement does better (of items where samples list "
+        "them, by item); intra/inter: bytes moved inside / across nodes"
+    )
 
 
 def _bar(counts: list[int], width: int = 30) -> list[str]:
@@ -103,10 +113,11 @@ def analyze(
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="With a data file: tokenizer.json."),
     index_dir: str | None = typer.Option(None, "--index-dir", help=INDEX_DIR_HELP),
     media_root: str | None = typer.Option(None, "--media-root", help=MEDIA_ROOT_HELP),
+    use_audio_in_video: bool = typer.Option(False, "--use-audio-in-video", help=AUDIO_IN_VIDEO_HELP),
 ) -> None:
     """How much time imbalance wastes per phase on a dataset, and what each balancing mode gains."""
     from orch.planner.balance.analyze import analyze as run
-    from orch.planner.data import read_manifest
+    from orch.planner.data import read_manifest, read_manifest_items
     from orch.planner.errors import SpecError
     from orch.runtime.data.conversations import is_conversation_data
 
@@ -117,12 +128,13 @@ def analyze(
         if model is None:
             raise SpecError(manifest, "", "a conversation data file is counted for a model: pass --model")
         spec = load_model(model)
-        rows = read_manifest(
-            build_index(manifest, spec, tokenizer, index_dir=index_dir, media_root=media_root).manifest
-        )
+        path = build_index(manifest, spec, tokenizer, index_dir=index_dir, media_root=media_root,
+                           use_audio_in_video=use_audio_in_video).manifest  # fmt: skip
     else:
-        rows = read_manifest(manifest)
-    result = run(rows, dp, dp_per_node, micro_batch, steps=steps, seed=seed, source=manifest)
+        path = manifest
+    rows = read_manifest(path)
+    result = run(rows, dp, dp_per_node, micro_batch, steps=steps, seed=seed, source=manifest,
+                 items=read_manifest_items(path))  # fmt: skip
     if json_out:
         print_json(result)
         return

@@ -21,6 +21,10 @@ SAMPLE_NUMBERS = "numbered by file line from 1 (a JSON list's or parquet file's 
 INDEX_DIR_HELP = "Where the index is kept (default: .orch-index/ beside the data if writable, else ~/.cache/orch)."
 MODEL_HELP = "Model spec file, preset, or Hugging Face model directory."
 MEDIA_ROOT_HELP = "Folder media paths are relative to (default: each data file's folder; LLaMA-Factory's media_dir)."
+AUDIO_IN_VIDEO_HELP = (
+    "Train each video with its own audio where a record or its mix source does not say (use_audio_in_video): "
+    "the <audio> after its <video>, else the video's audio track."
+)
 
 data_app = typer.Typer(help="Users' data: conversations with images and audio (JSONL, JSON, parquet, mix files).")
 
@@ -44,6 +48,7 @@ def index(
     ),
     steps: int = typer.Option(DEFAULT_STEPS, "--steps", help="Steps of the run the epochs are counted for."),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 when a sample is malformed or trains no token."),
+    use_audio_in_video: bool = typer.Option(False, "--use-audio-in-video", help=AUDIO_IN_VIDEO_HELP),
 ) -> None:
     """Count every sample's tokens per module from the files' headers; cache the index (beside the data if
     writable). Each source's rows, share of the draws and epochs in a run of --steps x --global-batch samples.
@@ -61,7 +66,7 @@ def index(
         if value <= 0:
             raise SpecError(flag, "", f"expected a positive integer, got {value}")
     spec = load_model(model)
-    idx = build_index(data, spec, tokenizer, max_image_tokens, index_dir, media_root)
+    idx = build_index(data, spec, tokenizer, max_image_tokens, index_dir, media_root, use_audio_in_video)
     rows = read_manifest(idx.manifest)
     modules = [*sorted(spec.encoder_names), spec.llm_name]
     stats = {}
@@ -158,7 +163,22 @@ def report_skips(data: str, idx: DataIndex, strict: bool = False) -> int:
                  "training no token")) if n]  # fmt: skip
         then = "" if strict else " (--strict: exit 1)"
         print(f"{level}: {skipped} samples skipped: {', '.join(parts)}{then}", file=sys.stderr)
+    report_silent(idx.silent)
     return skipped
+
+
+def report_silent(lines: list[str]) -> None:
+    """One warning line on stderr per video trained without its sound under use_audio_in_video (it has no audio
+    track: its video alone), at most LISTED, then the count."""
+    import sys
+
+    for line in lines[:LISTED]:
+        print(f"warning: {line}", file=sys.stderr)
+    if len(lines) > LISTED:
+        print(f"warning: ... and {len(lines) - LISTED} more videos without an audio track", file=sys.stderr)
+    if lines:
+        print(f"warning: {len(lines)} videos without an audio track trained as their video alone "
+              "(use_audio_in_video)", file=sys.stderr)  # fmt: skip
 
 
 @data_app.command("inspect")
@@ -172,10 +192,12 @@ def inspect(
     seq_len: int = typer.Option(8192, "--seq-len", help="Cap on LLM tokens per sample."),
     json_out: bool = typer.Option(False, "--json", help="input_ids, labels (-100: not trained) and input shapes."),
     media_root: str | None = typer.Option(None, "--media-root", help=MEDIA_ROOT_HELP),
+    use_audio_in_video: bool = typer.Option(False, "--use-audio-in-video", help=AUDIO_IN_VIDEO_HELP),
 ) -> None:
     """How one sample is tokenized and which of its tokens are trained on (shown highlighted). --sample numbers
     the file's lines from 1 (a JSON list's or parquet file's elements), the file:line the index and the skip
     messages name."""
+    import dataclasses
     import json
     from pathlib import Path
 
@@ -183,10 +205,11 @@ def inspect(
 
     from orch.planner.errors import SpecError
     from orch.runtime.data.conversations import NO_SUCH, BadSample, SampleFile, read_sources
-    from orch.runtime.data.index import IGNORE, TextCounter, TokenRules, find_tokenizer
+    from orch.runtime.data.index import IGNORE, TextCounter, TokenRules, find_tokenizer, resolve_sounds
     from orch.runtime.data.media import media_processors
     from orch.runtime.data.processing import as_json, process
     from orch.runtime.models.registry import load_model
+    from orch.runtime.sample import AUDIO, IMAGE, SOUNDING_VIDEO, VIDEO
 
     spec = load_model(model)
     sources = read_sources(data)
@@ -196,19 +219,28 @@ def inspect(
         raise SpecError("--sample", "", f"expected a sample number from 1, got {sample}")
     if media_root is not None and not Path(media_root).is_dir():
         raise SpecError("--media-root", "", f"{media_root}: not a directory")
-    found = SampleFile(sources[0].path, sources[0], media_root).get(sample)  # that line alone parsed
+    source = sources[0]
+    if source.use_audio_in_video is None:
+        source = dataclasses.replace(source, use_audio_in_video=use_audio_in_video)
+    found = SampleFile(source.path, source, media_root).get(sample)  # that line alone parsed
     if isinstance(found, BadSample) and found.what.startswith(NO_SUCH):
         raise SpecError(data, "--sample", f"no sample at line {sample} ({SAMPLE_NUMBERS})")
     if isinstance(found, BadSample):
         raise SpecError(found.where, "", found.what)
+    rules = TokenRules.of(spec)
+    heard = resolve_sounds(found, rules)  # a video without an audio track: its video alone, said as the index says
+    if isinstance(heard, BadSample):
+        raise SpecError(heard.where, "", heard.what)
+    found = heard[0]
+    report_silent(heard[1])
     counter = TextCounter(*find_tokenizer(spec, tokenizer))
     try:
-        out = process(found, spec, TokenRules.of(spec), counter, seq_len, processors=media_processors(spec))
+        out = process(found, spec, rules, counter, seq_len, processors=media_processors(spec))
     except Exception as exc:  # OSError, ValueError, Pillow's DecompressionBombError: one line naming the file
         from orch.runtime.data.index import medium_problem
 
         media = [("image", f) for f in found.images] + [("video", f) for f in found.videos]
-        media += [("audio", f) for f in found.audios]
+        media += [("audio", f) for _, f in found.clips()]
         named = next((f"{path}: {why}" for kind, path in media if (why := medium_problem(path, kind))), None)
         raise SpecError(found.where, "", f"cannot read its media: {named or f'{type(exc).__name__}: {exc}'}") from None
     if json_out:
@@ -216,10 +248,11 @@ def inspect(
         return
     from orch.runtime.data.expansion import conversation_layout, placeholder_inserts
 
-    layout = conversation_layout(spec, out.marks, len(out.input_ids), out.media)
+    layout = conversation_layout(spec, out.marks, len(out.input_ids), out.media, out.items)
     placed: dict[int, list[str]] = {}  # before token j: the expanded placeholders
-    count = {"<image>": 0, "<video>": 0, "<audio>": 0}
-    for (at, tag), inserts in zip(out.marks, placeholder_inserts(spec, out.marks, out.media)[1], strict=True):
+    count = dict.fromkeys((IMAGE, VIDEO, AUDIO, SOUNDING_VIDEO), 0)
+    for (at, tag), inserts in zip(out.marks, placeholder_inserts(spec, out.marks, out.media, out.items)[1],
+                                  strict=True):  # fmt: skip
         count[tag] += 1
         placed.setdefault(at, []).append(f"{tag[:-1]} {count[tag]}: {sum(n for _, _, n in inserts)} rows>")
     shown = Text()
@@ -249,6 +282,7 @@ def data_spec_for(
     tokenizer: str | None = None,
     index_dir: str | None = None,
     media_root: str | None = None,
+    use_audio_in_video: bool = False,
 ) -> tuple[DataSpec, str | None]:
     """What `--data` names, wherever a command takes it: a conversation data file or mix (its index), else a
     data spec file or preset (or the model's default); and the hint line to print."""
@@ -256,7 +290,8 @@ def data_spec_for(
     from orch.runtime.data.conversations import is_conversation_data
 
     if data is not None and is_conversation_data(data):
-        return conversation_data(model, data, global_batch, seq_len, tokenizer, index_dir, media_root)
+        return conversation_data(model, data, global_batch, seq_len, tokenizer, index_dir, media_root,
+                                 use_audio_in_video)  # fmt: skip
     spec, hint = data_for(model, data, verb)
     # a spec or preset takes the overrides too (the planner's batch error names --global-batch)
     update = {k: v for k, v in (("global_batch", global_batch), ("seq_len", seq_len)) if v is not None}
@@ -278,6 +313,7 @@ def conversation_data(
     tokenizer: str | None,
     index_dir: str | None = None,
     media_root: str | None = None,
+    use_audio_in_video: bool = False,
 ) -> tuple[DataSpec, str]:
     """The DataSpec of a conversation data file (its index as the manifest) and the hint line that says so; a
     warning line each for samples skipped and a global batch larger than the data."""
@@ -287,7 +323,8 @@ def conversation_data(
     from orch.planner.specs import DataSpec
     from orch.runtime.data.index import build_index
 
-    idx = build_index(data, model, tokenizer, index_dir=index_dir, media_root=media_root)
+    idx = build_index(data, model, tokenizer, index_dir=index_dir, media_root=media_root,
+                      use_audio_in_video=use_audio_in_video)  # fmt: skip
     longest = max(dict(r).get(model.llm_name, 0) for r in read_manifest(idx.manifest))
     seq = seq_len or -(-longest // SEQ_LEN_UNIT) * SEQ_LEN_UNIT
     batch = global_batch or DEFAULT_GLOBAL_BATCH
@@ -301,6 +338,8 @@ def conversation_data(
     )
     skipped = len(idx.bad) + len(idx.untrained)
     bad = f", {skipped} skipped (orch data index lists them)" if skipped else ""
+    if idx.silent:
+        bad += f", {len(idx.silent)} videos without an audio track trained as their video alone"
     warn_batch_over_data(batch, idx.samples, data)
     hint = (
         f"data: {idx.samples} samples of {data}{bad}; global batch {batch}"

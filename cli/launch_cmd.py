@@ -22,7 +22,7 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
-from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP
+from orch.cli.data_cmd import AUDIO_IN_VIDEO_HELP, INDEX_DIR_HELP, MEDIA_ROOT_HELP
 
 EXECUTORS = ("local", "slurm", "torchrun")
 # Flags that moved into the --config file (issue #28): TrainSpec field -> flag. Remove after one release.
@@ -81,6 +81,7 @@ def launch(
     ),
     index_dir: str | None = typer.Option(None, "--index-dir", help=INDEX_DIR_HELP),
     media_root: str | None = typer.Option(None, "--media-root", help=MEDIA_ROOT_HELP),
+    use_audio_in_video: bool = typer.Option(False, "--use-audio-in-video", help=AUDIO_IN_VIDEO_HELP),
     steps: int | None = typer.Option(None, "--steps", help="Optimizer steps to run."),
     lr: float | None = typer.Option(None, "--lr", help="Peak learning rate (0 trains nothing)."),
     dtype: str | None = typer.Option(None, "--dtype", help="float32, bfloat16 or float64."),
@@ -147,7 +148,18 @@ def launch(
     }  # fmt: skip
     given = {k: v for k, v in given.items() if v is not None}
     run = checked_run(
-        plan_file, config, given, executor, nproc, workdir, data, tokenizer, index_dir, media_root, dry_run
+        plan_file,
+        config,
+        given,
+        executor,
+        nproc,
+        workdir,
+        data,
+        tokenizer,
+        index_dir,
+        media_root,
+        dry_run,
+        use_audio_in_video,
     )
     if executor == "slurm":
         from orch.runtime.launch.sbatch import SlurmOptions
@@ -184,6 +196,7 @@ def checked_run(
     index_dir: str | None,
     media_root: str | None,
     dry_run: bool,
+    use_audio_in_video: bool = False,
 ) -> _Run:
     """Everything checked here, before any executor starts a rank or submits a job: the flags and the config
     file, the plan against its data and the runtime, a local run's device, a model factory, a Hugging Face
@@ -199,7 +212,8 @@ def checked_run(
             typer.echo(f"warning: {_flag(key)} is deprecated: set {key} in the --config file", err=True)
     cfg = train_spec(config, given)
     plan = load_json_file(Plan, plan_file)
-    data_spec = plan.data if data is None else launch_data(plan, data, tokenizer, index_dir, media_root)
+    data_spec = (plan.data if data is None
+                 else launch_data(plan, data, tokenizer, index_dir, media_root, use_audio_in_video))  # fmt: skip
     check_data_against_model(data_spec, plan.model, data or plan_file)
     from orch.runtime.data.freshness import check_index_current
 
@@ -245,13 +259,13 @@ def checked_run(
         check_hf_plan(plan)  # configs, safetensors names and shapes, the layout: here, not in every rank
     if not dry_run:  # a busy run directory, or one of another model, is refused before a job is submitted or a
         # task file written (rank 0 checks both again when it prepares the run)
-        from orch.runtime.run_lock import probe
+        from orch.runtime.workdir.run_lock import probe
 
         probe(workdir)
         if cfg.resume:
             from orch.runtime.data.freshness import check_resume_data
-            from orch.runtime.run_dir import check_same_model
-            from orch.runtime.run_identity import model_identity
+            from orch.runtime.workdir.run_dir import check_same_model
+            from orch.runtime.workdir.run_identity import model_identity
 
             identity = model_identity(plan.model, cfg.model_factory)
             check_same_model(workdir, plan, identity, cfg.model_factory, tell=lambda line: None)  # prepare says
@@ -277,8 +291,8 @@ def _launch_torchrun(run: _Run, rdzv_endpoint: str | None, *, dry_run: bool) -> 
     from orch.cli.progress import StepProgress
     from orch.runtime.launch.sbatch import allocation
     from orch.runtime.launch.torchrun import TorchrunLauncher, command_text
-    from orch.runtime.metrics import metrics_path
     from orch.runtime.train.trainer import TrainTask
+    from orch.runtime.workdir.metrics import metrics_path
 
     plan, cfg, workdir = run.plan, run.cfg, run.workdir
     out = console()
@@ -308,8 +322,8 @@ def _launch_local(run: _Run, *, dry_run: bool) -> None:
     from orch.cli.output import console
     from orch.cli.progress import StepProgress
     from orch.runtime.launch.local import LocalLauncher
-    from orch.runtime.metrics import metrics_path
     from orch.runtime.train.trainer import TrainTask
+    from orch.runtime.workdir.metrics import metrics_path
 
     plan, cfg, workdir, world = run.plan, run.cfg, run.workdir, run.world
     out = console()
@@ -354,7 +368,14 @@ def _say_finished(out: Any, records: list[Any], workdir: str, trace: str | None)
         out.print(f"trace written to [bold]{trace}[/]")
 
 
-def launch_data(plan: Any, data: str, tokenizer: str | None, index_dir: str | None, media_root: str | None) -> Any:
+def launch_data(
+    plan: Any,
+    data: str,
+    tokenizer: str | None,
+    index_dir: str | None,
+    media_root: str | None,
+    use_audio_in_video: bool = False,
+) -> Any:
     """`--data` read as `orch plan --data` reads it (`data_spec_for`). Conversation data is trained at the plan's
     global batch and seq_len, what its layouts were chosen for; a data spec file or preset carries its own."""
     from orch.cli.data_cmd import data_spec_for
@@ -363,7 +384,14 @@ def launch_data(plan: Any, data: str, tokenizer: str | None, index_dir: str | No
 
     planned = (plan.data.global_batch, plan.data.seq_len) if is_conversation_data(data) else (None, None)
     spec, hint = data_spec_for(
-        plan.model, data, "launched on", *planned, tokenizer or plan.data.tokenizer, index_dir, media_root
+        plan.model,
+        data,
+        "launched on",
+        *planned,
+        tokenizer or plan.data.tokenizer,
+        index_dir,
+        media_root,
+        use_audio_in_video,
     )
     if hint is not None:
         from rich.markup import escape
@@ -447,7 +475,7 @@ def _say_stopped(out: Any, by: str | None, at: int | None) -> None:
     """The one line of a run that a stop signal ended after its ranks saved a checkpoint."""
     if by is None or at is None:
         return
-    from orch.runtime.run_dir import step_name
+    from orch.runtime.workdir.run_dir import step_name
 
     out.print(
         f"stopped at step {at} by {by}; checkpoint {step_name(at)}; relaunch the same command to resume",

@@ -6,7 +6,7 @@ from typing import Any
 
 import typer
 
-from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP, MODEL_HELP
+from orch.cli.data_cmd import AUDIO_IN_VIDEO_HELP, INDEX_DIR_HELP, MEDIA_ROOT_HELP, MODEL_HELP
 from orch.cli.output import console, print_json
 
 PLACEMENTS = ("auto", "homogeneous", "colocated", "disaggregated")
@@ -36,6 +36,7 @@ def plan(
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json for a data file (reference model)."),
     index_dir: str | None = typer.Option(None, "--index-dir", help=INDEX_DIR_HELP),
     media_root: str | None = typer.Option(None, "--media-root", help=MEDIA_ROOT_HELP),
+    use_audio_in_video: bool = typer.Option(False, "--use-audio-in-video", help=AUDIO_IN_VIDEO_HELP),
     data_parallel: str = typer.Option(
         "auto", "--data-parallel", help="fsdp, replicate, or auto (fsdp unless a module is small)."
     ),
@@ -74,7 +75,7 @@ def plan(
     from orch.cli.data_cmd import data_spec_for
 
     data_spec, hint = data_spec_for(
-        model_spec, data, "planned on", global_batch, seq_len, tokenizer, index_dir, media_root
+        model_spec, data, "planned on", global_batch, seq_len, tokenizer, index_dir, media_root, use_audio_in_video
     )
     if hint is not None:
         notes.append(f"hint: {hint}")

@@ -19,6 +19,7 @@ def _colour_of(plan: Plan) -> dict[str, str]:
 
 
 def _layout_table(plan: Plan, colours: dict[str, str]) -> Table:
+    gpu = plan.cluster.gpu
     t = table(
         f"{plan.model.name} on {plan.cluster.name} ({plan.world_size} GPUs): {plan.placement.value}",
         [
@@ -29,13 +30,14 @@ def _layout_table(plan: Plan, colours: dict[str, str]) -> Table:
             ("micro", "num"),
             ("recompute", "name"),
             ("DP", "name"),
-            ("GB/GPU", "num"),
+            (f"GB/GPU of {gpu.usable_gb:g}", "num"),
             ("busy s", "num"),
         ],
         caption=(
             "micro: samples per micro-batch x micro-batches; DP: fsdp (sharded state, gathered for the step), "
             "fsdp/rs (sharded state, each block gathered per call: ZeRO-3) or repl (replicated); "
-            "GB/GPU: memory; busy s: compute per step"
+            f"GB/GPU: predicted peak memory, of the {gpu.usable_gb:g} GB a plan may fill ({gpu.memory_gb:g} GB "
+            f"less a {gpu.reserve:g} GB reserve for the {gpu.device} runtime: gpu.reserve_gb); busy s: compute per step"
         ),
     )
     for name, mp in plan.modules.items():

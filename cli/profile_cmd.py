@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orch.cli.data_cmd import INDEX_DIR_HELP, MEDIA_ROOT_HELP, MODEL_HELP
+from orch.cli.data_cmd import AUDIO_IN_VIDEO_HELP, INDEX_DIR_HELP, MEDIA_ROOT_HELP, MODEL_HELP
 
 if TYPE_CHECKING:
     from orch.planner.profile import Profile
@@ -34,6 +34,7 @@ def profile(
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="tokenizer.json for a data file (reference model)."),
     index_dir: str | None = typer.Option(None, "--index-dir", help=INDEX_DIR_HELP),
     media_root: str | None = typer.Option(None, "--media-root", help=MEDIA_ROOT_HELP),
+    use_audio_in_video: bool = typer.Option(False, "--use-audio-in-video", help=AUDIO_IN_VIDEO_HELP),
     quick: bool = typer.Option(
         False, "--quick", help="Fewer lengths, sizes and repetitions, and one pass (under a minute on the tiny preset)."
     ),
@@ -79,7 +80,7 @@ def profile(
     from orch.cli.data_cmd import data_spec_for
 
     data_spec, hint = data_spec_for(
-        model_spec, data, "profiling on", global_batch, seq_len, tokenizer, index_dir, media_root
+        model_spec, data, "profiling on", global_batch, seq_len, tokenizer, index_dir, media_root, use_audio_in_video
     )
     if hint is not None:
         from rich.markup import escape
@@ -243,8 +244,8 @@ def validate(
     from orch.cli.output import print_json
     from orch.planner.loading import load_json_file
     from orch.planner.plan import Plan
-    from orch.runtime.metrics import read_metrics
     from orch.runtime.profile.validate import validate as compare
+    from orch.runtime.workdir.metrics import read_metrics
 
     plan = load_json_file(Plan, plan_file)
     result = compare(plan, *(read_metrics(m) for m in metrics))

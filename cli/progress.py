@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from orch.runtime.progress import Pace
 
 if TYPE_CHECKING:
-    from orch.runtime.metrics import StepRecord
+    from orch.runtime.workdir.metrics import StepRecord
 
 
 class StepProgress:
@@ -42,7 +42,7 @@ class StepProgress:
     def poll(self) -> None:
         from pydantic import ValidationError
 
-        from orch.runtime.metrics import StepRecord
+        from orch.runtime.workdir.metrics import StepRecord
 
         try:
             with open(self.path, "rb") as f:

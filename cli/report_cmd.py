@@ -14,8 +14,8 @@ def report(
     """Write PNG plots of the run's loss, step time per phase and per-rank imbalance over steps."""
     from pathlib import Path
 
-    from orch.runtime.metrics import metrics_path, read_metrics
     from orch.runtime.report import write_report
+    from orch.runtime.workdir.metrics import metrics_path, read_metrics
 
     records = read_metrics(metrics_path(run_dir))
     folder = Path(out) if out else Path(run_dir) / "report"

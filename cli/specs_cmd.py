@@ -75,7 +75,7 @@ def _schema_model(kind: str) -> type:
 
         return Batch
     if kind == "metrics":
-        from orch.runtime.metrics import StepRecord
+        from orch.runtime.workdir.metrics import StepRecord
 
         return StepRecord
     if kind == "train":

@@ -26,7 +26,7 @@ from orch.planner.costs import (
 from orch.planner.errors import SpecError
 from orch.planner.plan import Layout, Placement, Recompute, Sharding
 from orch.planner.profile import Profile, busy_ratio
-from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec
+from orch.planner.specs import ClusterSpec, DataSpec, ModelSpec, ModuleSpec
 
 AXES = ("tp", "cp", "pp", "dp", "ep", "gpus")
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -79,7 +79,7 @@ class SearchInput:
 
     @property
     def capacity_gb(self) -> float:
-        return self.cluster.gpu.memory_gb - self.cfg.memory_reserve_gb
+        return self.cluster.gpu.usable_gb
 
     def pinned(self, module: str, axis: str) -> int | None:
         for p in self.pins:
@@ -145,6 +145,17 @@ def _powers_of_two(limit: int) -> list[int]:
     return out
 
 
+def tp_degrees(m: ModuleSpec, gpus_per_node: int, nodes: int = 1) -> list[int]:
+    """The TP degrees a module may take: every degree up to a node's GPUs that the runtime shards it over (whole
+    heads and KV heads and an equal FFN slice per rank, within its max_tp: ModuleSpec.refuses), not only powers of
+    two: InternViT-6B's 25 heads split 5 ways. On several nodes a degree that does not divide a node's GPUs has
+    groups that straddle two nodes (priced on the inter-node link: costs.Links.axis), so it is tried only where no
+    degree above 1 divides them (InternViT-6B's 5 on 8-GPU nodes; not a 20-head tower's 5 beside its 2 and 4)."""
+    splits = [t for t in range(1, min(gpus_per_node, m.heads) + 1) if m.refuses("tp", t) is None]
+    aligned = [t for t in splits if gpus_per_node % t == 0]
+    return aligned if nodes > 1 and len(aligned) > 1 else splits
+
+
 def _allowed(inp: SearchInput, module: str, axis: str, value: int) -> bool:
     pin = inp.pinned(module, axis)
     return pin is None or pin == value
@@ -161,7 +172,7 @@ class Degrees:
 
 def degrees(inp: SearchInput, module: str, allow_pp: bool) -> Degrees:
     m = inp.model.modules[module]
-    tps = [t for t in _powers_of_two(min(inp.cluster.gpus_per_node, m.heads)) if not m.refuses("tp", t)]
+    tps = tp_degrees(m, inp.cluster.gpus_per_node, inp.cluster.nodes)
     pps = [p for p in _divisors(m.layers) if p <= MAX_PP and not m.refuses("pp", p)] if allow_pp else [1]
     cps = [c for c in _powers_of_two(MAX_CP) if not m.refuses("cp", c)]
     return Degrees(

@@ -2,18 +2,20 @@
 
 Pure arithmetic over specs; the search (planner/search.py) only compares these numbers.
 Sources: Narayanan et al. 2021 (Megatron-LM PTD-P: 1F1B bubble, communication volumes),
-Korthikanti et al. 2022 (activation memory sbh·34 under fused attention, sequence parallelism,
-selective recompute); state memory as FSDP2 holds it (`state_bytes_per_param`).
+Korthikanti et al. 2022 (activation memory under fused attention, sequence parallelism, selective
+recompute; per block as the runtime's blocks save it, `block_activation_bytes`); state memory as FSDP2 holds it
+(`state_bytes_per_param`, `gathered_bytes`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from orch.planner.data import TokenStats, token_stats
-from orch.planner.imbalance import residual_imbalance
+from orch.planner.data import TokenStats, module_draws, most_held, token_stats
+from orch.planner.imbalance import item_tokens, residual_imbalance
 from orch.planner.plan import DataParallel, Layout, Recompute, Sharding
 from orch.planner.profile import Profile
 from orch.planner.sample_cost import SampleCost
@@ -32,7 +34,6 @@ class CostConfig:
     gemm_tokens_knee: float = 256.0  # tokens per GPU per micro-batch where efficiency falls to 1/2 (CP, tiny batches)
     dp_overlap: float = 0.7  # share of DP gradient/parameter traffic hidden behind backward/forward
     grad_bytes: int = FP32  # bytes per gradient element reduced over DP
-    memory_reserve_gb: float = 3.0  # CUDA context, allocator fragmentation, workspaces
     data_parallel: DataParallel | None = None  # every module's, when the user chose; else `choose_data_parallel`
     replicate_below_params: float = 20e6  # a module with fewer parameters per GPU replicates its state
     sharding: Sharding | None = None  # every fsdp module's, when the user chose; else the search prices both
@@ -86,25 +87,45 @@ def gathered_bytes(root: float, block: float, trainable: bool, compute_bytes: in
     """Bytes a resharding module holds gathered at its peak, beside its shards (`state_bytes_per_param`), from its
     local parameters gathered for the whole step (`root`: an encoder's stem, norm and projector; a tied LLM's
     embedding and head; runtime/parallel/fsdp.py), in one block, and in an LLM's largest part gathered per call
-    (`part`: its embedding or head). A unit in backward holds its gathered copy, its gradient in the compute
-    dtype and the fp32 reduce-scatter input; a block's neighbour, prefetched, its gathered copy. A part and the
-    blocks are gathered at different moments: the larger of the two."""
-    per_param = compute_bytes + (compute_bytes + FP32 if trainable else 0)
-    return root * per_param + max(part * per_param, block * (per_param + compute_bytes))
+    (`part`: its embedding or head). The root holds its gathered copy, its gradient in the compute dtype and, at
+    the step's end, the fp32 reduce-scatter input. A block or part in backward holds its copy and its gradient, then
+    frees the copy before it allocates the fp32 reduce-scatter input (FSDP2's post_backward reshards first, and
+    waits for the previous unit's reduce-scatter before it takes another input buffer): the larger of the two
+    moments; a block's neighbour, prefetched, its gathered copy beside it. A part and the blocks are gathered at
+    different moments: the larger of the two."""
+    root_per_param = compute_bytes + (compute_bytes + FP32 if trainable else 0)
+    unit_per_param = compute_bytes + (max(compute_bytes, FP32) if trainable else 0)
+    return root * root_per_param + max(part * unit_per_param, block * (unit_per_param + compute_bytes))
+
+
+def mlp_params(m: ModuleSpec, width: int) -> float:
+    """One MLP of the module's kind from its width to an inner `width` and back."""
+    return (3 if m.mlp_kind == "swiglu" else 2) * m.hidden * width
+
+
+def moe_share(m: ModuleSpec) -> float:
+    """The fraction of the module's blocks whose MLP is experts (dense_blocks are not): per-block costs are
+    averages over the blocks."""
+    return m.moe_blocks / m.layers
 
 
 def layer_params(m: ModuleSpec, active: bool = False) -> float:
-    """Parameters of one transformer block (active=True: the experts a token actually uses)."""
+    """Parameters of one transformer block, averaged over the blocks (active=True: the experts a token actually
+    uses). A MoE block: a router and `experts` MLPs of expert_width; a dense block of a MoE module
+    (dense_blocks): one MLP of ffn width."""
     h = m.hidden
     attn = 2 * h * m.attention_width + 2 * h * m.num_kv_heads * m.head_width
-    mlp_one = (3 if m.mlp_kind == "swiglu" else 2) * h * m.ffn
+    if m.experts == 1:
+        return attn + mlp_params(m, m.ffn) + 2 * h
     experts = m.top_k if active else m.experts
-    router = h * m.experts if m.experts > 1 else 0
-    return attn + experts * mlp_one + router + 2 * h
+    moe = experts * mlp_params(m, m.expert_width) + h * m.experts
+    share = moe_share(m)
+    return attn + share * moe + (1 - share) * mlp_params(m, m.ffn) + 2 * h
 
 
 def _expert_params(m: ModuleSpec) -> float:
-    return m.experts * (3 if m.mlp_kind == "swiglu" else 2) * m.hidden * m.ffn if m.experts > 1 else 0.0
+    """The experts' parameters of one block, averaged over the blocks."""
+    return moe_share(m) * m.experts * mlp_params(m, m.expert_width) if m.experts > 1 else 0.0
 
 
 def module_params(m: ModuleSpec) -> float:
@@ -133,12 +154,49 @@ class Workload:
     max_len: int
     stats: TokenStats
     out_tokens: float  # encoder output tokens into the LLM per step (after downsample)
+    scored: float = 1.0  # the LLM's: share of its tokens that get logits (text; not the encoders' prefix rows)
+
+    draws: tuple[int, ...] = ()  # the module's tokens per drawn sample (planner/data.py module_draws)
+    _held: dict[int, int] = field(default_factory=dict, compare=False, repr=False)  # most_held by samples
+    _held_by_layout: dict[tuple[int, int, int], float] = field(default_factory=dict, compare=False, repr=False)
+
+    def held_tokens(self, micro_batch: int, in_flight: int = 1, dp: int = 1) -> float:
+        """Tokens of `in_flight` micro-batches of `micro_batch` samples a GPU holds at once (an encoder's under the
+        three-phase schedule, a first pipeline stage's) on one of `dp` ranks the post-balancer evens out: the most
+        that many samples of all the ranks hold together over the drawn samples (planner/data.py most_held), shared
+        by the ranks, and about one sample of the mix more as whole samples are dealt (never more than the most
+        this rank's own samples could hold), at least the longest sample: a run's peak. Not the longest sample in
+        each micro-batch where long samples are rare; not the mean where lengths spread (bench/bench_memory_shapes.py:
+        one of 8 steps of its mix, a quarter long videos, draws 9 videos of 16)."""
+        key = (micro_batch, in_flight, dp)
+        if key not in self._held_by_layout:  # the search asks the same few shapes of every layout
+            self._held_by_layout[key] = self._held_tokens(micro_batch * in_flight, dp)
+        return self._held_by_layout[key]
+
+    def _held_tokens(self, mine: int, dp: int) -> float:
+        n = mine * dp
+        # the balancer deals whole samples: a rank's share of the step and about one sample of the mix more
+        extra = self.stats.mean * (1 - 1 / dp)
+        if len(self.draws) < 4 * n:  # too few groups of n to show a tail: so many samples hold about their mean
+            return max(n * self.stats.mean / dp + extra, float(self.max_len))
+        return float(max(min(self._most(n) / dp + extra, self._most(mine)), self.max_len))
+
+    def _most(self, n: int) -> int:
+        if n not in self._held:
+            self._held[n] = most_held(self.draws, n)
+        return self._held[n]
 
 
 def workload(model: ModelSpec, data: DataSpec, module: str) -> Workload:
     stats = token_stats(data, module, model.llm_name)
     m = model.modules[module]
     tokens = data.global_batch * stats.mean
+    scored = 1.0
+    if m.kind == ModuleKind.LLM and stats.mean > 0:
+        prefix = sum(
+            token_stats(data, e, model.llm_name).mean / model.modules[e].downsample for e in model.encoder_names
+        )
+        scored = min(max(1.0 - prefix / stats.mean, 0.0), 1.0)
     return Workload(
         samples=data.global_batch,
         tokens=tokens,
@@ -146,6 +204,8 @@ def workload(model: ModelSpec, data: DataSpec, module: str) -> Workload:
         max_len=stats.max,
         stats=stats,
         out_tokens=tokens / m.downsample if m.kind == ModuleKind.ENCODER else 0.0,
+        scored=scored,
+        draws=module_draws(data, module, model.llm_name),
     )
 
 
@@ -160,11 +220,15 @@ def attention_coefficients(m: ModuleSpec) -> ForwardFlops:
     """FLOPs of QKᵀ and PV over all blocks, 4 · attention_width per pair of tokens that meet (no causal half).
 
     A block that attends over its whole sequence gives a per-pair term; one attending inside windows of
-    `window_tokens` (Qwen2.5-VL's windowed blocks) is linear: each token meets its window, so
-    4 · attention_width · window_tokens per token. The sequence of a tower with item_attention is one image or
-    video frame, but a sample's items are not known here: its full-attention blocks are priced over the
-    sample's patches (Σlen², an upper bound of Σ over its images and frames)."""
+    `window_tokens` (Qwen2.5-VL's windowed blocks, Qwen2.5-Omni's audio chunks) is linear: each token meets its
+    window, so 4 · attention_width · window_tokens per token. A tower of fixed-size images (`image_tokens`: LLaVA's
+    images, InternVL's tiles) attends inside each one, so it too is linear: 4 · attention_width · image_tokens per
+    token in every block, however many images or tiles a sample has. The sequence of a tower with item_attention
+    is one image or video frame, but a sample's items are not known here: its full-attention blocks are priced over
+    the sample's patches (Σlen², an upper bound of Σ over its images and frames)."""
     width = m.attention_width
+    if m.image_tokens and not m.clip_tokens:
+        return ForwardFlops(per_token=4 * width * m.image_tokens * m.layers, per_pair=0.0)
     windowed = m.layers - m.full_attention_layers
     return ForwardFlops(
         per_token=4 * width * (m.window_tokens or 0) * windowed, per_pair=4 * width * m.full_attention_layers
@@ -219,6 +283,7 @@ class Links:
     intra_alpha: float
     inter_alpha: float
     gpus_per_node: int
+    nodes: int = 1
 
     @classmethod
     def build(cls, cluster: ClusterSpec, profile: Profile | None) -> Links:
@@ -229,11 +294,14 @@ class Links:
                 intra = (profile.links["intra_node"].gbps, profile.links["intra_node"].alpha_s)
             if "inter_node" in profile.links:
                 inter = (profile.links["inter_node"].gbps, profile.links["inter_node"].alpha_s)
-        return cls(intra[0], inter[0], intra[1], inter[1], cluster.gpus_per_node)
+        return cls(intra[0], inter[0], intra[1], inter[1], cluster.gpus_per_node, cluster.nodes)
 
     def axis(self, stride: int, size: int) -> tuple[float, float]:
-        """(GB/s, alpha) of a group of `size` ranks `stride` apart; any node crossing is the bottleneck."""
-        if stride * size <= self.gpus_per_node:
+        """(GB/s, alpha) of a group of `size` ranks `stride` apart; any node crossing is the bottleneck. The groups
+        tile consecutive blocks of stride x size ranks: on a cluster of several nodes, a block that does not
+        divide a node's GPUs (TP 5 on 8-GPU nodes) has some groups straddling two nodes, which set the pace."""
+        span = stride * size
+        if span <= self.gpus_per_node and (self.nodes == 1 or self.gpus_per_node % span == 0):
             return self.intra_gbps, self.intra_alpha
         return self.inter_gbps, self.inter_alpha
 
@@ -325,7 +393,8 @@ def _compute_seconds(
         calls = packed_calls(w.samples / layout.dp, w.stats.present, micro_batch, layout.ep)
         # the slowest DP rank sets the pace: the balanced batch's residual max/mean (planner/imbalance.py)
         dp_per_node = max(cluster.gpus_per_node // (layout.tp * layout.cp), 1)
-        slowest = residual_imbalance(b.data, name, b.llm_name, layout.dp, dp_per_node, fit.terms())
+        items = item_tokens(m) if m.kind == ModuleKind.ENCODER else None  # balanced by item, as the runtime does
+        slowest = residual_imbalance(b.data, name, b.llm_name, layout.dp, dp_per_node, fit.terms(), items)
         block = fit.total(samples, per_gpu_tokens, per_gpu_sq) * slowest + fit.call * calls
         layers = m.layers / layout.pp
         if mod.rest is not None:
@@ -345,7 +414,16 @@ def _compute_seconds(
         return 0.0, 0.0, 0.0
     tokens_per_gpu = micro_batch * w.stats.mean / layout.cp
     eff = cluster.mfu * gemm_efficiency(m, layout.tp, tokens_per_gpu, b.cfg)
-    return (fwd * passes + extra) / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * eff), 0.0, 0.0
+    # TP leaves the experts whole: every TP rank runs them on the same rows (runtime/models/reference.py MoE)
+    experts = expert_flops(m, w) * passes * (layout.tp - 1)
+    return (fwd * passes + extra + experts) / layout.gpus / (cluster.gpu.peak_tflops * 1e12 * eff), 0.0, 0.0
+
+
+def expert_flops(m: ModuleSpec, w: Workload) -> float:
+    """Forward FLOPs of the experts a step's tokens are routed to (top_k per token, in every MoE block)."""
+    if m.experts == 1:
+        return 0.0
+    return 2 * m.top_k * mlp_params(m, m.expert_width) * m.moe_blocks * w.tokens
 
 
 def _recompute_flops(m: ModuleSpec, w: Workload, recompute: Recompute) -> tuple[float, float]:
@@ -512,7 +590,7 @@ def layout_cost(
     ep_s = 0.0
     if ep > 1 and m.experts > 1:
         a2a_bytes = tokens_mb / cp * m.top_k * m.hidden * BF16
-        ep_s = 2 * links.ring(a2a_bytes, tp * cp, ep) * layers_local * num_mb * passes
+        ep_s = 2 * links.ring(a2a_bytes, tp * cp, ep) * layers_local * moe_share(m) * num_mb * passes
 
     # PP: one activation send and one gradient send per micro-batch per stage boundary.
     pp_p2p_s = 0.0
@@ -524,12 +602,19 @@ def layout_cost(
     # per step; reshard gathers each block (an LLM's embedding and head too) twice per micro-batch (forward,
     # backward) and reduce-scatters its gradients per micro-batch (an encoder's own unit: one gather);
     # replicate all-reduces the gradients (twice a reduce-scatter's traffic on a ring).
+    # Under EP the experts stay outside FSDP2 (runtime/parallel/fsdp.py): never gathered, their gradients summed
+    # over their expert-data-parallel group (dp / ep ranks, then CP: runtime/train/grad_sync.py).
     params_local = _local_params_of(b.dense_params, b.expert_params, m, layout)
+    experts_local = _ep_experts_local(b, layout)
     dp_group = dp * cp
     mode = _choose_mode(params_local, layout, cfg)
     sharding = sharding if mode == DataParallel.FSDP else Sharding.KEEP
     params_gb, act_gb = _memory_gb(b, layout, micro_batch, recompute, in_flight, params_local, mode, sharding)
     dp_s = 0.0
+    edp_group = dp // ep * cp
+    if experts_local and edp_group > 1 and m.trainable:
+        dp_s += 2 * links.ring(experts_local * cfg.grad_bytes, tp * ep, edp_group) * (1 - cfg.dp_overlap)
+    params_local -= experts_local
     if dp_group > 1:
         grads = links.ring(params_local * cfg.grad_bytes, tp, dp_group) if m.trainable else 0.0
         gather = links.ring(params_local * BF16, tp, dp_group)
@@ -541,7 +626,7 @@ def layout_cost(
             traffic = grads + gather
         else:
             traffic = 2 * grads
-        dp_s = traffic * (1 - cfg.dp_overlap)
+        dp_s += traffic * (1 - cfg.dp_overlap)
 
     work = compute + tp_s + cp_s + ep_s + pp_p2p_s
     bubble = work * (pp - 1) / num_mb if pp > 1 else 0.0
@@ -607,7 +692,12 @@ def _memory_gb(
     """(training state, activations) per GPU, GB; under reshard the state counts the gathered blocks too."""
     reshard = mode == DataParallel.FSDP and sharding == Sharding.RESHARD
     per_param = state_bytes_per_param(mode, b.m.trainable, layout.dp * layout.cp, sharding=sharding)
-    state = params_local * per_param
+    # EP's experts: whole fp32 masters, gradients and moments on each rank that holds them (outside FSDP2)
+    experts = _ep_experts_local(b, layout)
+    params_local -= experts
+    state = params_local * per_param + experts * state_bytes_per_param(
+        DataParallel.REPLICATE, b.m.trainable, 1, compute_bytes=FP32
+    )
     if reshard:
         blocks = _blocks_local(b, layout)
         block = blocks / max(b.m.layers / layout.pp, 1.0)
@@ -620,9 +710,15 @@ def _memory_gb(
 
 
 def _blocks_local(b: ModuleBasis, layout: Layout) -> float:
-    """Parameters of this GPU's blocks (its pipeline stage's, TP and EP shards)."""
-    per_block = b.block_params / layout.tp + b.block_expert_params / (layout.tp * layout.ep)
+    """Parameters of this GPU's blocks that FSDP2 holds (its pipeline stage's, TP shards; the experts but under
+    EP, which keeps them outside FSDP2), experts whole under TP."""
+    per_block = b.block_params / layout.tp + (b.block_expert_params if layout.ep == 1 else 0.0)
     return per_block * b.m.layers / layout.pp
+
+
+def _ep_experts_local(b: ModuleBasis, layout: Layout) -> float:
+    """The experts' parameters on one GPU under EP (its stage's share of its EP rank's experts); 0 without EP."""
+    return b.expert_params / (layout.pp * layout.ep) if layout.ep > 1 and b.m.experts > 1 else 0.0
 
 
 def _measured_with_tp(profile: Profile | None, name: str, tp: int) -> bool:
@@ -631,7 +727,8 @@ def _measured_with_tp(profile: Profile | None, name: str, tp: int) -> bool:
 
 
 def _local_params(m: ModuleSpec, layout: Layout) -> float:
-    """Parameters on one GPU: blocks split by TP and PP, experts also by EP, embeddings on one stage."""
+    """Parameters on one GPU: blocks split by TP and PP, experts by PP and EP (TP leaves them whole: every TP rank
+    runs them on the same rows), embeddings on one stage."""
     experts = _expert_params(m) * m.layers
     return _local_params_of(module_params(m) - experts - (2 * m.vocab * m.hidden if m.vocab else 0), experts, m, layout)
 
@@ -642,7 +739,29 @@ def _local_params_of(dense_params: float, experts: float, m: ModuleSpec, layout:
     embed = m.vocab * m.hidden if m.vocab else 0.0  # the first (or last) stage holds one of the two
     if layout.pp == 1 and m.vocab:
         embed *= 2
-    return (dense + embed) / layout.tp + experts / (layout.pp * layout.tp * layout.ep)
+    return (dense + embed) / layout.tp + experts / (layout.pp * layout.ep)
+
+
+def block_activation_bytes(m: ModuleSpec) -> float:
+    """Bytes one block keeps for backward per token, in bf16, as the runtime's blocks save them
+    (runtime/models/reference.py; measured with runtime/memory.py's saved-tensor meter, bench/bench_memory_shapes.py):
+    its two RMSNorms their input, the normalised rows and the weighted output (3 x hidden each); attention its
+    queries, its keys and values at the full head count (grouped KV heads are repeated for the fused kernel), the
+    kernel's output and the contiguous copy o reads (5 x heads x head width), and an fp32 log-sum-exp per head; the
+    MLP what its activation and product keep: SwiGLU the gate, its SiLU, the up projection and their product
+    (4 x ffn), GELU the first projection and its GELU (2 x ffn); a MoE block the top_k experts a token meets.
+    (Korthikanti et al.'s 34 x hidden is one shape of this: fused norms, ffn 4 x hidden, GELU.)"""
+    return _block_activation_bytes(
+        m.mlp_kind, m.ffn, m.top_k if m.experts > 1 else 1, m.hidden, m.attention_width, m.heads
+    )
+
+
+@functools.cache  # the search asks it of every layout of the same few modules
+def _block_activation_bytes(
+    mlp_kind: str, ffn: int, top_k: int, hidden: int, attention_width: int, heads: int
+) -> float:
+    mlp = (4 if mlp_kind == "swiglu" else 2) * ffn * top_k
+    return BF16 * (6 * hidden + 5 * attention_width + mlp) + FP32 * heads
 
 
 def activation_gb(
@@ -651,21 +770,24 @@ def activation_gb(
     """Activation memory of the peak GPU (Korthikanti et al., with SP: everything divided by tp).
 
     Attention runs fused (runtime/models/reference.py `attend`: flash or memory-efficient kernels), so the
-    5as/h term of the stored scores and softmax is not kept: a block stores sbh·34 with or without
-    selective recompute, which then only costs time."""
-    tokens = max(micro_batch * w.stats.mean, float(w.max_len))
+    5as/h term of the stored scores and softmax is not kept: a block stores `block_activation_bytes` per token
+    with or without selective recompute, which then only costs time. The tokens are those of the `in_flight`
+    micro-batches a GPU holds at once (`Workload.held_tokens`: the most that many samples of the mix hold, not the
+    longest sample in each), of one for the block being recomputed and the logits."""
+    one = w.held_tokens(micro_batch, 1, layout.dp)
+    held = w.held_tokens(micro_batch, in_flight, layout.dp)
     shard = layout.tp * layout.cp
-    per_layer = 34 * m.hidden * tokens / shard  # none and selective alike: no scores are stored
-    per_layer_ckpt = 2 * m.hidden * tokens / shard
+    per_token = block_activation_bytes(m) / shard  # none and selective alike: no scores are stored
+    per_token_ckpt = 2 * m.hidden / shard
     layers = m.layers / layout.pp
     if recompute == Recompute.FULL:
-        stored = per_layer_ckpt * layers + per_layer  # one block re-materialised at a time
+        # each block's input for every micro-batch held, one block re-materialised at a time
+        total = per_token_ckpt * layers * held + per_token * one
     else:
-        stored = per_layer * layers
-    # 1F1B: the first stage keeps pp micro-batches of its L/pp layers alive (= all L layers' worth)
-    total = stored * in_flight
+        total = per_token * layers * held
     if m.vocab:
-        total += tokens / layout.cp * m.vocab * FP32 / layout.tp  # fp32 logits on the last stage
+        # logits of the scored (text) rows of one micro-batch on the last stage, counted as fp32
+        total += one * w.scored / layout.cp * m.vocab * FP32 / layout.tp
     if not m.trainable:
-        total = per_layer  # forward only, nothing kept for backward
+        total = per_token * one  # forward only, nothing kept for backward
     return total / GB

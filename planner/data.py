@@ -101,6 +101,32 @@ def _draw_task_lengths(task: TaskSpec, rng: random.Random) -> Lengths:
     return out
 
 
+def read_manifest_items(path: str) -> tuple[dict[str, tuple[int, ...]], ...]:
+    """Per row of a manifest (`read_manifest`'s rows, in order), per encoder whose images and videos the index
+    lists (`items`: [t, h, w, seconds] each, a native-resolution tower's), its items' tokens as the runtime
+    balances them (planner/balance/items.py `grid_item_tokens`: an image one item, a video its temporal runs);
+    an empty dict where a row lists none. Rows whose items do not sum to their length list none."""
+    from orch.planner.balance.items import grid_item_tokens
+
+    out = []
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        obj = json.loads(line)
+        got: dict[str, tuple[int, ...]] = {}
+        listed = obj.get("items") if isinstance(obj, dict) else None
+        lengths = obj.get("lengths", obj) if isinstance(obj, dict) else {}
+        for name, grids in (listed or {}).items():
+            try:
+                tokens = tuple(grid_item_tokens([(int(g[0]), int(g[1]), int(g[2])) for g in grids]))
+            except (TypeError, ValueError, IndexError):
+                continue
+            if sum(tokens) == lengths.get(name):
+                got[name] = tokens
+        out.append(got)
+    return tuple(out)
+
+
 def sample_lengths(data: DataSpec, n: int, seed: int) -> list[Lengths]:
     """n samples' lengths per module; the LLM cap (seq_len) is applied by the caller's model."""
     rng = random.Random(seed)
@@ -140,6 +166,27 @@ def _token_stats(data_json: str, module: str, llm: str, samples: int, seed: int)
         max=max(values),
         present=sum(1 for v in values if v > 0) / len(values),
     )
+
+
+def module_draws(data: DataSpec, module: str, llm: str, samples: int = 8192, seed: int = 0) -> tuple[int, ...]:
+    """`module`'s tokens in each sample `token_stats` draws (the LLM's capped at seq_len), in draw order."""
+    return _module_draws(data.model_dump_json(), module, llm, samples, seed)
+
+
+@lru_cache(maxsize=64)
+def _module_draws(data_json: str, module: str, llm: str, samples: int, seed: int) -> tuple[int, ...]:
+    data = DataSpec.model_validate_json(data_json)
+    drawn = _drawn(data_json, samples, seed)
+    return tuple(min(d.get(module, 0), data.seq_len) if module == llm else d.get(module, 0) for d in drawn)
+
+
+def most_held(draws: tuple[int, ...], n: int) -> int:
+    """The most tokens n samples hold together, over the draws taken n at a time as a rank takes its samples: what
+    a GPU holding n samples' activations at once meets in a run of that many groups (n = 1: the longest sample).
+    Below n x the longest where long samples are rare (few groups hold several), above n x the mean where lengths
+    spread."""
+    n = max(1, min(n, len(draws)))
+    return max(sum(draws[i : i + n]) for i in range(0, len(draws) - n + 1, n))
 
 
 @lru_cache(maxsize=4)

@@ -6,6 +6,10 @@ from __future__ import annotations
 class OrchError(Exception):
     """A user-facing error: bad input, an impossible request. Never a bug."""
 
+    # How a rank's failure record names it (runtime/launch/failures.py): "error", or the run's own end that every
+    # rank raised alike ("diverged"), which `orch status` says as the run's line rather than one rank's failure.
+    failure_kind = "error"
+
     def lines(self) -> list[str]:
         return [str(self)]
 

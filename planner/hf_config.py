@@ -180,6 +180,38 @@ def decoder_module(cfg: HFConfig, hf: HFPart) -> ModuleSpec:
     )
 
 
+def moe_module(cfg: HFConfig, dense: ModuleSpec) -> ModuleSpec:
+    """A decoder read by `decoder_module` with the Mixture-of-Experts MLPs its config names (Qwen3-MoE's and
+    Qwen3-VL-MoE's text config): `num_experts` experts of `moe_intermediate_size` each, `num_experts_per_tok` of
+    them per token, in every block but `mlp_only_layers` and those `decoder_sparse_step` skips (block i has experts
+    when (i + 1) % step == 0), which keep one MLP of `intermediate_size`; the router's auxiliary loss weighs
+    `router_aux_loss_coef` where the config asks for it (`output_router_logits`), as the HF model's forward adds it."""
+    # config.json holds `num_local_experts` where transformers wrote it (its attribute_map), else num_experts
+    key = "num_local_experts" if "num_local_experts" in cfg.values else "num_experts"
+    experts = cfg.get(key, 0)
+    if not isinstance(experts, int) or isinstance(experts, bool) or experts < 0:
+        raise SpecError(cfg.source, cfg.field(key), f"expected a non-negative integer, got {experts!r}")
+    step = cfg.positive("decoder_sparse_step")
+    only = set(cfg.indices("mlp_only_layers", dense.layers)) if cfg.get("mlp_only_layers") else set()
+    dense_blocks = tuple(i for i in range(dense.layers) if i in only or (i + 1) % step)
+    if experts == 0 or len(dense_blocks) == dense.layers:  # HF builds no sparse block
+        return dense
+    top_k = cfg.positive("num_experts_per_tok")
+    if top_k > experts:
+        raise SpecError(cfg.source, cfg.field("num_experts_per_tok"), f"{top_k} is more than the {experts} experts")
+    coef = cfg.get("router_aux_loss_coef", 0.0) if cfg.get("output_router_logits", False) is True else 0.0
+    if not isinstance(coef, (int, float)) or isinstance(coef, bool) or coef < 0:
+        raise SpecError(cfg.source, cfg.field("router_aux_loss_coef"), f"expected a number >= 0, got {coef!r}")
+    update = dict(
+        experts=experts,
+        top_k=top_k,
+        expert_ffn=cfg.positive("moe_intermediate_size"),
+        dense_blocks=dense_blocks or None,
+        aux_loss_coef=float(coef),
+    )
+    return ModuleSpec.model_validate({**dense.model_dump(exclude_unset=True), **update})
+
+
 def feature_layers(layers: int, feature_layer: Any, source: str) -> int:
     """Vision layers a LLaVA model runs: hidden_states[k] is the output of k layers (negative k from the end,
     hidden_states holding layers + 1 entries); a list of k takes the deepest."""
@@ -281,6 +313,10 @@ def describe(model: ModelSpec) -> list[str]:
         if m.head_dim is not None:
             what += f" of width {m.head_dim}"
         what += f", ffn {m.ffn}"
+        if m.experts > 1:
+            dense = f", blocks {list(m.dense_blocks)} dense" if m.dense_blocks else ""
+            aux = f", router aux loss x {m.aux_loss_coef:g}" if m.aux_loss_coef else ""
+            what += f", {m.experts} experts of ffn {m.expert_width} ({m.top_k} a token{dense}{aux})"
         if m.vocab:
             what += f", vocab {m.vocab}"
         if m.tied_embeddings:

@@ -6,6 +6,11 @@ cannot close it: samples are indivisible, and a few long ones among dp ranks can
 evenly (with 4 samples per rank the gap is tens of percent). Estimated the way the runtime gets
 there: global batches drawn from the DataSpec, balanced by the dispatcher's `orch` mode over the
 module's DP ranks, costs from the module's per-sample cost (planner/sample_cost.py).
+
+An encoder whose items the spec knows is priced balanced by item, as the runtime balances it by default
+(`encoder_balance: item`): a Hugging Face tower of fixed-size images (`image_tokens`), each drawn sample's
+tokens its images, each costing the per-sample polynomial on its own tokens. A native-resolution tower's
+images and video frame groups are not in a DataSpec (a drawn length is a sample's patches): priced whole.
 """
 
 from __future__ import annotations
@@ -14,27 +19,38 @@ from functools import lru_cache
 
 from orch.planner.data import sample_lengths
 from orch.planner.sample_cost import SampleCost
-from orch.planner.specs import DataSpec
+from orch.planner.specs import DataSpec, ModuleSpec
 
 BATCHES = 16  # global batches drawn per estimate (the mean of their max/mean)
 
 
-def residual_imbalance(data: DataSpec, module: str, llm: str, dp: int, dp_per_node: int, cost: SampleCost) -> float:
+def item_tokens(spec: ModuleSpec) -> int | None:
+    """Tokens of one item of an encoder balanced by item, where the spec knows them (module docstring)."""
+    return spec.image_tokens if spec.hf is not None and spec.image_tokens else None
+
+
+def residual_imbalance(
+    data: DataSpec, module: str, llm: str, dp: int, dp_per_node: int, cost: SampleCost, items: int | None = None
+) -> float:
     """Mean over drawn global batches of (slowest DP rank's cost) / (mean DP rank's cost), >= 1, with the
-    module's per-sample `cost` (its per-call term plays no part: the same for every placement)."""
+    module's per-sample `cost` (its per-call term plays no part: the same for every placement); `items`: the
+    tokens of one of its items (`item_tokens`), balanced by item."""
     if dp <= 1:
         return 1.0
     terms = (cost.constant, cost.linear, cost.quadratic)
-    return _imbalance(data.model_dump_json(), module, llm, dp, dp_per_node, terms)
+    return _imbalance(data.model_dump_json(), module, llm, dp, dp_per_node, terms, items)
 
 
 @lru_cache(maxsize=256)
-def _imbalance(data_json: str, module: str, llm: str, dp: int, dpn: int, terms: tuple[float, float, float]) -> float:
+def _imbalance(
+    data_json: str, module: str, llm: str, dp: int, dpn: int, terms: tuple[float, float, float], items: int | None
+) -> float:
     import numpy as np
 
     from orch.planner.balance.batch import PhaseSpec
     from orch.planner.balance.cost import build_phase_arrays, rank_costs
-    from orch.planner.balance.dispatch import dispatch_phase
+    from orch.planner.balance.dispatch import balance_arrays, dispatch_phase
+    from orch.planner.balance.items import Items, group_phase, item_costs, whole_groups
     from orch.planner.balance.mode import Mode
 
     data = DataSpec.model_validate_json(data_json)
@@ -53,10 +69,18 @@ def _imbalance(data_json: str, module: str, llm: str, dp: int, dpn: int, terms: 
         )
         # floor or ceil of batch/dp samples per rank, as the runtime deals them (in rank order here)
         origin = np.sort(np.arange(batch, dtype=np.int64) % dp)
-        ph = build_phase_arrays(module, spec, lengths, origin, lengths, dp, dpn)
-        if ph.n == 0:
-            continue
-        costs = rank_costs(ph, dispatch_phase(ph, Mode.ORCH))
+        if items is not None:  # whole images of `items` tokens each (a partial last one counted as one)
+            per = [[items] * (int(n) // items) + ([int(n) % items] if n % items else []) for n in lengths]
+            its = Items.from_lists(per, per)
+            ph = group_phase(module, spec, its, item_costs(its, spec), whole_groups(its), origin, dp, dpn)
+            if ph.n == 0:
+                continue
+            costs = balance_arrays({module: ph}, origin, Mode.ORCH, {module: its})[module].costs
+        else:
+            ph = build_phase_arrays(module, spec, lengths, origin, lengths, dp, dpn)
+            if ph.n == 0:
+                continue
+            costs = rank_costs(ph, dispatch_phase(ph, Mode.ORCH))
         mean = float(costs.sum()) / dp
         if mean > 0:
             ratios.append(float(costs.max()) / mean)

@@ -29,7 +29,7 @@ def write_bytes_atomic(path: str | Path, data: bytes) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
-            raise  # a full disk: the caller knows how many bytes its file needs (runtime/disk.py)
+            raise  # a full disk: the caller knows how many bytes its file needs (runtime/workdir/disk.py)
         raise SpecError(str(p), "", f"cannot write: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as f:

@@ -114,13 +114,14 @@ def _explain_infeasible(inp: SearchInput) -> Exception:
         (module_cost(inp.model, inp.data, inp.cluster, llm, x, 1, Recompute.FULL, in_flight=x.pp), x) for x in shapes
     ]
     smallest, lay = min(costs, key=lambda cx: cx[0].memory_gb)
+    gpu = inp.cluster.gpu
     if smallest.memory_gb > inp.capacity_gb:
         return SpecError(
             f"cluster {inp.cluster.name}",
             "gpu.memory_gb",
-            f"model '{inp.model.name}' needs about {smallest.memory_gb + inp.cfg.memory_reserve_gb:.0f} GB per GPU "
-            f"even at {lay.short()} with full recompute on {n} GPUs; the GPU has {inp.cluster.gpu.memory_gb:g} GB "
-            "(add nodes or use larger GPUs)",
+            f"model '{inp.model.name}' needs about {smallest.memory_gb + gpu.reserve:.0f} GB per GPU "
+            f"even at {lay.short()} with full recompute on {n} GPUs; the GPU has {gpu.memory_gb:g} GB, "
+            f"{gpu.reserve:g} of it reserved (gpu.reserve_gb) (add nodes or use larger GPUs)",
         )
     # memory is not the limit: the batch is, when no layout of the LLM on every GPU keeps dp <= batch
     units = sorted({x.gpus for x in shapes if n % x.gpus == 0})

@@ -83,6 +83,24 @@ class ModuleSpec(_Spec):
     vocab: int | None = Field(default=None, gt=0, description="vocabulary size (LLM only)")
     experts: int = Field(default=1, gt=0, description="MoE experts per layer (1 = dense)")
     top_k: int = Field(default=1, gt=0, description="experts each token is routed to")
+    expert_ffn: int | None = Field(
+        default=None,
+        gt=0,
+        description="inner width of one expert's MLP where it is not ffn (Qwen3-MoE's moe_intermediate_size; "
+        "ffn is then the width of the dense blocks' MLP); default ffn",
+    )
+    dense_blocks: tuple[int, ...] | None = Field(
+        default=None,
+        description="with experts: the blocks (0-based) whose MLP is one dense MLP of ffn width, not experts "
+        "(Qwen3-MoE's mlp_only_layers and the blocks decoder_sparse_step skips); default none: every block",
+    )
+    aux_loss_coef: float = Field(
+        default=0.0,
+        ge=0,
+        description="with experts: the router's load-balancing loss is added to the LM loss times this (HF's "
+        "router_aux_loss_coef where output_router_logits is set; runtime/train/aux_loss.py says over which tokens); "
+        "0: none",
+    )
     feeds: str | None = Field(default=None, description="module this encoder feeds through a projector")
     modality: Modality | None = Field(
         default=None,
@@ -124,7 +142,8 @@ class ModuleSpec(_Spec):
         gt=0,
         description="with item_attention: patches per attention window of the blocks that attend inside windows "
         "(Qwen2.5-VL: window_size / patch_size patches a side, 8 x 8 = 64), every block but "
-        "full_attention_blocks; default none: every block attends over the whole image or frame",
+        "full_attention_blocks; default none: every block attends over the whole image or frame. With clip_tokens: "
+        "an audio tower's tokens per chunk (Qwen2.5-Omni: n_window), its attention priced per chunk",
     )
     full_attention_blocks: tuple[int, ...] | None = Field(
         default=None,
@@ -171,6 +190,11 @@ class ModuleSpec(_Spec):
             raise ValueError(f"kv_heads ({self.num_kv_heads}) must divide heads ({self.heads})")
         if self.top_k > self.experts:
             raise ValueError(f"top_k ({self.top_k}) must be at most experts ({self.experts})")
+        if self.experts == 1 and (self.expert_ffn is not None or self.dense_blocks or self.aux_loss_coef):
+            raise ValueError("expert_ffn, dense_blocks and aux_loss_coef describe experts: set experts > 1")
+        bad = [b for b in self.dense_blocks or () if not 0 <= b < self.layers]
+        if bad:
+            raise ValueError(f"dense_blocks: {bad[0]} is not a block of {self.layers}")
         if self.kind == ModuleKind.LLM:
             if self.vocab is None:
                 raise ValueError("an llm module needs vocab")
@@ -194,8 +218,10 @@ class ModuleSpec(_Spec):
                 "item_attention: orch's own modules attend over whole samples; only a module built from a Hugging "
                 "Face directory (hf) attends per image"
             )
-        if self.window_tokens is not None and not self.item_attention:
-            raise ValueError("window_tokens needs item_attention (windows inside each image)")
+        if self.window_tokens is not None and not (self.item_attention or self.clip_tokens):
+            raise ValueError(
+                "window_tokens needs item_attention (windows inside each image) or clip_tokens (chunks of a clip)"
+            )
         if self.full_attention_blocks is not None and self.window_tokens is None:
             raise ValueError("full_attention_blocks needs window_tokens (the other blocks attend in windows)")
         for name in ("full_attention_blocks", "deepstack_blocks"):
@@ -205,6 +231,19 @@ class ModuleSpec(_Spec):
                 raise ValueError(f"{name}: {bad[0]} is not a block of {self.layers}")
             if len(set(blocks)) != len(blocks):
                 raise ValueError(f"{name}: a block is named twice")
+
+    @property
+    def expert_width(self) -> int:
+        """One expert MLP's inner width: expert_ffn, else ffn."""
+        return self.expert_ffn or self.ffn
+
+    @property
+    def moe_blocks(self) -> int:
+        """Blocks whose MLP is experts (every block of a MoE module but dense_blocks); 0 for a dense module."""
+        return self.layers - len(set(self.dense_blocks or ())) if self.experts > 1 else 0
+
+    def is_moe_block(self, block: int) -> bool:
+        return self.experts > 1 and block not in (self.dense_blocks or ())
 
     @property
     def num_kv_heads(self) -> int:
@@ -257,6 +296,11 @@ class ModuleSpec(_Spec):
             )
         if axis == "pp" and degree > self.layers:
             return f"more stages than its {self.layers} layers"
+        if axis == "pp" and self.aux_loss_coef:
+            return (
+                f"the router's auxiliary loss (aux_loss_coef {self.aux_loss_coef:g}) takes every layer's choices of a "
+                "micro-batch on one stage; set output_router_logits false in config.json to pipeline it"
+            )
         return None
 
     @property
@@ -336,9 +380,42 @@ class ModelSpec(_Spec):
         return Modality(name) if name in (Modality.VISION, Modality.AUDIO) else Modality.VISION
 
 
+# Memory per device a plan leaves unused, by device kind, where the cluster spec names none (GpuSpec.reserve_gb):
+# on a GPU the CUDA context, NCCL's buffers, the caching allocator's fragmentation and kernel workspaces; on a CPU
+# rank the Python process with torch and gloo loaded.
+RESERVE_GB = {"cuda": 3.0, "cpu": 0.5}
+
+
 class GpuSpec(_Spec):
-    memory_gb: float = Field(gt=0, description="usable device memory, GB")
+    memory_gb: float = Field(gt=0, description="device memory, GB (a CPU rank: its share of the host's RAM)")
     peak_tflops: float = Field(gt=0, description="peak dense bf16 TFLOP/s")
+    device: Literal["cuda", "cpu"] = Field(default="cuda", description="what a rank computes on: a GPU or a CPU")
+    reserve_gb: float | None = Field(
+        default=None,
+        ge=0,
+        description="memory per device that plans leave unused (CUDA context, NCCL buffers, allocator "
+        "fragmentation, workspaces): a plan fits memory_gb less this; default by device: "
+        + ", ".join(f"{gb:g} for {kind}" for kind, gb in RESERVE_GB.items()),
+    )
+
+    @model_validator(mode="after")
+    def _leaves_memory(self) -> GpuSpec:
+        if self.reserve >= self.memory_gb:
+            raise ValueError(
+                f"reserve_gb ({self.reserve:g}) leaves nothing of memory_gb ({self.memory_gb:g}) to plan with; "
+                "lower reserve_gb"
+            )
+        return self
+
+    @property
+    def reserve(self) -> float:
+        """GB per device a plan leaves unused: reserve_gb, else the device kind's default (RESERVE_GB)."""
+        return self.reserve_gb if self.reserve_gb is not None else RESERVE_GB[self.device]
+
+    @property
+    def usable_gb(self) -> float:
+        """GB per device a plan may fill: memory_gb less the reserve."""
+        return self.memory_gb - self.reserve
 
 
 class LinkSpec(_Spec):

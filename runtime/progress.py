@@ -8,7 +8,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from orch.runtime.metrics import StepRecord
+    from orch.runtime.workdir.metrics import StepRecord
 
 RECENT = 10  # steps whose mean time sets the ETA
 

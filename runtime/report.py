@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orch.runtime.metrics import StepRecord, phase_imbalance
+from orch.runtime.workdir.metrics import StepRecord, phase_imbalance
 
 TOP_PHASES = 6
 

@@ -1,6 +1,6 @@
 """`--report-to tensorboard,wandb,mlflow`: rank 0 also logs each step's record where people watch runs.
 
-What is logged is the StepRecord rank 0 appends to metrics.jsonl (runtime/metrics.py), as scalars
+What is logged is the StepRecord rank 0 appends to metrics.jsonl (runtime/workdir/metrics.py), as scalars
 (`step_scalars`): loss, learning rate, gradient norm, tokens per second, the step's and each phase's time
 (the slowest rank's), each post-balanced phase's imbalance (slowest rank over mean) and the largest rank's
 memory. One sink per backend, each imported inside itself (a missing package is one line naming what to
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orch.planner.errors import OrchError, SpecError
-from orch.runtime.metrics import StepRecord, phase_imbalance
+from orch.runtime.workdir.metrics import StepRecord, phase_imbalance
 
 if TYPE_CHECKING:
     from orch.runtime.train.config import TrainConfig

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     import torch
 
 IMAGE, VIDEO, AUDIO = "<image>", "<video>", "<audio>"  # a sample's placeholders (LLaMA-Factory's, ms-swift's)
+# A video with its own audio (`use_audio_in_video`) where it stood: a mark of the text, never a user's placeholder;
+# its vision encoder takes its video, its audio encoder its sound (runtime/data/expansion.py).
+SOUNDING_VIDEO = "<video+audio>"
 MEL_RATE, MEL_HOP = 16000, 160  # Whisper's and orch's reference log-mel: 16 kHz, a 10 ms hop
 
 
@@ -121,15 +124,26 @@ def scored_labels(labels: Sequence[torch.Tensor], layouts: Sequence[SequenceLayo
 
 
 @dataclass(frozen=True)
+class Sound:
+    """A video's own audio, used with it (`use_audio_in_video`): the clip its audio encoder takes and the LLM rows
+    it gives, which its family interleaves with the video's rows (`GridRule`'s optional `sound_chunks`)."""
+
+    clip: int  # its place among the sample's clips of the audio encoder (placeholder order: runtime/data/expansion.py)
+    rows: int  # the clip's projected (LLM) rows
+
+
+@dataclass(frozen=True)
 class MediaItem:
     """One image or video of a sample as a native-resolution tower takes it: its patch grid (temporal, height,
     width: patches before the merger; `t·h·w` input rows) and, for a video, the seconds one temporal grid step
     spans (0 for an image); a Qwen3-VL video is one item per temporal step, its seconds the step's timestamp
     (the `<t seconds>` of its text). Or one clip of a windowed audio tower (`takes_clips`): grid (1, 1, its input
-    rows). Known to every rank from the index, as lengths are (docs/qwen_vl.md)."""
+    rows). Known to every rank from the index, as lengths are (docs/qwen_vl.md). `sound`: a video whose own audio
+    is used with it (`use_audio_in_video`, docs/data.md), on its first item; None for every other item."""
 
     grid: tuple[int, int, int]
     seconds: float = 0.0
+    sound: Sound | None = None
 
     @property
     def patches(self) -> int:
@@ -175,8 +189,16 @@ class GridRule(Protocol):
     videos. A frozen dataclass of JSON values (it keys the index).
 
     An image is one item; a video one or more, each its own group of rows in the text (Qwen3-VL: one per
-    temporal step, after its timestamp): the k-th `<video>` renders as, per item, `video_prefix(item)`, then
-    `wrap[0]`, the item's rows, `wrap[1]` (`video_texts`, `TextCounter.render`)."""
+    temporal step, after its timestamp): the k-th `<video>` renders as, per item, `video_prefix(item, j)` (j: the
+    item's place in its video, from 0), then
+    `wrap[0]`, the item's rows, `wrap[1]` (`video_texts`, `TextCounter.render`).
+
+    A video with its own audio (`use_audio_in_video`, docs/data.md): its first item's rows and its clip's rows stand
+    between `wrap[0]` + the audio rule's `wrap[0]` and the audio rule's `wrap[1]` + `wrap[1]` (Qwen-Omni's
+    `<|vision_bos|><|audio_bos|>` ... `<|audio_eos|><|vision_eos|>`), video rows first, then audio rows, unless the
+    rule has the optional method `sound_chunks(item: MediaItem) -> list[tuple[int, int]]`: the (video rows, audio
+    rows) of each chunk in order, summing to the item's projected rows and `item.sound.rows` (Qwen-Omni: chunk by
+    chunk of `seconds_per_chunk`), by which runtime/data/expansion.py places them."""
 
     wrap: tuple[str, str]  # text before and after each item's rows ("" where none)
     no_video: str  # why the tower takes no video ("" where it does)
@@ -189,8 +211,9 @@ class GridRule(Protocol):
         """The items (t, h, w, seconds) a video becomes, in order; ValueError saying what is wrong."""
         ...
 
-    def video_prefix(self, item: tuple[int, int, int, float]) -> str:
-        """The text before a video item's `wrap` (its timestamp, say; "" where none)."""
+    def video_prefix(self, item: tuple[int, int, int, float], index: int) -> str:
+        """The text before a video's `index`-th item's `wrap` (its timestamp, its frame number and the separator
+        from the item before; "" where none)."""
         ...
 
 
@@ -232,19 +255,24 @@ def audio_tokens(rule: EncoderRule, num_samples: int, rate: int) -> int:
 
 
 def soundfile_frames(path: str) -> tuple[int, int]:
-    """(samples, rate) of the clip at `path`, from its header."""
-    import soundfile
+    """(samples, rate) of the clip at `path`, from its header: an audio file's (soundfile), or a container's first
+    audio stream (a video's own track: runtime/sound.py `clip_frames`)."""
+    from orch.runtime.sound import clip_frames
 
-    info = soundfile.info(path)
-    return int(info.frames), int(info.samplerate)
+    return clip_frames(path)
 
 
 def waveform_16k(path: str) -> torch.Tensor:
-    """The clip at `path`, mono, at 16 kHz (linear resampling from another rate)."""
+    """The clip at `path`, mono, at 16 kHz: an audio file soundfile reads (linear resampling from another rate), or
+    a container's audio track (a video's own) decoded and resampled by PyAV (runtime/sound.py `track_waveform`)."""
     import numpy as np
     import soundfile
     import torch
 
+    from orch.runtime.sound import soundfile_reads, track_waveform
+
+    if not soundfile_reads(path):
+        return torch.from_numpy(track_waveform(path, MEL_RATE))
     wave, rate = soundfile.read(path, dtype="float32", always_2d=True)
     audio = torch.from_numpy(np.ascontiguousarray(wave.mean(axis=1)))
     if rate != MEL_RATE:

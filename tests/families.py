@@ -7,6 +7,8 @@ from pathlib import Path
 
 import yaml
 from hf_models import make_llava, make_parts, make_qwen2_audio, make_whisper, save
+from internvl_models import make_internvl
+from qwen_omni_models import make_qwen_omni
 from qwen_vl_models import make_qwen_vl
 
 # Text, image and speech samples (`data_for`: those a model's modules take), sized for every family's tiny model: whole LLaVA images of 16 patches, Qwen-VL grids of 2x2 merge windows, clips of
@@ -91,6 +93,9 @@ FAMILY_MODELS: dict[str, Callable[[Path], Path]] = {
     "qwen2_vl": lambda root: make_qwen_vl(root / "qwen2_vl", "qwen2_vl"),
     "qwen2_5_vl": lambda root: make_qwen_vl(root / "qwen2_5_vl", "qwen2_5_vl"),
     "qwen3_vl": lambda root: make_qwen_vl(root / "qwen3_vl", "qwen3_vl"),
+    "qwen3_vl_moe": lambda root: make_qwen_vl(root / "qwen3_vl_moe", "qwen3_vl_moe"),
+    "qwen2_5_omni": lambda root: make_qwen_omni(root / "qwen2_5_omni"),
+    "internvl": lambda root: make_internvl(root / "internvl"),
     "llama": lambda root: make_decoder(root / "llama", "llama"),
     "qwen2": lambda root: make_decoder(root / "qwen2", "qwen2"),
     "mistral": lambda root: make_decoder(root / "mistral", "mistral"),

@@ -29,6 +29,7 @@ from orch.runtime.models.registry import FAMILIES
 ALL = [0, 1, 2, 3]
 SEED = 5  # the HF data's (test_hf_composed.py shares it)
 QWEN_VL_SEED = 4
+OMNI_SEED = 9  # a batch of text alone, speech, an image, and image with speech
 
 
 def data_spec() -> DataSpec:
@@ -54,6 +55,21 @@ def qwen_vl_data_spec() -> DataSpec:
             TaskSpec(name="image", weight=0.75, tokens={"vision": 80, "llm": 70}, max={"vision": 256, "llm": 120}),
         ],
     )
+
+
+def omni_data_spec() -> DataSpec:
+    """Text, image, speech, and image with speech (both towers in one sample): Qwen2.5-Omni's thinker."""
+    return DataSpec(
+        global_batch=6,
+        seq_len=100,
+        tasks=[
+            TaskSpec(name="text", weight=0.2, tokens={"llm": 30}, max={"llm": 60}),
+            TaskSpec(name="image", weight=0.3, tokens={"vision": 24, "llm": 56}, max={"vision": 40, "llm": 80}),
+            TaskSpec(name="asr", weight=0.2, tokens={"audio": 30, "llm": 50}, max={"audio": 56, "llm": 80}),
+            TaskSpec(name="image_asr", weight=0.3, tokens={"vision": 16, "audio": 20, "llm": 60},
+                     max={"vision": 40, "audio": 40, "llm": 100}),
+        ],
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -92,6 +108,7 @@ RUNTIME_ROWS = {
     "Llava": {"data_parallel": DataParallel.REPLICATE},
     "Qwen2Audio": {"recompute": Recompute.SELECTIVE},
     "QwenVL": {"data": qwen_vl_data_spec(), "seed": QWEN_VL_SEED},
+    "QwenOmni": {"data": omni_data_spec(), "seed": OMNI_SEED},
 }
 
 
@@ -129,14 +146,18 @@ class PlanKind:
     tower: tuple[Layout, list[int]] | None = None
     data_parallel: DataParallel | None = None  # the row's where None
     sharding: Sharding = Sharding.KEEP
+    by_modality: dict[str, tuple[Layout, list[int]]] | None = None  # a tower's own, by its modality (vision, audio)
 
     def layouts(self, model: ModelSpec) -> dict[str, tuple[Layout, list[int]]]:
         towers = dict.fromkeys(model.encoder_names, self.tower) if self.tower else {}
+        for name in model.encoder_names if self.by_modality else ():
+            towers[name] = self.by_modality.get(model.modality(name).value, towers.get(name) or self.llm)
         return {model.llm_name: self.llm, **towers}
 
     @property
     def world_size(self) -> int:
-        return max(self.llm[1] + (self.tower[1] if self.tower else [])) + 1
+        own = [r for _, ranks in (self.by_modality or {}).values() for r in ranks]
+        return max(self.llm[1] + (self.tower[1] if self.tower else []) + own) + 1
 
     def refusal(self, model: ModelSpec) -> str | None:
         """Why `model`'s modules cannot run this plan kind (the first refusal, named), or None."""
@@ -145,6 +166,8 @@ class PlanKind:
                 why = model.modules[name].refuses(axis, getattr(layout, axis))
                 if why:
                     return f"{name} {axis.upper()}{getattr(layout, axis)}: {why}"
+            if layout.ep > 1 and model.modules[name].experts % layout.ep:
+                return f"{name} EP{layout.ep}: {model.modules[name].experts} experts (a dense module has none to split)"
         return None
 
 
@@ -168,6 +191,16 @@ PLAN_KINDS: dict[str, PlanKind] = {
     "zero3_homogeneous": PlanKind(
         "ZeRO-3 homogeneous DP4", (Layout(dp=4), ALL), data_parallel=DataParallel.FSDP, sharding=Sharding.RESHARD
     ),
+    # expert parallelism (a MoE LLM): EP2 carved out of DP4, so each expert's gradient is summed over an EDP group
+    # of 2; its tokens cross the EP group by all_to_all, ranks without tokens for an expert still exchanging
+    "llm_ep2": PlanKind("tower DP4, LLM DP4 EP2", (Layout(dp=4, ep=2), ALL), (Layout(dp=4), ALL)),
+    "zero3_llm_ep2": PlanKind(
+        "ZeRO-3 tower DP4, LLM DP4 EP2",
+        (Layout(dp=4, ep=2), ALL),
+        (Layout(dp=4), ALL),
+        data_parallel=DataParallel.FSDP,
+        sharding=Sharding.RESHARD,
+    ),
     "zero3_llm_tp2": PlanKind(
         "ZeRO-3 tower DP4, LLM TP2 DP2",
         (Layout(tp=2, dp=2), ALL),
@@ -175,7 +208,18 @@ PLAN_KINDS: dict[str, PlanKind] = {
         data_parallel=DataParallel.FSDP,
         sharding=Sharding.RESHARD,
     ),
-}
+    # two towers, each its own layout: an island each before the LLM's (replicated, as "disaggregated"), or
+    # beside it on every rank, the audio tower at TP2 and the vision tower DP4
+    "island_per_tower": PlanKind(
+        "disaggregated audio DP1, vision DP1 -> LLM DP3", (Layout(dp=3), [2, 3, 4]),
+        data_parallel=DataParallel.REPLICATE,
+        by_modality={"audio": (Layout(dp=1), [0]), "vision": (Layout(dp=1), [1])},
+    ),
+    "towers_own_layouts": PlanKind(
+        "audio TP2 DP2, vision DP4, LLM CP2 DP2", (Layout(cp=2, dp=2), ALL), (Layout(dp=4), ALL),
+        by_modality={"audio": (Layout(tp=2, dp=2), ALL)},
+    ),
+}  # fmt: skip
 
 # The cells `make test` runs, in about the time the two modules it replaced took (the whole matrix takes ~3x as
 # long: the bench runs it): every cell a family was held under before the matrix, and every registered family
@@ -183,6 +227,7 @@ PLAN_KINDS: dict[str, PlanKind] = {
 # LLM's TP, CP and PP beside a tower; disaggregated), Qwen2-Audio (clips) each in a richer cell (PP2 beside a
 # tower at TP2, CP3 after a lone tower rank); every family with a tower that cannot run on zero rows (whole images,
 # clips, grids) under ZeRO-3, where a rank without media runs its placeholder (in the DP4 launch: no launch more).
+# Qwen2.5-Omni (two towers) every plain kind and each tower's own placement: an island each, or its own layout.
 TESTED: dict[str, tuple[str, ...]] = {
     "llava": (
         "homogeneous",
@@ -205,6 +250,27 @@ TESTED: dict[str, tuple[str, ...]] = {
         "zero3_llm_tp2",
     ),
     "qwen3_vl": ("homogeneous", "llm_pp2", "llm_cp2_tp2"),
+    "qwen3_vl_moe": ("homogeneous", "llm_tp2", "llm_cp2", "llm_pp2", "disaggregated", "llm_ep2", "zero3_llm_ep2"),
+    "qwen2_5_omni": (
+        "homogeneous",
+        "llm_tp2",
+        "llm_cp2",
+        "llm_pp2",
+        "island_per_tower",
+        "towers_own_layouts",
+        "zero3_homogeneous",
+    ),
+    # tiles: whole images of a fixed size, any number of them an image; ZeRO-3: a rank without images runs one
+    # black tile (its placeholder)
+    "internvl": (
+        "homogeneous",
+        "llm_tp2",
+        "llm_cp2",
+        "llm_pp2",
+        "disaggregated",
+        "tower_tp2_llm_cp2",
+        "zero3_homogeneous",
+    ),
     "llava_siglip_qwen2_tied": ("llm_tp2", "tower_tp2_llm_cp2"),
     "llava_clip_mistral_window": ("llm_tp2", "tower_tp2_llm_cp2"),
 }

@@ -120,3 +120,19 @@ def make_whisper(directory: Path, *, seed: int = 0) -> Path:
     model = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**WHISPER))
     save(model, directory)
     return Path(directory)
+
+
+TEMPLATE = "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} ?\n{% endfor %}"
+
+
+def save_processor(directory, tokenizer_file):
+    """The model's processor beside its weights: a CLIP image processor at the tower's 28 pixels and a fast
+    tokenizer with a chat template (what save_pretrained of a real model's processor writes)."""
+    import transformers
+
+    transformers.CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}).save_pretrained(
+        directory
+    )
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), unk_token="[UNK]")
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(directory)

@@ -1,4 +1,4 @@
-"""Tiny Qwen-VL models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) written to local directories from transformers' own
+"""Tiny Qwen-VL models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) written to local directories from transformers' own
 config classes, with what a hub directory holds beside the weights: a tokenizer with the family's special
 tokens, a chat template, preprocessor_config.json (the image processor's min/max pixels, patch, merge and
 temporal patch) and video_preprocessor_config.json (fps, min/max frames)."""
@@ -10,9 +10,13 @@ from hf_models import save
 # ChatML as the Qwen templates render a conversation whose contents are strings (LLaMA-Factory's `qwen2_vl`).
 CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 SPECIALS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
-PATCH = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
+PATCH = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16, "qwen3_vl_moe": 16}
 TEXT = {"hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
         "num_key_value_heads": 2, "attention_dropout": 0.0, "bos_token_id": None, "eos_token_id": None}  # fmt: skip
+# Qwen3-VL-MoE's decoder: experts of a width other than the dense MLP's, one dense block (mlp_only_layers); the
+# router's auxiliary loss off (output_router_logits: True, with router_aux_loss_coef, turns it on)
+MOE_TEXT = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 20, "mlp_only_layers": [3],
+            "tie_word_embeddings": False}  # fmt: skip
 MROPE = [2, 2, 2]  # head_dim 12: 6 frequency pairs over (t, h, w)
 # A small tower's image limits: 4 to 64 merged tokens per image.
 MIN_PIXELS, MAX_PIXELS = 4 * 28 * 28, 64 * 28 * 28
@@ -76,6 +80,14 @@ def make_qwen_vl(
         text_config = transformers.Qwen3VLTextConfig(**text, head_dim=12,
                                                      rope_parameters={**rope, "mrope_interleaved": True})  # fmt: skip
         cls, config_cls = transformers.Qwen3VLForConditionalGeneration, transformers.Qwen3VLConfig
+    elif family == "qwen3_vl_moe":  # Qwen3-VL's tower; a decoder of 4 experts (2 a token) but in block 3
+        vision = transformers.Qwen3VLMoeVisionConfig(depth=4, hidden_size=32, intermediate_size=64, num_heads=4,
+                                                     out_hidden_size=48, patch_size=patch, num_position_embeddings=64,
+                                                     deepstack_visual_indexes=[1, 2], **vx)  # fmt: skip
+        text = {**MOE_TEXT, **text}
+        text_config = transformers.Qwen3VLMoeTextConfig(**text, head_dim=12,
+                                                        rope_parameters={**rope, "mrope_interleaved": True})  # fmt: skip
+        cls, config_cls = transformers.Qwen3VLMoeForConditionalGeneration, transformers.Qwen3VLMoeConfig
     else:
         raise ValueError(family)
     config = config_cls(
@@ -94,13 +106,13 @@ def make_qwen_vl(
              "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
              "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,
              "rescale_factor": 1 / 255, "resample": 3}  # fmt: skip
-    if family == "qwen3_vl":
+    if family.startswith("qwen3"):
         image |= {"image_processor_type": "Qwen2VLImageProcessor", "image_mean": [0.5] * 3, "image_std": [0.5] * 3}
     (directory / "preprocessor_config.json").write_text(json.dumps(image, indent=1))
     video = {**image, "video_processor_type": "Qwen2VLVideoProcessor", "fps": 2.0, "min_frames": 4,
              "max_frames": 16, "min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS}  # fmt: skip
     video.pop("image_processor_type")
-    if family == "qwen3_vl":  # Qwen3VLVideoProcessor: its limits as `size` alone
+    if family.startswith("qwen3"):  # Qwen3VLVideoProcessor: its limits as `size` alone
         del video["min_pixels"], video["max_pixels"]
         video |= {"video_processor_type": "Qwen3VLVideoProcessor",
                   "size": {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}}  # fmt: skip

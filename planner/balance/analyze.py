@@ -4,7 +4,9 @@ Draws K global batches of dp × micro_batch samples from a manifest of per-sampl
 land on ranks at random, as DP sampling does), balances each with every mode and averages per
 phase the max and mean rank cost. Wasted = 1 - mean / max: the fraction of a phase's step the
 average rank spends waiting for the slowest. Speed-up = Σ phases max cost without balancing /
-Σ phases max cost with the mode (phases run one after another, so their times add).
+Σ phases max cost with the mode (phases run one after another, so their times add). An encoder whose
+samples' items the manifest lists (`items`, planner/data.py `read_manifest_items`: a native-resolution
+tower's images and runs of its videos' frame groups) is balanced by item, as the runtime balances it.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from orch.planner.balance.batch import LLM_PHASE, PhaseSpec
-from orch.planner.balance.cost import PhaseArrays, build_phase_arrays, moved_bytes
+from orch.planner.balance.cost import PhaseArrays, build_phase_arrays
 from orch.planner.balance.dispatch import balance_arrays
+from orch.planner.balance.items import Items, group_phase, item_costs, whole_groups
 from orch.planner.balance.mode import Mode
 from orch.planner.errors import SpecError
 
@@ -68,7 +71,8 @@ def _draw(
     dpn: int,
     micro_batch: int,
     rng: np.random.Generator,
-) -> tuple[dict[str, PhaseArrays], np.ndarray]:
+    items: tuple[dict[str, tuple[int, ...]], ...] | None = None,
+) -> tuple[dict[str, PhaseArrays], np.ndarray, dict[str, Items]]:
     n = dp * micro_batch
     picks = rng.integers(0, len(rows), size=n)
     table = np.zeros((len(rows), len(names)), dtype=np.int64)
@@ -78,11 +82,18 @@ def _draw(
             table[r, col[key]] = value
     lengths = table[picks]
     origin = rng.permutation(np.repeat(np.arange(dp), micro_batch))
-    out = {}
+    out, by_item = {}, {}
     for k, name in enumerate(names):
         ln = lengths[:, k]
+        if items is not None and any(name in items[int(r)] for r in picks):  # its samples' items, by item
+            per = [list(items[int(r)].get(name, (int(n),) if n else ())) for r, n in zip(picks, ln, strict=True)]
+            its = Items.from_lists(per, [[v * BYTES_PER_TOKEN for v in x] for x in per])
+            costs = item_costs(its, phases[name])
+            out[name] = group_phase(name, phases[name], its, costs, whole_groups(its), origin, dp, dpn)
+            by_item[name] = its
+            continue
         out[name] = build_phase_arrays(name, phases[name], ln, origin, ln * BYTES_PER_TOKEN, dp, dpn)
-    return out, origin
+    return out, origin, by_item
 
 
 def analyze(
@@ -94,6 +105,7 @@ def analyze(
     seed: int = 0,
     modes: tuple[Mode, ...] = (Mode.NONE, Mode.LPT, Mode.PAPER, Mode.ORCH),
     source: str = "manifest",
+    items: tuple[dict[str, tuple[int, ...]], ...] | None = None,
 ) -> AnalyzeResult:
     for flag, value in (("--dp", dp), ("--ranks-per-node", dp_per_node), ("--micro-batch", micro_batch)):
         if value <= 0:
@@ -110,13 +122,12 @@ def analyze(
     acc: dict[str, dict[str, list[float]]] = {name: {m.value: [0.0] * 5 for m in modes} for name in names}
     first: dict[str, dict[str, np.ndarray]] = {name: {} for name in names}
     for step in range(steps):
-        arrays, origin = _draw(rows, names, phases, dp, dp_per_node, micro_batch, rng)
+        arrays, origin, by_item = _draw(rows, names, phases, dp, dp_per_node, micro_batch, rng, items)
         for mode in modes:
-            outcomes = balance_arrays(arrays, origin, mode)
+            outcomes = balance_arrays(arrays, origin, mode, by_item)
             for name, o in outcomes.items():
                 ph = arrays[name]
-                local = o.dest[ph.ids]
-                inter = moved_bytes(ph.origin, local, ph.bytes, ph.dp_per_node).inter
+                inter = o.inter_node_bytes
                 total = float(ph.bytes.sum()) or 1.0
                 a = acc[name][mode.value]
                 a[0] += float(o.costs.max(initial=0.0))

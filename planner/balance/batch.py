@@ -10,13 +10,37 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema, model_validator
 
 from orch.planner.sample_cost import SampleCost
 
 LLM_PHASE = "llm"  # the phase every encoder phase feeds; routes compose into it
 
 NonNegInt = Annotated[int, Field(ge=0)]
+
+
+def _tokens_or_items(value: object) -> int | list[int]:
+    """A number of tokens (>= 0), or a list of item token counts (each > 0): one error line for either."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"expected a number of tokens >= 0, got {value}")
+        return value
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+        return list(value)
+    raise ValueError(f"expected a number of tokens >= 0 or a list of item token counts > 0, got {value!r}")
+
+
+def _bytes_or_items(value: object) -> int | list[int]:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        return list(value)
+    raise ValueError(f"expected a number of bytes >= 0 or a list of them per item, got {value!r}")
+
+
+_INT_OR_LIST = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "array", "items": {"type": "integer"}}]}
+TokensOrItems = Annotated[int | list[int], PlainValidator(_tokens_or_items), WithJsonSchema(_INT_OR_LIST)]
+BytesOrItems = Annotated[int | list[int], PlainValidator(_bytes_or_items), WithJsonSchema(_INT_OR_LIST)]
 
 
 class PhaseSpec(SampleCost):
@@ -45,11 +69,33 @@ class Sample(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     origin: NonNegInt = Field(description="DP rank that holds the sample before balancing")
-    lengths: dict[str, NonNegInt] = Field(description="tokens per phase; a missing phase is 0 (modality absent)")
-    bytes: dict[str, NonNegInt] = Field(
-        default_factory=dict,
-        description="payload moved per phase if the sample changes rank; missing: the phase's length",
+    lengths: dict[str, TokensOrItems] = Field(
+        description="tokens per phase; a missing phase is 0 (modality absent); an encoder phase may list its "
+        "items' tokens (images, runs of a video's frame groups, audio windows), balanced by item"
     )
+    bytes: dict[str, BytesOrItems] = Field(
+        default_factory=dict,
+        description="payload moved per phase if the sample changes rank (per item where lengths lists items: "
+        "a list as long, or one number shared by tokens); missing: the phase's length",
+    )
+
+    def items(self, phase: str) -> list[int]:
+        """The phase's item lengths: a number is one item (none if 0)."""
+        got = self.lengths.get(phase, 0)
+        return list(got) if isinstance(got, list) else [got] if got else []
+
+    def item_bytes(self, phase: str) -> list[int]:
+        """Each item's bytes: listed, or the number (the phase's length if missing) shared by tokens."""
+        lens = self.items(phase)
+        got = self.bytes.get(phase)
+        if isinstance(got, list):
+            return list(got)
+        total = sum(lens) if got is None else got
+        tokens = sum(lens)
+        cum = [0]
+        for n in lens:
+            cum.append(cum[-1] + n)
+        return [total * cum[k + 1] // tokens - total * cum[k] // tokens for k in range(len(lens))] if tokens else []
 
 
 class Batch(BaseModel):
@@ -80,6 +126,15 @@ class Batch(BaseModel):
                         raise ValueError(
                             f"samples.{i}.{part}.{key}: phase '{key}' is not declared; expected one of {declared}"
                         )
+            for key, value in s.lengths.items():
+                if isinstance(value, list) and key == LLM_PHASE:
+                    raise ValueError(f"samples.{i}.lengths.{key}: expected one number (the LLM runs a sample whole)")
+                listed = s.bytes.get(key)
+                if isinstance(listed, list) and len(listed) != len(s.items(key)):
+                    raise ValueError(
+                        f"samples.{i}.bytes.{key}: expected {len(s.items(key))} numbers (one per item), "
+                        f"got {len(listed)}"
+                    )
         return self
 
     @property
@@ -92,10 +147,15 @@ class PhaseResult(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dest: list[int] = Field(description="dest[i]: sample i's rank for this phase (its origin if its length is 0)")
+    dest: list[int | list[int]] = Field(
+        description="dest[i]: sample i's rank for this phase (its origin if its length is 0); a list of its items' "
+        "ranks where its lengths listed items"
+    )
     max_cost: float = Field(description="largest rank cost after the move")
     mean_cost: float = Field(description="mean rank cost after the move")
-    lower_bound: float = Field(description="no assignment has a smaller max cost (cost.lower_bound)")
+    lower_bound: float = Field(
+        description="no assignment has a smaller max cost (cost.lower_bound; of items where the phase lists them)"
+    )
     inter_node_bytes: int = Field(description="bytes of samples that change node")
     intra_node_bytes: int = Field(description="bytes of samples that change rank inside their node")
     seconds: float = Field(description="time the dispatcher took for this phase")
@@ -107,6 +167,7 @@ class BalanceResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     phases: dict[str, PhaseResult]
-    routes: dict[str, list[tuple[int, int]]] = Field(
-        description="per encoder phase, each sample's [encoder rank, llm rank] (Π_llm ∘ Π_enc⁻¹)"
+    routes: dict[str, list[tuple[int | list[int], int]]] = Field(
+        description="per encoder phase, each sample's [encoder rank, llm rank] (Π_llm ∘ Π_enc⁻¹); the encoder "
+        "ranks of its items where its lengths listed items"
     )

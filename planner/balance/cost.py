@@ -19,6 +19,9 @@ class PhaseArrays:
     """The samples that take part in one phase (length > 0), as arrays indexed 0..n-1.
 
     `ids` maps back to the batch's sample index; samples of length 0 are not here: they never move.
+    A phase balanced by item (items.py) holds units instead: a sample whole, or a run of its items,
+    each unit's `ids` entry its sample. `monotone`: cost is non-decreasing in length (one sort by
+    length orders by cost); a unit of several items costs the sum of its items', so not there.
     """
 
     name: str
@@ -30,6 +33,7 @@ class PhaseArrays:
     bytes: IntArray
     num_ranks: int
     dp_per_node: int
+    monotone: bool = True
 
     @property
     def n(self) -> int:
@@ -71,11 +75,12 @@ def build_phase_arrays(
 
 
 def batch_columns(batch: Batch, phase: str) -> tuple[IntArray, IntArray, IntArray]:
-    """(lengths, origin, bytes) of every sample for one phase; missing bytes default to the length."""
+    """(lengths, origin, bytes) of every sample for one phase (a sample's items summed); missing bytes
+    default to the length."""
     n = len(batch.samples)
-    lengths = np.fromiter((s.lengths.get(phase, 0) for s in batch.samples), dtype=np.int64, count=n)
+    lengths = np.fromiter((sum(s.items(phase)) for s in batch.samples), dtype=np.int64, count=n)
     origin = np.fromiter((s.origin for s in batch.samples), dtype=np.int64, count=n)
-    bytes_ = np.fromiter((s.bytes.get(phase, s.lengths.get(phase, 0)) for s in batch.samples), dtype=np.int64, count=n)
+    bytes_ = np.fromiter((sum(s.item_bytes(phase)) for s in batch.samples), dtype=np.int64, count=n)
     return lengths, origin, bytes_
 
 

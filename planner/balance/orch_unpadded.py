@@ -35,7 +35,7 @@ import heapq
 import numpy as np
 
 from orch.planner.balance.cost import FloatArray, IntArray, PhaseArrays, lower_bound
-from orch.planner.balance.greedy import improve, lpt, lpt_rounds, move_sample
+from orch.planner.balance.greedy import descending, improve, lpt, lpt_rounds, move_sample
 from orch.planner.balance.padded import desc_order
 from orch.planner.balance.topology import SLACK, match_runs_to_ranks, segment_first, segment_last
 from orch.planner.errors import InfeasibleError
@@ -807,11 +807,12 @@ def orch_unpadded(ph: PhaseArrays, slack: float = SLACK) -> IntArray:
     lb = lower_bound(ph)
     mean = float(ph.costs.sum()) / ph.num_ranks
     dpn = ph.dp_per_node
-    largest = desc_order(ph.lengths)  # cost is non-decreasing in length: one sort per phase
+    # cost is non-decreasing in length: one sort per phase (units of several items: by cost)
+    largest = desc_order(ph.lengths) if ph.monotone else descending(ph.costs)
     pos = np.empty(ph.n, dtype=np.int64)
     pos[largest] = np.arange(ph.n)
     # the same order by cost, ties by index, when cost strictly increases with length
-    by_cost = largest if ph.spec.linear > 0 or ph.spec.quadratic > 0 else None
+    by_cost = largest if (ph.spec.linear > 0 or ph.spec.quadratic > 0) or not ph.monotone else None
     cap = lb * (1 + slack)
     dest = _orch_at_cap(ph, cap, dpn * (mean + 0.5 * (cap - mean)), pos, largest=largest)
     reached = _max_cost(ph, dest)

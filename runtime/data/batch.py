@@ -64,6 +64,58 @@ def item_map(
 
 
 @dataclass(frozen=True)
+class EncoderItem:
+    """A unit of a sample's encoder work its tower never attends across: an image, a contiguous run of a video's
+    temporal patch groups, or the sample whole (a tower whose items orch does not know: audio, text towers).
+    `rows`: its input rows (contiguous in the sample's, in order), `tokens`: its encoder tokens, `projected`: the
+    LLM rows it becomes, `media`: the grids or clips the tower takes with it."""
+
+    rows: int
+    tokens: int
+    projected: int
+    media: tuple[MediaItem, ...] = ()
+
+
+def _video_runs(item: MediaItem) -> list[MediaItem]:
+    """A video's grid cut along time into contiguous runs (planner/balance/items.py `temporal_runs`; an image, or
+    one step: itself)."""
+    from orch.planner.balance.items import temporal_runs
+
+    t, h, w = item.grid
+    return [item] if t <= 1 else [MediaItem((n, h, w), item.seconds) for n in temporal_runs(t)]
+
+
+def encoder_items(batch: GlobalBatch, encoder: str, sample_id: int) -> tuple[EncoderItem, ...]:
+    """The sample's items for `encoder`, in the order of its rows (none without tokens): a native-resolution
+    tower's images and runs of its videos' temporal patch groups (`takes_grids`: attention inside one frame
+    group), a Hugging Face fixed-size tower's images (`image_tokens`: LLaVA's, attending inside one image; orch's
+    own modules attend over the whole sample), else the sample whole. The items' projected rows sum
+    to the sample's (else the sample is one item)."""
+    from orch.planner.specs import projected_len
+
+    tokens = batch.enc_tokens[sample_id][encoder]
+    if tokens == 0:
+        return ()
+    model = batch.model
+    spec, fpt = model.modules[encoder], model.modality(encoder).frames_per_token
+    media = batch.items(encoder, sample_id) if takes_grids(model, encoder) or takes_clips(model, encoder) else ()
+    whole = (EncoderItem(batch.input_rows(encoder, sample_id), tokens, batch.projected(encoder, sample_id), media),)
+    if takes_grids(model, encoder):
+        grids = [run for it in batch.items(encoder, sample_id) for run in _video_runs(it)]
+        items = tuple(EncoderItem(g.patches * fpt, g.patches, projected_len(g.patches, spec.downsample), (g,))
+                      for g in grids)  # fmt: skip
+    elif spec.image_tokens and spec.hf is not None and tokens % spec.image_tokens == 0:  # an HF tower: per image
+        n = spec.image_tokens
+        one = EncoderItem(n * fpt, n, projected_len(n, spec.downsample))
+        items = (one,) * (tokens // n)
+    else:
+        return whole
+    if sum(it.projected for it in items) != whole[0].projected or sum(it.rows for it in items) != whole[0].rows:
+        return whole
+    return items
+
+
+@dataclass(frozen=True)
 class Sample:
     id: int
     feats: dict[str, torch.Tensor]  # encoder name -> input features [frames, input_dim] (frames may be 0)
@@ -191,4 +243,4 @@ class GlobalBatch(Protocol):
         ...
 
 
-__all__ = ["GlobalBatch", "MediaItem", "Sample", "encoder_order", "initial_dp_index"]
+__all__ = ["EncoderItem", "GlobalBatch", "MediaItem", "Sample", "encoder_items", "encoder_order", "initial_dp_index"]

@@ -26,6 +26,7 @@ the index reports it and the loader skips and counts it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator
@@ -56,10 +57,27 @@ class Conversation:
     number: int = 0  # the sample's place in its file, 1-based (its line in a JSONL file)
     videos: tuple[str, ...] = ()
     tools: str = ""
+    # per video, the file its sound is read from under `use_audio_in_video` ("" for none; () with the setting off):
+    # runtime/data/audio_in_video.py
+    video_sounds: tuple[str, ...] = ()
 
     @property
     def trained_turns(self) -> int:
         return sum(1 for role, _ in self.messages if role in TRAINED_ROLES)
+
+    def clips(self) -> tuple[tuple[str, str], ...]:
+        """The files its audio encoder takes, in placeholder order: each `<audio>`'s clip and each sounding
+        video's sound, as (what the file is to the sample, path): `audios[j]` or `videos[k] audio`."""
+        from orch.runtime.data.audio_in_video import clip_files
+
+        return clip_files(self.messages, self.audios, self.video_sounds)
+
+    def without_sound(self, videos: list[int]) -> Conversation:
+        """The sample with those videos' sounds dropped (a video without an audio track: its video alone)."""
+        if not videos:
+            return self
+        sounds = tuple("" if k in videos else f for k, f in enumerate(self.video_sounds))
+        return dataclasses.replace(self, video_sounds=sounds)
 
     def visual(self) -> tuple[tuple[str, int, str], ...]:
         """Its images and videos in placeholder (text) order: (IMAGE or VIDEO, k, path), the k-th `<image>`
@@ -162,7 +180,10 @@ def read_sources(ref: str) -> list[Source]:
         weight = s.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
             raise SpecError(ref, f"sources[{i}].weight", f"expected a number > 0, got {weight!r}")
-        out.append(Source(str(path), float(weight)))
+        sounds = s.get("use_audio_in_video")
+        if sounds is not None and not isinstance(sounds, bool):
+            raise SpecError(ref, f"sources[{i}].use_audio_in_video", f"expected true or false, got {sounds!r}")
+        out.append(Source(str(path), float(weight), use_audio_in_video=sounds))
     return out
 
 
@@ -174,11 +195,12 @@ def read_conversations(
     `media_dir` (a dataset description's), else to the file's folder."""
     p = Path(path)
     layout, base = _recipe(p, source, media_root)
+    sounds = bool(source is not None and source.use_audio_in_video)
     for where, raw in _records(p):
         if isinstance(raw, BadSample):
             yield raw
             continue
-        yield parse_sample(raw, where, base, layout)
+        yield parse_sample(raw, where, base, layout, sounds)
 
 
 def _recipe(p: Path, source: Source | None, media_root: str | None = None) -> tuple[Layout, Path]:
@@ -219,23 +241,37 @@ def _records(p: Path) -> Iterator[tuple[str, Any]]:
             yield f"{name}:{i}", raw
 
 
-def parse_sample(raw: Any, where: str, base: Path, layout: Layout | None = None) -> Conversation | BadSample:
-    """One record as a Conversation (in `layout`, else any layout by its keys), or what is wrong with it."""
+def parse_sample(
+    raw: Any, where: str, base: Path, layout: Layout | None = None, use_audio_in_video: bool = False
+) -> Conversation | BadSample:
+    """One record as a Conversation (in `layout`, else any layout by its keys), or what is wrong with it.
+    `use_audio_in_video`: the setting where the record names none (its source's, else the command's flag): each
+    video's sound paired with it (runtime/data/audio_in_video.py)."""
+    from orch.runtime.data.audio_in_video import KEY, pair_sounds, setting_of
+
     try:
         record = read_record(raw, layout or Layout())
-    except LayoutError as exc:
+        own = setting_of(raw.get(KEY))  # a record is a mapping once read_record took it
+    except (LayoutError, ValueError) as exc:
         return BadSample(where, str(exc))
     messages = record.turns
+    sounding = (use_audio_in_video if own is None else own) and bool(record.media["videos"])
     media: dict[str, tuple[str, ...]] = {}
     for key, tag in MEDIA_KEYS.items():
         files = record.media[key]
         used = sum(content.count(tag) for _, content in messages)
-        if used != len(files):
+        if used != len(files) and not (sounding and key == "audios"):  # paired with the videos below
             return BadSample(where, f"{len(files)} {key} for {used} {tag} placeholders")
         media[key] = tuple(str((base / f).resolve()) if not Path(f).is_absolute() else f for f in files)
+    sounds: tuple[str, ...] = ()
+    if sounding:
+        paired = pair_sounds(messages, media["videos"], media["audios"])
+        if isinstance(paired, str):
+            return BadSample(where, paired)
+        messages, media["audios"], sounds = paired
     number = int(where.rsplit(":", 1)[1])
     return Conversation(where, tuple(messages), media["images"], media["audios"], number, media["videos"],
-                        record.tools)  # fmt: skip
+                        record.tools, sounds)  # fmt: skip
 
 
 NO_SUCH = "no such"  # how SampleFile.get begins a sample number the file does not hold
@@ -248,6 +284,7 @@ class SampleFile:
     def __init__(self, path: str, source: Source | None = None, media_root: str | None = None) -> None:
         self.path = Path(path)
         self.layout, self.base = _recipe(self.path, source, media_root)  # how its records read, media paths' folder
+        self.sounds = bool(source is not None and source.use_audio_in_video)  # the setting where a record has none
         self._offsets: dict[int, int] = {}
         self._records: list[Any] | None = None
         if self.path.suffix == ".jsonl":
@@ -264,7 +301,7 @@ class SampleFile:
         if self._records is not None:
             if not 1 <= number <= len(self._records):
                 return BadSample(where, f"{NO_SUCH} sample (the file changed since it was indexed?)")
-            return parse_sample(self._records[number - 1], where, self.base, self.layout)
+            return parse_sample(self._records[number - 1], where, self.base, self.layout, self.sounds)
         if number not in self._offsets:
             return BadSample(where, f"{NO_SUCH} line (the file changed since it was indexed?)")
         with self.path.open("rb") as f:
@@ -276,11 +313,12 @@ class SampleFile:
             raw = json.loads(line)
         except json.JSONDecodeError as exc:
             return BadSample(where, f"not valid JSON ({exc.msg})")
-        return parse_sample(raw, where, self.base, self.layout)
+        return parse_sample(raw, where, self.base, self.layout, self.sounds)
 
     @classmethod
     def of(cls, summary: dict[str, Any], media_root: str | None = None) -> SampleFile:
         """The file of one source of an index's summary (its path, and the layout and media folder it was read by)."""
         layout = Layout.from_json(summary.get("layout"))
-        source = Source(summary["path"], layout=layout, media_dir=summary.get("media_dir"))
+        source = Source(summary["path"], layout=layout, media_dir=summary.get("media_dir"),
+                        use_audio_in_video=summary.get("use_audio_in_video"))  # fmt: skip
         return cls(summary["path"], source, media_root)

@@ -26,14 +26,18 @@ class Source:
     # how its records name their fields (a dataset description's columns and tags)
     layout: Layout = field(default_factory=Layout)
     media_dir: str | None = None  # where its media paths are relative to (else the data file's folder)
+    # its samples' `use_audio_in_video` where a record names none (a mix file's; None: the command's flag decides)
+    use_audio_in_video: bool | None = None
 
     def key(self) -> str:
         """What of it keys the index beside the file itself."""
-        return json.dumps([self.weight, self.layout.as_json(), self.media_dir], sort_keys=True)
+        return json.dumps([self.weight, self.layout.as_json(), self.media_dir, self.use_audio_in_video],
+                          sort_keys=True)  # fmt: skip
 
     def as_json(self) -> dict[str, Any]:
         """Its reading recipe as the index's summary keeps it (`SampleFile.of`)."""
-        return {"layout": self.layout.as_json(), "media_dir": self.media_dir}
+        return {"layout": self.layout.as_json(), "media_dir": self.media_dir,
+                "use_audio_in_video": self.use_audio_in_video}  # fmt: skip
 
 
 def data_files(folder: Path, ref: str) -> list[str]:

@@ -70,7 +70,7 @@ def check_index_current(data: DataSpec, where: str) -> None:
 def index_mismatch(folder: Path, index: str) -> str | None:
     """Why a run on the data index `index` cannot resume the checkpoint in `folder` (None: it can): the sampler's
     position it saved (data.json) means the same batches only on the index it drew them from."""
-    from orch.runtime.run_dir import DATA_FILE
+    from orch.runtime.workdir.run_dir import DATA_FILE
 
     saved = folder / DATA_FILE
     if not saved.is_file():
@@ -91,7 +91,7 @@ def check_resume_data(workdir: str | Path, data: DataSpec, identity: dict[str, o
     """At launch, before any rank starts: OrchError when the checkpoint a resumed run would continue from
     drew its batches from another index than `data`'s (a re-plan after the data changed)."""
     from orch.planner.errors import OrchError
-    from orch.runtime.run_dir import checkpoint_root, choose_checkpoint, step_name
+    from orch.runtime.workdir.run_dir import checkpoint_root, choose_checkpoint, step_name
 
     if data.manifest is None:
         return

@@ -57,11 +57,22 @@ from orch.runtime.data.conversations import (
 )
 from orch.runtime.data.layouts import tool_calls
 from orch.runtime.models.hf.processor import CONFIG_FILES
-from orch.runtime.sample import AUDIO, IMAGE, VIDEO, ClipRule, EncoderRule, GridRule, audio_tokens
+from orch.runtime.sample import (
+    AUDIO,
+    IMAGE,
+    MEL_HOP,
+    MEL_RATE,
+    SOUNDING_VIDEO,
+    VIDEO,
+    ClipRule,
+    EncoderRule,
+    GridRule,
+    audio_tokens,
+)
 
 DEFAULT_MAX_IMAGE_TOKENS = 1024
 INDEX_DIR = ".orch-index"
-INDEX_VERSION = 8  # part of the cache key: an index of another layout is made afresh
+INDEX_VERSION = 9  # part of the cache key: an index of another layout is made afresh
 
 
 def _stamp(directory: str) -> tuple[int, ...]:
@@ -115,12 +126,13 @@ def placeholder_wraps(model: ModelSpec) -> tuple[tuple[str, str, str], ...]:
 
 def encoder_tags(model: ModelSpec, name: str) -> tuple[str, ...]:
     """The placeholders whose files encoder `name` takes, each in text order: `<audio>`; `<image>`, and `<video>`
-    where its family's rule takes videos (the j-th of them takes the encoder's j-th item)."""
+    where its family's rule takes videos (the j-th of them takes the encoder's j-th item); a video with its own
+    audio (`SOUNDING_VIDEO`) gives its video to the latter and its sound to the former."""
     modality = model.modality(name)
     if modality == Modality.AUDIO:
-        return (AUDIO,)
+        return (AUDIO, SOUNDING_VIDEO)
     rule = grid_rule(model.modules[name], modality)
-    return (IMAGE, VIDEO) if rule is not None and not rule.no_video else (IMAGE,)
+    return (IMAGE, VIDEO, SOUNDING_VIDEO) if rule is not None and not rule.no_video else (IMAGE,)
 
 
 @dataclass(frozen=True)
@@ -190,7 +202,7 @@ IGNORE = -100  # a label not trained on (Hugging Face's ignore_index)
 Item = tuple[int, int, int, float]
 VideoTexts = list[list[str]] | None  # per `<video>`, the text before each of its items' rows (`video_texts`)
 # Stand-ins for the placeholders while the chat template renders (private-use characters no template alters).
-_MARKS = {IMAGE: "\ue000", AUDIO: "\ue001", VIDEO: "\ue002"}
+_MARKS = {IMAGE: "\ue000", AUDIO: "\ue001", VIDEO: "\ue002", SOUNDING_VIDEO: "\ue004"}
 _PLACEHOLDER_OF = {v: k for k, v in _MARKS.items()}
 _PROBE = "\ue003"  # an assistant turn's content that shares no character with a tool call's text
 # a template that marks what trains itself (transformers' test for `return_assistant_tokens_mask`)
@@ -204,7 +216,7 @@ class TextTokens:
 
     ids: list[int]
     labels: list[int]
-    marks: list[tuple[int, str]]  # (token offset, IMAGE, VIDEO or AUDIO)
+    marks: list[tuple[int, str]]  # (token offset, IMAGE, VIDEO, AUDIO or SOUNDING_VIDEO)
 
 
 @dataclass(frozen=True)
@@ -375,13 +387,22 @@ class TextCounter:
         for one mark per item, each after its text and inside the family's wrap; None: one item each."""
         stand_in = self._stand_in
         before, after = self._wraps[VIDEO]
-        expansions = iter(["".join(p + before + _MARKS[VIDEO] + after for p in v) for v in videos or []])
+        sound_before, sound_after = self._wraps[AUDIO]
+        seen = iter(range(len(conv.videos)))
+
+        def expansion(k: int | None) -> str:
+            """The k-th video's text: per item its prefix and wrap, a sounding video's first item holding its
+            sound's mark inside the audio wrap too (`GridRule`)."""
+            prefixes = videos[k] if videos is not None and k is not None and k < len(videos) else [""]
+            sounding = k is not None and k < len(conv.video_sounds) and bool(conv.video_sounds[k])
+            if not sounding and videos is None:
+                return stand_in[VIDEO]
+            first = (sound_before + _MARKS[SOUNDING_VIDEO] + sound_after) if sounding else _MARKS[VIDEO]
+            return "".join(p + before + (first if i == 0 else _MARKS[VIDEO]) + after for i, p in enumerate(prefixes))
 
         def video(content: str) -> str:
-            if videos is None:
-                return content.replace(VIDEO, stand_in[VIDEO])
             first, *rest = content.split(VIDEO)
-            return first + "".join(next(expansions, stand_in[VIDEO]) + piece for piece in rest)
+            return first + "".join(expansion(next(seen, None)) + piece for piece in rest)
 
         messages = [(role, video(content.replace(IMAGE, stand_in[IMAGE]).replace(AUDIO, stand_in[AUDIO])))
                     for role, content in conv.messages]  # fmt: skip
@@ -492,6 +513,7 @@ class SourceIndex:
     rows: list[dict[str, Any]] = field(default_factory=list)
     bad: list[str] = field(default_factory=list)
     untrained: list[str] = field(default_factory=list)  # file:line of samples without an assistant turn
+    silent: list[str] = field(default_factory=list)  # `file:line: videos[k]: ...`: a sound dropped, no audio track
 
 
 def index_source(
@@ -508,6 +530,8 @@ def index_source(
     out = SourceIndex(path)
     pending: list[tuple[Conversation, dict[str, list[int]], dict[str, list[tuple[Item, ...]]]]] = []
     memo: dict[tuple[str, str, str], tuple[Item, ...] | str] = {}  # each media file's items, read once per build
+    heard: dict[str, tuple[int, int] | str] = {}  # each clip's header, read once per build
+    silent: dict[str, tuple[list[int], list[str]]] = {}  # file:line -> videos without an audio track, warnings
 
     def flush() -> None:
         try:
@@ -528,18 +552,30 @@ def index_source(
                 row["items"] = {name: [list(i) for its in v for i in its] for name, v in items.items() if v}
             if any(len(its) != 1 for v in items.values() for its in v):  # a video of several items
                 row["placeholder_items"] = {name: [len(its) for its in v] for name, v in items.items() if v}
+            if conv.where in silent:  # videos trained without their sound (no audio track): every rank drops it
+                row["silent"] = silent[conv.where][0]
+                out.silent += silent[conv.where][1]
             out.rows.append(row)
         pending.clear()
+        silent.clear()
 
     for item in read_conversations(path, read, media_root):
         if isinstance(item, BadSample):
             out.bad.append(str(item))
             continue
+        heard_of = resolve_sounds(item, rules, heard)
+        if isinstance(heard_of, BadSample):
+            out.bad.append(str(heard_of))
+            continue
+        if heard_of[1]:
+            kept = heard_of[0].video_sounds
+            silent[item.where] = ([k for k, f in enumerate(item.video_sounds) if f and not kept[k]], heard_of[1])
+        item = heard_of[0]
         items = encoder_items(item, rules, memo)
         if isinstance(items, BadSample):
             out.bad.append(str(items))
             continue
-        enc = encoder_lengths(item, rules)
+        enc = encoder_lengths(item, rules, heard)
         if isinstance(enc, BadSample):
             out.bad.append(str(enc))
             continue
@@ -631,9 +667,8 @@ def medium_problem(path: str, kind: str) -> str | None:
             with Image.open(path):
                 pass
         elif kind == "audio":
-            import soundfile
-
-            soundfile.info(path)
+            got = clip_header(path)
+            return got if isinstance(got, str) else None
         else:
             import av
 
@@ -656,7 +691,9 @@ def video_texts(rules: TokenRules, conv: Conversation, items: dict[str, list[tup
         if r.grids is None or r.grids.no_video or not items.get(r.name):
             continue
         placed = zip(conv.visual(), items[r.name], strict=True)
-        return [[r.grids.video_prefix(it) for it in its] for (tag, _, _), its in placed if tag == VIDEO]
+        return [
+            [r.grids.video_prefix(it, j) for j, it in enumerate(its)] for (tag, _, _), its in placed if tag == VIDEO
+        ]
     return None
 
 
@@ -671,9 +708,13 @@ def placeholder_groups(items: list[Item], counts: list[int] | None) -> list[tupl
     return out
 
 
-def encoder_lengths(conv: Conversation, rules: TokenRules) -> dict[str, list[int]] | BadSample:
-    """Each encoder's tokens for `conv`, per image or clip, from the files' headers; a BadSample for a missing
-    or unreadable file (a grid rule's encoder: `encoder_items`)."""
+def encoder_lengths(
+    conv: Conversation, rules: TokenRules, memo: dict[str, tuple[int, int] | str] | None = None
+) -> dict[str, list[int]] | BadSample:
+    """Each encoder's tokens for `conv`, per image or clip (an audio encoder's clips: `Conversation.clips`, a
+    sounding video's sound among them), from the files' headers; a BadSample for a missing or unreadable file (a
+    grid rule's encoder: `encoder_items`) or a clip too short for one token of its encoder. `memo` keeps each
+    clip's header (or what is wrong with it) across the samples of one index build."""
     for files, modality, key in ((conv.images, "vision", "images"), (conv.audios, "audio", "audios")):
         if files and not any(r.modality == modality for r in rules.encoders):
             return BadSample(conv.where, f"{key}: the model has no {modality} encoder to take them")
@@ -690,26 +731,73 @@ def encoder_lengths(conv: Conversation, rules: TokenRules) -> dict[str, list[int
                 return BadSample(conv.where, f"images[{i}]: {f}: {_unreadable(exc)}")
     else:
         sizes = [(0, 0)] * len(conv.images)
-    if conv.audios:
-        import soundfile
-
-        for i, f in enumerate(conv.audios):
-            if not os.path.exists(f):
-                return BadSample(conv.where, f"audios[{i}]: {f}: file not found")
-            try:
-                info = soundfile.info(f)
-                clips.append((int(info.frames), int(info.samplerate)))
-            except (OSError, RuntimeError, ValueError) as exc:
-                return BadSample(conv.where, f"audios[{i}]: {f}: {_unreadable(exc)}")
+    memo = {} if memo is None else memo
+    named = conv.clips() if conv.audios or conv.video_sounds else ()
+    for what, f in named:
+        if f not in memo:
+            memo[f] = clip_header(f)
+        got = memo[f]
+        if isinstance(got, str):
+            return BadSample(conv.where, f"{what}: {f}: {got}")
+        clips.append(got)
     out: dict[str, list[int]] = {}
     for r in rules.encoders:
         if r.grids is not None:
             continue  # encoder_items
         if r.modality == "vision":
             out[r.name] = [image_tokens(r, w, h, rules.max_image_tokens) for w, h in sizes]
-        else:
-            out[r.name] = [audio_tokens(r, n, rate) for n, rate in clips]
+            continue
+        out[r.name] = []
+        for (what, f), (n, rate) in zip(named, clips, strict=True):
+            try:  # a family's rule may refuse a clip itself (too short for one of its tokens: a ValueError saying so)
+                tokens = audio_tokens(r, n, rate)
+            except ValueError as exc:
+                return BadSample(conv.where, f"{what}: {f}: {exc}")
+            if n * MEL_RATE < MEL_HOP * rate or tokens < 1:  # not one log-mel frame, or no token of its encoder
+                return BadSample(conv.where, f"{what}: {f}: too short for one chunk of its encoder: {n / rate:.3f} s "
+                                             f"({n} samples at {rate} Hz) make no audio token")  # fmt: skip
+            out[r.name].append(tokens)
     return out
+
+
+def clip_header(path: str) -> tuple[int, int] | str:
+    """(samples, rate) of a clip from its header (an audio file's, or a container's audio track: runtime/sound.py),
+    or what is wrong with it."""
+    from orch.runtime.sound import clip_frames
+
+    try:
+        return clip_frames(path)
+    except ValueError as exc:  # no audio track, a codec that will not decode, no duration: said by clip_frames
+        return str(exc)
+    except Exception as exc:  # OSError, soundfile's errors: never out of the index
+        return _unreadable(exc)
+
+
+def resolve_sounds(
+    conv: Conversation, rules: TokenRules, memo: dict[str, tuple[int, int] | str] | None = None
+) -> tuple[Conversation, list[str]] | BadSample:
+    """`conv` with the sound of each video whose file has no audio track dropped (its video alone), and one warning
+    each (`file:line: videos[k]: PATH: no audio track: its video alone`); a BadSample where a sound is used and the
+    model has no audio encoder to take it (runtime/data/audio_in_video.py)."""
+    from orch.runtime.data.audio_in_video import KEY
+    from orch.runtime.sound import NO_AUDIO_TRACK
+
+    sounding = [k for k, f in enumerate(conv.video_sounds) if f]
+    if not sounding:
+        return conv, []
+    if not any(r.modality == "audio" for r in rules.encoders):
+        return BadSample(conv.where, f"videos[{sounding[0]}]: {KEY}: the model has no audio encoder to take its "
+                                     "sound (leave the setting off for this model)")  # fmt: skip
+    memo = {} if memo is None else memo
+    silent, warnings = [], []
+    for k in sounding:
+        f = conv.video_sounds[k]
+        if f not in memo:
+            memo[f] = clip_header(f)
+        if memo[f] == NO_AUDIO_TRACK and f == conv.videos[k]:
+            silent.append(k)
+            warnings.append(f"{conv.where}: videos[{k}]: {f}: no audio track: its video alone ({KEY})")
+    return conv.without_sound(silent), warnings
 
 
 @dataclass(frozen=True)
@@ -730,6 +818,11 @@ class DataIndex:
     @property
     def untrained(self) -> list[str]:
         return [u for s in self.sources for u in s.get("untrained", [])]
+
+    @property
+    def silent(self) -> list[str]:
+        """Videos trained without their sound under `use_audio_in_video` (no audio track), one warning each."""
+        return [u for s in self.sources for u in s.get("silent", [])]
 
     def mix(self) -> Any:
         """The run's draws over these sources (runtime/data/mix.py `Mix`)."""
@@ -782,13 +875,19 @@ def build_index(
     max_image_tokens: int = DEFAULT_MAX_IMAGE_TOKENS,
     index_dir: str | None = None,
     media_root: str | None = None,
+    use_audio_in_video: bool = False,
 ) -> DataIndex:
     """Index `data` (a data file or a mix file) for `model`, or reuse the cached index of the same inputs.
     `media_root`: the folder media paths are relative to (else each data file's folder); `index_dir`: where
-    the index is kept (else beside the data where writable, else the user's cache: `index_places`)."""
+    the index is kept (else beside the data where writable, else the user's cache: `index_places`);
+    `use_audio_in_video`: the setting of sources that name none (`--use-audio-in-video`; a record's own key wins
+    over its source's, a source's over this: runtime/data/audio_in_video.py)."""
+    from dataclasses import replace
+
     from orch.runtime.data.mix import read_mix_spec
 
-    sources = read_sources(data)
+    sources = [s if s.use_audio_in_video is not None else replace(s, use_audio_in_video=use_audio_in_video)
+               for s in read_sources(data)]  # fmt: skip
     mix = read_mix_spec(data)
     if media_root is not None and not Path(media_root).is_dir():
         raise SpecError("--media-root", "", f"{media_root}: not a directory")
@@ -841,6 +940,7 @@ def build_index(
             share=share,
             bad=i.bad,
             untrained=i.untrained,
+            silent=i.silent,
             **s.as_json(),
         )
         for i, s, share in zip(indexed, sources, shares, strict=True)

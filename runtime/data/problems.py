@@ -16,7 +16,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from orch.runtime.workdir_files import open_own
+from orch.runtime.workdir.files import open_own
 
 PROBLEMS_FILE = "data_problems.jsonl"
 

@@ -23,10 +23,10 @@ import torch
 
 from orch.planner.specs import ModelSpec, projected_len
 from orch.runtime.data.conversations import BadSample, Conversation
-from orch.runtime.data.expansion import conversation_layout, expanded, placeholder_ids
+from orch.runtime.data.expansion import conversation_layout, expanded, placeholder_ids, with_sounds
 from orch.runtime.data.index import IGNORE, TextCounter, TokenRules, encoder_items, video_texts
 from orch.runtime.data.media import media_processors
-from orch.runtime.sample import MediaProcessor
+from orch.runtime.sample import MediaItem, MediaProcessor
 
 
 @dataclass
@@ -38,6 +38,7 @@ class ProcessedSample:
     truncated: bool = False
     marks: list[tuple[int, str]] = field(default_factory=list)  # (before token, placeholder), text order
     media: dict[str, list[int]] = field(default_factory=dict)  # encoder -> its tokens per image or clip
+    items: dict[str, list[MediaItem]] = field(default_factory=dict)  # grid encoder -> its items (`with_sounds`)
 
     @property
     def trained_tokens(self) -> int:
@@ -66,8 +67,8 @@ def encoder_inputs(
             files = tuple(path for _, _, path in visual)
             kinds = tuple(tag for tag, _, _ in visual)
             parts = proc.inputs(files, r, rules.max_image_tokens, kinds=kinds) if files else []
-        else:
-            files = conv.images if r.modality == "vision" else conv.audios
+        else:  # an audio encoder's clips: each `<audio>`'s and each sounding video's sound, in placeholder order
+            files = conv.images if r.modality == "vision" else tuple(path for _, path in conv.clips())
             parts = proc.inputs(files, r, rules.max_image_tokens) if files else []
         features[r.name] = torch.cat(parts) if parts else torch.zeros(0, proc.width)
         context = getattr(r.clips, "context_rows", 0)  # a clip's rows past its tokens' (qwen2_audio/media.py)
@@ -86,25 +87,24 @@ def process(
 ) -> ProcessedSample:
     """`conv` as the model takes it (module docstring); raises OSError/ValueError on a bad file."""
     features, media = encoder_inputs(conv, model, rules, encoders, processors)
-    videos = None
-    if conv.videos:  # the text around each video's items (Qwen3-VL's timestamps), from their headers
-        items = encoder_items(conv, rules)
-        if isinstance(items, BadSample):
-            raise ValueError(str(items))
-        videos = video_texts(rules, conv, items)
-    text = counter.tokens(conv, videos)
+    items = encoder_items(conv, rules) if conv.videos else {}  # the text around each video's items (timestamps)
+    if isinstance(items, BadSample):
+        raise ValueError(str(items))
+    text = counter.tokens(conv, video_texts(rules, conv, items))
     ids, labels = text.ids, text.labels
     prefix = sum(projected_len(sum(media[r.name]), r.downsample) for r in rules.encoders if r.name in media)
     room = max(0, seq_len - prefix)
     truncated = len(ids) > room
-    return ProcessedSample(conv.where, ids[:room], labels[:room], features, truncated, text.marks, media)
+    grids = {e: [MediaItem((t, h, w), s) for its in per for t, h, w, s in its] for e, per in items.items()}
+    grids = with_sounds(model, text.marks, media, grids)
+    return ProcessedSample(conv.where, ids[:room], labels[:room], features, truncated, text.marks, media, grids)
 
 
 def as_json(sample: ProcessedSample, model: ModelSpec, counter: TextCounter) -> dict[str, Any]:
     """What `orch data inspect --json` prints: the whole LLM sequence as the model's processor makes it
     (`input_ids` with each image's or clip's rows carrying its placeholder's id where the placeholder stood,
     `labels` aligned with them), the text alone, and the encoder inputs' shapes."""
-    layout = conversation_layout(model, sample.marks, len(sample.input_ids), sample.media)
+    layout = conversation_layout(model, sample.marks, len(sample.input_ids), sample.media, sample.items)
     ids, labels = expanded(model, layout, sample.media, sample.input_ids, sample.labels,
                            placeholder_ids(model, counter.tokenizer), IGNORE, sample.marks)  # fmt: skip
     return {

@@ -35,7 +35,7 @@ from orch.runtime.data.index import IGNORE, TextTokens
 from orch.runtime.data.mix import Mix
 from orch.runtime.data.problems import DataProblems
 from orch.runtime.data.synthetic import SyntheticBatch
-from orch.runtime.sample import MediaItem, SequenceLayout
+from orch.runtime.sample import SOUNDING_VIDEO, MediaItem, SequenceLayout
 
 
 class ConversationData:
@@ -63,6 +63,7 @@ class ConversationData:
         self._media: list[dict[str, list[int]] | None] = [r.get("media") for r in raw]
         self._items: list[dict[str, list[list[float]]] | None] = [r.get("items") for r in raw]
         self._groups: list[dict[str, list[int]] | None] = [r.get("placeholder_items") for r in raw]
+        self._silent: list[list[int]] = [r.get("silent") or [] for r in raw]  # videos whose sound the index dropped
         self._texts: dict[int, TextTokens | None] = {}
         counts = [0] * len(meta["sources"])
         for source, _ in self.rows:
@@ -78,8 +79,12 @@ class ConversationData:
         return self.mix.rows(seed, step, self.data.global_batch)
 
     def conversation(self, row: int) -> Any:
+        """The row's sample as the index read it: a video without an audio track trained without its sound."""
+        from orch.runtime.data.conversations import Conversation
+
         source, number = self.rows[row]
-        return self.files[source].get(number)
+        got = self.files[source].get(number)
+        return got.without_sound(self._silent[row]) if isinstance(got, Conversation) else got
 
     def text(self, row: int) -> TextTokens | None:
         """The row's tokens, labels and placeholders (None: the sample no longer parses, or no longer has the
@@ -119,13 +124,20 @@ class ConversationData:
 
     def items(self, row: int) -> dict[str, list[MediaItem]]:
         """Each encoder's images and videos of the row as a native-resolution tower takes them (the index's
-        `items`: patch grid and seconds per temporal step, in placeholder order); [] for an encoder without
-        (a fixed-size tower, audio, a sample without media)."""
+        `items`: patch grid and seconds per temporal step, in placeholder order; a video with its own audio
+        carrying its `Sound`: runtime/data/expansion.py `with_sounds`); [] for an encoder without (a fixed-size
+        tower, audio, a sample without media)."""
         per = self._items[row] or {}
-        return {
+        out = {
             e: [MediaItem((int(t), int(h), int(w)), float(s)) for t, h, w, s in per.get(e, [])]
             for e in encoder_order(self.model)
         }
+        text = self.text(row)
+        if text is not None and any(tag == SOUNDING_VIDEO for _, tag in text.marks):
+            from orch.runtime.data.expansion import with_sounds
+
+            out = with_sounds(self.model, text.marks, self.media(row), out)
+        return out
 
     def decode(self, row: int, encoders: tuple[str, ...], step: int = -1) -> dict[str, torch.Tensor] | None:
         """The row's inputs for `encoders` (its images' and clips' rows), None when the sample or a file of it
@@ -139,7 +151,8 @@ class ConversationData:
         try:
             return encoder_inputs(conv, self.model, self.rules, encoders, self.processors)[0]
         except Exception as exc:  # OSError, ValueError, Pillow's DecompressionBombError: never the end of a run
-            medium = getattr(exc, "filename", None) or ", ".join((*conv.images, *conv.videos, *conv.audios))
+            files = dict.fromkeys((*conv.images, *conv.videos, *(f for _, f in conv.clips())))  # a sound's too
+            medium = getattr(exc, "filename", None) or ", ".join(files)
             self.problems.add(conv.where, str(medium), f"{type(exc).__name__}: {exc}", step, "masked")
             return None
 
@@ -212,7 +225,8 @@ class ConversationBatch(BatchLengths):
         text = self.source.text(row)
         if text is None or sample_id in self.skipped:  # trained on nothing: one text row, no encoder rows
             return SequenceLayout.prefix_first(0, self.text_tokens[sample_id])
-        return conversation_layout(self.model, text.marks, self.text_tokens[sample_id], self.source.media(row))
+        return conversation_layout(self.model, text.marks, self.text_tokens[sample_id], self.source.media(row),
+                                   self.source.items(row))  # fmt: skip
 
     def items(self, encoder: str, sample_id: int) -> tuple[MediaItem, ...]:
         """The sample's images and videos for `encoder` as the index read them from their headers, or its clips

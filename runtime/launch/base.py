@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orch.planner.errors import OrchError
-from orch.runtime.workdir_files import make_workdir
+from orch.runtime.workdir.files import make_workdir
 
 if TYPE_CHECKING:
     from orch.runtime.launch.rank import RankContext, Task

@@ -57,7 +57,8 @@ def diagnose_failure(record: JobRecord, acct: Accounting) -> Failure | None:
                 error = f"{culprit.summary}; rank {rank} failed waiting for it: {error}"
                 log = str(log_path(record, culprit.rank, "err"))
                 return Failure(rank=culprit.rank, error=error, log=log, kind="hang")
-        return Failure(rank=rank, error=error, log=str(log_path(record, rank, "err")))
+        kind = "diverged" if first.get("kind") == "diverged" else "error"
+        return Failure(rank=rank, error=error, log=str(log_path(record, rank, "err")), kind=kind)
     refused = _refusal(record)
     if refused is not None:
         return Failure(rank=0, error=refused, log=str(log_path(record, 0, "err")))

@@ -44,7 +44,7 @@ def record_failure(workdir: str | Path, rank: int, exc: BaseException) -> None:
     """Write when and why `rank` failed, with its whole traceback."""
     text = "".join(traceback.format_exception(exc))
     error = str(exc) if isinstance(exc, OrchError) else last_line(text)  # a user's problem: its own one line
-    kind = "oom" if is_out_of_memory(exc) else "error"
+    kind = "oom" if is_out_of_memory(exc) else exc.failure_kind if isinstance(exc, OrchError) else "error"
     if kind == "oom":
         error = f"out of memory: {error}"
     record = {"time": time.time(), "rank": rank, "error": error, "kind": kind, "traceback": text}

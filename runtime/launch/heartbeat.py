@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from orch.runtime.workdir_files import open_own
+from orch.runtime.workdir.files import open_own
 
 HEARTBEAT_DIR = ".heartbeat"
 ALIVE_EVERY_S = 1.0

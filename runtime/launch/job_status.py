@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from orch.runtime.launch.diagnose import diagnose_failure
 from orch.runtime.launch.jobs import JobStatus, accounting, load_record
-from orch.runtime.metrics import last_record, metrics_path
+from orch.runtime.workdir.metrics import last_record, metrics_path
 
 
 def job_status(job_id: str) -> JobStatus:

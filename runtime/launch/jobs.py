@@ -2,7 +2,7 @@
 
 A small record per job (~/.orch/jobs/JOBID.json, or $ORCH_STATE_DIR/jobs) lets them find the workdir
 and the log folder; state comes from sacct (submitit reads it too), the latest step from metrics.jsonl
-(runtime/metrics.py), and a failed job's root cause from runtime/launch/diagnose.py.
+(runtime/workdir/metrics.py), and a failed job's root cause from runtime/launch/diagnose.py.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ class JobRecord(BaseModel):
 
 
 class Failure(BaseModel):
-    """Why a job failed. `kind`: "error" (a rank raised), "oom" (a rank ran out of memory: its allocator
+    """Why a job failed. `kind`: "error" (a rank raised), "diverged" (a step's loss or gradient went non-finite:
+    every rank stopped alike, runtime/train/divergence.py), "oom" (a rank ran out of memory: its allocator
     refused, or Slurm killed its node's ranks over --mem), "hang" (a rank made no progress: its peers failed
     waiting for it), "node_fail" (a node of the allocation died), or Slurm ended the job: "cancelled"
     (scancel), "timeout" (its time limit), "preempted", "boot_fail", "deadline"."""
@@ -53,7 +54,7 @@ class Failure(BaseModel):
         return self.error
 
 
-RANK_KINDS = ("error", "oom", "hang")
+RANK_KINDS = ("error", "oom", "hang", "diverged")
 
 
 class JobStatus(BaseModel):

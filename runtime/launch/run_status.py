@@ -1,9 +1,9 @@
 """A run directory's state, read from what the run leaves in it: what `orch status WORKDIR` shows for a local or
 torchrun run (a Slurm job's comes from sacct: runtime/launch/jobs.py). Torch-free.
 
-The pieces are the run's own records: the lock and who holds it (runtime/run_lock.py), each rank's heartbeat
-(runtime/launch/heartbeat.py), the metrics file (runtime/metrics.py), the ranks' failure records
-(runtime/launch/failures.py) and the run's plan.json and train.json (runtime/run_dir.py). The state:
+The pieces are the run's own records: the lock and who holds it (runtime/workdir/run_lock.py), each rank's heartbeat
+(runtime/launch/heartbeat.py), the metrics file (runtime/workdir/metrics.py), the ranks' failure records
+(runtime/launch/failures.py) and the run's plan.json and train.json (runtime/workdir/run_dir.py). The state:
 
 * running: a live process holds the lock (the local launcher, or rank 0 under torchrun and Slurm);
 * failed: a rank left a failure record (the earliest is the cause), or the lock names a holder that is gone
@@ -27,9 +27,9 @@ from orch.planner.errors import OrchError
 from orch.runtime.launch.failures import failure_dir, first_failure_record
 from orch.runtime.launch.heartbeat import ENDED, FROZEN_AFTER_S, heartbeat_dir, read_beats
 from orch.runtime.launch.jobs import Failure
-from orch.runtime.metrics import last_record, metrics_path
-from orch.runtime.run_dir import PLAN_FILE, TRAIN_FILE, checkpoint_root, step_name
-from orch.runtime.run_lock import LOCK_FILE, is_held, lock_path, read_holder
+from orch.runtime.workdir.metrics import last_record, metrics_path
+from orch.runtime.workdir.run_dir import PLAN_FILE, TRAIN_FILE, checkpoint_root, step_name
+from orch.runtime.workdir.run_lock import LOCK_FILE, is_held, lock_path, read_holder
 
 RunState = Literal["running", "finished", "stopped", "failed", "not started"]
 

@@ -43,7 +43,7 @@ from orch.runtime.launch.partition import fit_to_partition, read_partition, stuc
 from orch.runtime.launch.rank import RankEnv, Task, run_rank
 from orch.runtime.launch.sbatch import SlurmOptions, default_setup_text, executor_parameters, sbatch_text
 from orch.runtime.preemption import Preemption
-from orch.runtime.workdir_files import make_workdir
+from orch.runtime.workdir.files import make_workdir
 
 if TYPE_CHECKING:  # launch/ knows tasks through base.Task; training is imported by submit_train alone
     from orch.runtime.train.config import TrainConfig

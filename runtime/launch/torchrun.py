@@ -36,7 +36,7 @@ from orch.planner.io import write_bytes_atomic
 from orch.runtime.launch.base import Handle, LaunchError
 from orch.runtime.launch.failures import first_failure
 from orch.runtime.launch.rank import Task
-from orch.runtime.workdir_files import make_workdir
+from orch.runtime.workdir.files import make_workdir
 
 TASK_FILE = "task.pkl"
 ENTRY = "orch.runtime.launch.torchrun_rank"  # the ranks' module
@@ -56,7 +56,7 @@ def task_digest(data: bytes) -> str:
 
 def write_task(task: Task, data: bytes | None = None) -> Path:
     """Pickle `task` (or write its `task_bytes`) to WORKDIR/task.pkl atomically (a rank never reads half a file),
-    the workdir created private (runtime/workdir_files.py); its path."""
+    the workdir created private (runtime/workdir/files.py); its path."""
     path = task_path(task.workdir)
     make_workdir(path.parent)
     write_bytes_atomic(path, task_bytes(task) if data is None else data)

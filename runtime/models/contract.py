@@ -26,7 +26,7 @@ they occur, blocks found under `layers` / `blocks` containers), no items, no lay
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -135,6 +135,41 @@ class HasPlaceholder(Protocol):
     def placeholder(
         self, width: int, dtype: torch.dtype, device: torch.device
     ) -> tuple[torch.Tensor, list[int], list[tuple[MediaItem, ...]]]: ...
+
+
+class ExpertExchange(Protocol):
+    """Runs a MoE block's rows on their experts wherever those live (runtime/parallel/expert.py: the EP
+    all_to_all to the experts' owners and back): rows sorted by expert, `counts_E` rows per expert; returns the
+    experts' outputs in the same order."""
+
+    def __call__(self, moe: ExpertBlock, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class ExpertBlock(Protocol):
+    """A Mixture-of-Experts MLP whose experts can be split over expert-parallel ranks: orch's reference `MoE` and
+    transformers' sparse MoE blocks (runtime/models/hf/moe.py). It routes its tokens itself and sorts their
+    (token, choice) rows by expert; `exchange` (None: every expert local) carries them to the experts' owners
+    and back. `keep_experts` keeps only an EP rank's contiguous block of `local` experts (before the module is
+    materialised or sharded; `mesh`: the EP group as a 1-D DeviceMesh, for experts held as one stacked tensor),
+    and `run_experts` runs rows grouped by expert (counts[i] rows for global expert experts[i]) on local experts.
+    Its expert parameters are named `...experts...` (`runtime/parallel/expert.py` `is_expert_param`)."""
+
+    num_experts: int
+    top_k: int  # experts a token is routed to
+    exchange: ExpertExchange | None
+
+    def keep_experts(self, local: list[int], mesh: Any) -> None: ...
+
+    def run_experts(self, x_ND: torch.Tensor, counts: list[int], experts: list[int]) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class RoutesTokens(Protocol):
+    """A MoE block that keeps its last forward's router logits ([rows, experts], in the dtype the router gave
+    them) for the router's auxiliary loss (runtime/train/aux_loss.py), and clears them when read."""
+
+    def take_router_logits(self) -> torch.Tensor | None: ...
 
 
 @runtime_checkable

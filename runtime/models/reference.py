@@ -14,7 +14,7 @@ runtime/models/contract.py.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,7 @@ from orch.runtime.seeds import stable_seed
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
+    from orch.runtime.models.contract import ExpertBlock, ExpertExchange
     from orch.runtime.parallel.context import CPShard
 
 # The audio stem is a Whisper-style strided conv merging `Modality.frames_per_token` frames into one
@@ -136,15 +137,10 @@ class GeluMLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
-def dense_mlp(spec: ModuleSpec) -> nn.Module:
-    """The module's MLP kind at its full width (one expert of a MoE block is one of these)."""
-    return SwiGLU(spec.hidden, spec.ffn) if spec.mlp_kind == "swiglu" else GeluMLP(spec.hidden, spec.ffn)
-
-
-class ExpertExchange(Protocol):
-    """Runs a MoE block's expert rows somewhere (runtime/parallel/expert.py: the EP all_to_all)."""
-
-    def __call__(self, moe: MoE, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor: ...
+def dense_mlp(spec: ModuleSpec, width: int | None = None) -> nn.Module:
+    """The module's MLP kind at `width` (default ffn; one expert of a MoE block is one of these at expert_width)."""
+    width = width or spec.ffn
+    return SwiGLU(spec.hidden, width) if spec.mlp_kind == "swiglu" else GeluMLP(spec.hidden, width)
 
 
 class MoE(nn.Module):
@@ -154,8 +150,9 @@ class MoE(nn.Module):
     to the lower expert index) are chosen and their gates renormalised over the chosen k,
     g_j = p_j / sum_chosen p (Mixtral convention); y_t = sum_j g_j * expert_j(x_t). No capacity
     and no dropped tokens, so a token's output never depends on which tokens share its micro-batch
-    or rank: any grouping gives the reference result. No load-balancing auxiliary loss (it is a
-    statistic of the whole batch, which per-micro-batch losses would not reproduce exactly).
+    or rank: any grouping gives the reference result. Its router logits are kept for the load-balancing
+    auxiliary loss where the spec asks for it (runtime/train/aux_loss.py: per micro-batch, a whole-batch
+    statistic otherwise).
 
     Experts live in a ModuleDict keyed by their global index, so parameter names (and the
     name-seeded init) are the same whichever experts a rank holds. `exchange` is None when every
@@ -169,12 +166,27 @@ class MoE(nn.Module):
         super().__init__()
         self.num_experts, self.top_k = spec.experts, spec.top_k
         self.router = nn.Linear(spec.hidden, spec.experts, bias=False)
-        self.experts = nn.ModuleDict({str(e): dense_mlp(spec) for e in range(spec.experts)})
+        self.experts = nn.ModuleDict({str(e): dense_mlp(spec, spec.expert_width) for e in range(spec.experts)})
         self.exchange: ExpertExchange | None = None
+        self.router_logits: torch.Tensor | None = None  # the last call's, kept for the router's aux loss
+        self.keeps_logits = False  # set by runtime/train/aux_loss.py when the model asks for the aux loss
+
+    def take_router_logits(self) -> torch.Tensor | None:
+        logits, self.router_logits = self.router_logits, None
+        return logits
+
+    def keep_experts(self, local: list[int], mesh: Any) -> None:
+        """Hold only experts `local` (expert parallelism); the others are deleted (names are global indices)."""
+        keep = {str(e) for e in local}
+        for key in [k for k in self.experts if k not in keep]:
+            del self.experts[key]
 
     def route(self, x_TD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(chosen experts [T, k], renormalised gates [T, k]) of every token."""
-        probs_TE = self.router(x_TD).softmax(-1)
+        logits_TE = self.router(x_TD)
+        if self.keeps_logits:
+            self.router_logits = logits_TE
+        probs_TE = logits_TE.softmax(-1)
         top_TK, idx_TK = probs_TE.topk(self.top_k, dim=-1)
         return idx_TK, top_TK / top_TK.sum(-1, keepdim=True)
 
@@ -192,18 +204,24 @@ class MoE(nn.Module):
         return expert(x_ND.to(dtype)).to(x_ND.dtype) if dtype != x_ND.dtype else expert(x_ND)
 
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
-        t, d = x_TD.shape
         idx_TK, gates_TK = self.route(x_TD)
-        # One row per (token, choice), sorted by expert (stable: token order within an expert).
-        order_N = torch.argsort(idx_TK.reshape(-1), stable=True)
-        x_ND = x_TD[order_N // self.top_k]
-        counts_E = torch.bincount(idx_TK.reshape(-1), minlength=self.num_experts)
-        if self.exchange is None:
-            y_ND = self.run_experts(x_ND, counts_E.tolist(), list(range(self.num_experts)))
-        else:
-            y_ND = self.exchange(self, x_ND, counts_E)
-        y_TKD = y_ND[inverse_permutation(order_N)].view(t, self.top_k, d)
-        return (gates_TK.unsqueeze(-1) * y_TKD).sum(1)
+        return run_routed(self, x_TD, idx_TK, gates_TK)
+
+
+def run_routed(block: ExpertBlock, x_TD: torch.Tensor, idx_TK: torch.Tensor, gates_TK: torch.Tensor) -> torch.Tensor:
+    """A MoE block's output from its routing (the reference MoE's and HF's sparse blocks alike): one row per
+    (token, choice), sorted by expert (stable: token order within an expert), run on the block's experts here
+    or through its `exchange` (expert parallelism), put back in token order and summed with the gates."""
+    t, d = x_TD.shape
+    order_N = torch.argsort(idx_TK.reshape(-1), stable=True)
+    x_ND = x_TD[order_N // block.top_k]
+    counts_E = torch.bincount(idx_TK.reshape(-1), minlength=block.num_experts)
+    if block.exchange is None:
+        y_ND = block.run_experts(x_ND, counts_E.tolist(), list(range(block.num_experts)))
+    else:
+        y_ND = block.exchange(block, x_ND, counts_E)
+    y_TKD = y_ND[inverse_permutation(order_N)].view(t, block.top_k, d)
+    return (gates_TK.unsqueeze(-1).to(y_TKD.dtype) * y_TKD).sum(1)
 
 
 def inverse_permutation(perm: torch.Tensor) -> torch.Tensor:
@@ -213,12 +231,12 @@ def inverse_permutation(perm: torch.Tensor) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModuleSpec, causal: bool) -> None:
+    def __init__(self, spec: ModuleSpec, causal: bool, index: int = 0) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(spec.hidden)
         self.attn = Attention(spec.hidden, spec.heads, spec.num_kv_heads, causal)
         self.mlp_norm = RMSNorm(spec.hidden)
-        self.mlp = MoE(spec) if spec.experts > 1 else dense_mlp(spec)
+        self.mlp = MoE(spec) if spec.is_moe_block(index) else dense_mlp(spec)
 
     def forward(self, x_TD: torch.Tensor, seqlens: list[int], cp: CPShard | None = None) -> torch.Tensor:
         if x_TD.shape[0] == 0 and cp is None:  # an empty micro-batch (EP ranks run them): the MoE exchange runs
@@ -279,7 +297,7 @@ class Encoder(nn.Module):
             self.stem = nn.Conv1d(spec.input_dim, spec.hidden, stride, stride=stride)
         else:
             self.stem = nn.Linear(spec.input_dim, spec.hidden)
-        self.blocks = nn.ModuleList(Block(spec, causal=False) for _ in range(spec.layers))
+        self.blocks = nn.ModuleList(Block(spec, causal=False, index=i) for i in range(spec.layers))
         self.norm = RMSNorm(spec.hidden)
         self.projector = Projector(spec.hidden, llm_hidden, spec.downsample)
         self.output_dim = llm_hidden
@@ -323,7 +341,7 @@ class LLM(StagedDecoder):
         super().__init__()
         assert spec.vocab is not None
         self.embed: nn.Embedding | None = nn.Embedding(spec.vocab, spec.hidden)
-        self.blocks = nn.ModuleDict({str(i): Block(spec, causal=True) for i in range(spec.layers)})
+        self.blocks = nn.ModuleDict({str(i): Block(spec, causal=True, index=i) for i in range(spec.layers)})
         self.norm: RMSNorm | None = RMSNorm(spec.hidden)
         self.head: nn.Linear | None = nn.Linear(spec.hidden, spec.vocab, bias=False)
 

@@ -17,8 +17,10 @@ from orch.planner.model_dir import read_model_dir
 from orch.planner.specs import ModelSpec, ModuleSpec
 from orch.runtime.models.decoder.family import Decoder
 from orch.runtime.models.family import Family
+from orch.runtime.models.internvl.family import InternVL
 from orch.runtime.models.llava.family import Llava, VisionTower
 from orch.runtime.models.qwen2_audio.family import Qwen2Audio, WhisperTower
+from orch.runtime.models.qwen_omni.family import QwenOmni
 from orch.runtime.models.qwen_vl.family import QwenVL
 
 FAMILIES: dict[str, Family] = {
@@ -29,6 +31,9 @@ FAMILIES: dict[str, Family] = {
         QwenVL("qwen2_vl", "Qwen2VLForConditionalGeneration"),
         QwenVL("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
         QwenVL("qwen3_vl", "Qwen3VLForConditionalGeneration"),
+        QwenVL("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration"),
+        QwenOmni("qwen2_5_omni", "Qwen2_5OmniForConditionalGeneration"),
+        InternVL("internvl", "InternVLForConditionalGeneration"),
         Decoder("llama", "LlamaForCausalLM"),
         Decoder("qwen2", "Qwen2ForCausalLM"),
         Decoder("mistral", "MistralForCausalLM"),

@@ -43,12 +43,20 @@ class Boundary:
         if self.edge.transport == Transport.P2P and shared:
             raise ValueError(f"edge {self.edge.src}->{self.edge.dst}: p2p but ranks {sorted(shared)[:3]} are shared")
 
-    def route(self, batch: GlobalBatch, table: RouteTable | None = None, only: frozenset[int] | None = None) -> Route:
+    def route(
+        self,
+        batch: GlobalBatch,
+        table: RouteTable | None = None,
+        only: frozenset[int] | None = None,
+        rows: tuple[int, ...] | None = None,
+    ) -> Route:
         """This step's table: each sample from its encoder DP index to its LLM DP index.
 
         Without `table`, the unbalanced one (initial placement on both sides); the orchestrator
-        passes its composed table (runtime/train/post_balance.py, StepTables.boundary_table). With
-        `only`, the other samples carry no rows (one micro-batch's move of the graph schedule).
+        passes its composed table (runtime/train/post_balance.py, StepTables.boundary_table), with `rows`
+        the LLM rows of each of its units where they are not the batch's samples (an encoder's pieces,
+        `StepTables.boundary_rows`). With `only`, the other units carry no rows (one micro-batch's move of
+        the graph schedule).
         """
         n = batch.size
         if table is None:
@@ -58,7 +66,10 @@ class Boundary:
                 self.src.dp,
                 self.dst.dp,
             )
-        rows = tuple(batch.projected(self.edge.src, i) if only is None or i in only else 0 for i in range(n))
+        if rows is None:
+            rows = tuple(batch.projected(self.edge.src, i) for i in range(n))
+        if only is not None:
+            rows = tuple(r if i in only else 0 for i, r in enumerate(rows))
         return Route(table, self.src, self.dst, rows, src_stage=self.src.pp - 1, dst_stage=0)
 
     def forward(
@@ -71,6 +82,7 @@ class Boundary:
         *,
         only: frozenset[int] | None = None,
         p2p: P2P | None = None,
+        rows: tuple[int, ...] | None = None,
     ) -> torch.Tensor:
         """Autograd-aware move of this rank's encoder rows (ascending sample ids) into the LLM layout.
 
@@ -79,4 +91,4 @@ class Boundary:
         if not x.requires_grad:
             # The backward is a collective every rank must join: give it a graph node on every rank.
             x = x.detach().requires_grad_()
-        return routed(x, self.route(batch, table, only), rank, world, p2p)
+        return routed(x, self.route(batch, table, only, rows), rank, world, p2p)

@@ -8,11 +8,12 @@ rank e // (experts / ep); the ranks with the same EP rank in every EP group (dp 
 the same experts and form its expert-data-parallel (EDP) group, over which expert gradients are
 summed. The router and everything outside the experts stay replicated over the whole DP group.
 
-In every MoE layer (runtime/models/reference.py `MoE.forward`) a rank sorts its (token, choice) rows by
-expert and `ExpertParallel.__call__` exchanges them: a small all_to_all_single of the per-expert
-row counts, one all_to_all_single with uneven splits carrying the rows to their experts' owners,
-the owners' experts, and the reverse all_to_all_single carrying the results back (gloo's list
-all_to_all does not take uneven sizes). Each move is an autograd function whose backward is the
+The MoE blocks are the module's `ExpertBlock`s (runtime/models/contract.py: orch's reference `MoE`, and
+transformers' sparse blocks through runtime/models/hf/moe.py); nothing here knows a family. In every MoE layer
+a rank sorts its (token, choice) rows by expert and `ExpertParallel.__call__` exchanges them: a small
+all_to_all_single of the per-expert row counts, one all_to_all_single with uneven splits carrying the rows to
+their experts' owners, the owners' experts, and the reverse all_to_all_single carrying the results back (gloo's
+list all_to_all does not take uneven sizes). Each move is an autograd function whose backward is the
 reverse move, so backward runs the same collectives in reverse order. Every rank of an EP group
 must therefore run the same number of MoE forwards and backwards: the executor runs exactly
 num_micro_batches LLM micro-batches on every rank when ep > 1, empty ones included (runtime/
@@ -33,9 +34,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from orch.planner.plan import ModulePlan
-from orch.runtime.models.reference import MoE, inverse_permutation
+from orch.runtime.models.contract import ExpertBlock
+from orch.runtime.models.reference import inverse_permutation
 from orch.runtime.parallel.grid import Grid
 
 
@@ -86,7 +89,7 @@ class AllToAll(torch.autograd.Function):
 
 @dataclass
 class ExpertParallel:
-    """One module's EP state on this rank; as `MoE.exchange`, runs rows on their experts' owners."""
+    """One module's EP state on this rank; as an `ExpertBlock`'s `exchange`, runs rows on their experts' owners."""
 
     ep: int
     ep_rank: int
@@ -98,7 +101,7 @@ class ExpertParallel:
     def local(self) -> list[int]:
         return local_experts(self.ep_rank, self.experts, self.ep)
 
-    def __call__(self, moe: MoE, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
+    def __call__(self, moe: ExpertBlock, x_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         """x_ND: rows sorted by expert, counts_E rows per expert. Returns the experts' outputs, same order."""
         per = self.experts // self.ep
         send_SL = counts_E.to(torch.int64).view(self.ep, per)  # per destination EP rank, per its local expert
@@ -132,12 +135,13 @@ def ep_groups(grid: Grid, ep: int) -> tuple[list[list[int]], list[list[int]]]:
 
 
 def build_expert_parallel(
-    grids: dict[str, Grid], layouts: dict[str, int], modules: dict[str, nn.Module], rank: int
+    grids: dict[str, Grid], layouts: dict[str, int], modules: dict[str, nn.Module], rank: int, device_type: str
 ) -> dict[str, ExpertParallel]:
     """Create every module's EP/EDP groups (on every rank, name order), then shard this rank's experts.
 
     layouts: ep degree per module name. Served MoE modules with ep > 1 keep only their local
-    experts (the others are deleted) and get an `ExpertParallel` as every MoE block's exchange.
+    experts (`ExpertBlock.keep_experts`, given the EP group as a 1-D DeviceMesh of `device_type`) and get an
+    `ExpertParallel` as every MoE block's exchange.
     """
     out: dict[str, ExpertParallel] = {}
     for name in sorted(grids):
@@ -147,11 +151,11 @@ def build_expert_parallel(
         grid = grids[name]
         eps, edps = ep_groups(grid, ep)
         mine: dict[str, Any] = {}
-        ep_rank = 0
+        ep_rank, ep_ranks = 0, []
         for kind, lists in (("ep", eps), ("edp", edps)):
             for ranks in lists:
                 if kind == "ep" and rank in ranks:
-                    ep_rank = ranks.index(rank)
+                    ep_rank, ep_ranks = ranks.index(rank), ranks
                 if len(ranks) == 1:
                     continue
                 group = dist.new_group(ranks)
@@ -160,19 +164,19 @@ def build_expert_parallel(
         c = grid.coord(rank)
         if c is None or name not in modules:
             continue
-        moes = [m for m in modules[name].modules() if isinstance(m, MoE)]
+        moes = [m for m in modules[name].modules() if isinstance(m, ExpertBlock)]
         if not moes:
             continue
         state = ExpertParallel(ep, ep_rank, moes[0].num_experts, mine["ep"], mine.get("edp"))
-        keep = {str(e) for e in state.local}
+        mesh = DeviceMesh.from_group(mine["ep"], device_type, mesh=ep_ranks, mesh_dim_names=("ep",))
         for moe in moes:
-            for key in [k for k in moe.experts if k not in keep]:
-                del moe.experts[key]
+            moe.keep_experts(state.local, mesh)
             moe.exchange = state
         out[name] = state
     return out
 
 
 def is_expert_param(pname: str) -> bool:
-    """A parameter of an expert MLP (named `...mlp.experts.<e>....` in runtime/models/reference.py)."""
+    """A parameter of an expert MLP (named `...mlp.experts.<e>....` in runtime/models/reference.py,
+    `...mlp.experts.gate_up_proj` in transformers' stacked experts)."""
     return ".experts." in f".{pname}"

@@ -51,13 +51,15 @@ def parallelize(
     device: torch.device,
     dtype: torch.dtype,
     seed: int,
-    ignored: set[nn.Parameter] | None = None,
+    ignored: set[str] | None = None,
 ) -> ModuleShards:
     """TP over the grid's tp axis, the plan's recompute on every block, FSDP2 (or replicate) over its (dp, cp)
-    ranks; `dtype`: the compute dtype (mixed precision when the masters are wider). `ignored`: parameters FSDP2
-    leaves alone (experts that differ between DP ranks). Returns the module's FSDP2 units, driven once a step by
+    ranks; `dtype`: the compute dtype (mixed precision when the masters are wider). `ignored`: the names of the
+    parameters FSDP2 leaves alone (experts that differ between DP ranks; by name, as placing a module on meta
+    gives it new Parameters). Returns the module's FSDP2 units, driven once a step by
     `fsdp.DataParallelSteps`."""
     place(module, tp_mesh=grid.submesh("tp"), device=device, seed=seed, name=name)
+    skip = {p for pn, p in module.named_parameters() if pn in ignored} if ignored else None
     apply_recompute(module, plan.recompute)
     return apply_fsdp(
         module,
@@ -65,6 +67,6 @@ def parallelize(
         mesh=grid.dp_mesh,
         mode=plan.data_parallel,
         dtype=dtype,
-        ignored=ignored,
+        ignored=skip,
         sharding=plan.sharding,
     )

@@ -107,7 +107,8 @@ def time_runtime(
             if step:
                 samples.setdefault(case.key, []).append(took)
             for point in case.boundaries:
-                route = boundaries[point.encoder].route(batch, tables.boundary_table(point.encoder))
+                e = point.encoder
+                route = boundaries[e].route(batch, tables.boundary_table(e), rows=tables.boundary_rows(e, batch))
                 route = dataclasses.replace(route, rows=tuple(point.scale * r for r in route.rows))
                 held = sum(route.rows[i] for i in router.held(point.encoder, tables))
                 x = torch.randn(held, hidden, dtype=dtype, device=device).requires_grad_()

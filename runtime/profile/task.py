@@ -18,7 +18,7 @@ from orch.planner.profile import Profile
 from orch.planner.specs import ModelSpec
 from orch.runtime.profile.build import build_profile
 from orch.runtime.profile.cases import ProfileConfig
-from orch.runtime.workdir_files import make_workdir
+from orch.runtime.workdir.files import make_workdir
 
 if TYPE_CHECKING:
     from orch.runtime.launch.rank import RankContext

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from orch.planner.plan import Plan
-from orch.runtime.metrics import StepRecord
+from orch.runtime.workdir.metrics import StepRecord
 
 
 class PhaseRow(BaseModel):

@@ -78,6 +78,11 @@ class TrainSpec(BaseModel):
         default=0, ge=0, description="a fixed dataset of this many global batches, repeated (0: new batches)"
     )
     balance: Mode = Field(default=DEFAULT_BALANCE, description="post-balancing mode (runtime/train/post_balance.py)")
+    encoder_balance: Literal["item", "sample"] = Field(
+        default="item",
+        description="encoder phases balanced by item (an image, a run of a video's frame groups: a sample's encoder "
+        "work may run on several ranks, gathered back to its LLM rank) or by whole sample",
+    )
     # -- the run options ---------------------------------------------------------------------------------------
     checkpoint_every: int = Field(
         default=0,
@@ -180,7 +185,7 @@ class TrainSpec(BaseModel):
 # checkpoint was trained with says so (`changed_settings`). The run options change how, not what: not compared.
 OPTIMISATION = (
     "steps", "seed", "dtype", "optimizer", "lr", "weight_decay", "betas", "eps", "lr_schedule", "warmup_steps",
-    "min_lr", "clip_norm", "module_lr", "repeat_every", "balance",
+    "min_lr", "clip_norm", "module_lr", "repeat_every", "balance", "encoder_balance",
 )  # fmt: skip
 
 

@@ -4,7 +4,7 @@ What Megatron-LM (`check_for_nan_in_loss_and_grad`) and torchtitan do in fp32 an
 (that is fp16's loss scaling), the run stops. Both values are all-reduced, the same on every rank, so every
 rank decides alike without another collective; before a checkpoint is saved, the weights are checked too (one
 all-reduce of a flag). The trainer (runtime/train/trainer.py) writes the step's
-record first, NaN and all (runtime/metrics.py), then every rank raises `Diverged` before any checkpoint of
+record first, NaN and all (runtime/workdir/metrics.py), then every rank raises `Diverged` before any checkpoint of
 the broken weights is saved: the newest checkpoint is still the last one from before the divergence, which
 a relaunch resumes from. The CLI says the same line, not a rank's failure (cli/launch_cmd.py). Torch-free.
 """
@@ -19,6 +19,8 @@ from orch.planner.errors import OrchError
 
 class Diverged(OrchError):
     """A step's loss or gradient norm is not finite: the run stopped (the message says the step and why)."""
+
+    failure_kind = "diverged"
 
 
 def divergence(
@@ -62,6 +64,6 @@ def divergence(
 
 def _newest_before(workdir: str | Path, done: int) -> str | None:
     """The newest checkpoint folder's name of fewer than `done` completed steps (None: there is none)."""
-    from orch.runtime.run_dir import step_folders
+    from orch.runtime.workdir.run_dir import step_folders
 
     return next((p.name for s, p in step_folders(workdir) if s < done), None)

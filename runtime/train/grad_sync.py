@@ -21,6 +21,7 @@ from torch import nn
 
 from orch.runtime.parallel.context import CPGroup
 from orch.runtime.parallel.expert import ExpertParallel, is_expert_param
+from orch.runtime.parallel.tensor import local_part
 from orch.runtime.train.trace import Span
 
 
@@ -47,7 +48,8 @@ def sync_expert_grads(
                 continue
             if p.grad is None:  # no token reached this expert on this rank
                 p.grad = torch.zeros_like(p)
-            buckets.setdefault(p.grad.dtype, []).append(p.grad)
+            # stacked experts (transformers') are a DTensor sharded over the EP group: this rank's experts
+            buckets.setdefault(p.grad.dtype, []).append(local_part(p.grad))
         module_cp = cp.get(name)
         for grads in buckets.values():
             for group in (ep[name].edp_group, module_cp.group if module_cp is not None else None):

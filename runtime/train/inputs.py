@@ -15,10 +15,11 @@ from typing import TypeVar
 import torch
 
 from orch.planner.plan import Plan
-from orch.runtime.data.batch import GlobalBatch, Sample, item_map
+from orch.runtime.data.batch import GlobalBatch, MediaItem, Sample, encoder_items, item_map
 from orch.runtime.parallel.grid import Grid
 from orch.runtime.parallel.pipeline import MicroBatch
 from orch.runtime.parallel.transport import Route, move
+from orch.runtime.train.pieces import piece_sample
 from orch.runtime.train.post_balance import StepTables
 
 T = TypeVar("T")
@@ -43,11 +44,34 @@ class InputRouter:
         self.at_destination = at_destination
 
     def held(self, name: str, tables: StepTables, *, origin: bool = False) -> list[int]:
-        """Sample ids this rank's DP index of `name` holds (at the origin, or after balancing)."""
+        """Sample ids (an encoder's piece ids, train/pieces.py) this rank's DP index of `name` holds (at the
+        origin, or after balancing)."""
         c = self.grids[name].coord(self.rank)
         assert c is not None
+        if name in tables.pieces:
+            return tables.pieces[name].held(c.dp, origin=origin)
         where = tables.origin[name] if origin else tables.dest[name]
         return [i for i, d in enumerate(where) if d == c.dp]
+
+    def held_samples(self, name: str, tables: StepTables, *, origin: bool = False) -> list[int]:
+        """The samples whose inputs of `name` this rank builds (of its held pieces, for an encoder)."""
+        held = self.held(name, tables, origin=origin)
+        return tables.pieces[name].samples(held) if name in tables.pieces else held
+
+    def _built(
+        self, name: str, batch: GlobalBatch, tables: StepTables, ids: list[int], dtype: torch.dtype
+    ) -> list[Sample]:
+        """The samples (pieces) `ids` of `name`, built on this rank from the batch."""
+        needs = () if name == self.model.llm_name else (name,)  # the LLM takes text only: no media decoded for it
+        if name not in tables.pieces:
+            return [batch.sample(i, dtype, self.device, needs) for i in ids]
+        pieces, whole = tables.pieces[name], {}
+        for i in pieces.samples(ids):
+            whole[i] = batch.sample(i, dtype, self.device, needs)
+        return [
+            piece_sample(whole[pieces.sample[p]], p, pieces, name, encoder_items(batch, name, pieces.sample[p]))
+            for p in ids
+        ]
 
     def inputs(
         self, name: str, batch: GlobalBatch, tables: StepTables, dtype: torch.dtype, *, serves: bool
@@ -57,14 +81,13 @@ class InputRouter:
         Collective when balanced: every world rank calls it for every module, in the same order.
         """
         grid, llm = self.grids[name], name == self.model.llm_name
-        needs = () if llm else (name,)  # the LLM takes text only: no image or clip decoded for it
         if not self.balanced or self.at_destination:
-            return [batch.sample(i, dtype, self.device, needs) for i in self.held(name, tables)] if serves else []
+            return self._built(name, batch, tables, self.held(name, tables), dtype) if serves else []
         if llm:
             rows = batch.text_tokens
             width, pack_dtype = 2, torch.int64
         else:
-            rows = tuple(batch.input_rows(name, i) for i in range(batch.size))
+            rows = tables.input_rows(name, batch)
             width, pack_dtype = self.model.modules[name].input_dim or 1, dtype
         empty_x = torch.zeros(0, width, dtype=pack_dtype, device=self.device)
         # The LLM's token ids go to its first pipeline stage and its labels to its last: one move per stage.
@@ -74,7 +97,7 @@ class InputRouter:
         for stage in stages:
             x = empty_x
             if coord is not None and coord.pp == stage:
-                here = [batch.sample(i, dtype, self.device, needs) for i in self.held(name, tables, origin=True)]
+                here = self._built(name, batch, tables, self.held(name, tables, origin=True), dtype)
                 parts = [torch.stack([s.text, s.labels], 1) if llm else s.feats[name] for s in here]
                 x = torch.cat(parts).to(pack_dtype) if parts else x
             route = Route(tables.input_table(name), grid, grid, tuple(rows), src_stage=stage, dst_stage=stage)
@@ -88,11 +111,23 @@ class InputRouter:
         out = []
         for i, part in zip(ids, y.split([rows[i] for i in ids]), strict=True):
             out.append(
-                Sample(i, {}, part[:, 0], part[:, 1])
-                if llm
-                else Sample(i, {name: part}, empty, empty, item_map(batch, i, [name]))
-            )
+                Sample(i, {}, part[:, 0], part[:, 1]) if llm else Sample(i, {name: part}, empty, empty, self._media(
+                    name, batch, tables, i))
+            )  # fmt: skip
         return out
+
+    @staticmethod
+    def _media(name: str, batch: GlobalBatch, tables: StepTables, unit: int) -> dict[str, tuple[MediaItem, ...]]:
+        """A moved sample's (piece's) grids or clips, from the batch every rank knows."""
+        pieces = tables.pieces.get(name)
+        if pieces is None:
+            return item_map(batch, unit, [name])
+        i, a, n = pieces.sample[unit], pieces.first[unit], pieces.count[unit]
+        items = encoder_items(batch, name, i)
+        if a == 0 and n == len(items):
+            return item_map(batch, i, [name])
+        media = tuple(m for it in items[a : a + n] for m in it.media)
+        return {name: media} if media else {}
 
     def calls(self, name: str, tables: StepTables) -> int:
         """How many micro-batches (encoder chunks) every rank of `name` runs this step, empty ones included; 0: each

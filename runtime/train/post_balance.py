@@ -36,6 +36,14 @@ times the element size.
 A phase whose balanced placement the cost model prices above the unbalanced one (lpt and paper
 are heuristics; a random placement can beat them) keeps the unbalanced placement.
 
+Encoder phases by item (`encoder_balance: item`, the default): a sample's encoder work is its items
+(`data/batch.py encoder_items`: images, runs of a video's temporal patch groups; a sample whole where its
+tower's items are unknown), each costing the module's per-sample polynomial on its own tokens (the tower
+attends inside items). The dispatcher gives each item a DP index (planner/balance/dispatch.py,
+`balance_items`: a sample's items stay together unless cutting it lowers the phase's maximum), and the
+phase runs the step's `EncoderPieces` (train/pieces.py): per sample its runs of items on one DP index.
+`encoder_balance: sample` balances whole samples, each costing the sum of its items'.
+
 Memory (`max_tokens`): a phase's per-rank token cap is the largest per-rank token count of the
 unbalanced placement, so a balanced batch is never larger than the largest unbalanced one
 (always feasible: the unbalanced placement meets it).
@@ -49,7 +57,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -58,14 +66,16 @@ import torch.distributed as dist
 from orch.planner.balance.batch import LLM_PHASE, PhaseSpec
 from orch.planner.balance.cost import MovedBytes, PhaseArrays, build_phase_arrays, moved_bytes, rank_costs
 from orch.planner.balance.dispatch import balance_arrays
+from orch.planner.balance.items import Items, group_phase, item_costs, item_lower_bound, whole_groups
 from orch.planner.balance.mode import Mode
 from orch.planner.costs import forward_coefficients
 from orch.planner.plan import Plan
 from orch.planner.routing import RouteTable
 from orch.planner.sample_cost import SampleCost
 from orch.planner.specs import ModelSpec
-from orch.runtime.data.batch import GlobalBatch, encoder_order, initial_dp_index
+from orch.runtime.data.batch import EncoderItem, GlobalBatch, encoder_items, encoder_order, initial_dp_index
 from orch.runtime.parallel.grid import Grid
+from orch.runtime.train.pieces import EncoderPieces, item_pieces, whole_pieces
 
 
 def dispatch_costs(
@@ -121,19 +131,41 @@ class StepTables:
     stats: dict[str, dict[str, float]] = field(default_factory=dict)  # per phase: max/mean cost, before/after
     seconds: float = 0.0  # dispatcher compute time
     waited: float = 0.0  # of which the step waited for (not hidden)
+    pieces: dict[str, EncoderPieces] = field(default_factory=dict)  # per encoder: the units its phase runs
 
     def held(self, module: str, dp_index: int) -> list[int]:
+        """What a DP index of `module` runs: sample ids, or an encoder's piece ids (`pieces`)."""
+        if module in self.pieces:
+            return self.pieces[module].held(dp_index)
         return [i for i, d in enumerate(self.dest[module]) if d == dp_index]
 
     def input_table(self, module: str) -> RouteTable:
-        """Samples' inputs from their origin to their balanced DP index, inside one module's layout."""
+        """Samples' (an encoder's pieces') inputs from their origin to their balanced DP index, inside one
+        module's layout."""
+        if module in self.pieces:
+            return self.pieces[module].input_table(self.dp[module])
         return RouteTable.build(list(self.origin[module]), list(self.dest[module]), self.dp[module], self.dp[module])
 
+    def input_rows(self, module: str, batch: GlobalBatch) -> tuple[int, ...]:
+        """Input rows of each unit of `input_table(module)` (an encoder's)."""
+        if module in self.pieces:
+            return self.pieces[module].rows
+        return tuple(batch.input_rows(module, i) for i in range(batch.size))
+
+    def boundary_rows(self, encoder: str, batch: GlobalBatch) -> tuple[int, ...]:
+        """LLM rows of each unit of `boundary_table(encoder)`."""
+        if encoder in self.pieces:
+            return self.pieces[encoder].projected
+        return tuple(batch.projected(encoder, i) for i in range(batch.size))
+
     def boundary_table(self, encoder: str) -> RouteTable:
-        """Encoder outputs straight to the LLM ranks: Π_llm ∘ B ∘ Π_enc⁻¹ (one move).
+        """Encoder outputs straight to the LLM ranks: Π_llm ∘ B ∘ Π_enc⁻¹ (one move); of each piece, from the DP
+        index that ran it to its sample's LLM DP index.
 
         B is today's unbalanced boundary, encoder origin -> LLM origin; both Π start at the origins.
         """
+        if encoder in self.pieces:
+            return self.pieces[encoder].boundary_table(self.dest[self.llm], self.dp[encoder], self.dp[self.llm])
         unbalanced = RouteTable.build(
             list(self.origin[encoder]), list(self.origin[self.llm]), self.dp[encoder], self.dp[self.llm]
         )
@@ -142,6 +174,11 @@ class StepTables:
     @property
     def hidden_s(self) -> float:
         return max(0.0, self.seconds - self.waited)
+
+
+def item_columns(model: ModelSpec, batch: GlobalBatch) -> dict[str, list[tuple[EncoderItem, ...]]]:
+    """Per encoder, each sample's items (`encoder_items`), known to every rank from the batch's lengths."""
+    return {e: [encoder_items(batch, e, i) for i in range(batch.size)] for e in encoder_order(model)}
 
 
 def lengths_columns(model: ModelSpec, batch: GlobalBatch) -> dict[str, list[int]]:
@@ -163,11 +200,15 @@ class PostBalancer:
         elem_bytes: int,
         calibration: dict[str, SampleCost] | None = None,
         device: torch.device | str = "cpu",
+        encoder_balance: str = "item",
     ) -> None:
         """`calibration`: per module the start-up fit from `shared_calibration`, for the modules whose plan
         carries no profiled cost (`dispatch_costs`); None: the FLOP model for those.
-        `device`: the rank's device, where the lengths all_gather's buffers live (NCCL: CUDA only)."""
+        `device`: the rank's device, where the lengths all_gather's buffers live (NCCL: CUDA only).
+        `encoder_balance`: item or sample (module docstring)."""
         self.plan, self.grids, self.mode = plan, grids, Mode(mode)
+        self.by_item = encoder_balance == "item"
+        self.encoder_balance = encoder_balance
         self.device = torch.device(device)
         self.model = plan.model
         self.modules = [*encoder_order(self.model), self.model.llm_name]
@@ -220,13 +261,66 @@ class PostBalancer:
         name = phase_name(self.model, module)
         return build_phase_arrays(name, spec, lens, origin, nbytes, dp, self.dp_per_node[module])
 
-    def dispatch(self, step: int, lengths: dict[str, list[int]]) -> StepTables:
+    def _item_phase(
+        self, module: str, origin: np.ndarray, items: list[tuple[EncoderItem, ...]]
+    ) -> tuple[PhaseArrays, Items]:
+        """An encoder's phase of whole samples, each costing the sum of its items', and its items."""
+        dp = self.grids[module].dp
+        width = (self.model.modules[module].input_dim or 1) * self.elem_bytes
+        its = Items.from_lists([[it.tokens for it in x] for x in items], [[it.rows * width for it in x] for x in items])
+        tokens = [sum(it.tokens for it in x) for x in items]
+        cap = max(1, int(np.bincount(origin, weights=tokens, minlength=dp).max(initial=0)))
+        spec = self._specs[module].model_copy(update={"max_tokens": cap})
+        name = phase_name(self.model, module)
+        ph = group_phase(
+            name, spec, its, item_costs(its, spec), whole_groups(its), origin, dp, self.dp_per_node[module]
+        )
+        return ph, its
+
+    def _by_items(
+        self, module: str, origin: tuple[int, ...], items: list[tuple[EncoderItem, ...]]
+    ) -> tuple[tuple[int, ...], EncoderPieces, dict[str, float]]:
+        """An encoder's phase balanced over its items (or its samples whole): each sample's DP index (its first
+        item's), the pieces the phase runs, and its statistics."""
+        where = np.asarray(origin, dtype=np.int64)
+        ph, its = self._item_phase(module, where, items)
+        before = rank_costs(ph, ph.origin)
+        dest, pieces, after = origin, whole_pieces(origin, origin, items), before
+        floor = item_lower_bound(item_costs(its, ph.spec), ph.num_ranks) if self.by_item else None
+        if self.mode != Mode.NONE and ph.num_ranks > 1:
+            out = balance_arrays({ph.name: ph}, where, self.mode, {ph.name: its}, self.by_item)[ph.name]
+            if out.costs.max(initial=0.0) <= before.max(initial=0.0):  # else stay: a heuristic worse than none
+                dest, after = tuple(out.dest.tolist()), out.costs
+                assert out.item_dest is not None
+                per: list[list[int]] = [[] for _ in items]
+                for i, r in zip(its.sample.tolist(), out.item_dest.tolist(), strict=True):
+                    per[i].append(r)
+                pieces = item_pieces(origin, per, items) if self.by_item else whole_pieces(origin, dest, items)
+        stats = {
+            "max_cost_before": float(before.max(initial=0.0)),
+            "mean_cost_before": float(before.mean()),
+            "max_cost": float(after.max(initial=0.0)),
+            "mean_cost": float(after.mean()),
+            # no placement of whole samples (of items, by item) has a smaller max
+            "floor_cost": float(max(after.mean(), ph.costs.max(initial=0.0))) if floor is None else floor,
+            "pieces": float(pieces.size),
+        }
+        return dest, pieces, stats
+
+    def dispatch(
+        self, step: int, lengths: dict[str, list[int]], items: dict[str, list[tuple[EncoderItem, ...]]] | None = None
+    ) -> StepTables:
+        """The step's tables; `items` (`item_columns`): each encoder's items, its phase balanced over them."""
         start = time.perf_counter()
         n = len(lengths[self.model.llm_name])
         origin = {m: tuple(initial_dp_index(i, self.grids[m].dp) for i in range(n)) for m in self.modules}
         dest: dict[str, tuple[int, ...]] = {}
         stats: dict[str, dict[str, float]] = {}
+        pieces: dict[str, EncoderPieces] = {}
         for m in self.modules:
+            if items is not None and m in items:
+                dest[m], pieces[m], stats[phase_name(self.model, m)] = self._by_items(m, origin[m], items[m])
+                continue
             where = np.asarray(origin[m], dtype=np.int64)
             ph = self._phase(m, where, lengths[m])
             if self.mode == Mode.NONE or ph.num_ranks == 1:
@@ -246,7 +340,8 @@ class PostBalancer:
                 "floor_cost": float(max(after.mean(), ph.costs.max(initial=0.0))),
             }
         dp = {m: self.grids[m].dp for m in self.modules}
-        return StepTables(step, origin, dest, dp, self.model.llm_name, stats, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        return StepTables(step, origin, dest, dp, self.model.llm_name, stats, seconds, pieces=pieces)
 
     # -- step 6: overlap -----------------------------------------------------------------------
     def prefetch(self, batch: GlobalBatch, rank: int, world: int) -> None:
@@ -254,9 +349,11 @@ class PostBalancer:
         if self.mode == Mode.NONE:
             return
         lengths = self.announce(batch, rank, world)
+        items = item_columns(self.model, batch)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="orch-dispatch")
-        self._pending[batch.step] = (self._pool.submit(self.dispatch, batch.step, lengths), time.perf_counter())
+        future = self._pool.submit(self.dispatch, batch.step, lengths, items)
+        self._pending[batch.step] = (future, time.perf_counter())
 
     def pending(self, step: int) -> Future[StepTables] | None:
         """The tables of a prefetched step, while they are computed (None when not prefetched)."""
@@ -266,10 +363,10 @@ class PostBalancer:
     def tables(self, batch: GlobalBatch, rank: int, world: int) -> StepTables:
         """This step's tables: the prefetched ones (waiting for them if needed), else computed now."""
         if self.mode == Mode.NONE:  # only the cost statistics: nothing moves, nothing to hide
-            t = self.dispatch(batch.step, lengths_columns(self.model, batch))
+            t = self.dispatch(batch.step, lengths_columns(self.model, batch), item_columns(self.model, batch))
             return _with_wait(t, t.seconds)
         if batch.step not in self._pending:
-            t = self.dispatch(batch.step, self.announce(batch, rank, world))
+            t = self.dispatch(batch.step, self.announce(batch, rank, world), item_columns(self.model, batch))
             return _with_wait(t, t.seconds)  # nothing hidden: computed on the critical path
         future, _ = self._pending.pop(batch.step)
         t0 = time.perf_counter()
@@ -290,7 +387,8 @@ class PostBalancer:
             grid = self.grids[e]
             moved = MovedBytes(inter=0, intra=0)
             if balanced:
-                feats = self._bytes(e, [batch.enc_tokens[i][e] for i in range(batch.size)])
+                width = (self.model.modules[e].input_dim or 1) * self.elem_bytes
+                feats = [n * width for n in t.input_rows(e, batch)]
                 moved = _leader_bytes(t.input_table(e), grid, grid, feats, gpn)
                 if at_destination:
                     avoided += moved.intra + moved.inter
@@ -301,7 +399,7 @@ class PostBalancer:
                 "inter_node_bytes": moved.inter,
             }
             table = t.boundary_table(e)  # the unbalanced boundary when nothing is balanced
-            rows = [batch.projected(e, i) * self.model.prefix_width * self.elem_bytes for i in range(batch.size)]
+            rows = [n * self.model.prefix_width * self.elem_bytes for n in t.boundary_rows(e, batch)]
             moved = _leader_bytes(table, grid, self.grids[llm], rows, gpn)
             llm_intra, llm_inter = llm_intra + moved.intra, llm_inter + moved.inter
         if balanced:
@@ -313,6 +411,7 @@ class PostBalancer:
                 llm_intra, llm_inter = llm_intra + moved.intra, llm_inter + moved.inter
         out[LLM_PHASE] = {**t.stats[LLM_PHASE], "intra_node_bytes": llm_intra, "inter_node_bytes": llm_inter}
         out["input_bytes_avoided"] = avoided
+        out["encoder_balance"] = self.encoder_balance
         out["dispatcher_s"] = t.seconds
         out["dispatcher_hidden_s"] = t.hidden_s
         return out
@@ -324,7 +423,7 @@ class PostBalancer:
 
 
 def _with_wait(t: StepTables, waited: float) -> StepTables:
-    return StepTables(t.step, t.origin, t.dest, t.dp, t.llm, t.stats, t.seconds, waited)
+    return replace(t, waited=waited)
 
 
 def _leader_bytes(table: RouteTable, src: Grid, dst: Grid, sample_bytes: list[int], gpus_per_node: int) -> MovedBytes:
@@ -343,6 +442,7 @@ __all__ = [
     "StepTables",
     "dispatch_costs",
     "dp_per_node",
+    "item_columns",
     "lengths_columns",
     "phase_name",
 ]

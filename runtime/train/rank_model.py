@@ -49,12 +49,13 @@ def build_rank_model(
     stage = None
     if model.llm_name in modules:
         stage = _keep_stage(plan, grids[model.llm_name], modules[model.llm_name], cfg, rank, cp, device)
-    ep = build_expert_parallel(grids, {n: mp.layout.ep for n, mp in plan.modules.items()}, modules, rank)
+    layouts = {n: mp.layout.ep for n, mp in plan.modules.items()}
+    ep = build_expert_parallel(grids, layouts, modules, rank, device.type)
     shards = {}
     for name, module in sorted(modules.items()):
         ignored = None
         if name in ep:  # experts differ between the DP ranks: summed over their EDP group instead
-            ignored = {p for pn, p in module.named_parameters() if is_expert_param(pn)}
+            ignored = {pn for pn, _ in module.named_parameters() if is_expert_param(pn)}
         shards[name] = parallelize(
             module, name=name, grid=grids[name], plan=plan.modules[name], device=device,
             dtype=cfg.torch_dtype, seed=cfg.seed, ignored=ignored,

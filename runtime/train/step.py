@@ -28,7 +28,7 @@ from torch import nn
 from orch.planner.balance.mode import Mode
 from orch.planner.plan import Plan
 from orch.planner.sample_cost import SampleCost
-from orch.planner.specs import DataSpec
+from orch.planner.specs import DataSpec, ModelSpec
 from orch.runtime.data.batch import GlobalBatch, initial_dp_index
 from orch.runtime.data.prefetch import SamplePrefetcher
 from orch.runtime.data.problems import DataProblems
@@ -36,9 +36,10 @@ from orch.runtime.data.source import BatchSource, ConversationBatch
 from orch.runtime.launch.heartbeat import Heartbeat
 from orch.runtime.memory import measured_step, parameter_storages, peak_bytes, state_parts
 from orch.runtime.parallel.boundary import Boundary
+from orch.runtime.parallel.context import CPGroup
 from orch.runtime.parallel.expert import is_expert_param
 from orch.runtime.parallel.grid import Grid, build_grids, build_meshes
-from orch.runtime.run_dir import say
+from orch.runtime.train.aux_loss import RouterAux
 from orch.runtime.train.calibration import longest_sample, modules_to_calibrate, shared_calibration, warm_up
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig, write_dump
@@ -50,6 +51,7 @@ from orch.runtime.train.rank_model import build_rank_model
 from orch.runtime.train.schedules.context import StepContext, StepWork
 from orch.runtime.train.support import check_supported
 from orch.runtime.train.trace import Span
+from orch.runtime.workdir.run_dir import say
 
 
 @dataclass
@@ -68,6 +70,7 @@ class StepMetrics:
     lr: float = 0.0  # the step's learning rate (before a module's factor)
     memory: dict[str, int] = field(default_factory=dict)  # state_bytes, peak_bytes (runtime/memory.py)
     data: dict[str, int] | None = None  # a data file's outcomes on this rank (ConversationBatch.data_counts)
+    aux_loss: float | None = None  # the router's auxiliary loss of a MoE LLM (runtime/train/aux_loss.py)
 
 
 class TrainStep:
@@ -106,8 +109,9 @@ class TrainStep:
         self.modules, self.ep, self.data_parallel = built.modules, built.ep, built.data_parallel
         self.optimizer = build_optimizer(self.modules, cfg)
         self.balancer = PostBalancer(
-            plan, self.grids, cfg.balance, torch.finfo(cfg.torch_dtype).bits // 8, self._calibration(), self.device
-        )
+            plan, self.grids, cfg.balance, torch.finfo(cfg.torch_dtype).bits // 8, self._calibration(), self.device,
+            cfg.encoder_balance,
+        )  # fmt: skip
         edges = {e.src: e for e in plan.edges}
         llm_grid = self.grids[model.llm_name]
         self.ctx = StepContext(
@@ -117,7 +121,7 @@ class TrainStep:
                 plan, self.grids, rank, world, self.device, balanced=self.balancer.mode != Mode.NONE,
                 at_destination=cfg.loads_at_destination(data.source is not None),
             ),
-            beat=self.beat,
+            beat=self.beat, aux=self._router_aux(model, built.cp),
         )  # fmt: skip
         # The graph-aware 1F1B needs the encoders and the LLM on disjoint ranks (each island runs its own order).
         disjoint = all(not set(self.grids[e].ranks) & set(llm_grid.ranks) for e in model.encoder_names)
@@ -174,7 +178,7 @@ class TrainStep:
         router, out = self.ctx.router, {}
         for name in (n for n in self.modules if n != self.model.llm_name):
             if tables is not None:
-                out[name] = router.held(name, tables, origin=not router.at_destination)
+                out[name] = router.held_samples(name, tables, origin=not router.at_destination)
             else:  # unbalanced: every sample where it starts
                 c = self.grids[name].coord(self.rank)
                 assert c is not None
@@ -212,14 +216,17 @@ class TrainStep:
         grad_norm, lr = self._update(k, work)
         state = state_parts(self.modules, self.optimizer)
         memory = {"state_bytes": sum(state.values()), "peak_bytes": peak_bytes(self.device, meter, state, gathered)}
+        if self.device.type == "cpu":
+            memory["activation_bytes"] = meter.peak  # the CPU peak's activation share (memory benches split it)
         batch = work.batch
         balance = {
             "mode": self.balancer.mode.value,
             **self.balancer.record(work.tables, batch, self.ctx.router.at_destination),
         }
+        loss, aux_loss = self._global_loss(loss_sum, work.aux_sum)
         return StepMetrics(
             k,
-            self._global_loss(loss_sum),
+            loss,
             batch.label_tokens,
             time.perf_counter() - t0,
             work.phases,
@@ -230,6 +237,7 @@ class TrainStep:
             lr,
             memory,
             batch.data_counts() if isinstance(batch, ConversationBatch) else None,
+            aux_loss,
         )
 
     def _begin(self, k: int) -> StepWork:
@@ -284,12 +292,29 @@ class TrainStep:
         work.phases["optimizer"] = time.perf_counter() - t
         return grad_norm, lr
 
-    def _global_loss(self, loss_sum: torch.Tensor) -> float:
-        """Sum of the LLM's TP-0 ranks' partial losses (TP replicas hold copies, counted once; CP ranks hold parts)."""
+    def _global_loss(self, loss_sum: torch.Tensor, aux_sum: float) -> tuple[float, float | None]:
+        """(the LM loss, the router aux loss or None): sums of the LLM's TP-0 ranks' partial losses (TP replicas
+        hold copies, counted once; CP ranks hold parts). `loss_sum` holds coef x aux too: taken out of the LM loss."""
         c = self.grids[self.model.llm_name].coord(self.rank)
-        mine = loss_sum if c is not None and c.tp == 0 else torch.zeros_like(loss_sum)
+        both = torch.stack(
+            [loss_sum.to(torch.float64), torch.tensor(aux_sum, dtype=torch.float64, device=loss_sum.device)]
+        )
+        mine = both if c is not None and c.tp == 0 else torch.zeros_like(both)
         dist.all_reduce(mine)
-        return float(mine.item())
+        coef = self.model.llm.aux_loss_coef
+        if not coef:
+            return float(mine[0].item()), None
+        return float(mine[0].item()) - coef * float(mine[1].item()), float(mine[1].item())
+
+    def _router_aux(self, model: ModelSpec, cp: dict[str, CPGroup | None]) -> RouterAux | None:
+        """The LLM's router auxiliary loss on this rank where the model asks for it (runtime/train/aux_loss.py)."""
+        llm, spec = self.modules.get(model.llm_name), model.llm
+        if llm is None or not spec.aux_loss_coef:
+            return None
+        group = cp.get(model.llm_name)
+        return RouterAux.of(
+            llm, spec.aux_loss_coef, spec.experts, spec.top_k, group.group if group is not None else None
+        )
 
     def _dump(self, what: str, get: Callable[[nn.Parameter], torch.Tensor | None]) -> None:
         """Full tensors of every served module, written by its (dp 0, cp 0, tp 0) rank; all TP ranks join the gather."""
@@ -301,9 +326,12 @@ class TrainStep:
                 value = get(p)
                 if value is None:  # a frozen parameter (or one no sample reached) has no gradient
                     continue
-                full = value.full_tensor() if hasattr(value, "full_tensor") else value
-                # Under EP the first EP group's ranks (dp < ep) hold the experts between them.
-                writer = c.dp < self.ep[name].ep if name in self.ep and is_expert_param(pname) else c.dp == 0
+                whole = hasattr(value, "full_tensor")
+                full = value.full_tensor() if whole else value
+                # Under EP the first EP group's ranks (dp < ep) hold the experts between them (orch's, by name;
+                # transformers' stacked ones are a DTensor over the EP group, gathered whole above).
+                split = name in self.ep and is_expert_param(pname) and not whole
+                writer = c.dp < self.ep[name].ep if split else c.dp == 0
                 if writer and c.tp == 0 and c.cp == 0:
                     out[f"{name}.{pname}"] = full.detach().cpu().clone()  # readable on any machine
         assert self.debug.dump_dir is not None

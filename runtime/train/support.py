@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from orch.planner.errors import OrchError
 from orch.planner.plan import Plan
+from orch.runtime.models.contract import ExpertBlock
 from orch.runtime.parallel.expert import unsupported_ep
 
 
@@ -38,8 +39,8 @@ def check_hf_plan(plan: Plan) -> None:
     modules = build_hf_modules(plan.model)
     for name, module in modules.items():
         layout = plan.modules[name].layout
-        if layout.ep > 1:
-            raise UnsupportedPlan(f"modules.{name}.layout.ep: {layout.ep}: the HF families orch builds are dense")
+        if layout.ep > 1 and not any(isinstance(m, ExpertBlock) for m in module.modules()):
+            raise UnsupportedPlan(f"modules.{name}.layout.ep: {layout.ep}: the module has no Mixture-of-Experts blocks")
         if getattr(module, "tied", False):  # a plan file written before specs recorded tied_embeddings
             tied = plan.model.modules[name].model_copy(update={"tied_embeddings": True})
             refused = tied.refuses("pp", layout.pp)

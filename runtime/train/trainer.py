@@ -1,14 +1,14 @@
 """The training loop: the one every launcher runs and every distributed test drives.
 
 `TrainTask` is the launchers' task (runtime/launch/base.py): `prepare` (once, before the ranks start, and
-before anything is written) opens the run directory (runtime/run_dir.py: its lock, the checks of what it
+before anything is written) opens the run directory (runtime/workdir/run_dir.py: its lock, the checks of what it
 holds, the checkpoint to resume from or the previous run moved aside), trims metrics.jsonl back to that
 checkpoint and clears old failure records; `run` (every rank) is `Trainer.run`; `result` reads the
 StepRecords back; `release` frees the run directory's lock (the launcher, once the ranks ended).
 
 `Trainer.run`, on each rank: resume from the checkpoint rank 0's `prepare` chose (or start at 0), build the
 rank's `TrainStep`, then per step: run it, gather every rank's phase times, rank 0 appends the step's record
-(runtime/metrics.py), stop if the step diverged (a non-finite loss or gradient norm, before any checkpoint:
+(runtime/workdir/metrics.py), stop if the step diverged (a non-finite loss or gradient norm, before any checkpoint:
 runtime/train/divergence.py), save a checkpoint every `checkpoint_every` steps, and stop at a step boundary when
 the ranks agree on a stop request (Slurm's warning signal, a signal to the local launcher:
 runtime/preemption.py), having saved there. The last step is always saved too, so `orch export` works after
@@ -28,21 +28,28 @@ from typing import TYPE_CHECKING, Any
 from orch.planner.io import write_text_atomic
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
-from orch.runtime.disk import no_space_guard
 from orch.runtime.launch.failures import clear_failures
 from orch.runtime.launch.heartbeat import Heartbeat, clear_heartbeats
-from orch.runtime.metrics import StepRecord, append_record, last_record, metrics_path, read_metrics, truncate_after
 from orch.runtime.progress import Pace
-from orch.runtime.run_dir import DATA_FILE, PLAN_FILE, TRAIN_FILE
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig
 from orch.runtime.train.divergence import Diverged, divergence
+from orch.runtime.workdir.disk import no_space_guard
+from orch.runtime.workdir.metrics import (
+    StepRecord,
+    append_record,
+    last_record,
+    metrics_path,
+    read_metrics,
+    truncate_after,
+)
+from orch.runtime.workdir.run_dir import DATA_FILE, PLAN_FILE, TRAIN_FILE
 
 if TYPE_CHECKING:
     from orch.runtime.launch.rank import RankContext
     from orch.runtime.reporting import Reporter
-    from orch.runtime.run_lock import RunLock
     from orch.runtime.train.step import StepMetrics, TrainStep
+    from orch.runtime.workdir.run_lock import RunLock
 
 
 OPTIMIZER_STATES = {"adamw": 2, "sgd": 0}  # tensors a checkpoint holds per trainable parameter, beside it
@@ -52,8 +59,8 @@ def checkpoint_needs(plan: Plan, cfg: TrainConfig, workdir: str | Path) -> int:
     """About the bytes of one checkpoint of this run (what a full disk's line asks for): the newest checkpoint's
     size, else the plan's parameters and optimizer states as kept: fp32 masters under a 16-bit compute dtype
     (runtime/parallel/fsdp.py `master_dtype`), else the run's dtype."""
-    from orch.runtime.run_dir import checkpoint_bytes, saved_bytes
     from orch.runtime.train.config import ELEM_BYTES
+    from orch.runtime.workdir.run_dir import checkpoint_bytes, saved_bytes
 
     saved = saved_bytes(workdir)
     if saved is not None:
@@ -63,8 +70,8 @@ def checkpoint_needs(plan: Plan, cfg: TrainConfig, workdir: str | Path) -> int:
 
 
 def belongs(plan: Plan, data: DataSpec, cfg: TrainConfig) -> dict[str, Any]:
-    """A checkpoint manifest's fields saying what it belongs to (runtime/run_identity.py)."""
-    from orch.runtime.run_identity import data_identity, fingerprint, layouts, model_identity
+    """A checkpoint manifest's fields saying what it belongs to (runtime/workdir/run_identity.py)."""
+    from orch.runtime.workdir.run_identity import data_identity, fingerprint, layouts, model_identity
 
     identity = model_identity(plan.model, cfg.model_factory)
     return {
@@ -109,7 +116,7 @@ class TrainTask:
         return self.cfg.watchdog_s
 
     def prepare(self) -> None:
-        from orch.runtime.run_dir import checkpoint_root, open_run
+        from orch.runtime.workdir.run_dir import checkpoint_root, open_run
 
         out = Path(self.workdir)
         needs = checkpoint_needs(self.plan, self.cfg, out)
@@ -143,8 +150,8 @@ class TrainTask:
     def run(self, ctx: RankContext) -> None:
         import torch.distributed as dist
 
-        from orch.runtime.checkpoint_agree import agree_checkpoint
-        from orch.runtime.run_identity import model_identity
+        from orch.runtime.workdir.checkpoint_agree import agree_checkpoint
+        from orch.runtime.workdir.run_identity import model_identity
 
         start = [self.start]
         dist.broadcast_object_list(start, src=0)  # rank 0 prepared the run (on Slurm and torchrun, it alone)
@@ -189,10 +196,10 @@ class Trainer:
     def run(self) -> None:
         import torch.distributed as dist
 
-        from orch.runtime import checkpoint
         from orch.runtime.train.optim import weights_finite
         from orch.runtime.train.step import TrainStep
         from orch.runtime.train.trace import RankTrace, write_trace
+        from orch.runtime.workdir import checkpoint
 
         rank, world, cfg, start = self.ctx.env.rank, self.ctx.env.world, self.cfg, self.start
         if start >= cfg.steps:
@@ -323,6 +330,7 @@ class Trainer:
             # rank 0's.
             balance=m.balance,
             grad_norm=m.grad_norm,
+            aux_loss=m.aux_loss,
             memory={str(r): p[2] for r, p in enumerate(everyone) if p},
             lr=m.lr,
             processed=processed,
@@ -351,8 +359,8 @@ def say_changed_settings(folder: Path, cfg: TrainConfig, rank: int) -> dict[str,
     """Each setting of the run (config.py `OPTIMISATION`) that differs from the one the checkpoint in `folder` was
     trained with, said by rank 0 in one line, `name then -> now`; returns them (field -> (then, now)). A
     checkpoint without its config (an older one) compares nothing."""
-    from orch.runtime.run_dir import say_changed
     from orch.runtime.train.config import changed_settings
+    from orch.runtime.workdir.run_dir import say_changed
 
     try:
         was = json.loads((folder / TRAIN_FILE).read_text())

@@ -170,3 +170,37 @@ def test_analyze_bad_input(cli, tmp_path):
     bad.write_text('{"llm": 5}\n{"llm": -3}\n')
     result = cli("analyze", str(bad), "--dp", "8", "--micro-batch", "2")
     assert result.exit_code == 1 and "line 2" in result.stderr
+
+
+def test_samples_listing_items_are_balanced_by_item_or_whole(cli, tmp_path):
+    # one video of 8 runs of frame groups on rank 0, two-image samples elsewhere
+    samples = [{"origin": 0, "lengths": {"vision": [1024] * 8, "llm": 3000}}]
+    samples += [{"origin": r, "lengths": {"vision": [256, 256], "llm": 400}} for r in range(4)]
+    data = {"num_ranks": 4, "ranks_per_node": 2, "phases": {"vision": {"quadratic": 1 / 1024}, "llm": {}}}
+    path = _write(tmp_path, {**data, "samples": samples})
+    by_item = json.loads(cli("balance", path, "--json").stdout)["phases"]["vision"]
+    whole = json.loads(cli("balance", path, "--json", "--encoder-balance", "sample").stdout)["phases"]["vision"]
+    assert len(by_item["dest"][0]) == 8 and len(set(by_item["dest"][0])) > 1
+    assert len(set(whole["dest"][0])) == 1
+    assert by_item["max_cost"] < whole["max_cost"] and by_item["lower_bound"] < whole["lower_bound"]
+    table = cli("balance", path)
+    assert table.exit_code == 0 and "encoders by item" in " ".join(table.output.split())
+    bad = cli("balance", path, "--encoder-balance", "frame")
+    assert bad.exit_code == 1 and bad.stderr.strip().startswith("error: --encoder-balance")
+
+
+def test_analyze_balances_a_manifests_listed_items_by_item(cli, tmp_path):
+    # the index's rows of a native-resolution tower: one long video (96 frame groups of 8 x 8 patches) among
+    # small images; its items (16 runs of 6 groups) let orch spread it where a whole sample cannot be
+    video = {"lengths": {"vision": 96 * 64, "llm": 2000}, "items": {"vision": [[96, 8, 8, 1.0]]}}
+    image = {"lengths": {"vision": 64, "llm": 100}, "items": {"vision": [[1, 8, 8, 0.0]]}}
+    listed = tmp_path / "listed.jsonl"
+    listed.write_text("".join(json.dumps(r) + "\n" for r in [video] + [image] * 7))
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text("".join(json.dumps({"lengths": r["lengths"]}) + "\n" for r in [video] + [image] * 7))
+    args = ("--dp", "4", "--ranks-per-node", "4", "--micro-batch", "4", "--steps", "3", "--json")
+    by_item = json.loads(cli("analyze", str(listed), *args).stdout)["phases"]["vision"]
+    whole = json.loads(cli("analyze", str(bare), *args).stdout)["phases"]["vision"]
+    # (by item a sample costs the sum of its items': attention inside each, so less than one long sequence)
+    assert by_item["orch"]["wasted"] < 0.01 < 0.1 < whole["orch"]["wasted"]  # a drawn video sets a whole rank
+    assert by_item["orch"]["max_cost"] < 0.5 * by_item["none"]["max_cost"]

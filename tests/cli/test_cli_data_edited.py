@@ -11,13 +11,13 @@ import yaml
 
 from orch.cli.data_cmd import conversation_data
 from orch.planner.plan import Layout
-from orch.runtime.checkpoint_manifest import MANIFEST, Manifest, file_sum
 from orch.runtime.data.demo_data import make_dataset, make_tokenizer
 from orch.runtime.data.freshness import check_index_current
 from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
-from orch.runtime.run_dir import step_name
-from orch.runtime.run_identity import fingerprint, model_identity
+from orch.runtime.workdir.checkpoint_manifest import MANIFEST, Manifest, file_sum
+from orch.runtime.workdir.run_dir import step_name
+from orch.runtime.workdir.run_identity import fingerprint, model_identity
 
 pytestmark = pytest.mark.usefixtures("forked_ranks")  # a run's ranks forked (tests/conftest.py)
 

@@ -40,7 +40,8 @@ def _copy(root: Path, to: Path) -> Path:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """The words of `text` on one line, rich's help panel borders left out (its wrap width depends on the options)."""
+    return " ".join(w for w in text.split() if w != "│")
 
 
 def test_a_mix_reports_each_source_and_the_runtime_draws_by_its_weights(dataset, cli, tmp_path):

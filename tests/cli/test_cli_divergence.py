@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from orch.runtime.checkpoint import checkpoint_root
-from orch.runtime.metrics import read_metrics
+from orch.runtime.workdir.checkpoint import checkpoint_root
+from orch.runtime.workdir.metrics import read_metrics
 
 pytestmark = pytest.mark.usefixtures("forked_ranks")  # a run's ranks forked (tests/conftest.py)
 

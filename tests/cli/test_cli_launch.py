@@ -96,7 +96,7 @@ def test_launch_trace_covers_every_rank_and_module(cli, plan_file, tmp_path, for
 def test_a_workdir_in_use_is_refused_before_a_task_is_written_or_submitted(cli, plan_file, tmp_path):
     import os
 
-    from orch.runtime.run_lock import RunLock
+    from orch.runtime.workdir.run_lock import RunLock
 
     path, _, _ = plan_file
     work = tmp_path / "busy"

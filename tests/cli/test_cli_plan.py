@@ -127,6 +127,32 @@ def test_cluster_too_small(cli, tmp_path):
     assert "gpu.memory_gb: model 'vit-12b-120b' needs about" in line
 
 
+def _small_cluster(tmp_path, gpu: str):
+    path = tmp_path / "small.yaml"
+    path.write_text(
+        f"name: small\nnodes: 1\ngpus_per_node: 2\ngpu: {{{gpu}}}\nlinks: {{intra_node_gbps: 2, inter_node_gbps: 1}}\n"
+    )
+    return path
+
+
+def test_the_reserve_is_a_cluster_field_a_small_device_plans_with(cli, tmp_path):
+    """A 2 GB accelerator (or CPU rank) plans once its reserve says what it keeps back, and the table says which
+    share the plan may fill; the CUDA default of 3 GB is named, not taken off silently."""
+    small = _small_cluster(tmp_path, "memory_gb: 2, peak_tflops: 1, reserve_gb: 0.25")
+    result = cli("plan", "-m", "tiny", "-c", str(small), "-o", str(tmp_path / "p.yaml"))
+    assert result.exit_code == 0, result.output
+    assert "GB/GPU of 1.75" in result.stderr  # people's output goes to stderr
+    assert "2 GB less a 0.25 GB reserve" in " ".join(result.stderr.split())
+    cpu = _small_cluster(tmp_path, "memory_gb: 1, peak_tflops: 0.05, device: cpu")  # a CPU rank keeps 0.5 back
+    result = cli("plan", "-m", "tiny", "-c", str(cpu), "-o", str(tmp_path / "p.yaml"), "--json")
+    assert result.exit_code == 0, result.output
+    plan = Plan.model_validate_json(result.stdout)
+    assert plan.cluster.gpu.usable_gb == 0.5 and all(mp.memory_gb <= 0.5 for mp in plan.modules.values())
+    gpu = _small_cluster(tmp_path, "memory_gb: 2, peak_tflops: 1")
+    line = _single_error_line(cli("plan", "-m", "tiny", "-c", str(gpu), "-o", str(tmp_path / "p.yaml")))
+    assert line.startswith(f"error: {gpu}: gpu: reserve_gb (3) leaves nothing of memory_gb (2)")
+
+
 def test_data_naming_a_missing_module(cli, tmp_path):
     data = tmp_path / "d.yaml"
     data.write_text("global_batch: 8\nseq_len: 64\ntasks:\n  - {weight: 1, tokens: {video: 3, llm: 9}}\n")

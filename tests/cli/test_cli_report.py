@@ -1,6 +1,6 @@
 """`orch report RUN_DIR`: the loss, phase and imbalance plots of a run, as PNG files."""
 
-from orch.runtime.metrics import StepRecord, append_record, metrics_path
+from orch.runtime.workdir.metrics import StepRecord, append_record, metrics_path
 
 
 def _records(workdir, steps=5):

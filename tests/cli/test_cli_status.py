@@ -15,12 +15,12 @@ from orch.planner.loading import load_data
 from orch.planner.plan import Layout
 from orch.runtime.launch.base import LaunchError
 from orch.runtime.launch.run_status import run_status
-from orch.runtime.metrics import metrics_path, read_metrics
 from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig
 from orch.runtime.train.trainer import TrainTask
+from orch.runtime.workdir.metrics import metrics_path, read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -238,10 +238,10 @@ def test_validate_pools_several_runs(cli, tmp_path, known_plan):
 def test_memory_rows_set_predicted_beside_measured_per_set_of_modules():
     from orch.planner.loading import load_data
     from orch.planner.plan import Layout
-    from orch.runtime.metrics import StepRecord
     from orch.runtime.models.registry import load_model
     from orch.runtime.plans import hand_plan
     from orch.runtime.profile.validate import memory_rows
+    from orch.runtime.workdir.metrics import StepRecord
 
     model, data = load_model("tiny"), load_data("tiny-mix")
     plan = hand_plan(model, data, {"llm": (Layout(dp=2), [1, 2]), "vision": (Layout(dp=1), [0]),

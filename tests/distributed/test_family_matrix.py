@@ -7,7 +7,17 @@ reference it. All cells of one world size run in ONE launch, only those the sess
 
 import pytest
 from equivalence import assert_matches_hf
-from family_matrix import PLAN_KINDS, ROWS, build_row, cell_name, cells_under_test, run_cells
+from family_matrix import (
+    PLAN_KINDS,
+    ROWS,
+    TESTED,
+    build_row,
+    cell_name,
+    cell_plan,
+    cells_under_test,
+    run_cells,
+    train_config,
+)
 
 from orch.planner.model_dir import Role, types_of
 from orch.runtime.data.synthetic import SyntheticBatch
@@ -56,6 +66,40 @@ def test_batch_mixes_text_only_samples_and_each_encoders_media(built, row):
     media = [{e for e, n in batch.enc_tokens[i].items() if n} for i in range(batch.size)]
     assert set() in media, media
     assert all(any(e in m for m in media) for e in model.encoder_names), media
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", ["qwen2_5_omni"])
+def test_two_tower_cells_hold_ranks_without_a_towers_media(built, row):
+    """The two-tower row's FSDP keep and reshard cells (homogeneous, zero3_homogeneous: test_plan_matches_hf)
+    train a step where a DP rank holds no image at all and a DP rank's micro-batch no audio, under the cells' own
+    dispatch: there the rank still makes the tower's collective calls (its placeholder) and the step equals HF's."""
+    import torch
+
+    from orch.runtime.parallel.grid import build_grids
+    from orch.runtime.train.inputs import InputRouter
+    from orch.runtime.train.post_balance import PostBalancer, lengths_columns
+
+    model, data = built[row].model, ROWS[row].data
+    lengths = lengths_columns(model, SyntheticBatch.build(model, data, ROWS[row].seed, 0))
+    for kind in ("homogeneous", "zero3_homogeneous"):
+        assert kind in TESTED[row]
+        plan = cell_plan(ROWS[row], PLAN_KINDS[kind], model)
+        grids = build_grids(plan.modules)
+        tables = PostBalancer(plan, grids, train_config(ROWS[row]).balance, 8).dispatch(0, lengths)
+        router = InputRouter(plan, grids, 0, 4, torch.device("cpu"), balanced=True)
+
+        assert without_media("vision", tables, router, lengths)[0], (kind, tables.dest)
+        assert without_media("audio", tables, router, lengths)[1], (kind, tables.dest)
+
+
+def without_media(tower: str, tables, router, lengths: dict[str, list[int]]) -> tuple[list[int], list[int]]:
+    """The DP indices of `tower` that hold none of its media this step; those with a micro-batch holding none."""
+    held = [tables.held(tower, j) for j in range(tables.dp[tower])]
+    calls = router.calls(tower, tables)
+    none = [j for j, ids in enumerate(held) if not any(lengths[tower][i] for i in ids)]
+    chunks = [router.chunks(tower, ids, calls) for ids in held]
+    return none, [j for j, cs in enumerate(chunks) if any(not any(lengths[tower][i] for i in c) for c in cs)]
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ processor's features, its clips before or after the request."""
 import pytest
 import torch
 import torch.nn.functional as F
-from hf_models import IMAGE_TOKEN, make_llava
+from hf_models import IMAGE_TOKEN, TEMPLATE, make_llava, save_processor
 from launching import train_tasks
 
 from orch.cli.data_cmd import conversation_data
@@ -21,24 +21,10 @@ from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 
 SEED = 2
-TEMPLATE = "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} ?\n{% endfor %}"
 PLANS = {
     "vision_dp4_llm_tp2_dp2": {"llm": (Layout(tp=2, dp=2), [0, 1, 2, 3]), "vision": (Layout(dp=4), [0, 1, 2, 3])},
     "llm_pp2_dp2": {"llm": (Layout(pp=2, dp=2), [0, 1, 2, 3]), "vision": (Layout(dp=4), [0, 1, 2, 3])},
 }
-
-
-def save_processor(directory, tokenizer_file):
-    """The model's processor beside its weights: a CLIP image processor at the tower's 28 pixels and a fast
-    tokenizer with a chat template (what save_pretrained of a real model's processor writes)."""
-    import transformers
-
-    transformers.CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}).save_pretrained(
-        directory
-    )
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file), unk_token="[UNK]")
-    tok.chat_template = TEMPLATE
-    tok.save_pretrained(directory)
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from orch.runtime.checkpoint import checkpoint_root
-from orch.runtime.run_dir import choose_checkpoint
+from orch.runtime.workdir.checkpoint import checkpoint_root
+from orch.runtime.workdir.run_dir import choose_checkpoint
 
 
 def latest_step(workdir):
@@ -131,8 +131,8 @@ def test_resume_onto_a_new_layout_and_past_a_corrupted_checkpoint(tmp_path, capf
     from orch.planner.balance.mode import Mode
     from orch.planner.plan import Layout
     from orch.runtime.launch.local import LocalLauncher
-    from orch.runtime.run_dir import RunMismatch
     from orch.runtime.train.config import TrainConfig
+    from orch.runtime.workdir.run_dir import RunMismatch
 
     dp, data = _tiny_plan(Layout(dp=2))
     tp, _ = _tiny_plan(Layout(tp=2))
@@ -195,9 +195,9 @@ def test_a_full_disk_during_a_save_is_one_line_and_leaves_no_tmp(tmp_path, monke
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from orch.runtime import checkpoint
-    from orch.runtime.disk import NoSpaceError
     from orch.runtime.launch.procgroup import free_port
+    from orch.runtime.workdir import checkpoint
+    from orch.runtime.workdir.disk import NoSpaceError
 
     def full(*args, **kwargs):
         (tmp_path / "checkpoints" / "step_00000003.tmp" / "__0_0.distcp").write_bytes(b"partial")
@@ -222,9 +222,9 @@ def test_the_lock_is_freed_when_a_rank_fails_and_the_relaunch_resumes(tmp_path):
     from orch.planner.balance.mode import Mode
     from orch.planner.plan import Layout
     from orch.runtime.launch.base import LaunchError
-    from orch.runtime.run_lock import lock_path
     from orch.runtime.train.config import TrainConfig
     from orch.runtime.train.debug import DebugConfig
+    from orch.runtime.workdir.run_lock import lock_path
 
     plan, data = _tiny_plan(Layout(dp=2))
     cfg = TrainConfig(steps=3, seed=5, dtype="float64", lr=0.01, balance=Mode.NONE, checkpoint_every=1)

@@ -140,7 +140,7 @@ def test_a_keep_checkpoint_resumes_under_reshard(tmp_path):
     that resharded throughout."""
     from launching import train_local, train_runs
 
-    from orch.runtime.run_dir import step_folders
+    from orch.runtime.workdir.run_dir import step_folders
 
     model, data = load_model("tiny-moe"), _data(8)
     layouts = {

@@ -14,15 +14,15 @@ from launching import LAUNCHER, train_local
 from orch.planner.errors import OrchError
 from orch.planner.loading import load_data
 from orch.planner.plan import Layout
-from orch.runtime.checkpoint import checkpoint_root, step_name
 from orch.runtime.launch.base import Aborted, LaunchError, RankStalled
 from orch.runtime.launch.heartbeat import read_beats
-from orch.runtime.metrics import metrics_path
 from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
 from orch.runtime.train.config import TrainConfig
 from orch.runtime.train.debug import DebugConfig
 from orch.runtime.train.trainer import TrainTask
+from orch.runtime.workdir.checkpoint import checkpoint_root, step_name
+from orch.runtime.workdir.metrics import metrics_path
 
 pytestmark = pytest.mark.slow
 

@@ -197,7 +197,7 @@ def test_preempted_job_checkpoints_at_the_signal_and_resumes_there(slurm_cluster
 
     import submitit
 
-    from orch.runtime.checkpoint import checkpoint_root, step_name
+    from orch.runtime.workdir.checkpoint import checkpoint_root, step_name
 
     workdir = tmp_path / "run"
     steps = 10
@@ -296,7 +296,7 @@ def test_a_run_rank_0_refuses_ends_every_rank_at_once(slurm_cluster, state_dir, 
     """Rank 0 prepares the run before the rendezvous; a workdir in use refuses it. The other ranks used to wait at
     the rendezvous for its timeout (6 minutes with the default watchdog); now they meet, hear the refusal and
     end, and `orch status` says it. Nothing is written into the workdir the live run owns."""
-    from orch.runtime.run_lock import RunLock
+    from orch.runtime.workdir.run_lock import RunLock
 
     workdir = tmp_path / "run"
     workdir.mkdir()

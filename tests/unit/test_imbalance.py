@@ -54,3 +54,23 @@ def test_deterministic():
     assert a == residual_imbalance(
         _skewed(16), "llm", "llm", 4, 2, SampleCost(constant=0.5, linear=1.0, quadratic=1e-4)
     )
+
+
+def test_a_tower_of_fixed_size_images_is_priced_balanced_by_image():
+    """Samples of 1 to 8 images of 64 tokens, 2 per rank: by image the phase nears its mean rank; whole samples
+    cannot (a sample of 8 images is several ranks' mean)."""
+    data = DataSpec.model_validate(
+        {
+            "global_batch": 8,
+            "seq_len": 4096,
+            "tasks": [
+                {"weight": 0.75, "tokens": {"vision": 64, "llm": 64}},
+                {"weight": 0.25, "tokens": {"vision": 512, "llm": 64}},
+            ],
+        }
+    )
+    cost = SampleCost(linear=1.0, quadratic=1 / 64)
+    whole = residual_imbalance(data, "vision", "llm", 4, 4, cost)
+    by_image = residual_imbalance(data, "vision", "llm", 4, 4, cost, items=64)
+    assert whole > 1.5
+    assert 1.0 <= by_image < 1.2

@@ -139,7 +139,9 @@ def test_train_and_parallel_import_no_family_folder():
     from orch.runtime.models.registry import FAMILIES
 
     families = {type(f).__module__.rpartition(".")[0] for f in FAMILIES.values()}
-    assert families == {f"orch.runtime.models.{n}" for n in ("decoder", "llava", "qwen2_audio", "qwen_vl")}
+    assert families == {
+        f"orch.runtime.models.{n}" for n in ("decoder", "internvl", "llava", "qwen2_audio", "qwen_omni", "qwen_vl")
+    }
     named = sorted(
         f"{a} -> {b}"
         for a, bs in import_graph().items()

@@ -103,6 +103,20 @@ def test_a_failed_job_names_the_rank_that_failed_first(job):
     assert st.failure.summary == "rank 2 failed: RuntimeError: injected failure at step 1"
 
 
+def test_a_diverged_run_is_said_in_its_own_line_not_as_one_ranks_failure(job):
+    from orch.runtime.launch.failures import record_failure
+    from orch.runtime.train.divergence import divergence
+
+    record = job(f"FAILED|00:00:30|1:0|node[1-2]|{WHEN}|00:05:00")
+    diverged = divergence(2, float("nan"), 1.0, 0.1, 10, record.workdir)
+    for rank in (3, 1, 0, 2):  # every rank raises the same line; the earliest record speaks
+        record_failure(record.workdir, rank, diverged)
+    st = job_status(JOB)
+    assert (st.failure.kind, st.failure.rank, st.failure.by_rank) == ("diverged", 3, True)
+    assert st.failure.summary == str(diverged)
+    assert st.failure.summary.startswith("step 3/10: loss is nan (grad norm 1): the run diverged; lower lr (now 0.1)")
+
+
 def test_a_timeout_on_a_healthy_rank_is_blamed_on_the_rank_that_stopped(job):
     record = job(f"FAILED|00:02:30|1:0|node[1-2]|{WHEN}|00:05:00")
     _failed(record.workdir, 0, "RuntimeError: [../unbound_buffer.cc:78] Timed out waiting 120000ms for recv", 300.0)

@@ -3,7 +3,7 @@
 import pytest
 
 from orch.planner.errors import SpecError
-from orch.runtime.metrics import StepRecord, append_record, last_record, read_metrics, truncate_after
+from orch.runtime.workdir.metrics import StepRecord, append_record, last_record, read_metrics, truncate_after
 
 
 def _record(step: int) -> StepRecord:
@@ -72,8 +72,8 @@ def test_only_the_last_line_may_be_torn(tmp_path):
 def test_a_full_disk_while_appending_names_the_file_and_the_bytes(tmp_path, monkeypatch):
     import os
 
-    from orch.runtime import metrics
-    from orch.runtime.disk import NoSpaceError
+    from orch.runtime.workdir import metrics
+    from orch.runtime.workdir.disk import NoSpaceError
 
     path = tmp_path / "metrics.jsonl"
     # the record's file opened on /dev/full: its write fails with ENOSPC as a full disk's does

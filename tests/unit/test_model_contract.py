@@ -30,12 +30,21 @@ def test_every_registered_family_names_a_transformers_class_and_gives_wrap_and_i
 
 def test_an_unsupported_model_type_names_the_supported_ones():
     with pytest.raises(SpecError) as err:
-        family_of(FAMILIES, "qwen2_5_omni", "m/config.json", "model_type", Role.MODEL, Role.LLM)
+        family_of(FAMILIES, "bert", "m/config.json", "model_type", Role.MODEL, Role.LLM)
     assert str(err.value) == (
-        "m/config.json: model_type: 'qwen2_5_omni' is not supported; expected one of "
+        "m/config.json: model_type: 'bert' is not supported; expected one of "
         + ", ".join(types_of(FAMILIES, Role.MODEL, Role.LLM))
     )
-    assert types_of(FAMILIES, Role.MODEL) == ("llava", "qwen2_audio", "qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+    assert types_of(FAMILIES, Role.MODEL) == (
+        "llava",
+        "qwen2_audio",
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "qwen3_vl_moe",
+        "qwen2_5_omni",
+        "internvl",
+    )
 
 
 def test_the_reference_modules_implement_the_contract():

@@ -513,10 +513,12 @@ def test_qwen3_vl_video_sampling_grid_and_timestamps_are_hfs(cap):
                 grid = {"video_grid_thw": torch.tensor([[t, gh, gw]]), "video_metadata": [meta]}
                 hf_text = Qwen3VLProcessor.replace_video_token(proc, grid, 0)
                 pads = "<|video_pad|>" * (gh * gw // 4)
-                assert hf_text == "".join(f"{rule.video_prefix(i)}<|vision_start|>{pads}<|vision_end|>" for i in items)
+                assert hf_text == "".join(
+                    f"{rule.video_prefix(i, j)}<|vision_start|>{pads}<|vision_end|>" for j, i in enumerate(items)
+                )
                 checked += 1
     assert checked > 100
-    assert dataclasses.replace(rule, variant="qwen2").video_prefix((2, 4, 4, 1.0)) == ""
+    assert dataclasses.replace(rule, variant="qwen2").video_prefix((2, 4, 4, 1.0), 0) == ""
 
 
 def test_qwen3_vl_video_limits_are_its_size_alone(qwen3, tmp_path):

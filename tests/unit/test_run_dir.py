@@ -1,4 +1,4 @@
-"""A run directory at launch (runtime/run_dir.py): its lock, the checks of what it holds, the checkpoint a run
+"""A run directory at launch (runtime/workdir/run_dir.py): its lock, the checks of what it holds, the checkpoint a run
 resumes from (fall-back order, skipped ones named), --no-resume's move aside, and a full disk's one line."""
 
 import errno
@@ -14,11 +14,11 @@ import pytest
 
 from orch.planner.loading import load_data
 from orch.planner.plan import Layout
-from orch.runtime.checkpoint_manifest import MANIFEST, Manifest, file_sum, verify
-from orch.runtime.disk import NoSpaceError, check_free, no_space_guard
 from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
-from orch.runtime.run_dir import (
+from orch.runtime.workdir.checkpoint_manifest import MANIFEST, Manifest, file_sum, verify
+from orch.runtime.workdir.disk import NoSpaceError, check_free, no_space_guard
+from orch.runtime.workdir.run_dir import (
     RunMismatch,
     check_same_model,
     choose_checkpoint,
@@ -26,8 +26,8 @@ from orch.runtime.run_dir import (
     open_run,
     step_name,
 )
-from orch.runtime.run_identity import differences, fingerprint, model_identity
-from orch.runtime.run_lock import Holder, RunLock, RunLocked, lock_path, probe, read_holder
+from orch.runtime.workdir.run_identity import differences, fingerprint, model_identity
+from orch.runtime.workdir.run_lock import Holder, RunLock, RunLocked, lock_path, probe, read_holder
 
 
 def _plan(layers=2, llm=None):
@@ -221,7 +221,7 @@ def test_a_resumed_launch_resumes_and_says_from_where(tmp_path, capsys):
 
 HOLD = """
 import sys, time
-from orch.runtime.run_lock import RunLock
+from orch.runtime.workdir.run_lock import RunLock
 RunLock(sys.argv[1]).acquire()
 print("held", flush=True)
 time.sleep(60)
@@ -299,7 +299,7 @@ def test_a_requeued_job_takes_the_lock_of_its_previous_incarnation(tmp_path, mon
 
 
 def test_a_full_disk_is_the_same_one_line_while_writing_and_at_relaunch(tmp_path, monkeypatch):
-    import orch.runtime.disk as disk
+    import orch.runtime.workdir.disk as disk
 
     monkeypatch.setattr(disk, "free_bytes", lambda path: 1234)
     where = tmp_path / "checkpoints"
@@ -328,7 +328,7 @@ def test_a_full_disk_is_the_same_one_line_while_writing_and_at_relaunch(tmp_path
 def test_without_flock_the_file_names_the_holder(tmp_path, monkeypatch, capsys):
     import fcntl
 
-    import orch.runtime.run_lock as run_lock
+    import orch.runtime.workdir.run_lock as run_lock
 
     def no_flock(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
@@ -351,11 +351,11 @@ def test_without_flock_the_file_names_the_holder(tmp_path, monkeypatch, capsys):
     lock.release()
 
 
-# -- the ranks verify the checksums together (runtime/checkpoint_agree.py) -------------------------------------
+# -- the ranks verify the checksums together (runtime/workdir/checkpoint_agree.py) -------------------------------------
 
 
 def test_the_ranks_share_the_files_to_hash_by_bytes():
-    from orch.runtime.checkpoint_manifest import FileSum, share_of
+    from orch.runtime.workdir.checkpoint_manifest import FileSum, share_of
 
     sizes = {"a": 900, "b": 500, "c": 400, "d": 300, "e": 100, ".metadata": 10}
     manifest = Manifest(
@@ -379,7 +379,7 @@ def test_a_launch_checks_sizes_and_the_ranks_fall_back_past_a_checksum_mismatch(
     to the older checkpoint, say so, and trim the metrics back to it."""
     import torch.distributed as dist
 
-    from orch.runtime.checkpoint_agree import agree_checkpoint
+    from orch.runtime.workdir.checkpoint_agree import agree_checkpoint
 
     plan = _plan()
     ident = model_identity(plan.model)
@@ -415,7 +415,7 @@ def test_the_ranks_take_a_checkpoint_without_a_manifest_only_when_none_verifies(
     every verified one damaged, it is what they resume from, each said in one line."""
     import torch.distributed as dist
 
-    from orch.runtime.checkpoint_agree import agree_checkpoint
+    from orch.runtime.workdir.checkpoint_agree import agree_checkpoint
 
     plan = _plan()
     ident = model_identity(plan.model)
@@ -449,7 +449,7 @@ def test_the_ranks_take_a_checkpoint_without_a_manifest_only_when_none_verifies(
 
 
 def test_pruning_keeps_the_newest_and_clears_a_crashed_delete(tmp_path):
-    from orch.runtime.run_dir import TRASH, checkpoint_root, prune_checkpoints
+    from orch.runtime.workdir.run_dir import TRASH, checkpoint_root, prune_checkpoints
 
     ident = model_identity(_plan().model)
     for step in (1, 2, 3, 4):

@@ -7,9 +7,9 @@ from rich.console import Console
 
 from orch.cli.progress import StepProgress
 from orch.planner.errors import SpecError
-from orch.runtime.metrics import StepRecord, phase_imbalance
 from orch.runtime.progress import progress_line
 from orch.runtime.reporting import check_installed, step_scalars
+from orch.runtime.workdir.metrics import StepRecord, phase_imbalance
 
 
 def _record(step, loss=2.5, tokens=1200, step_time_s=0.5):

@@ -9,12 +9,12 @@ import pytest
 
 from orch.planner.loading import load_data
 from orch.planner.plan import Layout
-from orch.runtime.checkpoint_manifest import MANIFEST, Manifest, file_sum
-from orch.runtime.checkpoint_metadata import _DTYPES, metadata_problem
 from orch.runtime.models.registry import load_model
 from orch.runtime.plans import hand_plan
-from orch.runtime.run_dir import RunMismatch, choose_checkpoint, open_run, step_name
-from orch.runtime.run_identity import fingerprint, model_identity
+from orch.runtime.workdir.checkpoint_manifest import MANIFEST, Manifest, file_sum
+from orch.runtime.workdir.checkpoint_metadata import _DTYPES, metadata_problem
+from orch.runtime.workdir.run_dir import RunMismatch, choose_checkpoint, open_run, step_name
+from orch.runtime.workdir.run_identity import fingerprint, model_identity
 
 
 class _Payload:
@@ -66,7 +66,7 @@ def test_the_dtypes_allowed_are_torchs():
 def test_dcp_metadata_checks_out_and_loads_through_the_restricted_reader(tmp_path):
     import torch
 
-    from orch.runtime.checkpoint_metadata import read_whole
+    from orch.runtime.workdir.checkpoint_metadata import read_whole
 
     state = _tensors()
     state["llm"]["optim"] = {"w": {"step": torch.tensor(3.0), "count": 7, "name": "adamw"}}  # non-tensor entries
@@ -102,7 +102,7 @@ def test_the_ranks_load_no_crafted_metadata_that_slipped_past_the_launch(tmp_pat
     """Replaced between the launch's check and the ranks' load: the load itself refuses it."""
     from torch import nn
 
-    from orch.runtime.checkpoint import load
+    from orch.runtime.workdir.checkpoint import load
 
     folder = tmp_path / "checkpoints" / step_name(2)
     _save(folder, {"llm": {"model": {"weight": __import__("torch").zeros(2, 2, dtype=__import__("torch").float64)}}})
@@ -117,7 +117,7 @@ def test_a_non_tensor_entry_holding_a_pickle_runs_nothing(tmp_path):
     """DCP saves a non-tensor value with torch.save and loads it with weights_only=False; orch's planner does not."""
     import torch.distributed.checkpoint as dcp
 
-    from orch.runtime.checkpoint_metadata import load_planner, reader
+    from orch.runtime.workdir.checkpoint_metadata import load_planner, reader
 
     marker = tmp_path / "marker"
     _save(tmp_path / "ck", {"llm": {"extra": _Payload(marker)}})  # pickling runs nothing; unpickling would
@@ -179,8 +179,8 @@ def _outside(tmp_path: Path) -> Path:
 
 
 def test_a_run_lock_that_is_a_link_is_refused_in_one_line_and_its_target_kept(tmp_path, capsys):
-    from orch.runtime.run_lock import RunLock, probe
-    from orch.runtime.workdir_files import LinkRefused
+    from orch.runtime.workdir.files import LinkRefused
+    from orch.runtime.workdir.run_lock import RunLock, probe
 
     precious = _outside(tmp_path)
     work = tmp_path / "run"
@@ -200,8 +200,8 @@ def test_a_run_lock_that_is_a_link_is_refused_in_one_line_and_its_target_kept(tm
 def test_heartbeats_metrics_and_data_problems_are_never_written_through_a_link(tmp_path):
     from orch.runtime.data.problems import DataProblems
     from orch.runtime.launch.heartbeat import Heartbeat, heartbeat_dir
-    from orch.runtime.metrics import StepRecord, append_record, metrics_path
-    from orch.runtime.workdir_files import LinkRefused
+    from orch.runtime.workdir.files import LinkRefused
+    from orch.runtime.workdir.metrics import StepRecord, append_record, metrics_path
 
     precious = _outside(tmp_path)
     heartbeat_dir(tmp_path).mkdir()
@@ -235,7 +235,7 @@ def test_a_workdir_is_created_private_whatever_the_umask_unless_asked(tmp_path, 
     import stat
 
     from orch.planner.errors import OrchError
-    from orch.runtime.workdir_files import make_workdir
+    from orch.runtime.workdir.files import make_workdir
 
     old = os.umask(0o002)
     try:

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from orch.runtime.models.contract import RoutesTokens
 from orch.runtime.models.hf.module import HFModule, layer_plan
+from orch.runtime.models.hf.moe import HFSparseMoE, adopt_sparse_blocks
 from orch.runtime.models.staged import StagedDecoder
 
 if TYPE_CHECKING:
@@ -35,6 +37,7 @@ class HFCausalLM(HFModule, StagedDecoder):
         super().__init__()
         self.embed_tokens: nn.Module | None = decoder.embed_tokens
         self.layers = nn.ModuleDict({str(i): layer for i, layer in enumerate(decoder.layers)})
+        adopt_sparse_blocks(self.layers)  # a MoE decoder's sparse blocks, expert-parallel (runtime/models/hf/moe.py)
         self.norm: nn.Module | None = decoder.norm
         self.rotary_emb = decoder.rotary_emb
         self.lm_head: nn.Module | None = lm_head
@@ -46,9 +49,10 @@ class HFCausalLM(HFModule, StagedDecoder):
 
         plan: dict[str, ParallelStyle] = {}
         for i, layer in self.layers.items():
-            plan |= layer_plan(
-                f"layers.{i}", ("self_attn.o_proj",), ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",)
-            )
+            # a sparse MoE block stays whole: every TP rank runs its router and experts on the same rows
+            dense = not isinstance(layer.mlp, HFSparseMoE)
+            mlp_in, mlp_out = (("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",)) if dense else ((), ())
+            plan |= layer_plan(f"layers.{i}", ("self_attn.o_proj",), mlp_in, mlp_out)
             # Qwen3's per-head q/k norms see this rank's heads ([1, T, heads, d]): their weights replicated, the
             # gradient summed over the TP group (torchtitan's plan: the heads dim as the sharded "sequence")
             for norm in ("q_norm", "k_norm"):
@@ -85,7 +89,11 @@ class HFCausalLM(HFModule, StagedDecoder):
             # An empty micro-batch (a resharding FSDP2 module's ranks pad with them: runtime/parallel/fsdp.py) must
             # still call every layer, and HF attention takes no zero-length sequence: the layers run on one zero
             # row, a sequence of its own, dropped after (its gradients are exact zeros).
-            return self.run_blocks(x_TD.new_zeros(1, x_TD.shape[1]), [1])[:0]
+            out = self.run_blocks(x_TD.new_zeros(1, x_TD.shape[1]), [1])[:0]
+            for block in self.modules():  # the zero row routed nothing: no router aux loss of it
+                if isinstance(block, RoutesTokens):
+                    block.take_router_logits()
+            return out
         x_TD, added = self.split_rows(x_TD)
         width = x_TD.shape[1]
         position_ids = self.position_ids(seqlens, cp, layouts, x_TD.device)

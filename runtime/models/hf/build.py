@@ -37,7 +37,8 @@ def load_config(directory: str) -> Any:
 
 
 def text_config(config: Any) -> Any:
-    return getattr(config, "text_config", None) or config
+    """The language model's config: a composite's text_config, Qwen2.5-Omni's thinker's, a decoder's own."""
+    return config.get_text_config()
 
 
 def build_full(directory: str, family: Family | None = None) -> nn.Module:

@@ -1,6 +1,6 @@
 """`orch export`: a run's checkpoint gathered back into Hugging Face directories, loadable with `from_pretrained`.
 
-The checkpoint (runtime/checkpoint.py, DCP) holds each module's parameters under orch's names; every
+The checkpoint (runtime/workdir/checkpoint.py, DCP) holds each module's parameters under orch's names; every
 HF module knows its parameters' names in the transformers model (`HFModule.hf_keys`). Per source
 directory: the full tensors in one process (DCP resharded into plain tensors), renamed, written in the
 layout `save_pretrained` writes (transformers' own `revert_weight_conversion`), cast to the source's
@@ -27,7 +27,7 @@ PROJECTORS = "projectors.safetensors"  # orch's own parameters of a composed spe
 
 def read_checkpoint(step_dir: Path) -> dict[str, Any]:
     """The whole DCP checkpoint as nested plain tensors, in this process (its metadata read without pickle)."""
-    from orch.runtime.checkpoint_metadata import read_whole
+    from orch.runtime.workdir.checkpoint_metadata import read_whole
 
     return read_whole(step_dir)
 
@@ -51,10 +51,10 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     from safetensors.torch import load_file, save_file
 
     from orch.planner.loading import load_json_file
-    from orch.runtime.checkpoint_manifest import verify
     from orch.runtime.models.hf.build import build_full, build_hf_modules
     from orch.runtime.models.hf.weights import Checkpoint
-    from orch.runtime.run_dir import PLAN_FILE, checkpoint_root, choose_checkpoint, step_name
+    from orch.runtime.workdir.checkpoint_manifest import verify
+    from orch.runtime.workdir.run_dir import PLAN_FILE, checkpoint_root, choose_checkpoint, step_name
 
     run = Path(run_dir)
     plan = load_json_file(Plan, str(run / PLAN_FILE))
@@ -117,13 +117,21 @@ def export_run(run_dir: str | Path, out: str | Path, step: int | None = None) ->
     return written
 
 
+def is_weights_file(name: str) -> bool:
+    """A file of the model's weights (written anew), not one the directory keeps as it is (a tokenizer, a
+    processor config, Qwen2.5-Omni's `spk_dict.pt`, the voices its talker speaks in)."""
+    if name.endswith(".safetensors") or name in INDEX_NAMES:
+        return True
+    return name.endswith(WEIGHT_SUFFIXES) and name.startswith(("pytorch_model", "model", "tf_model"))
+
+
 def write_directory(src: Path, target: Path, weights: dict[str, Any], save_file: Any) -> None:
     """target/: model.safetensors and every non-weight file of src, atomically (a temporary sibling, renamed)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         for f in src.iterdir():
-            if f.is_file() and not f.name.endswith(WEIGHT_SUFFIXES) and f.name not in INDEX_NAMES:
+            if f.is_file() and not is_weights_file(f.name):
                 shutil.copy2(f, tmp / f.name)
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if target.exists():

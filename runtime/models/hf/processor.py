@@ -6,9 +6,9 @@ own key: `image_processor`, `feature_extractor`, `video_processor`), or the olde
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from orch.planner.errors import SpecError
 
@@ -86,3 +86,25 @@ def processor_keys(directory: str | Path) -> dict[str, Any]:
     if not combined.is_file():
         return {}
     return {k: v for k, v in _read_object(combined).items() if k not in _OWN_FILE}
+
+
+Rows = TypeVar("Rows")
+
+
+def rows_in_file_order(
+    files: Sequence[str],
+    kinds: Sequence[str] | None,
+    image_rows: Callable[[list[str]], list[Rows]],
+    video_rows: Callable[[str], list[Rows]],
+) -> list[Rows]:
+    """A sample's encoder rows one tensor per item in its files' order: its images through `image_rows` at once
+    (one processor call, one tensor each), each video's items through `video_rows`; `kinds` says which files
+    are videos (all images where not given)."""
+    from orch.runtime.sample import IMAGE
+
+    kinds = kinds or (IMAGE,) * len(files)
+    images = iter(image_rows([f for f, k in zip(files, kinds, strict=True) if k == IMAGE]) if IMAGE in kinds else ())
+    out: list[Rows] = []
+    for f, k in zip(files, kinds, strict=True):
+        out += [next(images)] if k == IMAGE else video_rows(f)
+    return out

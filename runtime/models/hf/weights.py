@@ -56,7 +56,25 @@ def header(path: Path) -> dict[str, Any]:
 class Located:
     file: Path
     key: str  # the tensor's name in that file
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # as the parameter holds it
+    swapped: tuple[int, int] | None = None  # stored with these two dims swapped (Qwen3-VL-MoE's experts on the hub)
+
+
+def transposes(converter: Any) -> tuple[int, int] | None:
+    """The dims a converter swaps when it only transposes where the shapes say so (transformers' `Transpose` with
+    check_dims: Qwen3-VL-MoE's stacked experts, stored [experts, in, out] on the hub); None for any other."""
+    from transformers.core_model_loading import Transpose
+
+    ops = getattr(converter, "operations", [])
+    if len(ops) == 1 and isinstance(ops[0], Transpose) and ops[0].check_dims:
+        return (ops[0].dim0, ops[0].dim1)
+    return None
+
+
+def swap(shape: tuple[int, ...], dims: tuple[int, int]) -> tuple[int, ...]:
+    out = list(shape)
+    out[dims[0]], out[dims[1]] = out[dims[1]], out[dims[0]]
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -86,11 +104,19 @@ class Checkpoint:
                 name, converted = rename_source_key(
                     disk_key, renamings, converters, getattr(full, "base_model_prefix", None), shapes
                 )
+                dims = None
                 if converted is not None:
-                    raise SpecError(str(file), disk_key, "a fused or converted tensor: orch reads tensors as stored")
+                    dims = next((transposes(c) for c in converters if converted in c.source_patterns), None)
+                    if dims is None:
+                        raise SpecError(
+                            str(file), disk_key, "a fused or converted tensor: orch reads tensors as stored"
+                        )
                 if name not in shapes:
                     continue  # a tensor the model does not use (transformers drops these too)
                 shape = tuple(int(d) for d in info.get("shape", ()))
+                if dims is not None and shape != shapes[name] and swap(shape, dims) == shapes[name]:
+                    tensors[name] = Located(file, disk_key, shapes[name], dims)
+                    continue
                 if shape != shapes[name]:
                     raise SpecError(
                         str(file), disk_key, f"shape {list(shape)} does not match the config's {list(shapes[name])}"
@@ -146,7 +172,13 @@ def load_parameters(module: nn.Module, keys: dict[str, str], ckpt: Checkpoint) -
         with safe_open(str(file), framework="pt") as f:
             for local, p in items:
                 located = ckpt.tensors[keys[local]]
-                part = read_region(f.get_slice(located.key), located.shape, tuple(p.shape), local_region(p))
+                region = local_region(p)
+                if located.swapped is not None:  # read the swapped region, then swap it back
+                    a, b = located.swapped
+                    stored = f.get_slice(located.key)[swap(region, located.swapped)]  # type: ignore[arg-type]
+                    part = stored.transpose(a, b)
+                else:
+                    part = read_region(f.get_slice(located.key), located.shape, tuple(p.shape), region)
                 target = local_part(p)
                 target.copy_(part.to(dtype=target.dtype))
 

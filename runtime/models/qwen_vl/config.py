@@ -1,4 +1,4 @@
-"""The Qwen-VL family's config.json (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) read into its modules without torch
+"""The Qwen-VL family's config.json (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE) read into its modules without torch
 (docs/qwen_vl.md): module `vision`, the native-resolution tower with its patch merger, and module `llm`, the
 Qwen decoder.
 
@@ -7,7 +7,8 @@ patch_size²` values, `spatial_merge_size²` patches merged into one LLM token b
 RMSNorm, then a two-layer MLP from width x merge² to the LLM's width). Every block attends inside one image or
 video frame only (HF's cu_seqlens); Qwen2.5-VL's blocks attend inside windows of `window_size` pixels a side
 but for `fullatt_block_indexes`; Qwen3-VL adds the outputs of `deepstack_visual_indexes` blocks, each through a
-merger of its own, into the LLM's first layers. The tower takes TP at any degree that splits its heads and FFN
+merger of its own, into the LLM's first layers; Qwen3-VL-MoE's decoder has Mixture-of-Experts MLPs
+(`planner/hf_config.py` `moe_module`). The tower takes TP at any degree that splits its heads and FFN
 (its fused qkv projection is sharded by heads: runtime/models/hf/fused_qkv.py), and no CP (its attention stays
 inside each image).
 
@@ -22,10 +23,11 @@ from __future__ import annotations
 from typing import Any
 
 from orch.planner.errors import SpecError
-from orch.planner.hf_config import HFConfig, decoder_module
+from orch.planner.hf_config import HFConfig, decoder_module, moe_module
 from orch.planner.specs import HFPart, Modality, ModuleKind, ModuleSpec
 
-FAMILY_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+FAMILY_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
+DEEPSTACK = ("qwen3_vl", "qwen3_vl_moe")  # whose towers feed the LLM's first layers (deepstack_visual_indexes)
 FLAT_TEXT = ("qwen2_vl", "qwen2_5_vl")  # whose config reads top-level text fields when it has no text_config
 
 _QWEN2_TEXT = dict(
@@ -49,11 +51,20 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, in_channels=3, patch_size=16,
         spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[8, 16, 24],
     ),
+    "qwen3_vl_moe_vision": dict(
+        depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, in_channels=3, patch_size=16,
+        spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[8, 16, 24],
+    ),
     "qwen2_vl_text": _QWEN2_TEXT,
     "qwen2_5_vl_text": _QWEN2_TEXT,
     "qwen3_vl_text": dict(
         vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32, num_attention_heads=32,
         num_key_value_heads=32, head_dim=128,
+    ),
+    "qwen3_vl_moe_text": dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, num_attention_heads=16,
+        num_key_value_heads=16, head_dim=128, num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
+        decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001, output_router_logits=False,
     ),
 }  # fmt: skip
 
@@ -108,7 +119,7 @@ def vision_module(cfg: HFConfig, family: str, hf: HFPart) -> ModuleSpec:
             raise SpecError(cfg.source, cfg.field("window_size"), too_small)
         window_tokens = (side * merge) ** 2
         full = cfg.indices("fullatt_block_indexes", layers)
-    elif family == "qwen3_vl":
+    elif family in DEEPSTACK:
         deepstack = cfg.indices("deepstack_visual_indexes", layers)
     return ModuleSpec(
         kind=ModuleKind.ENCODER,
@@ -134,5 +145,8 @@ def read_qwen_vl(top: HFConfig, path: str) -> dict[str, ModuleSpec]:
     """config.json of a Qwen-VL model -> its `vision` and `llm` modules (family.py `QwenVL.read`)."""
     family = top.expect_type(FAMILY_TYPES)
     vision = vision_module(_sub(top, "vision_config", family, "vision"), family, HFPart(path=path, part="vision"))
-    llm = decoder_module(text_config(top, family), HFPart(path=path, part="text"))
+    text = text_config(top, family)
+    llm = decoder_module(text, HFPart(path=path, part="text"))
+    if family == "qwen3_vl_moe":
+        llm = moe_module(text, llm)
     return {"vision": vision, "llm": llm}

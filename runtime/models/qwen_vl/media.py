@@ -39,6 +39,7 @@ from typing import Any
 from orch.planner.errors import SpecError
 from orch.planner.specs import Modality, ModuleSpec
 from orch.runtime.models.hf.processor import processor_config
+from orch.runtime.sound import stream_seconds
 
 VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 # transformers 5.24's class defaults: Qwen2VLImageProcessor, Qwen2VLVideoProcessor and Qwen3VLVideoProcessor
@@ -129,10 +130,8 @@ def video_header(path: str) -> VideoHeader:
             s = streams[0]
             rate = float(s.average_rate) if s.average_rate else 0.0
             frames = int(s.frames or 0)
-            if frames <= 0 and rate > 0:  # a container without a frame count (mkv, webm): from the duration
-                seconds = float(s.duration * s.time_base) if s.duration and s.time_base else 0.0
-                seconds = seconds or (container.duration or 0) / 1e6
-                frames = round(seconds * rate)
+            if frames <= 0 and rate > 0:  # a container without a frame count (mkv, webm): from the stream's duration
+                frames = round((stream_seconds(s, container) or 0.0) * rate)  # not a longer audio track's
             width, height = int(s.codec_context.width), int(s.codec_context.height)
     except av.error.FFmpegError as exc:  # a file that does not open as a video (InvalidDataError, ...)
         raise ValueError(f"cannot open ({type(exc).__name__})") from None
@@ -261,7 +260,7 @@ class VisionGrids:
         assert len(times) == t, (times, t)
         return tuple((1, h, w, at) for at in times)
 
-    def video_prefix(self, item: tuple[int, int, int, float]) -> str:
+    def video_prefix(self, item: tuple[int, int, int, float], index: int) -> str:
         """The text before a video item's `wrap`: Qwen3-VL's `<{timestamp:.1f} seconds>`, else none."""
         return f"<{item[3]:.1f} seconds>" if self.variant == "qwen3" else ""
 

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from orch.planner.specs import ModuleSpec
-from orch.runtime.models.hf.processor import processor_images
+from orch.runtime.models.hf.processor import processor_images, rows_in_file_order
 from orch.runtime.models.qwen_vl.media import NORMALISE_DEFAULTS, VisionGrids, read_rule, video_header
-from orch.runtime.sample import IMAGE, EncoderRule
+from orch.runtime.sample import EncoderRule
 
 
 class VisionMedia:
@@ -89,13 +89,7 @@ class VisionMedia:
     ) -> list[torch.Tensor]:
         """One tensor of rows per item: per image, per video its items' (Qwen3-VL: per temporal step), `kinds`
         saying which files are videos (all images where not given)."""
-        kinds = kinds or (IMAGE,) * len(files)
-        images = [f for f, k in zip(files, kinds, strict=True) if k == IMAGE]
-        image_rows = iter(self.image_rows(images)) if images else iter(())
-        out: list[torch.Tensor] = []
-        for f, k in zip(files, kinds, strict=True):
-            out += [next(image_rows)] if k == IMAGE else self.video_item_rows(f)
-        return out
+        return rows_in_file_order(files, kinds, self.image_rows, self.video_item_rows)
 
     def video_item_rows(self, path: str) -> list[torch.Tensor]:
         """The video's rows per item (media.py `video_items`): all of them, or Qwen3-VL's per temporal step."""

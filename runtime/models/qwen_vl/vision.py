@@ -49,18 +49,22 @@ class QwenVisionTower(HFModule):
         self.deepstack = len(getattr(vc, "deepstack_visual_indexes", None) or ())
         self.output_dim = width * (1 + self.deepstack)  # Qwen3-VL: its deepstack features ride along each row
         for block in visual.blocks:  # held by q, k and v group at every TP degree (runtime/models/hf/fused_qkv.py)
-            group_fused_qkv(block.attn)
+            if hasattr(block.attn, "qkv"):  # Qwen2.5-Omni's tower has q, k and v apart
+                group_fused_qkv(block.attn)
 
     def tp_plan(self) -> dict[str, ParallelStyle]:
-        """Megatron's split of every block: qkv by heads (GroupedColwise), the MLP's input projections colwise,
-        the attention's `proj` and the MLP's last projection rowwise; the patch embedding and the mergers
-        (Qwen3-VL's deepstack mergers too) replicated, as every projector is."""
+        """Megatron's split of every block: qkv by heads (GroupedColwise; q, k and v colwise where apart), the
+        MLP's input projections colwise, the attention's `proj` and the MLP's last projection rowwise; the patch
+        embedding and the mergers (Qwen3-VL's deepstack mergers too) replicated, as every projector is."""
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
         plan: dict[str, ParallelStyle] = {}
         for i, block in enumerate(self.visual.blocks):
             at = f"visual.blocks.{i}"
-            plan[f"{at}.attn.qkv"] = GroupedColwise()
+            if hasattr(block.attn, "qkv"):
+                plan[f"{at}.attn.qkv"] = GroupedColwise()
+            else:
+                plan |= {f"{at}.attn.{p}": ColwiseParallel() for p in ("q", "k", "v")}
             plan[f"{at}.attn.proj"] = RowwiseParallel()
             for name in MLP_IN:
                 if hasattr(block.mlp, name):

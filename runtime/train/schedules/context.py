@@ -16,6 +16,7 @@ from orch.runtime.parallel.boundary import Boundary
 from orch.runtime.parallel.context import CPGroup
 from orch.runtime.parallel.grid import Grid
 from orch.runtime.parallel.pipeline import PipelineStage
+from orch.runtime.train.aux_loss import RouterAux
 from orch.runtime.train.debug import TokenCounter
 from orch.runtime.train.inputs import InputRouter
 from orch.runtime.train.post_balance import StepTables
@@ -38,15 +39,22 @@ class StepContext:
     boundaries: dict[str, Boundary]  # per encoder: its move into the LLM's layout
     router: InputRouter
     beat: Callable[[str], None] = lambda phase: None  # a phase boundary: the rank's heartbeat (launch/heartbeat.py)
+    aux: RouterAux | None = None  # the LLM's router auxiliary loss, where the model asks for it (train/aux_loss.py)
 
     def inputs(self, name: str, work: StepWork) -> list[Sample]:
         """The samples this rank runs for `name`, moved to it (collective when balancing: every rank, every module)."""
         return self.router.inputs(name, work.batch, work.tables, self.dtype, serves=name in self.modules)
 
-    def count_encoder(self, counter: TokenCounter, name: str, samples: list[Sample]) -> None:
-        """The token count of an encoder: its tokens per sample (input rows / frames per token)."""
+    def count_encoder(self, counter: TokenCounter, name: str, samples: list[Sample], tables: StepTables) -> None:
+        """The token count of an encoder: its tokens per sample (input rows / frames per token), a sample's pieces
+        (train/pieces.py) summed."""
         fpt = self.model.modality(name).frames_per_token
-        counter.add(name, {s.id: s.feats[name].shape[0] // fpt for s in samples})
+        pieces = tables.pieces.get(name)
+        counts: dict[int, int] = {}
+        for s in samples:
+            i = pieces.sample[s.id] if pieces is not None else s.id
+            counts[i] = counts.get(i, 0) + s.feats[name].shape[0] // fpt
+        counter.add(name, counts)
 
 
 @dataclass
@@ -58,3 +66,4 @@ class StepWork:
     counter: TokenCounter
     phases: dict[str, float] = field(default_factory=dict)
     spans: list[Span] = field(default_factory=list)
+    aux_sum: float = 0.0  # this rank's share of the step's router aux loss (runtime/train/aux_loss.py)

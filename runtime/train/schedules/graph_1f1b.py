@@ -22,6 +22,7 @@ from orch.runtime.data.batch import Sample, encoder_order
 from orch.runtime.parallel.pipeline import MicroBatch
 from orch.runtime.parallel.transport import P2P
 from orch.runtime.train.compute import encode
+from orch.runtime.train.pieces import EncoderPieces
 from orch.runtime.train.schedules.context import StepContext, StepWork
 from orch.runtime.train.schedules.llm import run_llm
 
@@ -34,11 +35,21 @@ class _Cut:
     micro_of: dict[int, int]  # sample id -> its micro-batch
     count: int  # micro-batches
     tables: dict[str, RouteTable | None]  # per encoder: its boundary's table (None: unbalanced)
+    rows: dict[str, tuple[int, ...] | None]  # per encoder: its table's units' rows (None: the samples')
+    pieces: dict[str, EncoderPieces]  # per encoder balanced by item: its pieces (the units of its table)
     members: list[frozenset[int]] = field(default_factory=list)  # micro-batch -> its sample ids
     pending: list[Any] = field(default_factory=list)  # the point-to-point sends, waited at the end
 
     def __post_init__(self) -> None:
         self.members = [frozenset(i for i, k in self.micro_of.items() if k == m) for m in range(self.count)]
+
+    def units(self, e: str, m: int) -> frozenset[int]:
+        """Micro-batch m's units of encoder e's table: its samples, or their pieces."""
+        return self.pieces[e].of_samples(self.members[m]) if e in self.pieces else self.members[m]
+
+    def micro(self, e: str, unit: int) -> int:
+        """The micro-batch of a unit of encoder e's table."""
+        return self.micro_of[self.pieces[e].sample[unit] if e in self.pieces else unit]
 
     def p2p(self, e: str, m: int) -> P2P:
         return P2P(tag=2 * (self.encoders.index(e) * self.count + m), pending=self.pending)
@@ -62,6 +73,8 @@ def run_graph_1f1b(ctx: StepContext, work: StepWork) -> torch.Tensor:
     cut = _Cut(
         encs, micro_of, max(len(mbs) for mbs in per_dp),
         {e: work.tables.boundary_table(e) if balanced else None for e in encs},
+        {e: work.tables.boundary_rows(e, work.batch) if balanced else None for e in encs},
+        work.tables.pieces if balanced else {},
     )  # fmt: skip
     if ctx.stage is not None:
         loss_sum = _llm_island(ctx, work, texts, cut)
@@ -85,8 +98,9 @@ def _llm_island(ctx: StepContext, work: StepWork, texts: dict[int, Sample], cut:
         for e in cut.encoders:
             leaf = torch.zeros(0, width, dtype=ctx.dtype, device=ctx.device, requires_grad=True)
             got = ctx.boundaries[e].forward(
-                leaf, batch, ctx.rank, ctx.world, cut.tables[e], only=cut.members[mb.index], p2p=cut.p2p(e, mb.index)
-            )
+                leaf, batch, ctx.rank, ctx.world, cut.tables[e], only=cut.units(e, mb.index),
+                p2p=cut.p2p(e, mb.index), rows=cut.rows[e],
+            )  # fmt: skip
             rows = got.detach().requires_grad_()
             arrived[(e, mb.index)] = (got, rows)
             out[e] = list(rows.split([batch.projected(e, i) for i in mb.ids]))
@@ -116,13 +130,14 @@ def _encoder_island(ctx: StepContext, work: StepWork, inputs: dict[str, list[Sam
             ctx.beat(f"{e} {'forward' if kind == 'F' else 'backward'}")
             t_op = time.perf_counter()
             if kind == "F":
-                chunk = [s for s in inputs[e] if cut.micro_of[s.id] == m]
-                ctx.count_encoder(work.counter, e, chunk)
+                chunk = [s for s in inputs[e] if cut.micro(e, s.id) == m]
+                ctx.count_encoder(work.counter, e, chunk, work.tables)
                 fpt = ctx.model.modality(e).frames_per_token
                 out = encode(ctx.modules[e], e, chunk, ctx.dtype, fpt, ctx.cp[e], widths[e])
                 moved[(e, m)] = ctx.boundaries[e].forward(
-                    out, work.batch, ctx.rank, ctx.world, cut.tables[e], only=cut.members[m], p2p=cut.p2p(e, m)
-                )
+                    out, work.batch, ctx.rank, ctx.world, cut.tables[e], only=cut.units(e, m), p2p=cut.p2p(e, m),
+                    rows=cut.rows[e],
+                )  # fmt: skip
             else:
                 done = moved.pop((e, m))
                 torch.autograd.backward(done, torch.zeros_like(done))

@@ -11,6 +11,7 @@ from orch.runtime.data.batch import Sample, encoder_order
 from orch.runtime.parallel.context import CPShard
 from orch.runtime.parallel.pipeline import MicroBatch
 from orch.runtime.sample import scored_labels
+from orch.runtime.train.aux_loss import step_rows
 from orch.runtime.train.compute import join_prefix, label_loss
 from orch.runtime.train.schedules.context import StepContext, StepWork
 
@@ -30,6 +31,7 @@ def run_llm(
     calls = ctx.router.calls(llm_name, work.tables)
     micro = ctx.router.micro_batches(llm_name, ctx.router.held(llm_name, work.tables), batch, calls)
     order, width = encoder_order(ctx.model), ctx.model.prefix_width
+    rows = step_rows([batch.layout(i) for i in range(batch.size)])  # the router aux loss's weights (aux_loss.py)
 
     def first_inputs(mb: MicroBatch) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         per_encoder = encoder_rows(mb)
@@ -45,7 +47,13 @@ def run_llm(
         # the scored positions' labels (under CP, of this rank's positions only)
         labels = shard.scored_labels(labels, layouts) if shard is not None else scored_labels(labels, layouts)
         empty = torch.zeros(0, dtype=torch.int64, device=logits.device)
-        return label_loss(logits, torch.cat(labels or [empty]), batch.label_tokens)
+        loss = label_loss(logits, torch.cat(labels or [empty]), batch.label_tokens)
+        if ctx.aux is None:
+            return loss
+        share, value = ctx.aux.micro_batch(ctx.modules[llm_name], logits.device)
+        weight = mb.rows / rows
+        work.aux_sum += weight * float(value)
+        return loss + (ctx.aux.coef * weight) * share.to(loss.dtype)
 
     def on_op(kind: str, m: int) -> None:
         ctx.beat(f"{llm_name} {'forward' if kind == 'F' else 'backward'}")

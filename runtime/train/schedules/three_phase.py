@@ -48,7 +48,7 @@ def _encoder_forwards(
         t = now
         ctx.beat(f"{e} forward")
         if e in ctx.modules:
-            ctx.count_encoder(work.counter, e, samples)
+            ctx.count_encoder(work.counter, e, samples, work.tables)
             fpt = model.modality(e).frames_per_token
             calls = ctx.router.calls(e, work.tables)
             chunks = ctx.router.chunks(e, samples, calls)
@@ -64,7 +64,8 @@ def _encoder_forwards(
         t = now
         ctx.beat(f"{e} boundary")
         table = work.tables.boundary_table(e) if ctx.router.balanced else None
-        moved[e] = ctx.boundaries[e].forward(outs[e], work.batch, ctx.rank, ctx.world, table)
+        rows = work.tables.boundary_rows(e, work.batch) if ctx.router.balanced else None
+        moved[e] = ctx.boundaries[e].forward(outs[e], work.batch, ctx.rank, ctx.world, table, rows=rows)
         now = time.perf_counter()
         phases[f"{e}.boundary"] = now - t
         spans.append((e, "boundary", t, now))

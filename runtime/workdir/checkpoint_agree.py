@@ -1,8 +1,8 @@
 """The checkpoint a run resumes from, its checksums verified by the ranks together once they have met.
 
-Before the rendezvous the launch checks only what is cheap (runtime/run_dir.py `open_run`: the manifest, every
+Before the rendezvous the launch checks only what is cheap (runtime/workdir/run_dir.py `open_run`: the manifest, every
 file and its size), since the other ranks wait for it no longer than the collective timeout. Then every rank
-hashes its share of the chosen checkpoint's files (runtime/checkpoint_manifest.py `share_of`: about equal bytes
+hashes its share of the chosen checkpoint's files (runtime/workdir/checkpoint_manifest.py `share_of`: about equal bytes
 each) and the ranks gather what they found; a checkpoint with any file that does not match is skipped, said in
 one line as before, and the next older one is tried the same way. A checkpoint saved without a manifest (an older
 orch's) cannot be verified: it is taken only when none verifies. Every rank reaches the same answer from the
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orch.runtime.checkpoint_manifest import NO_MANIFEST, checksum_problem, share_of, verify
-from orch.runtime.checkpoint_metadata import METADATA, metadata_problem
-from orch.runtime.metrics import metrics_path, truncate_after
-from orch.runtime.run_dir import (
+from orch.runtime.workdir.checkpoint_manifest import NO_MANIFEST, checksum_problem, share_of, verify
+from orch.runtime.workdir.checkpoint_metadata import METADATA, metadata_problem
+from orch.runtime.workdir.metrics import metrics_path, truncate_after
+from orch.runtime.workdir.run_dir import (
     RunMismatch,
     checkpoint_root,
     passed_over_line,
@@ -25,7 +25,7 @@ from orch.runtime.run_dir import (
     step_name,
     unverified_line,
 )
-from orch.runtime.run_identity import fingerprint
+from orch.runtime.workdir.run_identity import fingerprint
 
 
 def agree_checkpoint(workdir: str | Path, start: int, identity: dict[str, object], rank: int, world: int) -> int:

@@ -9,10 +9,10 @@ key, it can be recomputed. So orch reads both itself:
   metadata dataclasses, torch's dtypes, `torch.Size`, a layout by name, a path) and refuses any other;
 - a non-tensor entry with `torch.load(weights_only=True)` (`SafeLoadPlanner`).
 
-`metadata_problem` checks a `.metadata` torch-free, before any rank starts (runtime/checkpoint_manifest.py
+`metadata_problem` checks a `.metadata` torch-free, before any rank starts (runtime/workdir/checkpoint_manifest.py
 `verify`): the same names allowed, each resolved to an inert stand-in, so nothing is imported or called.
-`reader`, `load_planner` and `read_whole` are what loading uses (runtime/checkpoint.py, `orch export`); they import
-torch, lazily.
+`reader`, `load_planner` and `read_whole` are what loading uses (runtime/workdir/checkpoint.py, `orch export`);
+they import torch, lazily.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """A checkpoint's manifest.json: what it belongs to and a checksum of every file, and its verification.
 
-Written by rank 0 inside step_XXXXXXXX.tmp before the folder is renamed (runtime/checkpoint.py), so a
+Written by rank 0 inside step_XXXXXXXX.tmp before the folder is renamed (runtime/workdir/checkpoint.py), so a
 published checkpoint always carries it. `verify` checks what resume and export rely on, cheapest first: the
 manifest parses, every file it lists is there with its size, DCP's `.metadata` names nothing but DCP's metadata
-(runtime/checkpoint_metadata.py: the sha256 is no key, anyone who can write the folder can recompute it), then
+(runtime/workdir/checkpoint_metadata.py: the sha256 is no key, anyone who can write the folder can recompute it), then
 every file's sha256 (on threads: the checkpoint read once, at the disk's speed more than one core's; a launch
 leaves the sha256 to its ranks, each hashing a share: `share_of`). Torch-free.
 """
@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orch.runtime.checkpoint_metadata import METADATA, metadata_problem
+from orch.runtime.workdir.checkpoint_metadata import METADATA, metadata_problem
 
 MANIFEST = "manifest.json"
 NO_MANIFEST = f"no {MANIFEST}"  # what `verify` says of a folder saved before manifests
@@ -33,7 +33,7 @@ class FileSum(BaseModel):
 
 
 class Manifest(BaseModel):
-    """What a checkpoint belongs to (runtime/run_identity.py) and what it holds."""
+    """What a checkpoint belongs to (runtime/workdir/run_identity.py) and what it holds."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -78,7 +78,7 @@ def _kind(name: str) -> str:
 def verify(folder: Path, checksums: bool = True) -> Manifest | str:
     """The manifest if every file it lists is intact, else the first problem (`shard __1_0.distcp: checksum
     mismatch`). checksums=False: the manifest, every file and its size only (what a launch checks before its
-    ranks start; the ranks then hash the files together: runtime/checkpoint_agree.py)."""
+    ranks start; the ranks then hash the files together: runtime/workdir/checkpoint_agree.py)."""
     manifest = read_manifest(folder)
     if isinstance(manifest, str):
         return manifest

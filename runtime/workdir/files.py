@@ -9,7 +9,7 @@ refuses a link in one line (O_NOFOLLOW), and its descriptor is not inherited by 
 A workdir orch creates is 0700 (`make_workdir`): whoever can write it could plant files the run reads. Another mode
 is asked for with ORCH_WORKDIR_MODE (octal, e.g. 0750 to let a group read the run; the umask still applies); a mode
 that lets others write is refused, and a run in an existing workdir others can write says so in one line
-(runtime/run_dir.py `open_run`): Slurm's task pickles (submitit's, in WORKDIR/slurm/) are loaded as they are.
+(runtime/workdir/run_dir.py `open_run`): Slurm's task pickles (submitit's, in WORKDIR/slurm/) are loaded as they are.
 Torch-free.
 """
 

@@ -3,16 +3,16 @@
 `open_run` is what the launcher does once before any rank starts and before anything is written
 (runtime/train/trainer.py `TrainTask.prepare`), in this order:
 
-1. room for a checkpoint (runtime/disk.py: the same one line as a save that ran out of space);
-2. the lock (runtime/run_lock.py): one owner, a stale holder taken over with a note;
+1. room for a checkpoint (runtime/workdir/disk.py: the same one line as a save that ran out of space);
+2. the lock (runtime/workdir/run_lock.py): one owner, a stale holder taken over with a note;
 3. with `--no-resume`: the previous run's checkpoints, metrics and plan moved aside, to
    WORKDIR/previous-<UTC time>/, before the new run writes anything;
 4. with resume: the workdir's plan.json of another model refused (`--no-resume` to start over), a layout
    change noted (DCP re-shards); then the newest checkpoint whose manifest, files and sizes check out
    (`choose_checkpoint`; its checksums the ranks verify together once they meet, falling back to an older one:
-   runtime/checkpoint_agree.py), each one skipped said in one line, a checkpoint of another model refused; one
+   runtime/workdir/checkpoint_agree.py), each one skipped said in one line, a checkpoint of another model refused; one
    saved without a manifest (an older orch's) only when none verifies, said in one line; a `.metadata` naming
-   anything but DCP's metadata never (runtime/checkpoint_metadata.py);
+   anything but DCP's metadata never (runtime/workdir/checkpoint_metadata.py);
    checkpoints that exist and none verifies: refused, never a silent start at step 0. No checkpoint at all:
    step 0, earlier metrics moved aside rather than deleted.
 
@@ -33,12 +33,12 @@ from pathlib import Path
 from orch.planner.errors import OrchError
 from orch.planner.plan import Plan
 from orch.planner.specs import DataSpec
-from orch.runtime.checkpoint_manifest import NO_MANIFEST, Manifest, read_manifest, verify
-from orch.runtime.checkpoint_metadata import METADATA, metadata_problem
-from orch.runtime.metrics import METRICS_FILE
-from orch.runtime.run_identity import data_identity, differences, fingerprint, layouts, model_identity
-from orch.runtime.run_lock import RunLock
-from orch.runtime.workdir_files import make_workdir, others_can_write
+from orch.runtime.workdir.checkpoint_manifest import NO_MANIFEST, Manifest, read_manifest, verify
+from orch.runtime.workdir.checkpoint_metadata import METADATA, metadata_problem
+from orch.runtime.workdir.files import make_workdir, others_can_write
+from orch.runtime.workdir.metrics import METRICS_FILE
+from orch.runtime.workdir.run_identity import data_identity, differences, fingerprint, layouts, model_identity
+from orch.runtime.workdir.run_lock import RunLock
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -166,7 +166,8 @@ def choose_checkpoint(
     """The newest checkpoint that verifies (None: the workdir has none), else the newest saved without a manifest
     (an older orch's: unverifiable, so never preferred to one that verifies). Says why each newer one was skipped;
     RunMismatch if it belongs to another model, or if checkpoints exist and none verifies. checksums=False: the
-    manifest and the files' sizes only (a launch: its ranks hash the files together, runtime/checkpoint_agree.py)."""
+    manifest and the files' sizes only (a launch: its ranks hash the files together,
+    runtime/workdir/checkpoint_agree.py)."""
     folders = step_folders(workdir)
     if not folders:
         return None
@@ -267,7 +268,7 @@ def open_run(
     data: DataSpec | None = None,
 ) -> OpenRun:
     """Steps 1-4 of the module docstring; the caller releases `lock` when the run ends (or exits)."""
-    from orch.runtime.disk import check_free
+    from orch.runtime.workdir.disk import check_free
 
     out = make_workdir(workdir)  # 0700 unless asked; one that cannot be written: one line naming it
     if others_can_write(out):

@@ -4,14 +4,14 @@ Layout under the workdir: checkpoints/step_{k:08d} holds the state after k compl
 checkpoints/latest names the newest complete one. A checkpoint is written into
 step_{k:08d}.tmp by every rank (dcp.save); each rank then hashes the shards it wrote, and rank 0 writes
 manifest.json (what the checkpoint belongs to and every file's size and sha256:
-runtime/checkpoint_manifest.py) before it renames the folder and rewrites `latest` atomically, so a
+runtime/workdir/checkpoint_manifest.py) before it renames the folder and rewrites `latest` atomically, so a
 directory ending in .tmp is never loaded and a published one always carries its manifest. Which one a run
-resumes from is the newest that verifies (runtime/run_dir.py `choose_checkpoint`). Optimizer state is
+resumes from is the newest that verifies (runtime/workdir/run_dir.py `choose_checkpoint`). Optimizer state is
 keyed by module and parameter name (not the optimizer's parameter index, which differs between ranks
 serving different modules), so dcp can dedup replicas and reshard DTensors by name. A full disk during a
-save is one line naming the folder and the bytes a checkpoint needs (runtime/disk.py); the partial .tmp is
+save is one line naming the folder and the bytes a checkpoint needs (runtime/workdir/disk.py); the partial .tmp is
 removed. Loading reads DCP's pickled `.metadata` through an unpickler that allows only its own names
-(runtime/checkpoint_metadata.py): a checkpoint folder is data, never code.
+(runtime/workdir/checkpoint_metadata.py): a checkpoint folder is data, never code.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import torch.distributed as dist
 from torch import nn
 
 from orch.planner.io import write_text_atomic
-from orch.runtime.checkpoint_manifest import MANIFEST, FileSum, Manifest, file_sum
-from orch.runtime.disk import no_space_guard
-from orch.runtime.run_dir import LATEST, checkpoint_root, prune_checkpoints, step_name
+from orch.runtime.workdir.checkpoint_manifest import MANIFEST, FileSum, Manifest, file_sum
+from orch.runtime.workdir.disk import no_space_guard
+from orch.runtime.workdir.run_dir import LATEST, checkpoint_root, prune_checkpoints, step_name
 
 __all__ = ["LATEST", "checkpoint_root", "load", "save", "step_name"]
 
@@ -122,7 +122,7 @@ def load(
     state = _state(modules, optimizer)
     import torch.distributed.checkpoint as dcp
 
-    from orch.runtime.checkpoint_metadata import load_planner, reader
+    from orch.runtime.workdir.checkpoint_metadata import load_planner, reader
 
     folder = checkpoint_root(workdir) / step_name(step)
     dcp.load(state, storage_reader=reader(folder), planner=load_planner())  # nothing in the folder runs code

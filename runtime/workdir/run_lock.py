@@ -4,7 +4,7 @@ The lock is an exclusive `flock` on an open descriptor, so the kernel releases i
 any way (a crash, SIGKILL, a node's reboot). The file also says who holds it (`Holder`: host, pid, job id,
 Slurm restart count, start time), in place: replacing the file would give a new inode that a second
 process could lock while the first still holds the old one. It is never opened through a symbolic link (one
-line: runtime/workdir_files.py `open_own`): truncating it would truncate whatever the link points to. A clean
+line: runtime/workdir/files.py `open_own`): truncating it would truncate whatever the link points to. A clean
 release empties it; a file still naming a holder when the lock is free is a stale lock of a process that died,
 taken over with a note.
 
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from orch.planner.errors import OrchError
-from orch.runtime.workdir_files import make_workdir, open_own
+from orch.runtime.workdir.files import make_workdir, open_own
 
 LOCK_FILE = "run.lock"
 

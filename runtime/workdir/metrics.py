@@ -5,7 +5,7 @@ A versioned pydantic model like every other file orch writes (`orch schema metri
 
 A crash while a line is written leaves it torn: the file's last line, without its newline and not JSON. Every
 reader drops such a line (saying so once on stderr); a bad line anywhere else is an error naming it. A full
-disk while appending is one line naming the file and the bytes the record needed (runtime/disk.py).
+disk while appending is one line naming the file and the bytes the record needed (runtime/workdir/disk.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from orch.planner.errors import SpecError
 from orch.planner.io import write_text_atomic
-from orch.runtime.disk import no_space_guard
-from orch.runtime.workdir_files import open_own
+from orch.runtime.workdir.disk import no_space_guard
+from orch.runtime.workdir.files import open_own
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -53,10 +53,16 @@ class StepRecord(BaseModel):
         default=None, description="the whole model's gradient norm, before clipping (NaN or Infinity: diverged)"
     )
     lr: float | None = Field(default=None, ge=0, description="the step's learning rate (before per-module factors)")
+    aux_loss: float | None = Field(
+        default=None,
+        description="a Mixture-of-Experts LLM's router auxiliary loss (runtime/train/aux_loss.py: per micro-batch, "
+        "weighted by its share of the step's LLM rows), not in `loss`; the step trained loss + coef x aux_loss",
+    )
     memory: dict[str, dict[str, int]] = Field(
         default_factory=dict,
         description="rank -> state_bytes (parameters, gradients, optimizer state) and peak_bytes (CUDA: "
-        "max_memory_allocated; CPU: state + the most saved activations held at once; runtime/memory.py)",
+        "max_memory_allocated; CPU: state + the most saved activations held at once, which a CPU rank also "
+        "records as activation_bytes; runtime/memory.py)",
     )
     data: dict[str, int] | None = Field(
         default=None,
