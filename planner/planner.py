@@ -100,7 +100,7 @@ def _explain_infeasible(inp: SearchInput) -> Exception:
     (memory); or one too large for the batch (a module's DP degree is at most its samples per step)."""
     from orch.planner.candidates import degrees
     from orch.planner.costs import module_cost
-    from orch.planner.plan import Recompute
+    from orch.planner.plan import Recompute, Sharding
 
     if inp.pins:
         pins = " ".join(f"{p.module}.{p.axis}={p.value}" for p in inp.pins)
@@ -108,23 +108,33 @@ def _explain_infeasible(inp: SearchInput) -> Exception:
     llm = inp.model.llm_name
     n, batch = inp.world, inp.data.global_batch
     deg = degrees(inp, llm, allow_pp=True)
-    # the smallest footprint of the LLM on its own: the widest TP, CP and PP that fit the cluster, dp 1
-    shapes = [Layout(tp=t, cp=c, pp=p) for t in deg.tp for c in deg.cp for p in deg.pp if t * c * p <= n]
+    # the smallest footprint of the LLM on its own: the widest TP, CP and PP that fit the cluster at dp 1, or
+    # on every GPU with its state resharded over DP and, for a MoE, its experts over the widest EP that splits them
+    experts = inp.model.modules[llm].experts
+    shapes = []
+    for t, c, p in ((t, c, p) for t in deg.tp for c in deg.cp for p in deg.pp if t * c * p <= n):
+        shapes.append((Layout(tp=t, cp=c, pp=p), Sharding.KEEP))
+        dp = n // (t * c * p)
+        if dp > 1 and n % (t * c * p) == 0:
+            ep = max(e for e in range(1, dp + 1) if dp % e == 0 and experts % e == 0)
+            shapes.append((Layout(tp=t, cp=c, pp=p, dp=dp, ep=ep), Sharding.RESHARD))
     costs = [
-        (module_cost(inp.model, inp.data, inp.cluster, llm, x, 1, Recompute.FULL, in_flight=x.pp), x) for x in shapes
+        (module_cost(inp.model, inp.data, inp.cluster, llm, x, 1, Recompute.FULL, in_flight=x.pp, sharding=sh), x, sh)
+        for x, sh in shapes
     ]
-    smallest, lay = min(costs, key=lambda cx: cx[0].memory_gb)
+    smallest, lay, sharding = min(costs, key=lambda cx: cx[0].memory_gb)
+    resharded = " resharded" if sharding == Sharding.RESHARD and lay.dp > 1 else ""
     gpu = inp.cluster.gpu
     if smallest.memory_gb > inp.capacity_gb:
         return SpecError(
             f"cluster {inp.cluster.name}",
             "gpu.memory_gb",
             f"model '{inp.model.name}' needs about {smallest.memory_gb + gpu.reserve:.0f} GB per GPU "
-            f"even at {lay.short()} with full recompute on {n} GPUs; the GPU has {gpu.memory_gb:g} GB, "
+            f"even at {lay.short()}{resharded} with full recompute on {n} GPUs; the GPU has {gpu.memory_gb:g} GB, "
             f"{gpu.reserve:g} of it reserved (gpu.reserve_gb) (add nodes or use larger GPUs)",
         )
     # memory is not the limit: the batch is, when no layout of the LLM on every GPU keeps dp <= batch
-    units = sorted({x.gpus for x in shapes if n % x.gpus == 0})
+    units = sorted({x.gpus for x, sh in shapes if sh == Sharding.KEEP and n % x.gpus == 0})
     if units and n // units[-1] > batch:
         need = n // units[-1]
         return SpecError(

@@ -71,6 +71,24 @@ def launched_tasks(monkeypatch):
 
 
 @pytest.fixture
+def forked_ranks(monkeypatch):
+    """`orch launch --executor local` (and `orch profile`) fork their ranks from the tests' forkserver
+    (tests/launching.py), which imported torch, the trainer and transformers once, instead of spawning fresh
+    interpreters that each import them: for tests of what a run computes, writes and says, not of how its processes
+    start. A forked rank's environment and stderr are the forkserver's; tests/cli/test_cli_launch.py, the signal
+    and device tests and one family of tests/cli/test_cli_families.py keep the spawn users run."""
+    from dataclasses import dataclass
+
+    import orch.runtime.launch.local
+
+    @dataclass
+    class ForkedLauncher(orch.runtime.launch.local.LocalLauncher):
+        start_method: str = "forkserver"
+
+    monkeypatch.setattr(orch.runtime.launch.local, "LocalLauncher", ForkedLauncher)
+
+
+@pytest.fixture
 def harmless_signals():
     """SIGTERM/SIGINT/SIGUSR1 caught by a no-op here, so one that lands after the launcher's handlers are gone
     cannot end pytest; the launcher installs its own while it waits and puts these back."""

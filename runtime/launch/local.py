@@ -63,8 +63,16 @@ def _spawned(index: int, task: Task, env: RankEnv) -> None:
     os._exit(0)
 
 
-# What a forkserver imports once, so each rank it forks starts with torch and the trainer already loaded.
-FORKSERVER_PRELOAD = ["torch", "torch.distributed", "orch.runtime.train.trainer", "orch.runtime.train.step"]
+# What a forkserver imports once, so each rank it forks starts with torch, the trainer and transformers' model code
+# already loaded (transformers.modeling_utils alone is about 3 s of CPU a rank that builds a Hugging Face model).
+FORKSERVER_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "orch.runtime.train.trainer",
+    "orch.runtime.train.step",
+    "transformers.modeling_utils",
+    "transformers.models.auto.modeling_auto",
+]
 
 
 @dataclass
@@ -72,7 +80,7 @@ class LocalLauncher:
     """`nproc` processes on this machine (None: the task's world size, which it must equal).
 
     `start_method`: "spawn" (a fresh interpreter per rank: what `orch launch` uses) or "forkserver" (ranks
-    forked from one server process started with torch and the trainer imported: a launch costs about
+    forked from one server process started with torch, the trainer and transformers imported: a launch costs about
     0.1 s instead of seconds of imports; the server keeps the environment it started with, so later
     changes to os.environ do not reach the ranks). The tests launch many small jobs and use the latter.
     """

@@ -19,6 +19,8 @@ from orch.runtime.workdir.checkpoint_manifest import MANIFEST, Manifest, file_su
 from orch.runtime.workdir.run_dir import step_name
 from orch.runtime.workdir.run_identity import fingerprint, model_identity
 
+pytestmark = pytest.mark.usefixtures("forked_ranks")  # a run's ranks forked (tests/conftest.py)
+
 EXECUTORS = ("local", "torchrun", "slurm")
 
 

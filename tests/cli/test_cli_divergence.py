@@ -8,6 +8,8 @@ import pytest
 from orch.runtime.workdir.checkpoint import checkpoint_root
 from orch.runtime.workdir.metrics import read_metrics
 
+pytestmark = pytest.mark.usefixtures("forked_ranks")  # a run's ranks forked (tests/conftest.py)
+
 
 @pytest.mark.slow
 def test_a_diverging_run_stops_at_the_step_in_one_line_and_keeps_the_last_good_checkpoint(

@@ -5,6 +5,8 @@ import yaml
 from families import assert_same_weights, data_file_fixture, launch_lr0_then_export, plan_of
 from hf_models import make_llava
 
+pytestmark = pytest.mark.usefixtures("forked_ranks")  # a run's ranks forked (tests/conftest.py)
+
 DATA = {
     "global_batch": 4,
     "seq_len": 64,

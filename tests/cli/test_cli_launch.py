@@ -76,7 +76,7 @@ def test_launch_unsupported_layout_fails_before_starting(cli, plan_file, tmp_pat
 
 
 @pytest.mark.slow
-def test_launch_trace_covers_every_rank_and_module(cli, plan_file, tmp_path):
+def test_launch_trace_covers_every_rank_and_module(cli, plan_file, tmp_path, forked_ranks):
     path, model, _ = plan_file
     trace = tmp_path / "trace.json"
     config = tmp_path / "train.yaml"

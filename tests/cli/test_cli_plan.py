@@ -8,6 +8,8 @@ import yaml
 from orch.planner.loading import preset_names
 from orch.planner.plan import Plan
 
+pytestmark = pytest.mark.usefixtures("forked_ranks")  # a run's ranks forked (tests/conftest.py)
+
 CLUSTER_FOR = {
     "tiny": ("local-cpu", "2"),
     "tiny-moe": ("local-cpu", "2"),

@@ -9,6 +9,8 @@ import yaml
 from families import assert_same_weights, data_file_fixture, launch_lr0_then_export, plan_of
 from qwen_vl_models import make_qwen_vl
 
+pytestmark = pytest.mark.usefixtures("forked_ranks")  # a run's ranks forked (tests/conftest.py)
+
 DATA = {
     "global_batch": 8,
     "seq_len": 128,

@@ -15,6 +15,8 @@ from orch.planner.loading import load_json_file
 from orch.runtime.train.config import TrainSpec
 from orch.runtime.train.optim import lr_at
 
+pytestmark = pytest.mark.usefixtures("forked_ranks")  # a run's ranks forked (tests/conftest.py)
+
 # Every flag `orch launch` takes. A new one needs a reason that a field of the --config file is not: add
 # the field to TrainSpec instead (torchtitan's tests/unit_tests/test_no_new_cli_options.py).
 FLAGS = {

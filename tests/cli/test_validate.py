@@ -8,6 +8,8 @@ import yaml
 from orch.planner.plan import Plan, Prediction
 from orch.runtime.profile.validate import Validation
 
+pytestmark = pytest.mark.usefixtures("forked_ranks")  # a run's ranks forked (tests/conftest.py)
+
 
 @pytest.fixture
 def known_plan(plan_file, tmp_path):

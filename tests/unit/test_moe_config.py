@@ -132,3 +132,20 @@ def test_a_router_aux_loss_keeps_the_llm_off_a_pipeline(tmp_path):
     inputs = (load_cluster("h100-80g", 8), load_data("llava-mix"))
     assert make_plan(SearchInput(plain, *inputs), SolverConfig(time_limit_s=10)).modules["llm"].layout.pp > 1
     assert make_plan(SearchInput(model, *inputs), SolverConfig(time_limit_s=10)).modules["llm"].layout.pp == 1
+
+
+def test_a_moe_too_big_for_the_cluster_is_explained_at_its_smallest_layout_with_ep(tmp_path):
+    """Nothing fits: the one line names the smallest footprint the search could reach, a MoE's experts split over
+    EP with the rest resharded on every GPU, not the LLM alone at dp 1 (which EP cannot split)."""
+    from orch.planner.candidates import SearchInput
+    from orch.planner.planner import make_plan
+    from orch.planner.search import SolverConfig
+
+    model = model_spec_from_dir(saved(tmp_path, {**A3B_TEXT, "num_hidden_layers": 96}, A3B_VISION)[0])
+    cluster = load_cluster("h100-80g", 1)
+    with pytest.raises(SpecError) as err:
+        make_plan(SearchInput(model, cluster, load_data("llava-mix")), SolverConfig(time_limit_s=10))
+    assert "gpu.memory_gb: model" in str(err.value)
+    import re
+
+    assert re.search(r"even at (\w+ )*dp\d+ ep[2-9]\d* resharded with full recompute on 8 GPUs", str(err.value)), err
