@@ -8,6 +8,8 @@ import yaml
 from families import assert_same_weights, data_file_fixture, launch_lr0_then_export, plan_of
 from qwen3_omni_models import make_qwen3_omni
 
+pytestmark = pytest.mark.usefixtures("forked_ranks")  # a run's ranks forked (tests/conftest.py)
+
 DATA = {
     "global_batch": 8,
     "seq_len": 100,
