@@ -132,9 +132,11 @@ def launch_lr0_then_export(cli, plan: Path, run: Path, out: Path, *extra: str) -
 
 def assert_same_weights(before: Path, after: Path) -> None:
     """Two safetensors files hold the same keys, dtypes and values, bit for bit."""
+    import torch
     from safetensors.torch import load_file
 
     old, new = load_file(before), load_file(after)
     assert set(old) == set(new)
-    for key, tensor in old.items():
-        assert new[key].dtype == tensor.dtype and new[key].equal(tensor), key
+    for key, tensor in old.items():  # their bytes: a NaN equals itself, 0.0 is not -0.0
+        same = new[key].shape == tensor.shape and new[key].dtype == tensor.dtype
+        assert same and new[key].reshape(-1).view(torch.uint8).equal(tensor.reshape(-1).view(torch.uint8)), key
