@@ -23,7 +23,7 @@ FLAGS = {
     "--config", "--executor", "--nproc", "--workdir", "--data", "-d", "--steps", "--lr", "--dtype", "--seed",
     "--device", "--resume", "--no-resume", "--partition", "--account", "--qos", "--mem", "--time", "--setup",
     "--rdzv-endpoint", "--dry-run", "--wait", "--watchdog-s", "--report-to", "--help",
-    "--tokenizer", "--index-dir", "--media-root",  # how --data's conversation data is read, as `orch plan` takes them
+    "--tokenizer", "--index-dir", "--media-root", "--use-audio-in-video",  # how --data's conversation data is read, as `orch plan` takes them
 }  # fmt: skip
 # Fields of the --config file that were flags: accepted, with a warning, for one release (issue #28).
 DEPRECATED_FLAGS = {
