@@ -23,17 +23,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from orch.runtime.models.hf.module import HFModule, layer_plan
 from orch.runtime.models.qwen2_audio.media import CONTEXT_ROWS
+from orch.runtime.models.qwen2_audio.whisper import WhisperLayersModule, length_row, sample_clips
 
 if TYPE_CHECKING:
-    from torch.distributed.tensor.parallel import ParallelStyle
-
     from orch.runtime.parallel.context import CPShard
     from orch.runtime.sample import MediaItem
 
 
-class HFAudioEncoder(HFModule):
+class HFAudioEncoder(WhisperLayersModule):
     is_audio = True
     takes_items = True  # called with each sample's clips (runtime/models/contract.py)
 
@@ -43,20 +41,6 @@ class HFAudioEncoder(HFModule):
         self.multi_modal_projector = projector
         self.clip_frames = 2 * int(config.audio_config.max_source_positions)
         self.output_dim = int(config.text_config.hidden_size)
-
-    def tp_plan(self) -> dict[str, ParallelStyle]:
-        plan: dict[str, ParallelStyle] = {}
-        for i in range(len(self.audio_tower.layers)):
-            plan |= layer_plan(f"audio_tower.layers.{i}", ("self_attn.out_proj",), ("fc1",), ("fc2",))
-        return plan
-
-    def layer_stack(self) -> nn.Module:
-        return self.audio_tower.layers  # type: ignore[no-any-return]
-
-    def after_tp(self, tp: int) -> None:
-        # The attention reshapes by its head count: a TP rank holds num_heads / tp of them.
-        for layer in self.audio_tower.layers:
-            layer.self_attn.num_heads //= tp
 
     def placeholder(
         self, width: int, dtype: torch.dtype, device: torch.device
@@ -78,17 +62,15 @@ class HFAudioEncoder(HFModule):
         """Each window the tower runs, in sample order: (its rows, at most `clip_frames`; its real frames; the
         LLM tokens kept of it). A sample with items: each clip's (module docstring); without: its rows cut."""
         w, out = self.clip_frames, []
-        clip_rows = [[it.patches for it in got] if got else None for got in (items or [None] * len(seqlens))]
-        sizes = [sum(c) if c is not None else 2 * n for c, n in zip(clip_rows, seqlens, strict=True)]
-        for sample, clips in zip(feats_TF.split(sizes), clip_rows, strict=True):
+        for sample, clips in sample_clips(feats_TF, seqlens, items, 2):
             if clips is None:
                 for c in sample.split(w) if sample.shape[0] else []:
                     real = (c.shape[0] - 1) // 2 + 1
                     out.append((c, c.shape[0], (real - 2) // 2 + 1))
                 continue
-            for clip in sample.split(clips):
+            for clip in clips:
                 tokens, after = clip[:-CONTEXT_ROWS], clip[-CONTEXT_ROWS:-1]
-                frames = tokens.shape[0] + int(clip[-1, 0].item())  # the length row: real frames past the tokens'
+                frames = tokens.shape[0] + length_row(clip)  # the length row: real frames past the tokens'
                 for start in range(0, tokens.shape[0], w):
                     rows = tokens[start : start + w]
                     if start + w >= tokens.shape[0]:  # the clip's last window: the frames after its tokens too

@@ -20,17 +20,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from orch.runtime.models.hf.module import HFModule, layer_plan
+from orch.runtime.models.qwen2_audio.whisper import WhisperLayersModule, length_row, sample_clips
 from orch.runtime.models.qwen_omni.media import CONTEXT_ROWS
 
 if TYPE_CHECKING:
-    from torch.distributed.tensor.parallel import ParallelStyle
-
     from orch.runtime.parallel.context import CPShard
     from orch.runtime.sample import MediaItem
 
 
-class OmniAudioTower(HFModule):
+class OmniAudioTower(WhisperLayersModule):
     is_audio = True
     takes_items = True  # called with each sample's clips (runtime/models/contract.py)
 
@@ -38,23 +36,10 @@ class OmniAudioTower(HFModule):
         super().__init__()
         self.audio_tower = tower
         self.output_dim = int(config.text_config.hidden_size)
+        self.window = int(tower.n_window)  # the tokens a block attends within: a chunk's
         # Its bos/eos embedding is for generation only (the forward never reads it): held, exported, not trained,
         # so DDP finds no parameter without a gradient.
         tower.audio_bos_eos_token.requires_grad_(False)
-
-    def tp_plan(self) -> dict[str, ParallelStyle]:
-        plan: dict[str, ParallelStyle] = {}
-        for i in range(len(self.audio_tower.layers)):
-            plan |= layer_plan(f"audio_tower.layers.{i}", ("self_attn.out_proj",), ("fc1",), ("fc2",))
-        return plan
-
-    def layer_stack(self) -> nn.Module:
-        return self.audio_tower.layers  # type: ignore[no-any-return]
-
-    def after_tp(self, tp: int) -> None:
-        # The attention reshapes by its head count: a TP rank holds num_heads / tp of them.
-        for layer in self.audio_tower.layers:
-            layer.self_attn.num_heads //= tp
 
     def placeholder(
         self, width: int, dtype: torch.dtype, device: torch.device
@@ -64,9 +49,9 @@ class OmniAudioTower(HFModule):
 
     def run_layer(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
         """The tower's first block as it runs in training over samples of `seqlens` tokens, each one clip: its
-        attention within each chunk of `n_window` tokens (`orch profile`'s block case, runtime/models/hf/parts.py)."""
-        window = int(self.audio_tower.n_window)
-        chunks = [min(window, n - start) for n in seqlens for start in range(0, n, window)]
+        attention within each `window` of tokens (`orch profile`'s block case, runtime/models/hf/parts.py)."""
+        w = self.window
+        chunks = [min(w, n - start) for n in seqlens for start in range(0, n, w)]
         cu = torch.tensor([0, *chunks], device=x_TD.device).cumsum(0).to(torch.int32)
         return self.audio_tower.layers[0](x_TD, cu_seqlens=cu)[0]  # type: ignore[no-any-return]
 
@@ -74,16 +59,14 @@ class OmniAudioTower(HFModule):
         self, feats_TF: torch.Tensor, seqlens: list[int], items: Sequence[Sequence[MediaItem]] | None
     ) -> list[torch.Tensor]:
         """Each clip's real frames, [l, n_mels], in sample order (module docstring)."""
-        per = [[it.patches for it in got] if got else None for got in (items or [None] * len(seqlens))]
-        sizes = [sum(c) if c is not None else 2 * n for c, n in zip(per, seqlens, strict=True)]
         out = []
-        for sample, rows in zip(feats_TF.split(sizes), per, strict=True):
-            if rows is None:
+        for sample, clips in sample_clips(feats_TF, seqlens, items, 2):
+            if clips is None:
                 out += [sample] if sample.shape[0] else []
                 continue
-            for clip in sample.split(rows):
+            for clip in clips:
                 tokens = clip.shape[0] - CONTEXT_ROWS
-                frames = tokens + int(clip[-1, 0].item())  # the length row: real frames past the token rows
+                frames = tokens + length_row(clip)  # the length row: real frames past the token rows
                 out.append(clip[:-1][:frames])
         return out
 
@@ -99,6 +82,10 @@ class OmniAudioTower(HFModule):
         clips = self.clips(feats_TF, seqlens, items)
         if not clips:
             return feats_TF.new_zeros(0, self.output_dim)
-        lengths = torch.tensor([c.shape[0] for c in clips], dtype=torch.long, device=feats_TF.device)
+        return self.encode(clips)
+
+    def encode(self, clips: list[torch.Tensor]) -> torch.Tensor:
+        """The tower's tokens of `clips` (their real frames, [l, n_mels] each; at least one), in clip order."""
+        lengths = torch.tensor([c.shape[0] for c in clips], dtype=torch.long, device=clips[0].device)
         out = self.audio_tower(torch.cat(clips).t(), feature_lens=lengths)
         return out.last_hidden_state  # type: ignore[no-any-return]

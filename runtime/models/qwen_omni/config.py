@@ -65,9 +65,8 @@ def thinker_config(top: HFConfig) -> HFConfig:
     return sub_config(top, "thinker_config", "qwen2_5_omni_thinker")
 
 
-def audio_module(cfg: HFConfig, llm_hidden: int, hf: HFPart) -> ModuleSpec:
-    """The audio tower: its chunks' attention (`n_window` tokens a window), 2 tokens pooled into one LLM token,
-    projected to `output_dim`, which must be the LLM's width."""
+def audio_widths(cfg: HFConfig, llm_hidden: int) -> tuple[int, int]:
+    """An Omni audio tower's (heads, d_model): heads that divide its width, and an `output_dim` the LLM's width."""
     heads, hidden = cfg.positive("encoder_attention_heads"), cfg.positive("d_model")
     if hidden % heads:
         raise SpecError(
@@ -77,6 +76,13 @@ def audio_module(cfg: HFConfig, llm_hidden: int, hf: HFPart) -> ModuleSpec:
         raise SpecError(
             cfg.source, cfg.field("output_dim"), f"{cfg.values['output_dim']}: the LLM is {llm_hidden} wide"
         )
+    return heads, hidden
+
+
+def audio_module(cfg: HFConfig, llm_hidden: int, hf: HFPart) -> ModuleSpec:
+    """The audio tower: its chunks' attention (`n_window` tokens a window), 2 tokens pooled into one LLM token,
+    projected to `output_dim`, which must be the LLM's width."""
+    heads, hidden = audio_widths(cfg, llm_hidden)
     window = cfg.positive("n_window")
     if window % 2:
         raise SpecError(
@@ -84,6 +90,14 @@ def audio_module(cfg: HFConfig, llm_hidden: int, hf: HFPart) -> ModuleSpec:
             cfg.field("n_window"),
             f"{window}: orch pools whole pairs of a chunk's tokens; expected an even number",
         )
+    return audio_spec(cfg, heads, hidden, hf, input_dim=cfg.positive("num_mel_bins"), downsample=2, window=window)
+
+
+def audio_spec(
+    cfg: HFConfig, heads: int, hidden: int, hf: HFPart, *, input_dim: int, downsample: int, window: int
+) -> ModuleSpec:
+    """An Omni audio tower's module: its layers of `heads` x `hidden` feeding the LLM, `input_dim` wide rows in,
+    `downsample` of its tokens pooled into one LLM token, attention within `window` tokens."""
     return ModuleSpec(
         kind=ModuleKind.ENCODER,
         layers=cfg.positive("encoder_layers"),
@@ -93,10 +107,10 @@ def audio_module(cfg: HFConfig, llm_hidden: int, hf: HFPart) -> ModuleSpec:
         mlp="gelu",
         feeds="llm",
         modality=Modality.AUDIO,
-        input_dim=cfg.positive("num_mel_bins"),
-        downsample=2,
+        input_dim=input_dim,
+        downsample=downsample,
         clip_tokens=window,
-        window_tokens=window,  # priced per chunk: each token meets its chunk's (planner/costs.py)
+        window_tokens=window,  # priced per window: each token meets its window's (planner/costs.py)
         full_attention_blocks=(),
         hf=hf,
     )
@@ -107,17 +121,22 @@ def llm_module(text: HFConfig, hf: HFPart) -> ModuleSpec:
     return decoder_module(text, hf)
 
 
+def check_vision_width(vcfg: HFConfig, llm_hidden: int) -> None:
+    """An Omni vision tower's merger writes the LLM's width (`out_hidden_size`)."""
+    if vcfg.positive("out_hidden_size") != llm_hidden:
+        raise SpecError(
+            vcfg.source,
+            vcfg.field("out_hidden_size"),
+            f"{vcfg.values['out_hidden_size']}: the LLM is {llm_hidden} wide",
+        )
+
+
 def read_qwen_omni(top: HFConfig, path: str) -> dict[str, ModuleSpec]:
     """config.json of a Qwen2.5-Omni model -> the thinker's `audio`, `vision` and `llm` modules."""
     thinker = thinker_config(top)
     llm = llm_module(sub_config(thinker, "text_config", "qwen2_5_omni_text"), HFPart(path=path, part="text"))
     vcfg = sub_config(thinker, "vision_config", "qwen2_5_omni_vision_encoder")
-    if vcfg.positive("out_hidden_size") != llm.hidden:
-        raise SpecError(
-            vcfg.source,
-            vcfg.field("out_hidden_size"),
-            f"{vcfg.values['out_hidden_size']}: the LLM is {llm.hidden} wide",
-        )
+    check_vision_width(vcfg, llm.hidden)
     vision = vision_module(vcfg, "qwen2_5_vl", HFPart(path=path, part="vision"))
     acfg = sub_config(thinker, "audio_config", "qwen2_5_omni_audio_encoder")
     audio = audio_module(acfg, llm.hidden, HFPart(path=path, part="audio"))

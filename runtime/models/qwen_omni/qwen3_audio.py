@@ -28,6 +28,7 @@ from torch import nn
 
 from orch.runtime.models.hf.module import HFModule
 from orch.runtime.models.qwen2_audio.processing import WhisperFeatures
+from orch.runtime.models.qwen2_audio.whisper import length_row, sample_clips
 from orch.runtime.models.qwen_omni.audio import OmniAudioTower
 from orch.runtime.models.qwen_omni.qwen3_config import (
     CHUNK_TOKENS,
@@ -41,7 +42,6 @@ from orch.runtime.models.qwen_omni.qwen3_media import CONTEXT_ROWS, ROWS_PER_TOK
 from orch.runtime.sample import MEL_RATE, EncoderRule, audio_tokens, soundfile_frames, waveform_16k
 
 if TYPE_CHECKING:
-    from orch.runtime.parallel.context import CPShard
     from orch.runtime.sample import MediaItem
 
 
@@ -54,7 +54,7 @@ class Omni3AudioTower(OmniAudioTower):
         self.output_dim = self.width * (1 + self.deepstack)  # zeros where a vision row has its deepstack features
         self.mels = int(config.audio_config.num_mel_bins)
         self.n_window = int(tower.n_window)
-        self.window = window_tokens(self.n_window, int(tower.n_window_infer))
+        self.window = window_tokens(self.n_window, int(tower.n_window_infer))  # the tokens a block attends within
 
     def placeholder(
         self, width: int, dtype: torch.dtype, device: torch.device
@@ -62,42 +62,23 @@ class Omni3AudioTower(OmniAudioTower):
         """The shortest clip, one token's rows, as a sample without items has them (`HasPlaceholder`)."""
         return torch.zeros(ROWS_PER_TOKEN, width, dtype=dtype, device=device), [1], [()]
 
-    def run_layer(self, x_TD: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
-        """The encoder's first block as it runs in training over samples of `seqlens` tokens, each one clip: its
-        attention within each window (`orch profile`'s block case, runtime/models/hf/parts.py)."""
-        w = self.window
-        chunks = [min(w, n - start) for n in seqlens for start in range(0, n, w)]
-        cu = torch.tensor([0, *chunks], device=x_TD.device).cumsum(0).to(torch.int32)
-        return self.audio_tower.layers[0](x_TD, cu_seqlens=cu)[0]  # type: ignore[no-any-return]
-
     def clips(
         self, feats_TF: torch.Tensor, seqlens: list[int], items: Sequence[Sequence[MediaItem]] | None
     ) -> list[torch.Tensor]:
         """Each clip's real frames, [l, n_mels], in sample order (module docstring)."""
-        per = [[it.patches for it in got] if got else None for got in (items or [None] * len(seqlens))]
-        sizes = [sum(c) if c is not None else ROWS_PER_TOKEN * n for c, n in zip(per, seqlens, strict=True)]
         out = []
-        for sample, rows, n in zip(feats_TF.split(sizes), per, seqlens, strict=True):
-            if rows is None:
+        for (sample, clips), n in zip(sample_clips(feats_TF, seqlens, items, ROWS_PER_TOKEN), seqlens, strict=True):
+            if clips is None:
                 out += [sample.reshape(-1, self.mels)[: frames_for(n, self.n_window)]] if n else []
                 continue
-            for clip in sample.split(rows):
-                frames = int(clip[-1, 0].item())  # the length row
+            for clip in clips:
+                frames = length_row(clip)  # the clip's real frames
                 out.append(clip[:-CONTEXT_ROWS].reshape(-1, self.mels)[:frames])
         return out
 
-    def forward(
-        self,
-        feats_TF: torch.Tensor,
-        seqlens: list[int],
-        cp: CPShard | None = None,
-        items: Sequence[Sequence[MediaItem]] | None = None,
-    ) -> torch.Tensor:
-        if cp is not None:
-            raise ValueError("an audio encoder of chunked clips takes no context parallelism")
-        clips = self.clips(feats_TF, seqlens, items)
-        if not clips:
-            return feats_TF.new_zeros(0, self.output_dim)
+    def encode(self, clips: list[torch.Tensor]) -> torch.Tensor:
+        """The encoder's tokens of `clips`, each chunk padded to 2·n_window frames (module docstring), zeros at the
+        deepstack columns."""
         out = self.audio_tower(**chunked_call(clips, self.n_window, self.window)).last_hidden_state
         return F.pad(out, (0, self.output_dim - out.shape[-1]))
 

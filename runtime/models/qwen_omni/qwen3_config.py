@@ -18,8 +18,8 @@ from typing import Any
 
 from orch.planner.errors import SpecError
 from orch.planner.hf_config import HFConfig, decoder_module, moe_module
-from orch.planner.specs import HFPart, Modality, ModuleKind, ModuleSpec
-from orch.runtime.models.qwen_omni.config import sub_config
+from orch.planner.specs import HFPart, ModuleSpec
+from orch.runtime.models.qwen_omni.config import audio_spec, audio_widths, check_vision_width, sub_config
 from orch.runtime.models.qwen_vl.config import vision_module
 
 MODEL_TYPE = "qwen3_omni_moe"
@@ -74,15 +74,7 @@ def window_tokens(n_window: int, n_window_infer: int) -> int:
 
 def audio_module(cfg: HFConfig, llm_hidden: int, hf: HFPart) -> ModuleSpec:
     """Qwen3-Omni's audio encoder (module docstring)."""
-    heads, hidden = cfg.positive("encoder_attention_heads"), cfg.positive("d_model")
-    if hidden % heads:
-        raise SpecError(
-            cfg.source, cfg.field("encoder_attention_heads"), f"{heads} heads do not divide d_model {hidden}"
-        )
-    if cfg.positive("output_dim") != llm_hidden:
-        raise SpecError(
-            cfg.source, cfg.field("output_dim"), f"{cfg.values['output_dim']}: the LLM is {llm_hidden} wide"
-        )
+    heads, hidden = audio_widths(cfg, llm_hidden)
     n_window = cfg.positive("n_window")
     if conv_tokens(2 * n_window) != CHUNK_TOKENS:
         raise SpecError(
@@ -95,22 +87,8 @@ def audio_module(cfg: HFConfig, llm_hidden: int, hf: HFPart) -> ModuleSpec:
     if infer < 2 * n_window:
         raise SpecError(cfg.source, cfg.field("n_window_infer"), f"{infer}: less than one chunk (2·n_window)")
     window = window_tokens(n_window, infer)
-    return ModuleSpec(
-        kind=ModuleKind.ENCODER,
-        layers=cfg.positive("encoder_layers"),
-        hidden=hidden,
-        heads=heads,
-        ffn=cfg.positive("encoder_ffn_dim"),
-        mlp="gelu",
-        feeds="llm",
-        modality=Modality.AUDIO,
-        input_dim=FRAMES_PER_ROW * cfg.positive("num_mel_bins"),
-        downsample=1,
-        clip_tokens=window,
-        window_tokens=window,  # priced per window: each token meets its window's (planner/costs.py)
-        full_attention_blocks=(),
-        hf=hf,
-    )
+    input_dim = FRAMES_PER_ROW * cfg.positive("num_mel_bins")
+    return audio_spec(cfg, heads, hidden, hf, input_dim=input_dim, downsample=1, window=window)
 
 
 def thinker_config(top: HFConfig) -> HFConfig:
@@ -124,12 +102,7 @@ def read_qwen3_omni(top: HFConfig, path: str) -> dict[str, ModuleSpec]:
     text = sub_config(thinker, "text_config", "qwen3_omni_moe_text", _DEFAULTS)
     llm = moe_module(text, decoder_module(text, HFPart(path=path, part="text")))
     vcfg = sub_config(thinker, "vision_config", "qwen3_omni_moe_vision_encoder", _DEFAULTS)
-    if vcfg.positive("out_hidden_size") != llm.hidden:
-        raise SpecError(
-            vcfg.source,
-            vcfg.field("out_hidden_size"),
-            f"{vcfg.values['out_hidden_size']}: the LLM is {llm.hidden} wide",
-        )
+    check_vision_width(vcfg, llm.hidden)
     vision = vision_module(vcfg, "qwen3_vl", HFPart(path=path, part="vision"))
     acfg = sub_config(thinker, "audio_config", "qwen3_omni_moe_audio_encoder", _DEFAULTS)
     audio = audio_module(acfg, llm.hidden, HFPart(path=path, part="audio"))
