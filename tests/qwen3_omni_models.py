@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from hf_models import save
+from qwen_omni_models import make_tokenizer
 
 CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 ROLES = {"image_token": "<|image_pad|>", "audio_token": "<|audio_pad|>", "video_token": "<|video_pad|>",
@@ -45,28 +46,6 @@ CODE2WAV = {"codebook_size": 16, "hidden_size": 32, "num_attention_heads": 4, "n
             "upsampling_ratios": [2], "decoder_dim": 16, "sliding_window": 8}  # fmt: skip
 
 
-def make_tokenizer(directory: Path):
-    """The demo's word-level tokenizer with Qwen3-Omni's special tokens and their roles, saved with the chat
-    template; returns the fast tokenizer."""
-    import transformers
-    from tokenizers import Tokenizer
-
-    from orch.runtime.data.demo_data import make_tokenizer as demo_tokenizer
-
-    directory.mkdir(parents=True, exist_ok=True)
-    path = demo_tokenizer(directory / "tokenizer.json")
-    tok = Tokenizer.from_file(str(path))
-    tok.add_special_tokens(list(SPECIALS))
-    tok.save(str(path))
-    transformers.logging.set_verbosity_error()
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_file=str(path), unk_token="[UNK]", eos_token="<|im_end|>", extra_special_tokens=ROLES
-    )
-    fast.chat_template = CHATML
-    fast.save_pretrained(directory)
-    return fast
-
-
 def processor_parts():
     """Qwen2-VL's PIL image processor (patch 16) at the tiny tower's limits and Whisper's feature extractor."""
     import transformers
@@ -83,7 +62,7 @@ def make_qwen3_omni(directory: Path, *, seed: int = 0, **text_extra) -> Path:
     import transformers
 
     directory = Path(directory)
-    tok = make_tokenizer(directory)
+    tok = make_tokenizer(directory, ROLES)
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
     thinker = {
         "audio_config": {**AUDIO, "output_dim": TEXT["hidden_size"]},

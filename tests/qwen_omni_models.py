@@ -37,9 +37,9 @@ TOKEN2WAV = {
 }  # fmt: skip
 
 
-def make_tokenizer(directory: Path):
-    """The demo's word-level tokenizer with Qwen2.5-Omni's special tokens and their roles, saved with the chat
-    template; returns the fast tokenizer."""
+def make_tokenizer(directory: Path, roles: dict[str, str] = ROLES):
+    """The demo's word-level tokenizer with an Omni model's special tokens and their roles (Qwen2.5-Omni's by
+    default), saved with the chat template; returns the fast tokenizer."""
     import transformers
     from tokenizers import Tokenizer
 
@@ -48,11 +48,11 @@ def make_tokenizer(directory: Path):
     directory.mkdir(parents=True, exist_ok=True)
     path = demo_tokenizer(directory / "tokenizer.json")
     tok = Tokenizer.from_file(str(path))
-    tok.add_special_tokens(list(SPECIALS))
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>", *roles.values()])
     tok.save(str(path))
     transformers.logging.set_verbosity_error()
     fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_file=str(path), unk_token="[UNK]", eos_token="<|im_end|>", extra_special_tokens=ROLES
+        tokenizer_file=str(path), unk_token="[UNK]", eos_token="<|im_end|>", extra_special_tokens=roles
     )
     fast.chat_template = CHATML
     fast.save_pretrained(directory)
