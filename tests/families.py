@@ -25,6 +25,21 @@ DATA = {
 }
 
 
+# An omni model's samples (Qwen-Omni's thinkers): text, an image, speech, and an image with speech (both towers in
+# one sample), sized for their tiny models.
+OMNI_DATA = {
+    "global_batch": 6,
+    "seq_len": 100,
+    "tasks": [
+        {"name": "text", "weight": 0.2, "tokens": {"llm": 30}, "max": {"llm": 60}},
+        {"name": "image", "weight": 0.3, "tokens": {"vision": 24, "llm": 56}, "max": {"vision": 40, "llm": 80}},
+        {"name": "asr", "weight": 0.2, "tokens": {"audio": 30, "llm": 50}, "max": {"audio": 56, "llm": 80}},
+        {"name": "image_asr", "weight": 0.3, "tokens": {"vision": 16, "audio": 20, "llm": 60},
+         "max": {"vision": 40, "audio": 40, "llm": 100}},
+    ],
+}  # fmt: skip
+
+
 def data_for(modules) -> dict:
     """DATA's tasks whose modules the model has (a data spec may name only the model's modules)."""
     return {**DATA, "tasks": [t for t in DATA["tasks"] if set(t["tokens"]) <= set(modules)]}

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from families import FAMILY_MODELS
+from families import FAMILY_MODELS, OMNI_DATA
 from hf_models import make_llava
 from hf_references import REFERENCES
 
@@ -58,18 +58,8 @@ def qwen_vl_data_spec() -> DataSpec:
 
 
 def omni_data_spec() -> DataSpec:
-    """Text, image, speech, and image with speech (both towers in one sample): Qwen2.5-Omni's thinker."""
-    return DataSpec(
-        global_batch=6,
-        seq_len=100,
-        tasks=[
-            TaskSpec(name="text", weight=0.2, tokens={"llm": 30}, max={"llm": 60}),
-            TaskSpec(name="image", weight=0.3, tokens={"vision": 24, "llm": 56}, max={"vision": 40, "llm": 80}),
-            TaskSpec(name="asr", weight=0.2, tokens={"audio": 30, "llm": 50}, max={"audio": 56, "llm": 80}),
-            TaskSpec(name="image_asr", weight=0.3, tokens={"vision": 16, "audio": 20, "llm": 60},
-                     max={"vision": 40, "audio": 40, "llm": 100}),
-        ],
-    )  # fmt: skip
+    """Text, image, speech, and image with speech (both towers in one sample): the Qwen-Omni thinkers'."""
+    return DataSpec.model_validate(OMNI_DATA)
 
 
 @dataclass(frozen=True)

@@ -5,22 +5,12 @@ Qwen2_5OmniForConditionalGeneration loads."""
 
 import pytest
 import yaml
-from families import assert_same_weights, data_file_fixture, launch_lr0_then_export, plan_of
+from families import OMNI_DATA, assert_same_weights, data_file_fixture, launch_lr0_then_export, plan_of
 from qwen_omni_models import make_qwen_omni
 
 pytestmark = pytest.mark.usefixtures("forked_ranks")  # a run's ranks forked (tests/conftest.py)
 
-DATA = {
-    "global_batch": 8,
-    "seq_len": 100,
-    "tasks": [
-        {"name": "text", "weight": 0.2, "tokens": {"llm": 30}, "max": {"llm": 60}},
-        {"name": "image", "weight": 0.3, "tokens": {"vision": 24, "llm": 56}, "max": {"vision": 40, "llm": 80}},
-        {"name": "asr", "weight": 0.2, "tokens": {"audio": 30, "llm": 50}, "max": {"audio": 56, "llm": 80}},
-        {"name": "image_asr", "weight": 0.3, "tokens": {"vision": 16, "audio": 20, "llm": 60},
-         "max": {"vision": 40, "audio": 40, "llm": 100}},
-    ],
-}  # fmt: skip
+DATA = {**OMNI_DATA, "global_batch": 8}
 
 
 @pytest.fixture(scope="module")
