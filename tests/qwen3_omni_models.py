@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 from hf_models import save
-from qwen_omni_models import make_tokenizer
+from qwen_omni_models import CHATML, make_tokenizer
 
-CHATML = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 ROLES = {"image_token": "<|image_pad|>", "audio_token": "<|audio_pad|>", "video_token": "<|video_pad|>",
          "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
          "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>"}  # fmt: skip
